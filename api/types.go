@@ -1,0 +1,79 @@
+// Package api holds the types of clade's HTTP API, shared by the daemon and
+// the Go SDK. api/openapi.yaml is the contract; a test keeps the two in step.
+package api
+
+import "time"
+
+// Version is the API path prefix.
+const Version = "v1"
+
+// Sandbox is a sandbox as the API shows it.
+type Sandbox struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name,omitempty"`
+	Image     string    `json:"image"`
+	State     string    `json:"state"`
+	MemoryMiB int       `json:"memory_mib"`
+	CPUs      float64   `json:"cpus"`
+	Env       []string  `json:"env,omitempty"`
+	Error     string    `json:"error,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes.
+type CreateSandboxRequest struct {
+	Name      string   `json:"name,omitempty"`
+	Image     string   `json:"image,omitempty"`
+	MemoryMiB int      `json:"memory_mib,omitempty"`
+	CPUs      float64  `json:"cpus,omitempty"`
+	Env       []string `json:"env,omitempty"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+type ExecRequest struct {
+	Cmd       []string `json:"cmd"`
+	Env       []string `json:"env,omitempty"`
+	Workdir   string   `json:"workdir,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	// Stdin must be set, with an `Upgrade: clade-stream` request, to send
+	// stdin frames.
+	Stdin bool `json:"stdin,omitempty"`
+}
+
+// ExitStatus ends an exec stream (the payload of its exit frame).
+type ExitStatus struct {
+	Code     int    `json:"code"`
+	Signal   int    `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Error    string `json:"error,omitempty"`
+	// ErrorClass is set with Error, e.g. "not_found" for a missing command.
+	ErrorClass string `json:"error_class,omitempty"`
+}
+
+// Image is a root filesystem sandboxes boot from.
+type Image struct {
+	Name      string    `json:"name"`
+	Source    string    `json:"source"`
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Health is the body of GET /v1/health.
+type Health struct {
+	Version string `json:"version"`
+	Engine  string `json:"engine"`
+	Runsc   string `json:"runsc,omitempty"`
+}
+
+// Error is the body of every 4xx and 5xx answer.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// StreamContentType is the media type of exec streams: frames of package
+// wire (9-byte header: type, channel, length).
+const StreamContentType = "application/vnd.clade.stream"
+
+// UpgradeProtocol is the Upgrade token for a two-way exec stream.
+const UpgradeProtocol = "clade-stream"

@@ -1,0 +1,38 @@
+// Command clade-agent is the in-sandbox agent: PID 1 of every clade sandbox.
+// It is a separate, small static binary (not a subcommand of clade) because
+// every sandbox's memory image carries it: every byte it touches is copied
+// into each forked child.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/clade-sandbox/clade/internal/agent"
+)
+
+// SocketEnv names the variable that tells the agent where the host listens.
+const SocketEnv = "CLADE_AGENT_SOCKET"
+
+func main() {
+	sock := os.Getenv(SocketEnv)
+	if sock == "" {
+		fmt.Fprintln(os.Stderr, "clade-agent runs inside a clade sandbox; "+SocketEnv+" is not set")
+		os.Exit(2)
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CLADE_AGENT_") {
+			env = append(env, kv)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a := agent.New(agent.Config{Socket: sock, BaseEnv: env, Log: log})
+	if err := a.Run(context.Background()); err != nil {
+		log.Error("agent stopped", "err", err)
+		os.Exit(1)
+	}
+}

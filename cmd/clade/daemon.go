@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/clade-sandbox/clade/internal/daemon"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+func cmdDaemon(ctx context.Context, args []string) error {
+	fs := newFlags("daemon", "daemon [flags]\n\nServes the clade API. Sandboxes outlive the daemon: a restarted daemon\nreattaches to them and cleans up work a killed one left half done.")
+	o := daemon.Options{Version: versionString()}
+	fs.StringVar(&o.DataDir, "data-dir", "/var/lib/clade", "state: database, images, sandboxes")
+	fs.StringVar(&o.ImagesDir, "images-dir", "", "image directory (default DATA-DIR/images)")
+	fs.StringVar(&o.Socket, "socket", sdk.DefaultSocket, "unix socket to serve the API on")
+	fs.StringVar(&o.Listen, "listen", "", "also serve TCP on ADDR (e.g. 127.0.0.1:7070); needs --token-file")
+	tokenFile := fs.String("token-file", "", "file holding the bearer token for --listen")
+	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
+	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")
+	fs.BoolVar(&o.BuildDefaultImage, "build-default-image", true, "build the default image at start if missing")
+	fs.IntVar(&o.Sandbox.DefaultMemoryMiB, "default-memory", 512, "memory limit of sandboxes that ask for none, MiB")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("token file: %w", err)
+		}
+		o.Token = strings.TrimSpace(string(b))
+		if o.Token == "" {
+			return fmt.Errorf("token file %s is empty", *tokenFile)
+		}
+	}
+	if o.AgentPath == "" {
+		if exe, err := os.Executable(); err == nil {
+			o.AgentPath = filepath.Join(filepath.Dir(exe), "clade-agent")
+		}
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+		return fmt.Errorf("bad --log-level %q", *level)
+	}
+	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	return daemon.Run(ctx, o)
+}

@@ -1,0 +1,138 @@
+// Command clade is the clade sandbox runtime: `clade daemon` serves the API,
+// every other verb is a client of it through the Go SDK.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func versionString() string {
+	v := version
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += "+" + s.Value[:12]
+			}
+		}
+	}
+	return v
+}
+
+const usage = `clade runs untrusted code in gVisor sandboxes.
+
+Usage:
+  clade daemon [--data-dir DIR] [--socket PATH] [--listen ADDR --token-file FILE]
+  clade create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]
+  clade exec [-i] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]
+  clade ls [--json]
+  clade inspect ID...
+  clade rm [-f] ID...
+  clade cp SRC DST            one side is ID:PATH; directories copy recursively
+  clade image ls [--json]
+  clade version
+
+Global flags (before the verb):
+  --host ADDR   daemon address: a unix socket path or http://HOST:PORT
+                (default $CLADE_HOST, else ` + sdk.DefaultSocket + `)
+
+Run 'clade VERB --help' for a verb's flags. ID is a sandbox id or name.
+`
+
+// exitError carries a process exit code out of a verb.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	host := ""
+	for len(args) > 0 {
+		switch {
+		case (args[0] == "--host" || args[0] == "-host") && len(args) > 1:
+			host, args = args[1], args[2:]
+			continue
+		case len(args[0]) > 7 && (args[0][:7] == "--host=" || args[0][:6] == "-host="):
+			_, host, _ = cut(args[0], "=")
+			args = args[1:]
+			continue
+		}
+		break
+	}
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	verb, rest := args[0], args[1:]
+	var err error
+	switch verb {
+	case "daemon":
+		err = cmdDaemon(ctx, rest)
+	case "create":
+		err = withClient(ctx, host, rest, cmdCreate)
+	case "exec":
+		stop() // exec forwards signals itself
+		err = withClient(context.Background(), host, rest, cmdExec)
+	case "ls", "list", "ps":
+		err = withClient(ctx, host, rest, cmdList)
+	case "inspect":
+		err = withClient(ctx, host, rest, cmdInspect)
+	case "rm", "remove":
+		err = withClient(ctx, host, rest, cmdRemove)
+	case "cp":
+		err = withClient(ctx, host, rest, cmdCopy)
+	case "image", "images":
+		err = withClient(ctx, host, rest, cmdImage)
+	case "version", "--version":
+		fmt.Println("clade", versionString())
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "clade: unknown verb %q\n\n%s", verb, usage)
+		return 2
+	}
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.Is(err, errUsage):
+		return 2
+	default:
+		fmt.Fprintln(os.Stderr, "clade:", err)
+		return 1
+	}
+}
+
+func cut(s, sep string) (string, string, bool) {
+	for i := 0; i+len(sep) <= len(s); i++ {
+		if s[i:i+len(sep)] == sep {
+			return s[:i], s[i+len(sep):], true
+		}
+	}
+	return s, "", false
+}
+
+func withClient(ctx context.Context, host string, args []string, f func(context.Context, *sdk.Client, []string) error) error {
+	c, err := sdk.New(host)
+	if err != nil {
+		return err
+	}
+	return f(ctx, c, args)
+}

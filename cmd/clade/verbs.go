@@ -1,0 +1,292 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/tarx"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// errUsage means the flags were wrong; the flag package already said why.
+var errUsage = errors.New("usage")
+
+// multi collects a repeatable string flag.
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+func newFlags(name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: clade %s\n", synopsis)
+		var any bool
+		fs.VisitAll(func(*flag.Flag) { any = true })
+		if any {
+			fmt.Fprintln(fs.Output(), "\nFlags:")
+			fs.PrintDefaults()
+		}
+	}
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitError{0}
+		}
+		return errUsage
+	}
+	return nil
+}
+
+func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("create", "create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
+	var req sdk.CreateSandboxRequest
+	var env multi
+	fs.StringVar(&req.Image, "image", "", "image to boot (see `clade image ls`; default: default)")
+	fs.IntVar(&req.MemoryMiB, "memory", 0, "memory limit in MiB (default 512)")
+	fs.Float64Var(&req.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
+	fs.Var(&env, "env", "environment variable K=V for every process (repeatable)")
+	fs.StringVar(&req.Name, "name", "", "unique name, usable wherever an id is")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "clade create: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	req.Env = env
+	sb, err := c.CreateSandbox(ctx, req)
+	if err != nil {
+		return err
+	}
+	fmt.Println(sb.ID)
+	return nil
+}
+
+func cmdExec(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("exec", "exec [-i] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]\n\nRuns CMD in the sandbox, streaming its output, and exits with its exit code\n(128+N if killed by signal N, 124 on --timeout, 127 if CMD is not found).")
+	var env multi
+	interactive := fs.Bool("i", false, "forward stdin to the command")
+	fs.Var(&env, "env", "environment variable K=V (repeatable)")
+	workdir := fs.String("workdir", "", "working directory inside the sandbox (default /)")
+	timeout := fs.Duration("timeout", 0, "kill the command and its children after this long, e.g. 30s")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) > 0 && rest[0] == "--" {
+		rest = rest[1:]
+	}
+	if len(rest) < 2 {
+		fs.Usage()
+		return errUsage
+	}
+	ref, cmd := rest[0], rest[1:]
+	if cmd[0] == "--" {
+		cmd = cmd[1:]
+	}
+	if len(cmd) == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+	req := sdk.ExecRequest{Cmd: cmd, Env: env, Workdir: *workdir, Timeout: *timeout,
+		Stdout: os.Stdout, Stderr: os.Stderr, Signals: sigs}
+	if *interactive {
+		req.Stdin = os.Stdin
+	}
+	st, err := c.Exec(ctx, ref, req)
+	if err != nil {
+		return err
+	}
+	switch {
+	case st.TimedOut:
+		fmt.Fprintf(os.Stderr, "clade: command timed out after %s\n", *timeout)
+		return exitError{124}
+	case st.Error != "":
+		fmt.Fprintln(os.Stderr, "clade:", st.Error)
+	}
+	return exitError{st.Code}
+}
+
+func cmdList(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("ls", "ls [--json]\n\nLists sandboxes.")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	sbs, err := c.ListSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(sbs)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
+	for _, sb := range sbs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%dMiB\t%g\t%s ago\n", sb.ID, dash(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs,
+			time.Since(sb.CreatedAt).Round(time.Second))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func cmdInspect(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("inspect", "inspect ID...\n\nPrints sandboxes as JSON.")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	var out []sdk.Sandbox
+	for _, ref := range fs.Args() {
+		sb, err := c.GetSandbox(ctx, ref)
+		if err != nil {
+			return err
+		}
+		out = append(out, sb)
+	}
+	if len(out) == 1 {
+		return printJSON(out[0])
+	}
+	return printJSON(out)
+}
+
+func cmdRemove(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("rm", "rm [-f] ID...\n\nRemoves sandboxes, stopping what runs in them.")
+	force := fs.Bool("f", false, "do not fail on sandboxes that do not exist")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	var failed bool
+	for _, ref := range fs.Args() {
+		if err := c.DeleteSandbox(ctx, ref); err != nil {
+			if *force && sdk.IsNotFound(err) {
+				continue
+			}
+			fmt.Fprintln(os.Stderr, "clade:", err)
+			failed = true
+			continue
+		}
+		fmt.Println(ref)
+	}
+	if failed {
+		return exitError{1}
+	}
+	return nil
+}
+
+// splitRef parses "ID:PATH"; local paths (containing a '/' before any ':',
+// or no ':') are not sandbox references.
+func splitRef(s string) (ref, path string, ok bool) {
+	i := strings.IndexByte(s, ':')
+	if i <= 0 || strings.Contains(s[:i], "/") {
+		return "", s, false
+	}
+	return s[:i], s[i+1:], true
+}
+
+func cmdCopy(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("cp", "cp SRC DST\n\nCopies files between the host and a sandbox; one of SRC and DST is ID:PATH\nwith an absolute PATH. Directories copy recursively. If DST is an existing\ndirectory SRC is copied into it, else SRC is copied as DST.")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		fs.Usage()
+		return errUsage
+	}
+	src, dst := fs.Arg(0), fs.Arg(1)
+	sref, spath, sIn := splitRef(src)
+	dref, dpath, dIn := splitRef(dst)
+	switch {
+	case sIn && dIn:
+		return errors.New("cp: copy between two sandboxes is not supported: copy through the host")
+	case !sIn && !dIn:
+		return errors.New("cp: one of SRC and DST must be ID:PATH")
+	case dIn:
+		if _, err := os.Lstat(spath); err != nil {
+			return fmt.Errorf("cp: %w", err)
+		}
+		pr, pw := io.Pipe()
+		go func() {
+			pw.CloseWithError(tarx.Create(pw, spath, filepath.Base(filepath.Clean(spath))))
+		}()
+		err := c.CopyTo(ctx, dref, dpath, pr)
+		pr.CloseWithError(errors.New("upload ended"))
+		return err
+	default:
+		rc, err := c.CopyFrom(ctx, sref, spath)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		abs, err := filepath.Abs(dpath)
+		if err != nil {
+			return err
+		}
+		return tarx.ExtractTo(abs, rc, tarx.Options{})
+	}
+}
+
+func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
+	if len(args) == 0 || (args[0] != "ls" && args[0] != "list") {
+		fmt.Fprintln(os.Stderr, "Usage: clade image ls [--json]")
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			return nil
+		}
+		return errUsage
+	}
+	fs := newFlags("image ls", "image ls [--json]\n\nLists images.")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	imgs, err := c.ListImages(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(imgs)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSIZE\tCREATED\tSOURCE")
+	for _, img := range imgs {
+		fmt.Fprintf(tw, "%s\t%dMiB\t%s\t%s\n", img.Name, img.SizeBytes>>20, img.CreatedAt.Format(time.DateOnly), img.Source)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,174 @@
+// Package agent is clade's in-sandbox agent and the host side of its
+// protocol. The agent runs as PID 1 of every sandbox: it reaps zombies, owns
+// every process it starts, and serves exec and file transfer to the host over
+// one long-lived multiplexed connection (see package wire). The agent dials
+// out to a host socket rather than listening, because a socket bound inside
+// the sandbox onto a host path blocks checkpoint, while a dialled-out one
+// survives it: after a restore the agent sees the connection fail and dials
+// again.
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+)
+
+// Config is the agent's configuration.
+type Config struct {
+	// Socket is the host socket to dial, as seen inside the sandbox.
+	Socket string
+	// BaseEnv is the environment every exec starts from.
+	BaseEnv []string
+	Log     *slog.Logger
+}
+
+// Agent serves the host.
+type Agent struct {
+	cfg    Config
+	reaper *reaper
+	boot   int
+}
+
+// New returns an agent. Call Run to serve.
+func New(cfg Config) *Agent {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Agent{cfg: cfg, reaper: newReaper()}
+}
+
+// Run reaps children and keeps a connection to the host until ctx ends,
+// reconnecting whenever it breaks (daemon restart, sandbox restore).
+func (a *Agent) Run(ctx context.Context) error {
+	go a.reaper.run(ctx)
+	backoff := time.Millisecond
+	for ctx.Err() == nil {
+		nc, err := (&net.Dialer{}).DialContext(ctx, "unix", a.cfg.Socket)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 100*time.Millisecond)
+			continue
+		}
+		backoff = time.Millisecond
+		a.boot++
+		err = a.serve(ctx, nc)
+		a.cfg.Log.Info("host connection ended", "err", err)
+	}
+	return ctx.Err()
+}
+
+// session is one connection to the host and the channels open on it.
+type session struct {
+	a    *Agent
+	conn *wire.Conn
+
+	mu    sync.Mutex
+	chans map[uint32]*channel
+}
+
+func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
+	s := &session{a: a, conn: wire.NewConn(nc), chans: map[uint32]*channel{}}
+	defer s.closeAll()
+	defer nc.Close()
+	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: os.Getpid(), Boot: a.boot})
+	if err := s.conn.Write(wire.Hello, 0, hello); err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	defer stop()
+	r := wire.NewReader(bufio.NewReaderSize(nc, 64<<10))
+	for {
+		f, err := r.Read()
+		if err != nil {
+			return err
+		}
+		if err := s.handle(ctx, f); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *session) handle(ctx context.Context, f wire.Frame) error {
+	switch f.Type {
+	case wire.Ping:
+		return s.conn.Write(wire.Pong, f.Channel, f.Payload)
+	case wire.Open:
+		var req wire.Request
+		if err := json.Unmarshal(f.Payload, &req); err != nil {
+			return fmt.Errorf("open: %w", err)
+		}
+		s.mu.Lock()
+		if _, dup := s.chans[f.Channel]; dup || f.Channel == 0 {
+			s.mu.Unlock()
+			return fmt.Errorf("open: channel %d in use", f.Channel)
+		}
+		ch := newChannel(s, f.Channel, req)
+		s.chans[f.Channel] = ch
+		s.mu.Unlock()
+		go ch.run(ctx)
+		return nil
+	}
+	s.mu.Lock()
+	ch := s.chans[f.Channel]
+	s.mu.Unlock()
+	if ch == nil {
+		return nil // a channel that already finished; late frames are harmless
+	}
+	switch f.Type {
+	case wire.Stdin:
+		if ch.stdin == nil {
+			return errors.New("stdin frame on a channel opened without stdin")
+		}
+		return ch.stdin.Push(f.Payload)
+	case wire.Window:
+		st, n, err := wire.ParseWindow(f.Payload)
+		if err != nil {
+			return err
+		}
+		switch st {
+		case wire.Stdout:
+			ch.stdout.Grant(n)
+		case wire.Stderr:
+			ch.stderr.Grant(n)
+		}
+	case wire.Signal:
+		if len(f.Payload) == 4 {
+			ch.signal(int(uint32(f.Payload[0])<<24 | uint32(f.Payload[1])<<16 | uint32(f.Payload[2])<<8 | uint32(f.Payload[3])))
+		}
+	case wire.Close:
+		ch.abort()
+	}
+	return nil
+}
+
+func (s *session) remove(id uint32) {
+	s.mu.Lock()
+	delete(s.chans, id)
+	s.mu.Unlock()
+}
+
+// closeAll kills whatever runs on the session's channels: the host that asked
+// for them is gone, and nobody could read their output.
+func (s *session) closeAll() {
+	s.mu.Lock()
+	chans := s.chans
+	s.chans = map[uint32]*channel{}
+	s.mu.Unlock()
+	for _, ch := range chans {
+		ch.abort()
+	}
+}

@@ -1,0 +1,342 @@
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/tarx"
+)
+
+// channel is one request on a session: an exec or a file transfer.
+type channel struct {
+	s   *session
+	id  uint32
+	req wire.Request
+
+	stdin  *wire.Receiver // nil unless req.Stdin
+	stdout *wire.Sender
+	stderr *wire.Sender
+
+	mu      sync.Mutex
+	proc    *os.Process
+	aborted bool
+	done    chan struct{}
+}
+
+func newChannel(s *session, id uint32, req wire.Request) *channel {
+	ch := &channel{s: s, id: id, req: req, done: make(chan struct{}),
+		stdout: wire.NewSender(s.conn, id, wire.Stdout),
+		stderr: wire.NewSender(s.conn, id, wire.Stderr)}
+	if req.Stdin {
+		ch.stdin = wire.NewReceiver(s.conn, id, wire.Stdin)
+	}
+	return ch
+}
+
+func (ch *channel) run(ctx context.Context) {
+	defer ch.s.remove(ch.id)
+	defer close(ch.done)
+	var exit wire.ExitMsg
+	switch ch.req.Op {
+	case wire.OpExec:
+		exit = ch.exec(ctx)
+	case wire.OpTarGet:
+		exit = ch.tarGet()
+	case wire.OpTarPut:
+		exit = ch.tarPut()
+	case wire.OpStatFS:
+		exit = ch.stat()
+	case wire.OpSetTime:
+		exit = ch.setTime()
+	default:
+		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
+	}
+	ch.stdout.Close()
+	ch.stderr.Close()
+	if ch.stdin != nil {
+		ch.stdin.CloseWithError(io.EOF)
+	}
+	b, _ := json.Marshal(exit)
+	_ = ch.s.conn.Write(wire.Exit, ch.id, b)
+}
+
+func errExit(err error) wire.ExitMsg {
+	return wire.ExitMsg{Code: -1, Error: err.Error(), ErrorClass: string(errdefs.ClassOf(err))}
+}
+
+func (ch *channel) signal(sig int) {
+	ch.mu.Lock()
+	p := ch.proc
+	ch.mu.Unlock()
+	if p != nil {
+		_ = p.Signal(syscall.Signal(sig))
+	}
+}
+
+// abort kills the channel's process group and unblocks its streams.
+func (ch *channel) abort() {
+	ch.mu.Lock()
+	ch.aborted = true
+	p := ch.proc
+	ch.mu.Unlock()
+	if p != nil {
+		_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+	}
+	err := errors.New("channel closed by host")
+	ch.stdout.Abort(err)
+	ch.stderr.Abort(err)
+	if ch.stdin != nil {
+		ch.stdin.CloseWithError(err)
+	}
+}
+
+// drainGrace bounds how long exec keeps reading output after the process
+// exited: a background child that inherited stdout would otherwise hold the
+// call open for as long as it lives.
+const drainGrace = 100 * time.Millisecond
+
+func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
+	if len(ch.req.Argv) == 0 {
+		return errExit(errdefs.New(errdefs.InvalidArgument, "empty command"))
+	}
+	cmd := exec.Command(ch.req.Argv[0], ch.req.Argv[1:]...)
+	cmd.Env = mergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env)
+	cmd.Dir = ch.req.Dir
+	if cmd.Dir == "" {
+		cmd.Dir = "/"
+	}
+	// Look the program up in the exec's own PATH, not the agent's.
+	if !strings.Contains(ch.req.Argv[0], "/") {
+		p, err := lookPath(ch.req.Argv[0], envValue(cmd.Env, "PATH"))
+		if err != nil {
+			return wire.ExitMsg{Code: 127, Error: err.Error(), ErrorClass: string(errdefs.NotFound)}
+		}
+		cmd.Path = p
+	}
+	if fi, err := os.Stat(cmd.Dir); err != nil || !fi.IsDir() {
+		return wire.ExitMsg{Code: 126, Error: "working directory " + ch.req.Dir + " does not exist or is not a directory", ErrorClass: string(errdefs.InvalidArgument)}
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return errExit(err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return errExit(err)
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	var inW *os.File
+	if ch.stdin != nil {
+		var inR *os.File
+		if inR, inW, err = os.Pipe(); err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return errExit(err)
+		}
+		cmd.Stdin = inR
+		defer inR.Close()
+	}
+	wait, err := ch.s.a.reaper.start(func() (int, error) {
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	})
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		if inW != nil {
+			inW.Close()
+		}
+		code := 126
+		class := errdefs.InvalidArgument
+		if errors.Is(err, fs.ErrNotExist) {
+			code, class = 127, errdefs.NotFound
+		}
+		return wire.ExitMsg{Code: code, Error: err.Error(), ErrorClass: string(class)}
+	}
+	ch.mu.Lock()
+	ch.proc = cmd.Process
+	aborted := ch.aborted
+	ch.mu.Unlock()
+	pid := cmd.Process.Pid
+	if aborted {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+	started, _ := json.Marshal(wire.StartedMsg{PID: pid})
+	_ = ch.s.conn.Write(wire.Started, ch.id, started)
+
+	if inW != nil {
+		go func() {
+			_, _ = io.Copy(inW, ch.stdin)
+			inW.Close()
+		}()
+	}
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go pump(&pumps, ch.stdout, outR)
+	go pump(&pumps, ch.stderr, errR)
+
+	var timeout <-chan time.Time
+	if ch.req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(ch.req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var ws syscall.WaitStatus
+	timedOut := false
+	select {
+	case ws = <-wait:
+	case <-timeout:
+		timedOut = true
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		ws = <-wait
+	}
+	if timedOut {
+		// The whole tree was killed: the pipes close once its last member dies.
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+	pumpsDone := make(chan struct{})
+	go func() { pumps.Wait(); close(pumpsDone) }()
+	select {
+	case <-pumpsDone:
+	case <-time.After(drainGrace):
+		// Background processes still hold the pipes; stop reading them.
+		outR.Close()
+		errR.Close()
+		<-pumpsDone
+	}
+	outR.Close()
+	errR.Close()
+	exit := wire.ExitMsg{TimedOut: timedOut}
+	switch {
+	case ws.Signaled():
+		exit.Signal = int(ws.Signal())
+		exit.Code = 128 + exit.Signal
+	default:
+		exit.Code = ws.ExitStatus()
+	}
+	return exit
+}
+
+func pump(wg *sync.WaitGroup, w io.Writer, r *os.File) {
+	defer wg.Done()
+	buf := make([]byte, wire.ChunkSize)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				// The host went away: keep draining so the process is not
+				// blocked on a full pipe.
+				w = io.Discard
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func mergeEnv(base, extra []string) []string {
+	env := make([]string, 0, len(base)+len(extra))
+	idx := map[string]int{}
+	for _, kv := range append(append([]string(nil), base...), extra...) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			env[i] = kv
+			continue
+		}
+		idx[k] = len(env)
+		env = append(env, kv)
+	}
+	return env
+}
+
+func envValue(env []string, key string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(env[i], "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+func lookPath(file, path string) (string, error) {
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, file)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", errors.New(file + ": command not found")
+}
+
+func (ch *channel) tarGet() wire.ExitMsg {
+	if err := tarx.Create(ch.stdout, ch.req.Path, filepath.Base(ch.req.Path)); err != nil {
+		return errExit(err)
+	}
+	return wire.ExitMsg{}
+}
+
+func (ch *channel) tarPut() wire.ExitMsg {
+	if ch.stdin == nil {
+		return errExit(errdefs.New(errdefs.InvalidArgument, "tar-put needs stdin"))
+	}
+	err := tarx.ExtractTo(ch.req.Path, ch.stdin, tarx.Options{Chown: true})
+	// Drain what the host still sends so it does not block on its window.
+	_, _ = io.Copy(io.Discard, ch.stdin)
+	if err != nil {
+		return errExit(err)
+	}
+	return wire.ExitMsg{}
+}
+
+// StatInfo is the Info of an OpStatFS exit.
+type StatInfo struct {
+	Exists bool `json:"exists"`
+	IsDir  bool `json:"is_dir"`
+}
+
+func (ch *channel) stat() wire.ExitMsg {
+	var st StatInfo
+	if fi, err := os.Stat(ch.req.Path); err == nil {
+		st = StatInfo{Exists: true, IsDir: fi.IsDir()}
+	}
+	b, _ := json.Marshal(st)
+	return wire.ExitMsg{Info: b}
+}
+
+func (ch *channel) setTime() wire.ExitMsg {
+	tv := syscall.NsecToTimeval(ch.req.UnixNano)
+	if err := syscall.Settimeofday(&tv); err != nil {
+		return errExit(err)
+	}
+	return wire.ExitMsg{}
+}
+
+// putUint32 is used by the host to encode Signal payloads.
+func putUint32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }

@@ -1,0 +1,197 @@
+// Package wire is the binary framing shared by the in-sandbox agent and the
+// host. One connection carries many channels (one per exec or file transfer);
+// every frame names its channel, so no call pays for a new connection and bulk
+// data travels as raw bytes, never base64.
+//
+// A frame is a 9-byte header followed by the payload:
+//
+//	type    uint8
+//	channel uint32 big-endian
+//	length  uint32 big-endian (at most MaxPayload)
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Version is bumped on any incompatible change to frames or their payloads.
+const Version = 1
+
+// HeaderSize is the size of a frame header in bytes.
+const HeaderSize = 9
+
+// MaxPayload bounds one frame so a corrupt or hostile length cannot make the
+// reader allocate without limit.
+const MaxPayload = 1 << 20
+
+// Type is a frame type.
+type Type uint8
+
+const (
+	// Hello (agent -> host, channel 0): JSON HelloMsg.
+	Hello Type = iota + 1
+	// Open (host -> agent): JSON Request; opens the channel.
+	Open
+	// Started (agent -> host): JSON StartedMsg; the process runs.
+	Started
+	// Stdin, Stdout, Stderr carry raw stream bytes. An empty payload is EOF.
+	Stdin
+	Stdout
+	Stderr
+	// Window (either way): 1 byte stream type + uint32 bytes consumed; grants
+	// the sender that much more credit on that stream.
+	Window
+	// Signal (host -> agent): uint32 signal number for the channel's process.
+	Signal
+	// Exit (agent -> host): JSON ExitMsg; the last frame of a channel.
+	Exit
+	// Ping and Pong (either way, channel 0): liveness, payload echoed.
+	Ping
+	Pong
+	// Close (host -> agent): the host gave up on the channel; the agent kills
+	// what runs on it and frees it.
+	Close
+	typeEnd
+)
+
+func (t Type) String() string {
+	names := [...]string{"invalid", "hello", "open", "started", "stdin", "stdout", "stderr", "window", "signal", "exit", "ping", "pong", "close"}
+	if int(t) < len(names) {
+		return names[t]
+	}
+	return fmt.Sprintf("type(%d)", uint8(t))
+}
+
+// Frame is one decoded frame. Payload is only valid until the next Read on
+// the same Reader.
+type Frame struct {
+	Type    Type
+	Channel uint32
+	Payload []byte
+}
+
+// ErrFrame marks a malformed frame; the connection must be dropped.
+var ErrFrame = errors.New("malformed frame")
+
+// Reader decodes frames from a stream, reusing one buffer.
+type Reader struct {
+	r   io.Reader
+	hdr [HeaderSize]byte
+	buf []byte
+}
+
+// NewReader returns a Reader on r. Wrap r in a bufio.Reader for small frames.
+func NewReader(r io.Reader) *Reader { return &Reader{r: r} }
+
+// Read returns the next frame. It returns io.EOF at a clean end between
+// frames, io.ErrUnexpectedEOF inside a frame and ErrFrame for bad headers.
+func (r *Reader) Read() (Frame, error) {
+	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+		return Frame{}, err
+	}
+	f, n, err := ParseHeader(r.hdr[:])
+	if err != nil {
+		return Frame{}, err
+	}
+	if cap(r.buf) < int(n) {
+		r.buf = make([]byte, n)
+	}
+	f.Payload = r.buf[:n]
+	if _, err := io.ReadFull(r.r, f.Payload); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, err
+	}
+	return f, nil
+}
+
+// ParseHeader decodes a frame header and returns the frame (without payload)
+// and the payload length.
+func ParseHeader(h []byte) (Frame, uint32, error) {
+	if len(h) < HeaderSize {
+		return Frame{}, 0, fmt.Errorf("%w: short header", ErrFrame)
+	}
+	t := Type(h[0])
+	if t == 0 || t >= typeEnd {
+		return Frame{}, 0, fmt.Errorf("%w: unknown type %d", ErrFrame, h[0])
+	}
+	n := binary.BigEndian.Uint32(h[5:9])
+	if n > MaxPayload {
+		return Frame{}, 0, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrFrame, n, MaxPayload)
+	}
+	return Frame{Type: t, Channel: binary.BigEndian.Uint32(h[1:5])}, n, nil
+}
+
+// AppendFrame appends the encoding of one frame to b.
+func AppendFrame(b []byte, t Type, ch uint32, payload []byte) []byte {
+	return append(AppendHeader(b, t, ch, len(payload)), payload...)
+}
+
+// AppendHeader appends a frame header for a payload of n bytes to b.
+func AppendHeader(b []byte, t Type, ch uint32, n int) []byte {
+	b = append(b, byte(t))
+	b = binary.BigEndian.AppendUint32(b, ch)
+	return binary.BigEndian.AppendUint32(b, uint32(n))
+}
+
+// HelloMsg is the first frame an agent sends on a connection.
+type HelloMsg struct {
+	Version int `json:"version"`
+	PID     int `json:"pid"`
+	// Boot counts how many times the agent has (re)connected since it
+	// started; a restored sandbox reconnects with a higher count.
+	Boot int `json:"boot"`
+}
+
+// Op names what a channel does.
+type Op string
+
+const (
+	OpExec    Op = "exec"     // run a process
+	OpTarGet  Op = "tar-get"  // stream Path as a tar archive on stdout
+	OpTarPut  Op = "tar-put"  // extract the tar archive read from stdin into Path
+	OpStatFS  Op = "stat"     // report whether Path exists and is a directory
+	OpSetTime Op = "set-time" // set the sandbox clock (after restore)
+)
+
+// Request opens a channel.
+type Request struct {
+	Op   Op       `json:"op"`
+	Argv []string `json:"argv,omitempty"`
+	Env  []string `json:"env,omitempty"`
+	Dir  string   `json:"dir,omitempty"`
+	// TimeoutMS kills the process group after this long; 0 means none.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Stdin says the host will send stdin frames; otherwise stdin is empty.
+	Stdin bool   `json:"stdin,omitempty"`
+	Path  string `json:"path,omitempty"`
+	// UnixNano is the host's clock for OpSetTime.
+	UnixNano int64 `json:"unix_nano,omitempty"`
+}
+
+// StartedMsg answers an Open whose process started.
+type StartedMsg struct {
+	PID int `json:"pid"`
+}
+
+// ExitMsg ends a channel.
+type ExitMsg struct {
+	// Code is the exit status; 128+signal for a signalled process, -1 when
+	// the process never ran (see Error).
+	Code     int    `json:"code"`
+	Signal   int    `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Error    string `json:"error,omitempty"`
+	// ErrorClass is an errdefs class name for Error, e.g. "not_found".
+	ErrorClass string `json:"error_class,omitempty"`
+	// Info carries small results of non-exec ops (JSON).
+	Info []byte `json:"info,omitempty"`
+}
+
+// InitialWindow is the credit each stream starts with: how many bytes a
+// sender may have in flight before the receiver acknowledges them.
+const InitialWindow = 1 << 20

@@ -1,0 +1,148 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/engine/gvisor"
+	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Options configures a whole daemon.
+type Options struct {
+	Version string
+	DataDir string
+	// ImagesDir defaults to DataDir/images.
+	ImagesDir string
+	Socket    string
+	// Listen, when set, also serves TCP; it requires Token.
+	Listen    string
+	Token     string
+	Runsc     string
+	AgentPath string
+	// BuildDefaultImage builds the default image at start if it is missing.
+	BuildDefaultImage bool
+	Sandbox           sandbox.Config
+	Log               *slog.Logger
+	// Ready, if set, is called once the daemon serves.
+	Ready func()
+}
+
+// Run starts a daemon and serves until ctx ends. Sandboxes keep running
+// after it returns; the next daemon on the same data dir reattaches to them.
+func Run(ctx context.Context, o Options) error {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if o.DataDir == "" {
+		return errors.New("no data dir")
+	}
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(o.DataDir, "daemon.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("another clade daemon is using %s", o.DataDir)
+	}
+	if o.ImagesDir == "" {
+		o.ImagesDir = filepath.Join(o.DataDir, "images")
+	}
+	st, err := store.Open(ctx, filepath.Join(o.DataDir, "clade.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	images, err := image.NewStore(o.ImagesDir, log)
+	if err != nil {
+		return err
+	}
+	eng, err := gvisor.New(gvisor.Config{StateDir: filepath.Join(o.DataDir, "gvisor"), Runsc: o.Runsc, AgentPath: o.AgentPath, Log: log})
+	if err != nil {
+		return err
+	}
+	o.Sandbox.Log = log
+	mgr := sandbox.New(o.Sandbox, eng, st, images)
+	defer mgr.Close()
+	start := time.Now()
+	if err := mgr.Reconcile(ctx); err != nil {
+		log.Error("reconcile finished with errors", "err", err)
+	}
+	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := New(Config{Version: o.Version, Log: log, RunscVersion: eng.RunscVersion(ctx)}, mgr, images, reg)
+
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	if err := os.MkdirAll(filepath.Dir(o.Socket), 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(o.Socket)
+	uln, err := net.Listen("unix", o.Socket)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", o.Socket, err)
+	}
+	_ = os.Chmod(o.Socket, 0o660)
+	lns = append(lns, uln)
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	errc := make(chan error, 2)
+	go func() { errc <- hs.Serve(uln) }()
+	if o.Listen != "" {
+		if o.Token == "" {
+			return errors.New("--listen needs --token-file: a TCP API without a token would let anyone who reaches the port run code")
+		}
+		tsrv := New(Config{Version: o.Version, Log: log, Token: o.Token, RunscVersion: eng.RunscVersion(ctx)}, mgr, images, prometheus.NewRegistry())
+		tln, err := net.Listen("tcp", o.Listen)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w", o.Listen, err)
+		}
+		lns = append(lns, tln)
+		ths := &http.Server{Handler: tsrv, ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- ths.Serve(tln) }()
+		defer ths.Close()
+		log.Info("serving TCP", "addr", tln.Addr().String())
+	}
+	log.Info("clade daemon serving", "socket", o.Socket, "data_dir", o.DataDir, "version", o.Version)
+	if o.BuildDefaultImage {
+		go func() {
+			if err := images.EnsureDefault(ctx); err != nil && ctx.Err() == nil {
+				log.Error("building the default image failed", "err", err)
+			}
+		}()
+	}
+	if o.Ready != nil {
+		o.Ready()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(sctx)
+	log.Info("clade daemon stopped; sandboxes keep running")
+	return nil
+}

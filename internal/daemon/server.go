@@ -1,0 +1,249 @@
+// Package daemon serves clade's HTTP API: routing, authentication, request
+// decoding, and the one mapping from error classes to HTTP status codes.
+package daemon
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config configures the API server.
+type Config struct {
+	Version string
+	// Token, when set, is required as a bearer token (TCP listeners).
+	Token string
+	Log   *slog.Logger
+	// RunscVersion is reported by /v1/health.
+	RunscVersion string
+}
+
+// Server is the HTTP API.
+type Server struct {
+	cfg     Config
+	mgr     *sandbox.Manager
+	images  *image.Store
+	log     *slog.Logger
+	mux     *http.ServeMux
+	metrics *metrics
+	// Routes lists "METHOD /path" of every API route, for the spec test.
+	Routes []string
+}
+
+// New returns the API server.
+func New(cfg Config, mgr *sandbox.Manager, images *image.Store, reg *prometheus.Registry) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, mgr: mgr, images: images, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(reg)}
+	s.route("GET /v1/health", "health", s.health)
+	s.route("POST /v1/sandboxes", "sandbox_create", s.createSandbox)
+	s.route("GET /v1/sandboxes", "sandbox_list", s.listSandboxes)
+	s.route("GET /v1/sandboxes/{id}", "sandbox_inspect", s.getSandbox)
+	s.route("DELETE /v1/sandboxes/{id}", "sandbox_remove", s.deleteSandbox)
+	s.route("POST /v1/sandboxes/{id}/exec", "exec", s.exec)
+	s.route("GET /v1/sandboxes/{id}/files", "files_get", s.getFiles)
+	s.route("PUT /v1/sandboxes/{id}/files", "files_put", s.putFiles)
+	s.route("GET /v1/images", "image_list", s.listImages)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))
+	})
+	return s
+}
+
+// handlerFunc is an API handler that returns its error for writeError.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *Server) route(pattern, op string, h handlerFunc) {
+	s.Routes = append(s.Routes, pattern)
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		err := h(rec, r)
+		if err != nil {
+			if rec.status == 0 {
+				writeError(rec, err)
+			}
+			if errdefs.ClassOf(err) == errdefs.Internal {
+				s.log.Error("request failed", "op", op, "err", err)
+			}
+		}
+		s.metrics.observe(op, err, time.Since(start))
+	})
+}
+
+// ServeHTTP authenticates and dispatches.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("handler panic", "panic", v, "path", r.URL.Path)
+			writeError(w, fmt.Errorf("internal error: %v", v))
+		}
+	}()
+	if s.cfg.Token != "" && !s.authorized(r) {
+		writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong token: pass it as `Authorization: Bearer TOKEN` (the CLI reads CLADE_TOKEN)"))
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1
+}
+
+// statusOf is the one mapping from error classes to HTTP status codes.
+func statusOf(c errdefs.Class) int {
+	switch c {
+	case errdefs.NotFound:
+		return http.StatusNotFound
+	case errdefs.AlreadyExists, errdefs.Conflict:
+		return http.StatusConflict
+	case errdefs.InvalidArgument:
+		return http.StatusBadRequest
+	case errdefs.Unavailable:
+		return http.StatusServiceUnavailable
+	case errdefs.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case errdefs.Unauthenticated:
+		return http.StatusUnauthorized
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	c := errdefs.ClassOf(err)
+	writeJSON(w, statusOf(c), api.Error{Code: string(c), Message: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// maxBody bounds JSON request bodies.
+const maxBody = 1 << 20
+
+// decode reads a JSON body strictly: unknown fields and trailing data are
+// client mistakes worth telling about.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody+1))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errdefs.New(errdefs.InvalidArgument, "empty request body: send a JSON object")
+		}
+		return errdefs.New(errdefs.InvalidArgument, "malformed JSON body: %v", err)
+	}
+	if dec.More() {
+		return errdefs.New(errdefs.InvalidArgument, "malformed JSON body: unexpected data after the object")
+	}
+	return nil
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach Flush and Hijack.
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), Runsc: s.cfg.RunscVersion})
+	return nil
+}
+
+func toAPI(sb store.Sandbox) api.Sandbox {
+	return api.Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
+		CPUs: sb.CPUs, Env: sb.Env, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC()}
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req api.CreateSandboxRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	sb, err := s.mgr.Create(r.Context(), sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, toAPI(sb))
+	return nil
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	sbs, err := s.mgr.List(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]api.Sandbox, 0, len(sbs))
+	for _, sb := range sbs {
+		out = append(out, toAPI(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toAPI(sb))
+	return nil
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
+	if err := s.mgr.Destroy(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
+	imgs, err := s.images.List(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]api.Image, 0, len(imgs))
+	for _, img := range imgs {
+		out = append(out, api.Image{Name: img.Name, Source: img.Source, SizeBytes: img.SizeBytes, CreatedAt: img.CreatedAt})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

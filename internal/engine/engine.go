@@ -1,0 +1,56 @@
+// Package engine declares what clade needs from an isolation backend. The
+// sandbox manager drives engines only through this interface, and every engine
+// passes the same conformance suite (package enginetest) against the real
+// thing.
+package engine
+
+import (
+	"context"
+
+	"github.com/clade-sandbox/clade/internal/agent"
+)
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	// ID is clade's fixed-length sandbox id; engines name their resources by it.
+	ID string
+	// RootFS is the image's root directory on the host. Engines never write
+	// to it: a sandbox's writes go to its own upper layer.
+	RootFS string
+	// Hostname seen inside the sandbox.
+	Hostname string
+	// MemoryMiB caps the sandbox's memory; CPUs caps its CPU time in cores.
+	MemoryMiB int
+	CPUs      float64
+	// Env is the base environment of every process in the sandbox.
+	Env []string
+}
+
+// Sandbox is a live sandbox as an engine sees it.
+type Sandbox interface {
+	// ID returns the sandbox id.
+	ID() string
+	// Agent returns the client of the sandbox's agent.
+	Agent() *agent.Client
+	// PID returns the host pid of the sandbox's main process, or 0.
+	PID() int
+}
+
+// Engine creates and destroys sandboxes.
+type Engine interface {
+	// Name returns the engine's name, e.g. "gvisor".
+	Name() string
+	// Create boots a sandbox and returns once its agent is connected. On
+	// error nothing of the sandbox is left behind.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+	// Attach reconnects to a sandbox created earlier, by this or a previous
+	// process. It returns an errdefs NotFound error when the sandbox is no
+	// longer running.
+	Attach(ctx context.Context, spec Spec) (Sandbox, error)
+	// Destroy stops the sandbox and removes all its resources. Destroying a
+	// sandbox that is already gone, or half created, returns nil.
+	Destroy(ctx context.Context, id string) error
+	// List returns the ids of every sandbox the engine holds resources for,
+	// running or not, so callers can find leaks.
+	List(ctx context.Context) ([]string, error)
+}

@@ -1,0 +1,493 @@
+// Package gvisor is the clade engine that runs sandboxes under gVisor's runsc.
+//
+// Every runsc call gets stdio on files, never pipes: `runsc run --detach`
+// hands its stdio to the sandbox, so reading a pipe to EOF would hang until
+// the sandbox dies. Every call for one id uses the same global flags, and ids
+// have a fixed length because runsc matches container ids by prefix.
+package gvisor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/agent"
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+var _ engine.Engine = (*Engine)(nil)
+
+// Paths inside every sandbox.
+const (
+	guestBinDir  = "/.clade/bin"
+	guestRunDir  = "/.clade/run"
+	guestAgent   = guestBinDir + "/clade-agent"
+	guestSocket  = guestRunDir + "/agent.sock"
+	agentSockEnv = "CLADE_AGENT_SOCKET"
+)
+
+// Config configures the engine.
+type Config struct {
+	// StateDir holds runsc's state, bundles and per-sandbox files.
+	StateDir string
+	// Runsc is the runsc binary.
+	Runsc string
+	// AgentPath is the clade-agent binary on the host (static).
+	AgentPath string
+	// Platform is runsc's --platform; systrap when empty (kvm hangs on
+	// nested hosts like ours).
+	Platform string
+	// ReadyTimeout bounds how long Create waits for the agent; 30s if zero.
+	ReadyTimeout time.Duration
+	Log          *slog.Logger
+}
+
+// Engine drives runsc.
+type Engine struct {
+	cfg     Config
+	runRoot string
+	sbRoot  string
+	binDir  string
+
+	mu   sync.Mutex
+	live map[string]*sandbox
+}
+
+// New checks the configuration and prepares the state directory.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 30 * time.Second
+	}
+	runsc, err := findRunsc(cfg.Runsc)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Runsc = runsc
+	e := &Engine{cfg: cfg, runRoot: filepath.Join(cfg.StateDir, "runsc"), sbRoot: filepath.Join(cfg.StateDir, "sandboxes"),
+		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}}
+	for _, d := range []string{e.runRoot, e.sbRoot, e.binDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.installAgent(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func findRunsc(p string) (string, error) {
+	if p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("runsc not found at %s: run `make deps` or set --runsc", p)
+		}
+		return p, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		if c := filepath.Join(filepath.Dir(exe), "runsc"); fileExists(c) {
+			return c, nil
+		}
+	}
+	if c, err := exec.LookPath("runsc"); err == nil {
+		return c, nil
+	}
+	return "", errors.New("runsc not found: run `make deps` or set --runsc")
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// installAgent copies the agent into the state dir, which is bind-mounted
+// read-only into every sandbox: the host's bin directory also holds runsc and
+// clade, which sandboxes have no business seeing.
+func (e *Engine) installAgent() error {
+	if e.cfg.AgentPath == "" {
+		return errors.New("no agent binary configured: build clade-agent (make build) or set --agent")
+	}
+	src, err := os.ReadFile(e.cfg.AgentPath)
+	if err != nil {
+		return fmt.Errorf("agent binary: %w: run `make build` or set --agent", err)
+	}
+	dst := filepath.Join(e.binDir, "clade-agent")
+	if cur, err := os.ReadFile(dst); err == nil && sha256.Sum256(cur) == sha256.Sum256(src) {
+		return nil
+	}
+	// Write aside and rename: running sandboxes keep the old inode.
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, src, 0o755); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+// Name implements engine.Engine.
+func (e *Engine) Name() string { return "gvisor" }
+
+// RunscVersion returns `runsc --version`'s first line.
+func (e *Engine) RunscVersion(ctx context.Context) string {
+	out, err := exec.CommandContext(ctx, e.cfg.Runsc, "--version").Output()
+	if err != nil {
+		return "unknown"
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return line
+}
+
+type sandbox struct {
+	id     string
+	dir    string
+	pid    int
+	client *agent.Client
+	ln     net.Listener
+	done   chan struct{}
+}
+
+func (s *sandbox) ID() string            { return s.id }
+func (s *sandbox) Agent() *agent.Client  { return s.client }
+func (s *sandbox) PID() int              { return s.pid }
+func (e *Engine) dir(id string) string   { return filepath.Join(e.sbRoot, id) }
+func (e *Engine) upper(id string) string { return filepath.Join(e.dir(id), "upper") }
+
+// globalFlags are the same for every call about one id.
+func (e *Engine) globalFlags(id string) []string {
+	return []string{
+		"--root", e.runRoot,
+		"--platform", e.cfg.Platform,
+		"--network", "none",
+		"--host-uds", "open",
+		"--overlay2", "root:dir=" + e.upper(id),
+		"--log-format", "text",
+	}
+}
+
+// runsc runs one runsc command for id with stdio on a log file.
+func (e *Engine) runsc(ctx context.Context, id string, args ...string) error {
+	logf, err := os.OpenFile(filepath.Join(e.dir(id), "runsc.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	start, _ := logf.Seek(0, io.SeekEnd)
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(id), args...)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc %s: %w: %s", args[0], err, tail(logf.Name(), start))
+	}
+	return nil
+}
+
+// tail returns what a log gained after offset, shortened to its last lines.
+func tail(path string, offset int64) string {
+	b, err := os.ReadFile(path)
+	if err != nil || int64(len(b)) < offset {
+		return ""
+	}
+	s := strings.TrimSpace(string(b[offset:]))
+	if len(s) > 600 {
+		s = "..." + s[len(s)-600:]
+	}
+	return s
+}
+
+// Create implements engine.Engine.
+func (e *Engine) Create(ctx context.Context, spec engine.Spec) (_ engine.Sandbox, err error) {
+	if len(spec.ID) == 0 || strings.ContainsAny(spec.ID, "/.") {
+		return nil, errdefs.New(errdefs.InvalidArgument, "bad sandbox id %q", spec.ID)
+	}
+	dir := e.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if os.IsExist(err) {
+			return nil, errdefs.New(errdefs.AlreadyExists, "sandbox %s already exists", spec.ID)
+		}
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			if derr := e.Destroy(context.WithoutCancel(ctx), spec.ID); derr != nil {
+				err = errors.Join(err, fmt.Errorf("cleanup: %w", derr))
+			}
+		}
+	}()
+	for _, d := range []string{"run", "upper"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.writeBundle(spec); err != nil {
+		return nil, err
+	}
+	sb, err := e.listen(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.runsc(ctx, spec.ID, "run", "--bundle", dir, "--detach", spec.ID); err != nil {
+		return nil, err
+	}
+	if err := e.waitReady(ctx, sb); err != nil {
+		return nil, err
+	}
+	sb.pid = e.statePID(ctx, spec.ID)
+	return sb, nil
+}
+
+func (e *Engine) waitReady(ctx context.Context, sb *sandbox) error {
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.ReadyTimeout)
+	defer cancel()
+	if err := sb.client.Ready(rctx); err != nil {
+		return fmt.Errorf("sandbox %s: agent did not connect within %s (see %s): %w", sb.id, e.cfg.ReadyTimeout, filepath.Join(sb.dir, "runsc.log"), err)
+	}
+	return nil
+}
+
+// listen opens the sandbox's agent socket and accepts agent connections on
+// it for as long as the sandbox lives.
+func (e *Engine) listen(id string) (*sandbox, error) {
+	dir := e.dir(id)
+	path := filepath.Join(dir, "run", "agent.sock")
+	_ = os.Remove(path) // a stale socket from a previous daemon
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	sb := &sandbox{id: id, dir: dir, client: agent.NewClient(), ln: ln, done: make(chan struct{})}
+	e.mu.Lock()
+	if old := e.live[id]; old != nil {
+		old.stop()
+	}
+	e.live[id] = sb
+	e.mu.Unlock()
+	go func() {
+		defer close(sb.done)
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				if err := sb.client.Serve(nc); err != nil && !errors.Is(err, net.ErrClosed) {
+					e.cfg.Log.Debug("agent connection ended", "sandbox", id, "err", err)
+				}
+			}()
+		}
+	}()
+	return sb, nil
+}
+
+func (s *sandbox) stop() {
+	s.ln.Close()
+	s.client.Close()
+}
+
+func (e *Engine) writeBundle(spec engine.Spec) error {
+	memory := int64(spec.MemoryMiB) << 20
+	period := uint64(100000)
+	var cpu map[string]any
+	if spec.CPUs > 0 {
+		cpu = map[string]any{"quota": int64(spec.CPUs * float64(period)), "period": period}
+	}
+	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "HOSTNAME=" + spec.Hostname, "LANG=C.UTF-8"}, spec.Env...)
+	env = append(env, agentSockEnv+"="+guestSocket)
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
+		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
+	resources := map[string]any{"pids": map[string]any{"limit": 32768}}
+	if memory > 0 {
+		resources["memory"] = map[string]any{"limit": memory}
+	}
+	if cpu != nil {
+		resources["cpu"] = cpu
+	}
+	spec2 := map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"args": []string{guestAgent},
+			"env":  env,
+			"cwd":  "/",
+			"user": map[string]any{"uid": 0, "gid": 0},
+			"capabilities": map[string]any{
+				"bounding": caps, "effective": caps, "permitted": caps,
+			},
+			"rlimits": []map[string]any{{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}},
+		},
+		"root":     map[string]any{"path": spec.RootFS, "readonly": false},
+		"hostname": spec.Hostname,
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755"}},
+			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
+			{"destination": guestBinDir, "type": "bind", "source": e.binDir, "options": []string{"rbind", "ro"}},
+			{"destination": guestRunDir, "type": "bind", "source": filepath.Join(e.dir(spec.ID), "run"), "options": []string{"rbind", "rw"}},
+		},
+		"linux": map[string]any{
+			"cgroupsPath": "/clade/" + spec.ID,
+			"resources":   resources,
+			"namespaces": []map[string]any{
+				{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"},
+			},
+		},
+	}
+	b, err := json.MarshalIndent(spec2, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(e.dir(spec.ID), "config.json"), b, 0o600)
+}
+
+type runscState struct {
+	ID     string `json:"id"`
+	PID    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+// state asks runsc about id. It returns NotFound when runsc knows no such
+// container.
+func (e *Engine) state(ctx context.Context, id string) (runscState, error) {
+	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(id), "state", id)...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.Output()
+	if err != nil {
+		return runscState{}, errdefs.New(errdefs.NotFound, "sandbox %s is not running", id)
+	}
+	var st runscState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return runscState{}, fmt.Errorf("runsc state %s: %w", id, err)
+	}
+	return st, nil
+}
+
+func (e *Engine) statePID(ctx context.Context, id string) int {
+	st, err := e.state(ctx, id)
+	if err != nil {
+		return 0
+	}
+	return st.PID
+}
+
+// Attach implements engine.Engine.
+func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, error) {
+	st, err := e.state(ctx, spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	if st.Status != "running" {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s is %s, not running", spec.ID, st.Status)
+	}
+	sb, err := e.listen(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.waitReady(ctx, sb); err != nil {
+		return nil, err
+	}
+	sb.pid = st.PID
+	return sb, nil
+}
+
+// Destroy implements engine.Engine.
+func (e *Engine) Destroy(ctx context.Context, id string) error {
+	if id == "" || strings.ContainsAny(id, "/.") {
+		return errdefs.New(errdefs.InvalidArgument, "bad sandbox id %q", id)
+	}
+	e.mu.Lock()
+	sb := e.live[id]
+	delete(e.live, id)
+	e.mu.Unlock()
+	if sb != nil {
+		sb.stop()
+	}
+	dir := e.dir(id)
+	if !fileExists(dir) {
+		return nil
+	}
+	var errs []error
+	if _, err := e.state(ctx, id); err == nil {
+		// kill first so delete does not wait for a graceful stop.
+		_ = e.runsc(ctx, id, "kill", id, "KILL")
+		if err := e.runsc(ctx, id, "delete", "--force", id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// List implements engine.Engine.
+func (e *Engine) List(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	ents, err := os.ReadDir(e.sbRoot)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range ents {
+		seen[d.Name()] = true
+	}
+	// runsc's own records, in case a bundle dir was lost.
+	ents, _ = os.ReadDir(e.runRoot)
+	for _, d := range ents {
+		if name, ok := strings.CutSuffix(d.Name(), ".state"); ok {
+			if i := strings.LastIndex(name, "_"); i >= 0 {
+				name = name[i+1:]
+			}
+			seen[name] = true
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// PIDs returns host pids of runsc processes that belong to this engine's
+// state dir, for leak checks.
+func (e *Engine) PIDs() ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(cmdline), e.runRoot+"\x00") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}

@@ -1,0 +1,182 @@
+// Package image manages the root filesystems sandboxes boot from. An image is
+// a directory <dir>/<name>/ holding rootfs/ and image.json. Images are never
+// written by sandboxes (each sandbox writes to its own overlay upper layer),
+// so any number of sandboxes share one.
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// Default is the name of the image built offline from Debian's packages.
+const Default = "default"
+
+// Image describes one image.
+type Image struct {
+	Name      string    `json:"name"`
+	Source    string    `json:"source"`
+	CreatedAt time.Time `json:"created_at"`
+	SizeBytes int64     `json:"size_bytes"`
+	RootFS    string    `json:"-"`
+}
+
+// Store is a directory of images.
+type Store struct {
+	dir string
+	log *slog.Logger
+	// Mirror is the Debian mirror the default image is built from.
+	Mirror string
+}
+
+// NewStore opens the image directory dir, creating it if needed.
+func NewStore(dir string, log *slog.Logger) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Store{dir: dir, log: log, Mirror: "http://deb.debian.org/debian"}, nil
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+
+// ValidName reports whether name can name an image.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
+// Get returns the image called name.
+func (s *Store) Get(ctx context.Context, name string) (Image, error) {
+	if !ValidName(name) {
+		return Image{}, errdefs.New(errdefs.InvalidArgument, "bad image name %q: use lower-case letters, digits, '.', '_' and '-'", name)
+	}
+	b, err := os.ReadFile(filepath.Join(s.dir, name, "image.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		if name == Default {
+			return Image{}, errdefs.New(errdefs.Unavailable, "the default image is not built yet: the daemon builds it at start (this takes a few minutes once); retry shortly")
+		}
+		return Image{}, errdefs.New(errdefs.InvalidArgument, "unknown image %q: see `clade image ls`", name)
+	}
+	if err != nil {
+		return Image{}, err
+	}
+	var img Image
+	if err := json.Unmarshal(b, &img); err != nil {
+		return Image{}, fmt.Errorf("image %s: %w", name, err)
+	}
+	img.RootFS = filepath.Join(s.dir, name, "rootfs")
+	return img, nil
+}
+
+// List returns every complete image, by name.
+func (s *Store) List(ctx context.Context) ([]Image, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Image
+	for _, d := range ents {
+		if !d.IsDir() || !ValidName(d.Name()) {
+			continue
+		}
+		img, err := s.Get(ctx, d.Name())
+		if err != nil {
+			continue // half-built or foreign: not an image
+		}
+		out = append(out, img)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// EnsureDefault builds the default image if it is missing: debootstrap's
+// minbase variant of Debian bookworm plus python3, from Debian's packages
+// only. It holds a lock so concurrent daemons sharing the directory build it
+// once.
+func (s *Store) EnsureDefault(ctx context.Context) error {
+	if _, err := s.Get(ctx, Default); err == nil {
+		return nil
+	}
+	lock, err := os.OpenFile(filepath.Join(s.dir, ".default.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if _, err := s.Get(ctx, Default); err == nil {
+		return nil // another process built it while we waited
+	}
+	deboot, err := exec.LookPath("debootstrap")
+	if err != nil {
+		return errors.New("debootstrap not found: run `make deps` (apt-get install debootstrap) to build the default image")
+	}
+	start := time.Now()
+	s.log.Info("building the default image (debootstrap minbase bookworm + python3); this takes a few minutes once", "dir", s.dir)
+	build := filepath.Join(s.dir, ".build-"+Default)
+	_ = os.RemoveAll(build) // a build a killed daemon left half done
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		return err
+	}
+	rootfs := filepath.Join(build, "rootfs")
+	logf, err := os.Create(filepath.Join(build, "debootstrap.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.CommandContext(ctx, deboot, "--variant=minbase", "--include=python3", "bookworm", rootfs, s.Mirror)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("debootstrap failed (log in %s): %w", logf.Name(), err)
+	}
+	// Package caches are not part of the image.
+	for _, p := range []string{"var/cache/apt/archives", "var/lib/apt/lists"} {
+		ents, _ := os.ReadDir(filepath.Join(rootfs, p))
+		for _, e := range ents {
+			if e.Name() != "partial" && e.Name() != "lock" {
+				_ = os.RemoveAll(filepath.Join(rootfs, p, e.Name()))
+			}
+		}
+	}
+	img := Image{Name: Default, Source: "debootstrap --variant=minbase --include=python3 bookworm " + s.Mirror, CreatedAt: time.Now().UTC(), SizeBytes: dirSize(rootfs)}
+	b, _ := json.MarshalIndent(img, "", "  ")
+	if err := os.WriteFile(filepath.Join(build, "image.json"), b, 0o644); err != nil {
+		return err
+	}
+	final := filepath.Join(s.dir, Default)
+	_ = os.RemoveAll(final)
+	if err := os.Rename(build, final); err != nil {
+		return err
+	}
+	s.log.Info("default image built", "took", time.Since(start).Round(time.Second), "size_mib", img.SizeBytes>>20)
+	return nil
+}
+
+func dirSize(root string) int64 {
+	var n int64
+	_ = filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

@@ -1,0 +1,349 @@
+// Package sandbox is clade's lifecycle manager: it validates requests, records
+// every transition in the store before and after the engine call, keeps the
+// live sandboxes' agent connections, and after a restart reconciles what the
+// store says with what the engine has.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/agent"
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// Config holds the manager's limits and defaults.
+type Config struct {
+	DefaultMemoryMiB int
+	MaxMemoryMiB     int
+	DefaultCPUs      float64
+	MaxCPUs          float64
+	Log              *slog.Logger
+}
+
+// DefaultConfig returns sensible limits for this host.
+func DefaultConfig() Config {
+	return Config{DefaultMemoryMiB: 512, MaxMemoryMiB: 64 << 10, DefaultCPUs: 1, MaxCPUs: float64(runtime.NumCPU())}
+}
+
+// Manager owns sandboxes.
+type Manager struct {
+	cfg    Config
+	eng    engine.Engine
+	store  *store.Store
+	images *image.Store
+	log    *slog.Logger
+
+	mu   sync.Mutex
+	live map[string]engine.Sandbox
+	busy map[string]bool // ids with a create or destroy in flight
+}
+
+// New returns a manager. Call Reconcile before serving.
+func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *Manager {
+	d := DefaultConfig()
+	if cfg.DefaultMemoryMiB == 0 {
+		cfg.DefaultMemoryMiB = d.DefaultMemoryMiB
+	}
+	if cfg.MaxMemoryMiB == 0 {
+		cfg.MaxMemoryMiB = d.MaxMemoryMiB
+	}
+	if cfg.DefaultCPUs == 0 {
+		cfg.DefaultCPUs = d.DefaultCPUs
+	}
+	if cfg.MaxCPUs == 0 {
+		cfg.MaxCPUs = d.MaxCPUs
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{cfg: cfg, eng: eng, store: st, images: images, log: cfg.Log,
+		live: map[string]engine.Sandbox{}, busy: map[string]bool{}}
+}
+
+// Engine returns the manager's engine.
+func (m *Manager) Engine() engine.Engine { return m.eng }
+
+// CreateRequest asks for a new sandbox. Zero values take the defaults.
+type CreateRequest struct {
+	Name      string
+	Image     string
+	MemoryMiB int
+	CPUs      float64
+	Env       []string
+}
+
+// MinMemoryMiB is the smallest memory limit a sandbox can boot with.
+const MinMemoryMiB = 64
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// IDLength is the length of every sandbox id: runsc matches ids by prefix, so
+// they must all be the same length.
+const IDLength = 16
+
+func newID() string {
+	b := make([]byte, IDLength/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func isID(s string) bool {
+	if len(s) != IDLength {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+func (m *Manager) validate(req *CreateRequest) error {
+	if req.Name != "" {
+		if !nameRE.MatchString(req.Name) {
+			return errdefs.New(errdefs.InvalidArgument, "bad name %q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
+		}
+		if isID(req.Name) {
+			return errdefs.New(errdefs.InvalidArgument, "bad name %q: it looks like a sandbox id; pick a name that is not 16 hex digits", req.Name)
+		}
+	}
+	if req.Image == "" {
+		req.Image = image.Default
+	}
+	if req.MemoryMiB == 0 {
+		req.MemoryMiB = m.cfg.DefaultMemoryMiB
+	}
+	if req.MemoryMiB < MinMemoryMiB || req.MemoryMiB > m.cfg.MaxMemoryMiB {
+		return errdefs.New(errdefs.InvalidArgument, "memory %d MiB is out of range: use %d to %d MiB", req.MemoryMiB, MinMemoryMiB, m.cfg.MaxMemoryMiB)
+	}
+	if req.CPUs == 0 {
+		req.CPUs = m.cfg.DefaultCPUs
+	}
+	if req.CPUs < 0.01 || req.CPUs > m.cfg.MaxCPUs {
+		return errdefs.New(errdefs.InvalidArgument, "cpus %g is out of range: use 0.01 to %g", req.CPUs, m.cfg.MaxCPUs)
+	}
+	for _, kv := range req.Env {
+		if err := ValidEnv(kv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidEnv checks one KEY=VALUE pair.
+func ValidEnv(kv string) error {
+	k, _, ok := strings.Cut(kv, "=")
+	if !ok || k == "" || strings.ContainsAny(k, "\x00") || strings.Contains(kv, "\x00") {
+		return errdefs.New(errdefs.InvalidArgument, "bad environment variable %q: use KEY=VALUE", kv)
+	}
+	return nil
+}
+
+// Create makes a running sandbox. A failed create leaves nothing behind.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
+	if err := m.validate(&req); err != nil {
+		return store.Sandbox{}, err
+	}
+	img, err := m.images.Get(ctx, req.Image)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	rec := store.Sandbox{ID: newID(), Name: req.Name, Image: img.Name, State: store.StateCreating,
+		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env}
+	m.mu.Lock()
+	m.busy[rec.ID] = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.busy, rec.ID)
+		m.mu.Unlock()
+	}()
+	if err := m.store.InsertSandbox(ctx, rec); err != nil {
+		return store.Sandbox{}, err
+	}
+	// The create runs to the end even if the client goes away: a half-made
+	// sandbox would only have to be cleaned up again.
+	ctx = context.WithoutCancel(ctx)
+	sb, err := m.eng.Create(ctx, m.spec(rec, img.RootFS))
+	if err != nil {
+		if derr := m.store.DeleteSandbox(ctx, rec.ID); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	if err := m.store.SetState(ctx, rec.ID, store.StateRunning, ""); err != nil {
+		return store.Sandbox{}, errors.Join(err, m.eng.Destroy(ctx, rec.ID), m.store.DeleteSandbox(ctx, rec.ID))
+	}
+	m.mu.Lock()
+	m.live[rec.ID] = sb
+	m.mu.Unlock()
+	rec.State = store.StateRunning
+	m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
+	return rec, nil
+}
+
+func (m *Manager) spec(rec store.Sandbox, rootfs string) engine.Spec {
+	host := rec.Name
+	if host == "" {
+		host = "sb-" + rec.ID[:8]
+	}
+	return engine.Spec{ID: rec.ID, RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env}
+}
+
+// Get returns a sandbox by id or name.
+func (m *Manager) Get(ctx context.Context, ref string) (store.Sandbox, error) {
+	return m.store.GetSandbox(ctx, ref)
+}
+
+// List returns every sandbox.
+func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
+	return m.store.ListSandboxes(ctx)
+}
+
+// agentOf returns the agent client of a running sandbox.
+func (m *Manager) agentOf(ctx context.Context, ref string) (*agent.Client, error) {
+	rec, err := m.store.GetSandbox(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	sb := m.live[rec.ID]
+	m.mu.Unlock()
+	if sb == nil || rec.State != store.StateRunning {
+		return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running", ref, rec.State)
+	}
+	return sb.Agent(), nil
+}
+
+// Open starts a request (exec or file transfer) in a running sandbox.
+func (m *Manager) Open(ctx context.Context, ref string, req wire.Request) (*agent.Channel, error) {
+	c, err := m.agentOf(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	// A sandbox whose agent is reconnecting gets a moment to come back.
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return c.Open(octx, req)
+}
+
+// Destroy removes a sandbox and everything it holds. It is safe to repeat.
+func (m *Manager) Destroy(ctx context.Context, ref string) error {
+	rec, err := m.store.GetSandbox(ctx, ref)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.busy[rec.ID] {
+		m.mu.Unlock()
+		return errdefs.New(errdefs.Conflict, "sandbox %s is busy being created or removed; retry", ref)
+	}
+	m.busy[rec.ID] = true
+	delete(m.live, rec.ID)
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.busy, rec.ID)
+		m.mu.Unlock()
+	}()
+	ctx = context.WithoutCancel(ctx)
+	return m.destroy(ctx, rec.ID)
+}
+
+func (m *Manager) destroy(ctx context.Context, id string) error {
+	if err := m.store.SetState(ctx, id, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if err := m.eng.Destroy(ctx, id); err != nil {
+		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	if err := m.store.DeleteSandbox(ctx, id); err != nil {
+		return err
+	}
+	m.log.Info("sandbox removed", "sandbox", id)
+	return nil
+}
+
+// Reconcile makes the engine and the store agree after a start: half-done
+// creates are rolled back, half-done removals finished, running sandboxes
+// reattached, and engine resources nobody records are destroyed.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	recs, err := m.store.ListSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	var errs []error
+	var wg sync.WaitGroup
+	var emu sync.Mutex
+	for _, rec := range recs {
+		known[rec.ID] = true
+		switch rec.State {
+		case store.StateCreating, store.StateDestroying:
+			m.log.Info("reconcile: removing half-done sandbox", "sandbox", rec.ID, "state", rec.State)
+			if err := m.destroy(ctx, rec.ID); err != nil {
+				errs = append(errs, err)
+			}
+		case store.StateRunning:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				img, err := m.images.Get(ctx, rec.Image)
+				var sb engine.Sandbox
+				if err == nil {
+					sb, err = m.eng.Attach(ctx, m.spec(rec, img.RootFS))
+				}
+				if err != nil {
+					m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
+					_ = m.eng.Destroy(ctx, rec.ID)
+					if serr := m.store.SetState(ctx, rec.ID, store.StateStopped, err.Error()); serr != nil {
+						emu.Lock()
+						errs = append(errs, serr)
+						emu.Unlock()
+					}
+					return
+				}
+				m.mu.Lock()
+				m.live[rec.ID] = sb
+				m.mu.Unlock()
+				m.log.Info("reconcile: reattached", "sandbox", rec.ID)
+			}()
+		}
+	}
+	wg.Wait()
+	ids, err := m.eng.List(ctx)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, id := range ids {
+		if !known[id] {
+			m.log.Info("reconcile: destroying unrecorded engine sandbox", "sandbox", id)
+			if err := m.eng.Destroy(ctx, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close drops the agent connections; sandboxes keep running for the next
+// daemon to reattach.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, sb := range m.live {
+		sb.Agent().Close()
+	}
+}

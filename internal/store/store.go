@@ -1,0 +1,158 @@
+// Package store keeps clade's metadata in SQLite (pure-Go driver, WAL). Every
+// lifecycle transition is written here before and after the engine call, so a
+// daemon killed at any point can finish or roll back on restart.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	_ "modernc.org/sqlite"
+)
+
+// Sandbox states.
+const (
+	StateCreating   = "creating"
+	StateRunning    = "running"
+	StateStopped    = "stopped" // its engine sandbox died; only removal is left
+	StateDestroying = "destroying"
+)
+
+// Sandbox is a sandbox's record.
+type Sandbox struct {
+	ID        string
+	Name      string
+	Image     string
+	State     string
+	MemoryMiB int
+	CPUs      float64
+	Env       []string
+	Error     string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Store is the metadata database.
+type Store struct{ db *sql.DB }
+
+const schema = `
+CREATE TABLE IF NOT EXISTS sandboxes (
+	id         TEXT PRIMARY KEY,
+	name       TEXT UNIQUE,
+	image      TEXT NOT NULL,
+	state      TEXT NOT NULL,
+	memory_mib INTEGER NOT NULL,
+	cpus       REAL NOT NULL,
+	env        TEXT NOT NULL,
+	error      TEXT NOT NULL DEFAULT '',
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL
+);`
+
+// Open opens (creating if needed) the database at path.
+func Open(ctx context.Context, path string) (*Store, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)")
+	if err != nil {
+		return nil, err
+	}
+	// One writer at a time is what SQLite allows; one connection avoids
+	// SQLITE_BUSY between our own goroutines.
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// InsertSandbox records a new sandbox. A taken name or id is AlreadyExists.
+func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
+	env, _ := json.Marshal(sb.Env)
+	now := time.Now()
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, now.UnixNano(), now.UnixNano())
+	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
+		if strings.Contains(err.Error(), "name") {
+			return errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", sb.Name)
+		}
+		return errdefs.New(errdefs.AlreadyExists, "sandbox %s already exists", sb.ID)
+	}
+	return err
+}
+
+// SetState moves a sandbox to state, recording msg as its last error.
+func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ?`,
+		state, msg, time.Now().UnixNano(), id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.New(errdefs.NotFound, "no such sandbox: %s", id)
+	}
+	return nil
+}
+
+const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, created_at, updated_at`
+
+func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
+	var sb Sandbox
+	var env string
+	var created, updated int64
+	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &created, &updated); err != nil {
+		return Sandbox{}, err
+	}
+	_ = json.Unmarshal([]byte(env), &sb.Env)
+	sb.CreatedAt, sb.UpdatedAt = time.Unix(0, created), time.Unix(0, updated)
+	return sb, nil
+}
+
+// GetSandbox finds a sandbox by id or name.
+func (s *Store) GetSandbox(ctx context.Context, ref string) (Sandbox, error) {
+	sb, err := scan(s.db.QueryRowContext(ctx, `SELECT `+cols+` FROM sandboxes WHERE id = ? OR name = ? ORDER BY id = ? DESC LIMIT 1`, ref, ref, ref))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Sandbox{}, errdefs.New(errdefs.NotFound, "no such sandbox: %s (see `clade ls`)", ref)
+	}
+	return sb, err
+}
+
+// ListSandboxes returns every sandbox, oldest first.
+func (s *Store) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+cols+` FROM sandboxes ORDER BY created_at, id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Sandbox
+	for rows.Next() {
+		sb, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// DeleteSandbox removes a sandbox's record; a missing one is not an error.
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	return err
+}

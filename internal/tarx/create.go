@@ -1,0 +1,122 @@
+package tarx
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// Create writes a tar archive of src to w with entry names rooted at name:
+// name "data" gives "data", "data/a.txt", and so on. name is cleaned as if it
+// were rooted, so entries never start with "/" or "..".
+//
+// src is Lstat'ed, never followed: a symlink is stored as a link, and so is
+// every symlink inside a directory. Directories are walked recursively.
+// Devices, fifos and sockets inside a directory are skipped, since Extract
+// would refuse them; src itself being one is an InvalidArgument error.
+// A missing src is a NotFound error.
+func Create(w io.Writer, src, name string) error {
+	fi, err := os.Lstat(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return errdefs.Wrap(errdefs.NotFound, fmt.Errorf("%s: no such file or directory", src))
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() && !fi.IsDir() && fi.Mode()&fs.ModeSymlink == 0 {
+		return errdefs.New(errdefs.InvalidArgument, "%s: not a regular file, directory or symlink", src)
+	}
+	name = strings.TrimPrefix(path.Clean("/"+filepath.ToSlash(name)), "/")
+	if name == "" {
+		name = "."
+	}
+
+	tw := tar.NewWriter(w)
+	if fi.IsDir() {
+		err = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			rel, err := filepath.Rel(src, p)
+			if err != nil {
+				return err
+			}
+			return add(tw, p, path.Join(name, filepath.ToSlash(rel)), fi)
+		})
+	} else {
+		err = add(tw, src, name, fi)
+	}
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// add writes one entry for the file at p, described by its Lstat info fi.
+func add(tw *tar.Writer, p, name string, fi fs.FileInfo) error {
+	var link string
+	var f *os.File
+	switch mode := fi.Mode(); {
+	case mode.IsRegular():
+		// O_NOFOLLOW and a fresh Stat of the open file keep the header true
+		// to the bytes read even if p was swapped since the walk saw it.
+		var err error
+		if f, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0); err != nil {
+			return err
+		}
+		defer f.Close()
+		if fi, err = f.Stat(); err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return nil
+		}
+	case mode&fs.ModeSymlink != 0:
+		var err error
+		if link, err = os.Readlink(p); err != nil {
+			return err
+		}
+	case !mode.IsDir():
+		return nil
+	}
+
+	hdr, err := tar.FileInfoHeader(noNames{fi}, link)
+	if err != nil {
+		return err
+	}
+	hdr.Name = name
+	if fi.IsDir() {
+		hdr.Name += "/"
+	}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if f != nil {
+		// CopyN: a file that grew since Stat is cut to the header's size
+		// rather than corrupting the stream; one that shrank is an error.
+		if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
+			return fmt.Errorf("archive %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// noNames stops tar.FileInfoHeader from looking up user and group names:
+// extraction only uses the numeric ids.
+type noNames struct{ fs.FileInfo }
+
+func (noNames) Uname() (string, error) { return "", nil }
+func (noNames) Gname() (string, error) { return "", nil }
