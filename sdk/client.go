@@ -154,6 +154,10 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body io.Re
 func (c *Client) do(req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		var ce *ConnectError
+		if errors.As(err, &ce) {
+			return nil, ce // "Post http://clade/...:" says nothing useful
+		}
 		return nil, err
 	}
 	if resp.StatusCode >= 400 {

@@ -43,6 +43,9 @@ func cmdDaemon(ctx context.Context, args []string) error {
 			o.AgentPath = filepath.Join(filepath.Dir(exe), "clade-agent")
 		}
 	}
+	// Only tests set this: it makes the daemon SIGKILL itself at a named
+	// point of a create or remove.
+	o.Sandbox.CrashAt = os.Getenv("CLADE_CRASH_AT")
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
 		return fmt.Errorf("bad --log-level %q", *level)

@@ -34,6 +34,13 @@ type Sandbox interface {
 	Agent() *agent.Client
 	// PID returns the host pid of the sandbox's main process, or 0.
 	PID() int
+	// Exited is closed when the engine lets go of the sandbox: it stopped by
+	// itself (e.g. the host killed it for exceeding its memory limit), or
+	// it was destroyed, or the engine was closed.
+	Exited() <-chan struct{}
+	// ExitReason says why the sandbox stopped by itself, once Exited is
+	// closed; it is empty after Destroy or Close.
+	ExitReason() string
 }
 
 // Engine creates and destroys sandboxes.
@@ -53,4 +60,7 @@ type Engine interface {
 	// List returns the ids of every sandbox the engine holds resources for,
 	// running or not, so callers can find leaks.
 	List(ctx context.Context) ([]string, error)
+	// Close releases the engine's connections to its sandboxes, which keep
+	// running for a later Attach.
+	Close() error
 }

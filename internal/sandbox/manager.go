@@ -11,10 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent"
@@ -32,6 +34,9 @@ type Config struct {
 	DefaultCPUs      float64
 	MaxCPUs          float64
 	Log              *slog.Logger
+	// CrashAt names a point at which the process kills itself with
+	// SIGKILL, for tests of restart safety (e.g. "create-after-engine").
+	CrashAt string
 }
 
 // DefaultConfig returns sensible limits for this host.
@@ -175,7 +180,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	// The create runs to the end even if the client goes away: a half-made
 	// sandbox would only have to be cleaned up again.
 	ctx = context.WithoutCancel(ctx)
+	m.crashPoint("create-before-engine")
 	sb, err := m.eng.Create(ctx, m.spec(rec, img.RootFS))
+	m.crashPoint("create-after-engine")
 	if err != nil {
 		if derr := m.store.DeleteSandbox(ctx, rec.ID); derr != nil {
 			err = errors.Join(err, derr)
@@ -185,9 +192,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if err := m.store.SetState(ctx, rec.ID, store.StateRunning, ""); err != nil {
 		return store.Sandbox{}, errors.Join(err, m.eng.Destroy(ctx, rec.ID), m.store.DeleteSandbox(ctx, rec.ID))
 	}
-	m.mu.Lock()
-	m.live[rec.ID] = sb
-	m.mu.Unlock()
+	m.track(rec.ID, sb)
 	rec.State = store.StateRunning
 	m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
 	return rec, nil
@@ -265,10 +270,12 @@ func (m *Manager) destroy(ctx context.Context, id string) error {
 	if err := m.store.SetState(ctx, id, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
+	m.crashPoint("destroy-before-engine")
 	if err := m.eng.Destroy(ctx, id); err != nil {
 		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
+	m.crashPoint("destroy-after-engine")
 	if err := m.store.DeleteSandbox(ctx, id); err != nil {
 		return err
 	}
@@ -315,9 +322,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 					}
 					return
 				}
-				m.mu.Lock()
-				m.live[rec.ID] = sb
-				m.mu.Unlock()
+				m.track(rec.ID, sb)
 				m.log.Info("reconcile: reattached", "sandbox", rec.ID)
 			}()
 		}
@@ -341,9 +346,37 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 // Close drops the agent connections; sandboxes keep running for the next
 // daemon to reattach.
 func (m *Manager) Close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, sb := range m.live {
-		sb.Agent().Close()
+	_ = m.eng.Close()
+}
+
+// crashPoint kills the process at the named point when configured to.
+func (m *Manager) crashPoint(name string) {
+	if m.cfg.CrashAt == name {
+		m.log.Warn("crashing on purpose", "point", name)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
 	}
+}
+
+// track makes sb live and marks it stopped if it dies by itself.
+func (m *Manager) track(id string, sb engine.Sandbox) {
+	m.mu.Lock()
+	m.live[id] = sb
+	m.mu.Unlock()
+	go func() {
+		<-sb.Exited()
+		reason := sb.ExitReason()
+		if reason == "" {
+			return
+		}
+		m.mu.Lock()
+		if m.live[id] == sb {
+			delete(m.live, id)
+		}
+		m.mu.Unlock()
+		m.log.Warn("sandbox stopped", "sandbox", id, "reason", reason)
+		if err := m.store.SetState(context.Background(), id, store.StateStopped, reason); err != nil && !errdefs.IsNotFound(err) {
+			m.log.Error("record stopped sandbox", "sandbox", id, "err", err)
+		}
+	}()
 }

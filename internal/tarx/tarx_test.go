@@ -565,7 +565,10 @@ func FuzzExtract(f *testing.F) {
 		{{typ: tar.TypeFifo, name: "p"}},
 		{{name: "big", size: MaxEntrySize + 1}},
 	} {
-		f.Add(archive(f, seed...))
+		// Without the end-of-archive blocks, which the reader does not
+		// need: smaller seeds are much faster to minimize.
+		b := archive(f, seed...)
+		f.Add(bytes.TrimRight(b, "\x00"))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		base, root, outside := sandbox(t)

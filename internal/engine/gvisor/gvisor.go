@@ -27,6 +27,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/agent"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 var _ engine.Engine = (*Engine)(nil)
@@ -159,6 +160,46 @@ type sandbox struct {
 	client *agent.Client
 	ln     net.Listener
 	done   chan struct{}
+	exited chan struct{}
+	reason string
+
+	stopOnce sync.Once
+	stopped  chan struct{}
+}
+
+func (s *sandbox) Exited() <-chan struct{} { return s.exited }
+func (s *sandbox) ExitReason() string      { return s.reason }
+
+// watch closes s.exited when the sandbox process ends without Destroy.
+// A pidfd tells us without polling; the process is not our child.
+func (e *Engine) watch(s *sandbox) {
+	fd, err := unix.PidfdOpen(s.pid, 0)
+	if err != nil {
+		go func() { <-s.stopped; close(s.exited) }()
+		return
+	}
+	go func() {
+		defer unix.Close(fd)
+		for {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(fds, 500)
+			select {
+			case <-s.stopped:
+				close(s.exited) // destroyed or let go: not an exit by itself
+				return
+			default:
+			}
+			if err == unix.EINTR || n == 0 {
+				continue
+			}
+			break
+		}
+		s.reason = "the sandbox stopped unexpectedly"
+		if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/clade", s.id, "memory.failcnt")); err == nil && strings.TrimSpace(string(b)) != "0" {
+			s.reason = "the sandbox exceeded its memory limit and was killed"
+		}
+		close(s.exited)
+	}()
 }
 
 func (s *sandbox) ID() string            { return s.id }
@@ -252,6 +293,7 @@ func (e *Engine) Create(ctx context.Context, spec engine.Spec) (_ engine.Sandbox
 		return nil, err
 	}
 	sb.pid = e.statePID(ctx, spec.ID)
+	e.watch(sb)
 	return sb, nil
 }
 
@@ -275,7 +317,7 @@ func (e *Engine) listen(id string) (*sandbox, error) {
 		return nil, fmt.Errorf("agent socket: %w", err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	sb := &sandbox{id: id, dir: dir, client: agent.NewClient(), ln: ln, done: make(chan struct{})}
+	sb := &sandbox{id: id, dir: dir, client: agent.NewClient(), ln: ln, done: make(chan struct{}), exited: make(chan struct{}), stopped: make(chan struct{})}
 	e.mu.Lock()
 	if old := e.live[id]; old != nil {
 		old.stop()
@@ -300,6 +342,7 @@ func (e *Engine) listen(id string) (*sandbox, error) {
 }
 
 func (s *sandbox) stop() {
+	s.stopOnce.Do(func() { close(s.stopped) })
 	s.ln.Close()
 	s.client.Close()
 }
@@ -405,6 +448,7 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 		return nil, err
 	}
 	sb.pid = st.PID
+	e.watch(sb)
 	return sb, nil
 }
 
@@ -438,6 +482,17 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Close implements engine.Engine.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for id, sb := range e.live {
+		sb.stop()
+		delete(e.live, id)
+	}
+	return nil
 }
 
 // List implements engine.Engine.

@@ -1,0 +1,212 @@
+// Package enginetest is the conformance suite every clade engine passes,
+// against the real engine (no fakes).
+package enginetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// Factory returns a new engine on stateDir; two engines made on the same
+// stateDir stand for a daemon and its successor after a restart.
+type Factory func(t *testing.T, stateDir string) engine.Engine
+
+// Env is what the suite needs besides the engine.
+type Env struct {
+	RootFS   string
+	StateDir func(t *testing.T) string
+}
+
+func newID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Result is the outcome of one exec.
+type Result struct {
+	Stdout, Stderr string
+	Exit           wire.ExitMsg
+}
+
+// Exec runs argv in sb and collects its output.
+func Exec(t testing.TB, sb engine.Sandbox, argv ...string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ch, err := sb.Agent().Open(ctx, wire.Request{Op: wire.OpExec, Argv: argv})
+	if err != nil {
+		t.Fatalf("exec %v: %v", argv, err)
+	}
+	var out, errb bytes.Buffer
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _, _ = io.Copy(&out, ch.Stdout) }()
+	go func() { defer wg.Done(); _, _ = io.Copy(&errb, ch.Stderr) }()
+	wg.Wait()
+	exit, err := ch.Wait(ctx)
+	if err != nil {
+		t.Fatalf("exec %v: %v", argv, err)
+	}
+	return Result{Stdout: out.String(), Stderr: errb.String(), Exit: exit}
+}
+
+// Run runs the conformance suite.
+func Run(t *testing.T, env Env, newEngine Factory) {
+	create := func(t *testing.T, e engine.Engine, spec engine.Spec) engine.Sandbox {
+		t.Helper()
+		if spec.ID == "" {
+			spec.ID = newID()
+		}
+		spec.RootFS = env.RootFS
+		if spec.Hostname == "" {
+			spec.Hostname = "conformance"
+		}
+		if spec.MemoryMiB == 0 {
+			spec.MemoryMiB = 256
+		}
+		sb, err := e.Create(t.Context(), spec)
+		if err != nil {
+			t.Fatalf("create: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := e.Destroy(context.Background(), spec.ID); err != nil {
+				t.Errorf("destroy %s: %v", spec.ID, err)
+			}
+		})
+		return sb
+	}
+
+	t.Run("CreateExecDestroy", func(t *testing.T) {
+		dir := env.StateDir(t)
+		e := newEngine(t, dir)
+		id := newID()
+		sb := create(t, e, engine.Spec{ID: id, Hostname: "box-one", Env: []string{"GREETING=hi there"}})
+		if sb.ID() != id {
+			t.Fatalf("ID() = %q, want %q", sb.ID(), id)
+		}
+		r := Exec(t, sb, "sh", "-c", `echo "$GREETING from $(hostname)"; echo oops >&2; exit 7`)
+		if r.Stdout != "hi there from box-one\n" || r.Stderr != "oops\n" || r.Exit.Code != 7 {
+			t.Fatalf("exec = %+v, want stdout %q, stderr %q, code 7", r, "hi there from box-one\n", "oops\n")
+		}
+		ids, err := e.List(t.Context())
+		if err != nil || !slices.Contains(ids, id) {
+			t.Fatalf("List = %v, %v; want it to contain %s", ids, err, id)
+		}
+		if err := e.Destroy(t.Context(), id); err != nil {
+			t.Fatalf("destroy: %v", err)
+		}
+		if err := e.Destroy(t.Context(), id); err != nil {
+			t.Fatalf("second destroy: %v, want nil", err)
+		}
+		ids, _ = e.List(t.Context())
+		if slices.Contains(ids, id) {
+			t.Fatalf("List after destroy still has %s: %v", id, ids)
+		}
+		if _, err := e.Attach(t.Context(), engine.Spec{ID: id, RootFS: env.RootFS}); !errdefs.IsNotFound(err) {
+			t.Fatalf("attach after destroy: %v, want a not-found error", err)
+		}
+	})
+
+	t.Run("DestroyUnknown", func(t *testing.T) {
+		e := newEngine(t, env.StateDir(t))
+		if err := e.Destroy(t.Context(), newID()); err != nil {
+			t.Fatalf("destroy of an unknown id: %v, want nil", err)
+		}
+	})
+
+	t.Run("CreateTwiceSameID", func(t *testing.T) {
+		e := newEngine(t, env.StateDir(t))
+		id := newID()
+		create(t, e, engine.Spec{ID: id})
+		if _, err := e.Create(t.Context(), engine.Spec{ID: id, RootFS: env.RootFS, MemoryMiB: 256}); !errdefs.IsAlreadyExists(err) {
+			t.Fatalf("second create with the same id: %v, want already-exists", err)
+		}
+	})
+
+	t.Run("AttachAfterRestart", func(t *testing.T) {
+		dir := env.StateDir(t)
+		e1 := newEngine(t, dir)
+		id := newID()
+		spec := engine.Spec{ID: id}
+		sb := create(t, e1, spec)
+		Exec(t, sb, "sh", "-c", "echo kept > /root/state")
+		if err := e1.Close(); err != nil {
+			t.Fatal(err)
+		}
+		e2 := newEngine(t, dir)
+		spec.RootFS = env.RootFS
+		sb2, err := e2.Attach(t.Context(), spec)
+		if err != nil {
+			t.Fatalf("attach: %v", err)
+		}
+		if r := Exec(t, sb2, "cat", "/root/state"); r.Stdout != "kept\n" {
+			t.Fatalf("after reattach: %+v, want the file written before", r)
+		}
+		if err := e2.Destroy(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("LoopbackOnlyNetwork", func(t *testing.T) {
+		e := newEngine(t, env.StateDir(t))
+		sb := create(t, e, engine.Spec{})
+		r := Exec(t, sb, "python3", "-c", `
+import socket
+print(sorted(n for _, n in socket.if_nameindex()))
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect(("192.0.2.1", 80)); print("connected")
+except OSError as e:
+    print("refused")
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen()
+c = socket.create_connection(srv.getsockname()); print("loopback ok")
+`)
+		if r.Exit.Code != 0 || r.Stdout != "['lo']\nrefused\nloopback ok\n" {
+			t.Fatalf("network inside: %+v; want only lo, no route out, loopback working", r)
+		}
+	})
+
+	t.Run("MemoryLimit", func(t *testing.T) {
+		e := newEngine(t, env.StateDir(t))
+		sb := create(t, e, engine.Spec{MemoryMiB: 128})
+		// Touch 400 MiB: more than the limit. Depending on the engine the
+		// process or the whole sandbox is killed; either way it must not
+		// succeed, and a killed sandbox must say so.
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		ch, err := sb.Agent().Open(ctx, wire.Request{Op: wire.OpExec, Argv: []string{"python3", "-c",
+			"b = bytearray(400 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(ch.Stdout)
+		exit, err := ch.Wait(ctx)
+		if strings.Contains(string(out), "survived") || (err == nil && exit.Code == 0) {
+			t.Fatalf("a 400 MiB allocation in a 128 MiB sandbox succeeded: %q %+v", out, exit)
+		}
+		if err != nil {
+			select {
+			case <-sb.Exited():
+			case <-ctx.Done():
+				t.Fatal("the agent connection broke but the sandbox was not reported as exited")
+			}
+			if sb.ExitReason() == "" {
+				t.Fatal("sandbox exited without a reason")
+			}
+			t.Logf("sandbox killed: %s", sb.ExitReason())
+		}
+	})
+}

@@ -1,0 +1,331 @@
+// Package testenv gives clade's integration tests what they need from the
+// machine: runsc, the clade binaries, the default image, root, and a real
+// daemon to talk to. A test skips only when a requirement is truly absent
+// and CI is not set; in CI a missing requirement fails the test, so CI can
+// never go green by skipping.
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// missing skips, or fails in CI, for an absent requirement.
+func missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s (CI is set: requirements must be installed, see .ci/run)", msg)
+	}
+	t.Skip(msg)
+}
+
+// RequireRoot skips unless the test runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		missing(t, "needs root (runsc, cgroups)")
+	}
+}
+
+// ModuleRoot returns the repository root.
+func ModuleRoot() string {
+	dir, _ := os.Getwd()
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil && !strings.Contains(d, "/tools/") {
+			return d
+		}
+	}
+	return dir
+}
+
+// Runsc returns the runsc binary: $CLADE_RUNSC, bin/runsc, then $PATH.
+func Runsc(t testing.TB) string {
+	t.Helper()
+	RequireRoot(t)
+	for _, p := range []string{os.Getenv("CLADE_RUNSC"), filepath.Join(ModuleRoot(), "bin", "runsc")} {
+		if p != "" {
+			if _, err := os.Stat(p); err == nil {
+				return p
+			}
+		}
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	missing(t, "runsc not found: run `make deps`")
+	return ""
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// Binaries builds clade and clade-agent once per test process and returns
+// their paths.
+func Binaries(t testing.TB) (clade, agent string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "clade-test-bin")
+		if buildErr != nil {
+			return
+		}
+		for _, pkg := range []string{"clade", "clade-agent"} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, pkg), "./cmd/"+pkg)
+			cmd.Dir = ModuleRoot()
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "clade"), filepath.Join(binDir, "clade-agent")
+}
+
+// Cleanup removes what Binaries built; call it from TestMain after m.Run.
+func Cleanup() {
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+}
+
+var (
+	imageOnce sync.Once
+	imageErr  error
+)
+
+// ImagesDir returns a shared image directory holding the default image,
+// building it once (a few minutes) if missing. $CLADE_TEST_IMAGES overrides
+// /var/cache/clade/images.
+func ImagesDir(t testing.TB) string {
+	t.Helper()
+	RequireRoot(t)
+	dir := os.Getenv("CLADE_TEST_IMAGES")
+	if dir == "" {
+		dir = "/var/cache/clade/images"
+	}
+	imageOnce.Do(func() {
+		st, err := image.NewStore(dir, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		if err != nil {
+			imageErr = err
+			return
+		}
+		imageErr = st.EnsureDefault(context.Background())
+	})
+	if imageErr != nil {
+		if _, err := exec.LookPath("debootstrap"); err != nil {
+			missing(t, "default image missing and debootstrap not installed: run `make deps`")
+		}
+		t.Fatalf("default image: %v", imageErr)
+	}
+	return dir
+}
+
+// TempDir returns a short temporary directory (unix socket paths inside it
+// must stay under 108 bytes), removed at the end of the test.
+func TempDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "clade")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// runsc leaves its shared null netns mounted under its root.
+		_ = exec.Command("sh", "-c", "grep -o ' "+d+"[^ ]*' /proc/self/mountinfo | xargs -r -n1 umount -l").Run()
+		os.RemoveAll(d)
+	})
+	return d
+}
+
+// Daemon is a clade daemon process run by a test.
+type Daemon struct {
+	t       testing.TB
+	Bin     string
+	DataDir string
+	Socket  string
+	Client  *sdk.Client
+	args    []string
+	env     []string
+	cmd     *exec.Cmd
+	logPath string
+	waitErr chan error
+}
+
+// StartDaemon starts `clade daemon` on a fresh data dir. At the end of the
+// test it removes every sandbox, stops the daemon and fails the test if
+// anything leaked (runsc processes, mounts, files).
+func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
+	t.Helper()
+	runsc := Runsc(t)
+	images := ImagesDir(t)
+	clade, agent := Binaries(t)
+	dir := TempDir(t)
+	d := &Daemon{t: t, Bin: clade, DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "clade.sock"), logPath: filepath.Join(dir, "daemon.log")}
+	d.args = append([]string{"daemon", "--data-dir", d.DataDir, "--images-dir", images, "--socket", d.Socket,
+		"--runsc", runsc, "--agent", agent, "--build-default-image=false", "--log-level", "debug"}, extraArgs...)
+	c, err := sdk.New(d.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Client = c
+	d.Start(nil)
+	t.Cleanup(d.cleanup)
+	return d
+}
+
+// Start (re)starts the daemon process with extra environment variables and
+// waits until it answers.
+func (d *Daemon) Start(env []string) {
+	d.t.Helper()
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer logf.Close()
+	d.env = env
+	d.cmd = exec.Command(d.Bin, d.args...)
+	d.cmd.Env = append(os.Environ(), env...)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.waitErr = make(chan error, 1)
+	go func(cmd *exec.Cmd, ch chan error) { ch <- cmd.Wait() }(d.cmd, d.waitErr)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		if _, err := d.Client.Health(ctx); err == nil {
+			return
+		}
+		select {
+		case err := <-d.waitErr:
+			d.waitErr <- err
+			d.t.Fatalf("daemon exited at start: %v\n%s", err, d.Log())
+		case <-ctx.Done():
+			d.t.Fatalf("daemon did not answer within 60s\n%s", d.Log())
+		case <-time.After(20 * time.Millisecond): // polling the socket until it answers
+		}
+	}
+}
+
+// Wait waits for the daemon process to exit (e.g. after a crash point).
+func (d *Daemon) Wait() error {
+	select {
+	case err := <-d.waitErr:
+		d.waitErr <- err
+		return err
+	case <-time.After(2 * time.Minute):
+		d.t.Fatalf("daemon did not exit\n%s", d.Log())
+		return nil
+	}
+}
+
+// Kill sends SIGKILL to the daemon and waits for it to die.
+func (d *Daemon) Kill() {
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	_ = d.Wait()
+}
+
+// Log returns the daemon's log so far.
+func (d *Daemon) Log() string {
+	b, _ := os.ReadFile(d.logPath)
+	return string(b)
+}
+
+// Exited reports whether the daemon process has ended.
+func (d *Daemon) Exited() bool { return d.cmd.ProcessState != nil }
+
+func (d *Daemon) cleanup() {
+	if d.cmd.ProcessState == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if sbs, err := d.Client.ListSandboxes(ctx); err == nil {
+			for _, sb := range sbs {
+				if err := d.Client.DeleteSandbox(ctx, sb.ID); err != nil {
+					d.t.Errorf("cleanup: remove %s: %v", sb.ID, err)
+				}
+			}
+		}
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		_ = d.Wait()
+	}
+	if leaks := Leaks(d.DataDir); len(leaks) > 0 {
+		d.t.Errorf("leaked after the test:\n  %s\ndaemon log:\n%s", strings.Join(leaks, "\n  "), tailString(d.Log(), 4000))
+	}
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// Leaks lists what sandboxes of a data dir still hold: runsc processes,
+// mounts (other than runsc's shared null netns), sandbox directories and
+// cgroups.
+func Leaks(dataDir string) []string {
+	var leaks []string
+	for _, p := range ProcessesMentioning(dataDir) {
+		leaks = append(leaks, "process: "+p)
+	}
+	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) > 4 && strings.HasPrefix(fields[4], dataDir) && !strings.HasSuffix(fields[4], "/null-netns") {
+				leaks = append(leaks, "mount: "+fields[4])
+			}
+		}
+		f.Close()
+	}
+	ents, _ := os.ReadDir(filepath.Join(dataDir, "gvisor", "sandboxes"))
+	for _, e := range ents {
+		leaks = append(leaks, "sandbox dir: "+e.Name())
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory/clade", e.Name())); err == nil {
+			leaks = append(leaks, "cgroup: "+e.Name())
+		}
+	}
+	return leaks
+}
+
+// ProcessesMentioning returns "pid cmdline" of processes whose command line
+// contains s.
+func ProcessesMentioning(s string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' || e.Name() == fmt.Sprint(os.Getpid()) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(b), s) {
+			continue
+		}
+		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+		if strings.Contains(cmd, " daemon --data-dir") {
+			continue // the daemon itself is not a sandbox leak
+		}
+		out = append(out, e.Name()+" "+cmd)
+	}
+	return out
+}
