@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"io"
@@ -77,6 +78,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 // streamChannel copies a channel's output to the client as frames and ends
 // with its exit frame.
 func streamChannel(r *http.Request, ch *agent.Channel, out *frameWriter) {
+	// A client that goes away takes its command with it.
+	stop := context.AfterFunc(r.Context(), ch.Close)
+	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go out.copy(&wg, wire.Stdout, ch.Stdout)
