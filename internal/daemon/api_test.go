@@ -287,3 +287,10 @@ func TestAPIErrors(t *testing.T) {
 		t.Fatalf("daemon unhealthy after bad input: %v", err)
 	}
 }
+
+func writeFile(t *testing.T, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -477,6 +477,7 @@ func TestExtractModes(t *testing.T) {
 				t.Skip("needs root to chown")
 			}
 			root := t.TempDir()
+			t.Cleanup(func() { unlock(root) })
 			hdrs := archive(t, tc.entries...)
 			if tc.wantUID >= 0 {
 				// archive cannot set ids; patch them in through a re-encode.

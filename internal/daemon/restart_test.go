@@ -1,0 +1,135 @@
+package daemon_test
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// TestRestart kills the daemon with SIGKILL and checks that the next one
+// reattaches: exec works again and state is intact.
+func TestRestart(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	sb := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "survivor"})
+	if r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo before > /root/f; sleep 1000 > /dev/null 2>&1 &"}}); r.err != nil || r.st.Code != 0 {
+		t.Fatalf("exec: %+v", r)
+	}
+	d.Kill()
+	d.Start(nil)
+	got, err := c.GetSandbox(t.Context(), "survivor")
+	if err != nil || got.State != "running" {
+		t.Fatalf("after restart: %+v %v, want running", got, err)
+	}
+	r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; pgrep -c sleep || ls /proc | grep -c '^[0-9]'"}})
+	if r.err != nil || !strings.HasPrefix(r.stdout, "before\n") {
+		t.Fatalf("exec after restart: %+v, want the file written before", r)
+	}
+}
+
+// TestCrashPoints kills the daemon at each point of a create and a remove,
+// restarts it, and checks that the sandbox is either whole and listed or
+// gone without a trace.
+func TestCrashPoints(t *testing.T) {
+	for _, tc := range []struct {
+		point string
+		// create reports whether the crash is in a create (else a remove).
+		create bool
+	}{
+		{"create-before-engine", true},
+		{"create-after-engine", true},
+		{"destroy-before-engine", false},
+		{"destroy-after-engine", false},
+	} {
+		t.Run(tc.point, func(t *testing.T) {
+			d := testenv.StartDaemon(t)
+			c := d.Client
+			var keep sdk.Sandbox
+			if !tc.create {
+				keep = newSandbox(t, c, sdk.CreateSandboxRequest{})
+			}
+			d.Kill()
+			d.Start([]string{"CLADE_CRASH_AT=" + tc.point})
+			var err error
+			if tc.create {
+				_, err = c.CreateSandbox(context.Background(), sdk.CreateSandboxRequest{})
+			} else {
+				err = c.DeleteSandbox(context.Background(), keep.ID)
+			}
+			if err == nil {
+				t.Fatal("the request succeeded; the daemon should have crashed in it")
+			}
+			_ = d.Wait()
+			d.Start(nil)
+			sbs, err := c.ListSandboxes(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(sbs) != 0 {
+				t.Fatalf("after restart: %+v, want no sandboxes (half-done work is rolled back or finished)", sbs)
+			}
+			if leaks := testenv.Leaks(d.DataDir); len(leaks) > 0 {
+				t.Fatalf("leaks after reconcile: %v\n%s", leaks, d.Log())
+			}
+			// The daemon still works.
+			sb := newSandbox(t, c, sdk.CreateSandboxRequest{})
+			if r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"true"}}); r.err != nil || r.st.Code != 0 {
+				t.Fatalf("exec after recovery: %+v", r)
+			}
+		})
+	}
+}
+
+// TestSandboxCannotReachDaemon checks that code in a sandbox sees neither the
+// daemon's socket nor its TCP port.
+func TestSandboxCannotReachDaemon(t *testing.T) {
+	dir := testenv.TempDir(t)
+	tok := filepath.Join(dir, "token")
+	writeFile(t, tok, "secret-token")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	d := testenv.StartDaemon(t, "--listen", addr, "--token-file", tok)
+	c := d.Client
+	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})
+	_, port, _ := net.SplitHostPort(addr)
+	r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"python3", "-c", `
+import socket, sys, os
+res = []
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1]); res.append("unix-open")
+except OSError:
+    res.append("unix-closed")
+t = socket.socket(); t.settimeout(2)
+try:
+    t.connect(("127.0.0.1", int(sys.argv[2]))); res.append("tcp-open")
+except OSError:
+    res.append("tcp-closed")
+res.append("datadir-visible" if os.path.exists(sys.argv[3]) else "datadir-hidden")
+print(" ".join(res))
+`, d.Socket, port, d.DataDir}})
+	if r.err != nil || r.stdout != "unix-closed tcp-closed datadir-hidden\n" {
+		t.Fatalf("from inside the sandbox: %+v; want the daemon unreachable", r)
+	}
+	// The TCP API itself wants the token.
+	tc, err := sdk.New("http://"+addr, sdk.WithToken("wrong"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.ListSandboxes(t.Context()); err == nil || !strings.Contains(err.Error(), "token") {
+		t.Fatalf("TCP API with a wrong token: %v, want refused", err)
+	}
+	tc, _ = sdk.New("http://"+addr, sdk.WithToken("secret-token"))
+	if sbs, err := tc.ListSandboxes(t.Context()); err != nil || len(sbs) != 1 {
+		t.Fatalf("TCP API with the token: %v %v", sbs, err)
+	}
+}
