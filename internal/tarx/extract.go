@@ -26,7 +26,8 @@ import (
 // or link targets longer than 4096 bytes; entries whose parent path passes
 // through a symlink, whether it was already in root or came earlier in the
 // stream; hardlinks whose target escapes or passes through a symlink; device
-// and fifo nodes; entries larger than MaxEntrySize. Entries before a refused
+// and fifo nodes; sparse files; entries larger than MaxEntrySize. Entries
+// before a refused
 // one stay extracted. Symlink targets are data and may point anywhere.
 //
 // An existing entry is replaced, never written through: a file over a symlink
@@ -159,11 +160,16 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader) error {
 	switch hdr.Typeflag {
 	case tar.TypeXGlobalHeader:
 		return nil
-	case tar.TypeDir, tar.TypeReg, tar.TypeGNUSparse, tar.TypeSymlink, tar.TypeLink:
+	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink:
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
 		return invalid("device and fifo nodes are not allowed")
 	default:
 		return invalid("unsupported entry type %q", hdr.Typeflag)
+	}
+	if sparse(hdr) {
+		// The reader expands holes into zeros, so a few header bytes
+		// could make Extract write MaxEntrySize bytes, per entry.
+		return invalid("sparse files are not supported: recreate the archive without --sparse")
 	}
 	if hdr.Size > MaxEntrySize {
 		return invalid("size %d exceeds the limit of %d bytes", hdr.Size, MaxEntrySize)
@@ -201,6 +207,19 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader) error {
 	default:
 		return x.file(hdr, name, r)
 	}
+}
+
+// sparse reports whether hdr is a GNU sparse file, old style or PAX.
+func sparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 // clean validates a header name or hardlink target and returns it as a clean

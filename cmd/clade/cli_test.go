@@ -1,0 +1,153 @@
+package main_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Cleanup()
+	os.Exit(code)
+}
+
+// cli runs the clade binary against the test daemon.
+func cli(t *testing.T, d *testenv.Daemon, stdin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(d.Bin, args...)
+	cmd.Env = append(os.Environ(), "CLADE_HOST="+d.Socket)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return out.String(), errb.String(), ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), 0
+}
+
+func TestCLI(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	out, errs, code := cli(t, d, "", "create", "--name", "cli-box", "--memory", "256", "--env", "FOO=bar")
+	if code != 0 || len(strings.TrimSpace(out)) != 16 {
+		t.Fatalf("create: %q %q %d", out, errs, code)
+	}
+	id := strings.TrimSpace(out)
+
+	for _, tc := range []struct {
+		name   string
+		stdin  string
+		args   []string
+		stdout string
+		code   int
+		stderr string
+	}{
+		{"exec by name", "", []string{"exec", "cli-box", "--", "sh", "-c", "echo $FOO"}, "bar\n", 0, ""},
+		{"exec exit code", "", []string{"exec", id, "--", "sh", "-c", "exit 9"}, "", 9, ""},
+		{"exec not found", "", []string{"exec", id, "--", "nonexistent-cmd"}, "", 127, "not found"},
+		{"exec signal", "", []string{"exec", id, "--", "sh", "-c", "kill -KILL $$"}, "", 137, ""},
+		{"exec stdin", "abc\n", []string{"exec", "-i", id, "--", "cat"}, "abc\n", 0, ""},
+		{"exec env workdir", "", []string{"exec", "--env", "X=1", "--workdir", "/tmp", id, "--", "sh", "-c", "echo $X $(pwd)"}, "1 /tmp\n", 0, ""},
+		{"exec timeout", "", []string{"exec", "--timeout", "200ms", id, "--", "sleep", "100"}, "", 124, "timed out"},
+		{"exec unknown sandbox", "", []string{"exec", "nope", "--", "true"}, "", 1, "no such sandbox"},
+		{"create bad memory", "", []string{"create", "--memory", "5"}, "", 1, "memory"},
+		{"unknown verb", "", []string{"frobnicate"}, "", 2, "unknown verb"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errs, code := cli(t, d, tc.stdin, tc.args...)
+			if out != tc.stdout || code != tc.code || !strings.Contains(errs, tc.stderr) {
+				t.Fatalf("clade %v: stdout %q stderr %q code %d; want stdout %q code %d stderr containing %q",
+					tc.args, out, errs, code, tc.stdout, tc.code, tc.stderr)
+			}
+		})
+	}
+
+	t.Run("ls and inspect", func(t *testing.T) {
+		out, _, code := cli(t, d, "", "ls")
+		if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, "cli-box") || !strings.Contains(out, "running") {
+			t.Fatalf("ls: %q", out)
+		}
+		out, _, code = cli(t, d, "", "ls", "--json")
+		if code != 0 || !strings.Contains(out, `"id": "`+id+`"`) {
+			t.Fatalf("ls --json: %q", out)
+		}
+		out, _, code = cli(t, d, "", "inspect", "cli-box")
+		if code != 0 || !strings.Contains(out, `"memory_mib": 256`) {
+			t.Fatalf("inspect: %q", out)
+		}
+		out, _, code = cli(t, d, "", "image", "ls")
+		if code != 0 || !strings.Contains(out, "default") {
+			t.Fatalf("image ls: %q", out)
+		}
+	})
+
+	t.Run("cp both ways", func(t *testing.T) {
+		src := t.TempDir()
+		os.MkdirAll(filepath.Join(src, "tree", "sub"), 0o755)
+		os.WriteFile(filepath.Join(src, "tree", "a.txt"), []byte("alpha"), 0o644)
+		os.WriteFile(filepath.Join(src, "tree", "sub", "b.bin"), []byte{0, 1, 2, 255}, 0o600)
+		os.Symlink("a.txt", filepath.Join(src, "tree", "link"))
+		if _, errs, code := cli(t, d, "", "cp", filepath.Join(src, "tree"), id+":/root/"); code != 0 {
+			t.Fatalf("cp in: %s", errs)
+		}
+		out, _, _ := cli(t, d, "", "exec", id, "--", "sh", "-c", "cat /root/tree/a.txt /root/tree/link; stat -c %a /root/tree/sub/b.bin")
+		if out != "alphaalpha600\n" {
+			t.Fatalf("inside: %q", out)
+		}
+		// A single file to a new name.
+		if _, errs, code := cli(t, d, "", "cp", filepath.Join(src, "tree", "a.txt"), id+":/root/renamed.txt"); code != 0 {
+			t.Fatalf("cp file: %s", errs)
+		}
+		dst := t.TempDir()
+		if _, errs, code := cli(t, d, "", "cp", id+":/root/tree", filepath.Join(dst, "back")); code != 0 {
+			t.Fatalf("cp out: %s", errs)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dst, "back", "sub", "b.bin")); !bytes.Equal(b, []byte{0, 1, 2, 255}) {
+			t.Fatalf("copied back: %v", b)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dst, "back", "link")); string(b) != "alpha" {
+			t.Fatalf("symlink copied back reads %q", b)
+		}
+		if _, errs, code := cli(t, d, "", "cp", id+":/root/renamed.txt", dst); code != 0 {
+			t.Fatalf("cp file out: %s", errs)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dst, "renamed.txt")); string(b) != "alpha" {
+			t.Fatalf("file copied out reads %q", b)
+		}
+		if _, errs, code := cli(t, d, "", "cp", id+":/nope", dst); code == 0 || !strings.Contains(errs, "no such file") {
+			t.Fatalf("cp of a missing file: code %d %q", code, errs)
+		}
+		if _, errs, code := cli(t, d, "", "cp", id+":../etc/passwd", dst); code == 0 || !strings.Contains(errs, "absolute") {
+			t.Fatalf("cp of a relative path: code %d %q", code, errs)
+		}
+	})
+
+	t.Run("help", func(t *testing.T) {
+		_, errs, code := cli(t, d, "", "exec", "--help")
+		if code != 0 || !strings.Contains(errs, "Usage: clade exec") || !strings.Contains(errs, "--timeout") {
+			t.Fatalf("exec --help: %d %q", code, errs)
+		}
+	})
+
+	t.Run("rm", func(t *testing.T) {
+		if out, errs, code := cli(t, d, "", "rm", "cli-box"); code != 0 || out != "cli-box\n" {
+			t.Fatalf("rm: %q %q %d", out, errs, code)
+		}
+		if _, errs, code := cli(t, d, "", "rm", "cli-box"); code != 1 || !strings.Contains(errs, "no such sandbox") {
+			t.Fatalf("second rm: %q %d, want a not-found error", errs, code)
+		}
+		if _, errs, code := cli(t, d, "", "rm", "-f", "cli-box"); code != 0 {
+			t.Fatalf("rm -f of a removed sandbox: %q %d, want success", errs, code)
+		}
+	})
+}
