@@ -97,10 +97,16 @@ func TestParseHeader(t *testing.T) {
 				if !errors.Is(err, ErrFrame) {
 					t.Fatalf("ParseHeader(%x) = %v, want ErrFrame", tt.h, err)
 				}
-				// The Reader must refuse it the same way, before reading
-				// (or allocating for) any payload.
-				if _, err := NewReader(bytes.NewReader(tt.h)).Read(); len(tt.h) == HeaderSize && !errors.Is(err, ErrFrame) {
-					t.Fatalf("Reader.Read(%x) = %v, want ErrFrame", tt.h, err)
+				if len(tt.h) == HeaderSize {
+					// The Reader must refuse it the same way, before reading
+					// (or allocating for) any payload.
+					r := NewReader(bytes.NewReader(tt.h))
+					if _, err := r.Read(); !errors.Is(err, ErrFrame) {
+						t.Fatalf("Reader.Read(%x) = %v, want ErrFrame", tt.h, err)
+					}
+					if r.buf != nil {
+						t.Fatalf("Reader allocated %d bytes for a refused header", cap(r.buf))
+					}
 				}
 				return
 			}
@@ -159,6 +165,8 @@ func TestWindowPayload(t *testing.T) {
 func pipe(t *testing.T) (*Conn, *Reader) {
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
+	// A flow-control bug shows as a stuck pipe: fail instead of hanging.
+	_ = b.SetReadDeadline(time.Now().Add(10 * time.Second))
 	return NewConn(a), NewReader(bufio.NewReader(b))
 }
 
@@ -345,6 +353,7 @@ func TestReceiverWindow(t *testing.T) {
 func TestSenderReceiver(t *testing.T) {
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
+	_ = b.SetReadDeadline(time.Now().Add(10 * time.Second))
 	ca, cb := NewConn(a), NewConn(b)
 	s := NewSender(ca, 1, Stdout)
 	rc := NewReceiver(cb, 1, Stdout)
