@@ -218,12 +218,19 @@ func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
 
 // agentOf returns the agent client of a running sandbox.
 func (m *Manager) agentOf(ctx context.Context, ref string) (*agent.Client, error) {
+	// The hot path: a running sandbox by id needs no database read.
+	m.mu.Lock()
+	sb := m.live[ref]
+	m.mu.Unlock()
+	if sb != nil {
+		return sb.Agent(), nil
+	}
 	rec, err := m.store.GetSandbox(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
-	sb := m.live[rec.ID]
+	sb = m.live[rec.ID]
 	m.mu.Unlock()
 	if sb == nil || rec.State != store.StateRunning {
 		return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running", ref, rec.State)
