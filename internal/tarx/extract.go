@@ -27,8 +27,8 @@ import (
 // through a symlink, whether it was already in root or came earlier in the
 // stream; hardlinks whose target escapes or passes through a symlink; device
 // and fifo nodes; sparse files; entries larger than MaxEntrySize. Entries
-// before a refused
-// one stay extracted. Symlink targets are data and may point anywhere.
+// before a refused one stay extracted. Symlink targets are data and may point
+// anywhere.
 //
 // An existing entry is replaced, never written through: a file over a symlink
 // or a hardlink replaces the link, not what it points to. Only a directory
