@@ -323,7 +323,7 @@ type StatInfo struct {
 
 func (ch *channel) stat() wire.ExitMsg {
 	var st StatInfo
-	if fi, err := os.Stat(ch.req.Path); err == nil {
+	if fi, err := os.Lstat(ch.req.Path); err == nil {
 		st = StatInfo{Exists: true, IsDir: fi.IsDir()}
 	}
 	b, _ := json.Marshal(st)

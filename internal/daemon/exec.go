@@ -10,6 +10,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/agent"
@@ -19,7 +20,7 @@ import (
 )
 
 // exec runs a command and streams its output as wire frames on channel 0:
-// started, stdout and stderr data as they come, then exit. With an
+// stdout and stderr data as they come, then exit. With an
 // `Upgrade: clade-stream` request the connection becomes two-way and the
 // client sends stdin, signal and close frames.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
@@ -98,6 +99,20 @@ func streamChannel(r *http.Request, ch *agent.Channel, out *frameWriter) {
 // readClientFrames forwards stdin and signals from an upgraded connection
 // to the channel. A client that goes away takes its process with it.
 func readClientFrames(br *bufio.Reader, ch *agent.Channel) {
+	// Stdin goes through a pipe so that a write waiting for the agent's
+	// window never holds up a signal or close frame behind it.
+	var stdin *io.PipeWriter
+	if ch.Stdin != nil {
+		pr, pw := io.Pipe()
+		stdin = pw
+		go func() {
+			if _, err := io.Copy(ch.Stdin, pr); err == nil {
+				_ = ch.Stdin.Close()
+			}
+			_, _ = io.Copy(io.Discard, pr) // the process is gone; drain
+		}()
+		defer pw.Close()
+	}
 	r := wire.NewReader(br)
 	for {
 		f, err := r.Read()
@@ -107,13 +122,13 @@ func readClientFrames(br *bufio.Reader, ch *agent.Channel) {
 		}
 		switch f.Type {
 		case wire.Stdin:
-			if ch.Stdin == nil {
+			if stdin == nil {
 				continue
 			}
 			if len(f.Payload) == 0 {
-				_ = ch.Stdin.Close()
-			} else if _, err := ch.Stdin.Write(f.Payload); err != nil {
-				continue // the process is gone; drain until the client hangs up
+				_ = stdin.Close()
+			} else if _, err := stdin.Write(f.Payload); err != nil {
+				continue
 			}
 		case wire.Signal:
 			if len(f.Payload) == 4 {
@@ -254,9 +269,17 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer ch.Close()
+	copied := make(chan struct{})
 	go func() {
+		defer close(copied)
 		_, _ = io.Copy(ch.Stdin, r.Body)
 		_ = ch.Stdin.Close()
+	}()
+	// The handler may not return while the body is still being read.
+	defer func() {
+		ch.Close()
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		<-copied
 	}()
 	exit, err := ch.Wait(r.Context())
 	if err != nil {

@@ -113,13 +113,12 @@ func Run(ctx context.Context, o Options) error {
 		if o.Token == "" {
 			return errors.New("--listen needs --token-file: a TCP API without a token would let anyone who reaches the port run code")
 		}
-		tsrv := New(Config{Version: o.Version, Log: log, Token: o.Token, RunscVersion: eng.RunscVersion(ctx)}, mgr, images, prometheus.NewRegistry())
 		tln, err := net.Listen("tcp", o.Listen)
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w", o.Listen, err)
 		}
 		lns = append(lns, tln)
-		ths := &http.Server{Handler: tsrv, ReadHeaderTimeout: 10 * time.Second}
+		ths := &http.Server{Handler: RequireToken(o.Token, srv), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- ths.Serve(tln) }()
 		defer ths.Close()
 		log.Info("serving TCP", "addr", tln.Addr().String())

@@ -25,9 +25,7 @@ import (
 // Config configures the API server.
 type Config struct {
 	Version string
-	// Token, when set, is required as a bearer token (TCP listeners).
-	Token string
-	Log   *slog.Logger
+	Log     *slog.Logger
 	// RunscVersion is reported by /v1/health.
 	RunscVersion string
 }
@@ -98,16 +96,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, fmt.Errorf("internal error: %v", v))
 		}
 	}()
-	if s.cfg.Token != "" && !s.authorized(r) {
-		writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong token: pass it as `Authorization: Bearer TOKEN` (the CLI reads CLADE_TOKEN)"))
-		return
-	}
 	s.mux.ServeHTTP(w, r)
 }
 
-func (s *Server) authorized(r *http.Request) bool {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1
+// RequireToken wraps h so that every request must carry the bearer token;
+// TCP listeners use it, the unix socket relies on file permissions.
+func RequireToken(token string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(token)) != 1 {
+			writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong token: pass it as `Authorization: Bearer TOKEN` (the CLI reads CLADE_TOKEN)"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // statusOf is the one mapping from error classes to HTTP status codes.
@@ -146,15 +148,25 @@ const maxBody = 1 << 20
 // decode reads a JSON body strictly: unknown fields and trailing data are
 // client mistakes worth telling about.
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody+1))
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
 	dec.DisallowUnknownFields()
+	tooLarge := func(err error) bool {
+		var mbe *http.MaxBytesError
+		return errors.As(err, &mbe)
+	}
 	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
+		switch {
+		case tooLarge(err):
+			return errdefs.New(errdefs.InvalidArgument, "request body is larger than %d bytes", maxBody)
+		case errors.Is(err, io.EOF):
 			return errdefs.New(errdefs.InvalidArgument, "empty request body: send a JSON object")
 		}
 		return errdefs.New(errdefs.InvalidArgument, "malformed JSON body: %v", err)
 	}
-	if dec.More() {
+	if err := dec.Decode(&struct{}{}); err != io.EOF {
+		if tooLarge(err) {
+			return errdefs.New(errdefs.InvalidArgument, "request body is larger than %d bytes", maxBody)
+		}
 		return errdefs.New(errdefs.InvalidArgument, "malformed JSON body: unexpected data after the object")
 	}
 	return nil
