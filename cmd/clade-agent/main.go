@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 
 	"github.com/clade-sandbox/clade/internal/agent"
@@ -18,6 +19,7 @@ import (
 const SocketEnv = "CLADE_AGENT_SOCKET"
 
 func main() {
+	runtime.GOMAXPROCS(1)
 	sock := os.Getenv(SocketEnv)
 	if sock == "" {
 		fmt.Fprintln(os.Stderr, "clade-agent runs inside a clade sandbox; "+SocketEnv+" is not set")

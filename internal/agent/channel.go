@@ -112,21 +112,20 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	if len(ch.req.Argv) == 0 {
 		return errExit(errdefs.New(errdefs.InvalidArgument, "empty command"))
 	}
-	cmd := exec.Command(ch.req.Argv[0], ch.req.Argv[1:]...)
-	cmd.Env = mergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env)
-	cmd.Dir = ch.req.Dir
-	if cmd.Dir == "" {
-		cmd.Dir = "/"
-	}
-	// Look the program up in the exec's own PATH, not the agent's.
-	if !strings.Contains(ch.req.Argv[0], "/") {
-		p, err := lookPath(ch.req.Argv[0], envValue(cmd.Env, "PATH"))
+	// Built by hand, not with exec.Command, which would search the agent's
+	// PATH: the exec's own PATH counts, and every stat is a round trip to
+	// the sandbox's file server.
+	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: mergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env), Dir: ch.req.Dir}
+	if !strings.Contains(cmd.Path, "/") {
+		p, err := lookPath(cmd.Path, envValue(cmd.Env, "PATH"))
 		if err != nil {
 			return wire.ExitMsg{Code: 127, Error: err.Error(), ErrorClass: string(errdefs.NotFound)}
 		}
 		cmd.Path = p
 	}
-	if fi, err := os.Stat(cmd.Dir); err != nil || !fi.IsDir() {
+	if cmd.Dir == "" {
+		cmd.Dir = "/"
+	} else if fi, err := os.Stat(cmd.Dir); err != nil || !fi.IsDir() {
 		return wire.ExitMsg{Code: 126, Error: "working directory " + ch.req.Dir + " does not exist or is not a directory", ErrorClass: string(errdefs.InvalidArgument)}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
