@@ -27,6 +27,52 @@ type CreateSandboxRequest struct {
 	MemoryMiB int      `json:"memory_mib,omitempty"`
 	CPUs      float64  `json:"cpus,omitempty"`
 	Env       []string `json:"env,omitempty"`
+	// FromSnapshot restores the new sandbox from a snapshot (id or name)
+	// instead of booting the image: a fork of one child.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
+}
+
+// Snapshot is a sandbox's state frozen on disk: memory, processes, files.
+type Snapshot struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name,omitempty"`
+	Sandbox   string    `json:"sandbox"`
+	Image     string    `json:"image"`
+	MemoryMiB int       `json:"memory_mib"`
+	CPUs      float64   `json:"cpus"`
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	// Implicit snapshots are made by a fork of a sandbox; they are removed
+	// with their last child.
+	Implicit bool `json:"implicit,omitempty"`
+	// UsedBy lists the sandboxes restored from the snapshot.
+	UsedBy []string `json:"used_by,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshot.
+type SnapshotRequest struct {
+	Name string `json:"name,omitempty"`
+}
+
+// ForkRequest is the body of POST /v1/fork.
+type ForkRequest struct {
+	// Source is a snapshot or a running sandbox (id or name); a sandbox is
+	// snapshotted first and keeps running.
+	Source string `json:"source"`
+	N      int    `json:"n"`
+}
+
+// ForkChild is the outcome for one child of a fork.
+type ForkChild struct {
+	ID    string `json:"id,omitempty"`
+	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"`
+}
+
+// ForkResult answers a fork: one entry per child, in order.
+type ForkResult struct {
+	Snapshot string      `json:"snapshot"`
+	Children []ForkChild `json:"children"`
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.

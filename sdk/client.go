@@ -31,6 +31,9 @@ type (
 	Image                = api.Image
 	Health               = api.Health
 	ExitStatus           = api.ExitStatus
+	Snapshot             = api.Snapshot
+	ForkResult           = api.ForkResult
+	ForkChild            = api.ForkChild
 )
 
 // DefaultSocket is where the daemon listens by default.
@@ -269,4 +272,52 @@ func (c *Client) CopyFrom(ctx context.Context, ref, path string) (io.ReadCloser,
 		return nil, err
 	}
 	return resp.Body, nil
+}
+
+// SnapshotSandbox freezes a running sandbox's memory, processes and files
+// into a new snapshot; the sandbox keeps running.
+func (c *Client) SnapshotSandbox(ctx context.Context, ref, name string) (Snapshot, error) {
+	var snap Snapshot
+	return snap, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/snapshot", api.SnapshotRequest{Name: name}, &snap)
+}
+
+// ListSnapshots returns every snapshot.
+func (c *Client) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
+	var snaps []Snapshot
+	return snaps, c.call(ctx, http.MethodGet, "/v1/snapshots", nil, &snaps)
+}
+
+// GetSnapshot returns a snapshot by id or name.
+func (c *Client) GetSnapshot(ctx context.Context, ref string) (Snapshot, error) {
+	var snap Snapshot
+	return snap, c.call(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(ref), nil, &snap)
+}
+
+// DeleteSnapshot removes an unused snapshot; one that sandboxes were
+// restored from gives an error for which IsConflict is true.
+func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(ref), nil, nil)
+}
+
+// Fork restores n new sandboxes from source, a snapshot or a running
+// sandbox (snapshotted first), in one call. The result has one entry per
+// child, with its id or its error; the call fails as a whole only when
+// nothing was attempted (bad input, admission refused).
+func (c *Client) Fork(ctx context.Context, source string, n int) (ForkResult, error) {
+	var res ForkResult
+	return res, c.call(ctx, http.MethodPost, "/v1/fork", api.ForkRequest{Source: source, N: n}, &res)
+}
+
+// Sleep snapshots a sandbox to disk and stops it: it keeps its id and uses
+// no memory until Wake (or the next exec) restores it.
+func (c *Client) Sleep(ctx context.Context, ref string) (Sandbox, error) {
+	var sb Sandbox
+	return sb, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/sleep", nil, &sb)
+}
+
+// Wake restores a sleeping sandbox in place: same id, files and processes.
+// Waking a running sandbox is a no-op.
+func (c *Client) Wake(ctx context.Context, ref string) (Sandbox, error) {
+	var sb Sandbox
+	return sb, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/wake", nil, &sb)
 }
