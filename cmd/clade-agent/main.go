@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/clade-sandbox/clade/internal/agent"
+	"golang.org/x/sys/unix"
 )
 
 // SocketEnv names the variable that tells the agent where the host listens.
@@ -31,6 +32,9 @@ func main() {
 			env = append(env, kv)
 		}
 	}
+	// The agent keeps CAP_SYS_ADMIN (to set a restored copy's hostname) but
+	// drops it from the bounding set, so nothing it starts inherits it.
+	_ = unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0, 0, 0)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a := agent.New(agent.Config{Socket: sock, BaseEnv: env, Log: log})
 	if err := a.Run(context.Background()); err != nil {

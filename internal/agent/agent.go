@@ -38,6 +38,9 @@ type Agent struct {
 	cfg    Config
 	reaper *reaper
 	boot   int
+	// fastUntil makes the agent redial every millisecond until then: set
+	// by a quiesce, so reconnecting after a snapshot or restore is quick.
+	fastUntil time.Time
 }
 
 // New returns an agent. Call Run to serve.
@@ -56,6 +59,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		nc, err := (&net.Dialer{}).DialContext(ctx, "unix", a.cfg.Socket)
 		if err != nil {
+			if time.Now().Before(a.fastUntil) {
+				backoff = time.Millisecond
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(backoff):
@@ -102,8 +108,15 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	}
 }
 
+// errQuiesce ends a session on the host's request.
+var errQuiesce = errors.New("quiesced for a snapshot")
+
 func (s *session) handle(ctx context.Context, f wire.Frame) error {
 	switch f.Type {
+	case wire.Quiesce:
+		s.a.fastUntil = time.Now().Add(time.Minute)
+		s.detachAll()
+		return errQuiesce
 	case wire.Ping:
 		return s.conn.Write(wire.Pong, f.Channel, f.Payload)
 	case wire.Open:
@@ -159,6 +172,17 @@ func (s *session) remove(id uint32) {
 	s.mu.Lock()
 	delete(s.chans, id)
 	s.mu.Unlock()
+}
+
+// detachAll lets the session's channels run on without the host.
+func (s *session) detachAll() {
+	s.mu.Lock()
+	chans := s.chans
+	s.chans = map[uint32]*channel{}
+	s.mu.Unlock()
+	for _, ch := range chans {
+		ch.detach()
+	}
 }
 
 // closeAll kills whatever runs on the session's channels: the host that asked

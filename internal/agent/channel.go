@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -59,8 +60,8 @@ func (ch *channel) run(ctx context.Context) {
 		exit = ch.tarPut()
 	case wire.OpStatFS:
 		exit = ch.stat()
-	case wire.OpSetTime:
-		exit = ch.setTime()
+	case wire.OpIdentity:
+		exit = ch.identity()
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}
@@ -83,6 +84,17 @@ func (ch *channel) signal(sig int) {
 	ch.mu.Unlock()
 	if p != nil {
 		_ = p.Signal(syscall.Signal(sig))
+	}
+}
+
+// detach lets the channel's process run on with nobody listening: its
+// output is drained and dropped, its stdin closed.
+func (ch *channel) detach() {
+	err := errors.New("detached for a snapshot")
+	ch.stdout.Abort(err)
+	ch.stderr.Abort(err)
+	if ch.stdin != nil {
+		ch.stdin.CloseWithError(io.EOF)
 	}
 }
 
@@ -329,10 +341,9 @@ func (ch *channel) stat() wire.ExitMsg {
 	return wire.ExitMsg{Info: b}
 }
 
-func (ch *channel) setTime() wire.ExitMsg {
-	tv := syscall.NsecToTimeval(ch.req.UnixNano)
-	if err := syscall.Settimeofday(&tv); err != nil {
-		return errExit(err)
+func (ch *channel) identity() wire.ExitMsg {
+	if err := syscall.Sethostname([]byte(ch.req.Hostname)); err != nil {
+		return errExit(fmt.Errorf("sethostname: %w", err))
 	}
 	return wire.ExitMsg{}
 }

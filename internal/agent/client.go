@@ -137,6 +137,30 @@ func (c *Client) session(ctx context.Context) (*hostSession, error) {
 	}
 }
 
+// Quiesce asks the agent to drop its connection before a snapshot and waits
+// until it has. The caller must have stopped accepting new connections, or
+// the agent reconnects at once. Calls in flight fail; their processes keep
+// running in the sandbox.
+func (c *Client) Quiesce(ctx context.Context) error {
+	c.mu.Lock()
+	s := c.cur
+	c.mu.Unlock()
+	if s == nil {
+		return nil // not connected: nothing to quiesce
+	}
+	if err := s.conn.Write(wire.Quiesce, 0, nil); err != nil {
+		s.conn.Close()
+		return nil // the connection is gone either way
+	}
+	select {
+	case <-s.closed:
+		return nil
+	case <-ctx.Done():
+		s.conn.Close()
+		return errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("agent did not quiesce: %w", ctx.Err()))
+	}
+}
+
 // Ping round-trips a ping frame.
 func (c *Client) Ping(ctx context.Context) error {
 	s, err := c.session(ctx)

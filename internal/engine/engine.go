@@ -64,3 +64,18 @@ type Engine interface {
 	// running for a later Attach.
 	Close() error
 }
+
+// Snapshotter is an engine that can freeze a sandbox to disk and restore
+// copies of it. Engines without it cannot snapshot, fork or sleep.
+type Snapshotter interface {
+	// Checkpoint writes the sandbox's whole state (memory, processes, its
+	// written files) into dir. With leaveRunning the sandbox goes on and is
+	// ready again when Checkpoint returns; without, the sandbox stops and
+	// only Destroy is left to do. An error leaves a running sandbox running.
+	Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error
+	// Restore creates a new sandbox from a checkpoint in dir and returns once
+	// its agent is connected. spec gives the new sandbox's id and hostname;
+	// its resources must match the checkpointed sandbox's. On error nothing of
+	// it is left behind.
+	Restore(ctx context.Context, spec Spec, dir string) (Sandbox, error)
+}

@@ -54,11 +54,18 @@ const (
 	// Close (host -> agent): the host gave up on the channel; the agent kills
 	// what runs on it and frees it.
 	Close
+	// Quiesce (host -> agent, channel 0): a snapshot is coming. The agent
+	// detaches its channels (their processes keep running), closes the
+	// connection and redials every millisecond, so that it reconnects at
+	// once in the running parent and in every restored copy. A dialled-out
+	// connection caught by a checkpoint would otherwise look alive to the
+	// agent forever.
+	Quiesce
 	typeEnd
 )
 
 func (t Type) String() string {
-	names := [...]string{"invalid", "hello", "open", "started", "stdin", "stdout", "stderr", "window", "signal", "exit", "ping", "pong", "close"}
+	names := [...]string{"invalid", "hello", "open", "started", "stdin", "stdout", "stderr", "window", "signal", "exit", "ping", "pong", "close", "quiesce"}
 	if int(t) < len(names) {
 		return names[t]
 	}
@@ -154,8 +161,8 @@ const (
 	OpExec    Op = "exec"     // run a process
 	OpTarGet  Op = "tar-get"  // stream Path as a tar archive on stdout
 	OpTarPut  Op = "tar-put"  // extract the tar archive read from stdin into Path
-	OpStatFS  Op = "stat"     // report whether Path exists and is a directory
-	OpSetTime Op = "set-time" // set the sandbox clock (after restore)
+	OpStatFS   Op = "stat"     // report whether Path exists and is a directory
+	OpIdentity Op = "identity" // set the hostname (a restored copy's own)
 )
 
 // Request opens a channel.
@@ -169,8 +176,8 @@ type Request struct {
 	// Stdin says the host will send stdin frames; otherwise stdin is empty.
 	Stdin bool   `json:"stdin,omitempty"`
 	Path  string `json:"path,omitempty"`
-	// UnixNano is the host's clock for OpSetTime.
-	UnixNano int64 `json:"unix_nano,omitempty"`
+	// Hostname is the new hostname for OpIdentity.
+	Hostname string `json:"hostname,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

@@ -7,8 +7,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
+	"math"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -207,6 +211,120 @@ c = socket.create_connection(srv.getsockname()); print("loopback ok")
 				t.Fatal("sandbox exited without a reason")
 			}
 			t.Logf("sandbox killed: %s", sb.ExitReason())
+		}
+	})
+
+	t.Run("Snapshot", func(t *testing.T) {
+		e := newEngine(t, env.StateDir(t))
+		snap, ok := e.(engine.Snapshotter)
+		if !ok {
+			t.Skipf("%s engine cannot snapshot", e.Name())
+		}
+		restore := func(t *testing.T, spec engine.Spec, dir string) engine.Sandbox {
+			t.Helper()
+			spec.RootFS, spec.MemoryMiB = env.RootFS, 256
+			sb, err := snap.Restore(t.Context(), spec, dir)
+			if err != nil {
+				t.Fatalf("restore %s: %v", spec.ID, err)
+			}
+			t.Cleanup(func() { _ = e.Destroy(context.Background(), spec.ID) })
+			return sb
+		}
+		parent := create(t, e, engine.Spec{Hostname: "parent"})
+		// A background process whose memory holds a counter, and a file.
+		Exec(t, parent, "sh", "-c", `echo from-parent > /root/shared
+python3 -c '
+import time
+i = 0
+while True:
+    i += 1
+    open("/tmp/count.tmp", "w").write(str(i)); __import__("os").rename("/tmp/count.tmp", "/tmp/count")
+    time.sleep(0.01)
+' > /dev/null 2>&1 &
+until [ -s /tmp/count ]; do sleep 0.01; done`)
+		dir := filepath.Join(env.StateDir(t), "snap")
+		if err := snap.Checkpoint(t.Context(), parent.ID(), dir, true); err != nil {
+			t.Fatalf("checkpoint: %v", err)
+		}
+		if r := Exec(t, parent, "cat", "/root/shared"); r.Stdout != "from-parent\n" {
+			t.Fatalf("parent after checkpoint: %+v", r)
+		}
+		readCount := func(sb engine.Sandbox) int {
+			r := Exec(t, sb, "cat", "/tmp/count")
+			n, err := strconv.Atoi(strings.TrimSpace(r.Stdout))
+			if err != nil {
+				t.Fatalf("count in %s: %+v", sb.ID(), r)
+			}
+			return n
+		}
+		var kids []engine.Sandbox
+		for i := range 2 {
+			kids = append(kids, restore(t, engine.Spec{ID: newID(), Hostname: fmt.Sprintf("child-%d", i)}, dir))
+		}
+		var rand []string
+		for i, k := range kids {
+			r := Exec(t, k, "sh", "-c", "cat /root/shared; hostname; head -c 16 /dev/urandom | od -An -tx1; date +%s")
+			lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+			if len(lines) != 4 || lines[0] != "from-parent" || lines[1] != fmt.Sprintf("child-%d", i) {
+				t.Fatalf("child %d: %+v; want the parent's file and its own hostname", i, r)
+			}
+			rand = append(rand, lines[2])
+			if sec, _ := strconv.ParseInt(lines[3], 10, 64); math.Abs(float64(sec-time.Now().Unix())) > 5 {
+				t.Fatalf("child %d clock says %s, host %d", i, lines[3], time.Now().Unix())
+			}
+			// The process running at the snapshot runs on in the child.
+			a := readCount(k)
+			deadline := time.Now().Add(10 * time.Second)
+			for readCount(k) <= a {
+				if time.Now().After(deadline) {
+					t.Fatalf("child %d: the background counter stopped at %d", i, a)
+				}
+			}
+			Exec(t, k, "sh", "-c", fmt.Sprintf("echo child-%d > /root/own", i))
+		}
+		if rand[0] == rand[1] {
+			t.Fatalf("two children read the same /dev/urandom bytes: %s", rand[0])
+		}
+		for _, sb := range []engine.Sandbox{parent, kids[1]} {
+			if r := Exec(t, sb, "cat", "/root/own"); r.Stdout == "child-0\n" {
+				t.Fatalf("%s sees child 0's write", sb.ID())
+			}
+		}
+		if r := Exec(t, parent, "hostname"); r.Stdout != "parent\n" {
+			t.Fatalf("parent hostname %q", r.Stdout)
+		}
+	})
+
+	t.Run("SleepWake", func(t *testing.T) {
+		e := newEngine(t, env.StateDir(t))
+		snap, ok := e.(engine.Snapshotter)
+		if !ok {
+			t.Skipf("%s engine cannot snapshot", e.Name())
+		}
+		id := newID()
+		sb := create(t, e, engine.Spec{ID: id, Hostname: "sleeper"})
+		Exec(t, sb, "sh", "-c", "echo kept > /root/f")
+		dir := filepath.Join(env.StateDir(t), "sleep")
+		if err := snap.Checkpoint(t.Context(), id, dir, false); err != nil {
+			t.Fatalf("checkpoint: %v", err)
+		}
+		select {
+		case <-sb.Exited():
+			if sb.ExitReason() != "" {
+				t.Fatalf("a sandbox stopped by a checkpoint reports an unexpected exit: %s", sb.ExitReason())
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("sandbox still running after a checkpoint without leave-running")
+		}
+		if err := e.Destroy(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+		woke, err := snap.Restore(t.Context(), engine.Spec{ID: id, RootFS: env.RootFS, MemoryMiB: 256, Hostname: "sleeper"}, dir)
+		if err != nil {
+			t.Fatalf("wake: %v", err)
+		}
+		if r := Exec(t, woke, "cat", "/root/f"); r.Stdout != "kept\n" {
+			t.Fatalf("after wake: %+v", r)
 		}
 	})
 }

@@ -22,15 +22,20 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent"
+	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
 
-var _ engine.Engine = (*Engine)(nil)
+var (
+	_ engine.Engine      = (*Engine)(nil)
+	_ engine.Snapshotter = (*Engine)(nil)
+)
 
 // Paths inside every sandbox.
 const (
@@ -158,10 +163,12 @@ type sandbox struct {
 	dir    string
 	pid    int
 	client *agent.Client
+	mu     sync.Mutex
 	ln     net.Listener
-	done   chan struct{}
-	exited chan struct{}
-	reason string
+	// expectExit marks an exit we caused (a checkpoint that stops it).
+	expectExit atomic.Bool
+	exited     chan struct{}
+	reason     string
 
 	stopOnce sync.Once
 	stopped  chan struct{}
@@ -193,6 +200,10 @@ func (e *Engine) watch(s *sandbox) {
 				continue
 			}
 			break
+		}
+		if s.expectExit.Load() {
+			close(s.exited)
+			return
 		}
 		s.reason = "the sandbox stopped unexpectedly"
 		if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/clade", s.id, "memory.failcnt")); err == nil && strings.TrimSpace(string(b)) != "0" {
@@ -256,7 +267,42 @@ func tail(path string, offset int64) string {
 }
 
 // Create implements engine.Engine.
-func (e *Engine) Create(ctx context.Context, spec engine.Spec) (_ engine.Sandbox, err error) {
+func (e *Engine) Create(ctx context.Context, spec engine.Spec) (engine.Sandbox, error) {
+	return e.start(ctx, spec, func(dir string) error {
+		return e.runsc(ctx, spec.ID, "run", "--bundle", dir, "--detach", spec.ID)
+	})
+}
+
+// Restore implements engine.Snapshotter.
+func (e *Engine) Restore(ctx context.Context, spec engine.Spec, image string) (engine.Sandbox, error) {
+	sb, err := e.start(ctx, spec, func(dir string) error {
+		return e.runsc(ctx, spec.ID, "restore", "--image-path", image, "--bundle", dir, "--detach", spec.ID)
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The copy still has the checkpointed sandbox's hostname.
+	if err := e.setIdentity(ctx, sb, spec.Hostname); err != nil {
+		return nil, errors.Join(err, e.Destroy(context.WithoutCancel(ctx), spec.ID))
+	}
+	return sb, nil
+}
+
+func (e *Engine) setIdentity(ctx context.Context, sb engine.Sandbox, hostname string) error {
+	ch, err := sb.Agent().Open(ctx, wire.Request{Op: wire.OpIdentity, Hostname: hostname})
+	if err != nil {
+		return err
+	}
+	exit, err := ch.Wait(ctx)
+	if err == nil {
+		err = agent.ExitError(exit)
+	}
+	return err
+}
+
+// start lays out a sandbox's directory, bundle and agent socket, then runs
+// boot (runsc run or restore) and waits for the agent.
+func (e *Engine) start(ctx context.Context, spec engine.Spec, boot func(dir string) error) (_ engine.Sandbox, err error) {
 	if len(spec.ID) == 0 || strings.ContainsAny(spec.ID, "/.") {
 		return nil, errdefs.New(errdefs.InvalidArgument, "bad sandbox id %q", spec.ID)
 	}
@@ -286,7 +332,7 @@ func (e *Engine) Create(ctx context.Context, spec engine.Spec) (_ engine.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	if err := e.runsc(ctx, spec.ID, "run", "--bundle", dir, "--detach", spec.ID); err != nil {
+	if err := boot(dir); err != nil {
 		return nil, err
 	}
 	if err := e.waitReady(ctx, sb); err != nil {
@@ -295,6 +341,48 @@ func (e *Engine) Create(ctx context.Context, spec engine.Spec) (_ engine.Sandbox
 	sb.pid = e.statePID(ctx, spec.ID)
 	e.watch(sb)
 	return sb, nil
+}
+
+// Checkpoint implements engine.Snapshotter.
+func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning bool) error {
+	e.mu.Lock()
+	sb := e.live[id]
+	e.mu.Unlock()
+	if sb == nil {
+		return errdefs.New(errdefs.Conflict, "sandbox %s is not running", id)
+	}
+	if err := os.MkdirAll(image, 0o700); err != nil {
+		return err
+	}
+	// The agent must not be connected while the checkpoint is taken: stop
+	// accepting, then ask it to hang up and redial fast.
+	sb.closeListener()
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := sb.client.Quiesce(qctx)
+	cancel()
+	// Without leaveRunning the sandbox stops by our hand: not an exit to
+	// report.
+	sb.expectExit.Store(!leaveRunning)
+	if err == nil {
+		args := []string{"checkpoint", "--image-path", image}
+		if leaveRunning {
+			args = append(args, "--leave-running")
+		}
+		err = e.runsc(ctx, id, append(args, id)...)
+	}
+	if err != nil {
+		sb.expectExit.Store(false)
+	}
+	if leaveRunning || err != nil {
+		// Running on (or still running after a failure): take the agent back.
+		if aerr := e.accept(sb); aerr != nil {
+			return errors.Join(err, aerr)
+		}
+		if rerr := e.waitReady(ctx, sb); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+	}
+	return err
 }
 
 func (e *Engine) waitReady(ctx context.Context, sb *sandbox) error {
@@ -310,22 +398,33 @@ func (e *Engine) waitReady(ctx context.Context, sb *sandbox) error {
 // it for as long as the sandbox lives.
 func (e *Engine) listen(id string) (*sandbox, error) {
 	dir := e.dir(id)
-	path := filepath.Join(dir, "run", "agent.sock")
-	_ = os.Remove(path) // a stale socket from a previous daemon
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("agent socket: %w", err)
+	sb := &sandbox{id: id, dir: dir, client: agent.NewClient(), exited: make(chan struct{}), stopped: make(chan struct{})}
+	if err := e.accept(sb); err != nil {
+		return nil, err
 	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	sb := &sandbox{id: id, dir: dir, client: agent.NewClient(), ln: ln, done: make(chan struct{}), exited: make(chan struct{}), stopped: make(chan struct{})}
 	e.mu.Lock()
 	if old := e.live[id]; old != nil {
 		old.stop()
 	}
 	e.live[id] = sb
 	e.mu.Unlock()
+	return sb, nil
+}
+
+// accept (re)opens sb's agent socket and serves agent connections on it
+// until the listener is closed.
+func (e *Engine) accept(sb *sandbox) error {
+	path := filepath.Join(sb.dir, "run", "agent.sock")
+	_ = os.Remove(path) // a stale socket from a previous daemon or listener
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("agent socket: %w", err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	sb.mu.Lock()
+	sb.ln = ln
+	sb.mu.Unlock()
 	go func() {
-		defer close(sb.done)
 		for {
 			nc, err := ln.Accept()
 			if err != nil {
@@ -333,17 +432,33 @@ func (e *Engine) listen(id string) (*sandbox, error) {
 			}
 			go func() {
 				if err := sb.client.Serve(nc); err != nil && !errors.Is(err, net.ErrClosed) {
-					e.cfg.Log.Debug("agent connection ended", "sandbox", id, "err", err)
+					e.cfg.Log.Debug("agent connection ended", "sandbox", sb.id, "err", err)
 				}
 			}()
 		}
 	}()
-	return sb, nil
+	return nil
+}
+
+// closeListener stops accepting agent connections and removes the socket,
+// so an agent's dials fail until accept runs again.
+func (sb *sandbox) closeListener() {
+	sb.mu.Lock()
+	ln := sb.ln
+	sb.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+		_ = os.Remove(filepath.Join(sb.dir, "run", "agent.sock"))
+	}
 }
 
 func (s *sandbox) stop() {
 	s.stopOnce.Do(func() { close(s.stopped) })
-	s.ln.Close()
+	s.mu.Lock()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	s.mu.Unlock()
 	s.client.Close()
 }
 
@@ -357,7 +472,9 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "HOSTNAME=" + spec.Hostname, "LANG=C.UTF-8"}, spec.Env...)
 	env = append(env, agentSockEnv+"="+guestSocket)
 	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
+		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+		// For the agent only: it drops this from the bounding set at start.
+		"CAP_SYS_ADMIN"}
 	resources := map[string]any{"pids": map[string]any{"limit": 32768}}
 	if memory > 0 {
 		resources["memory"] = map[string]any{"limit": memory}
