@@ -24,6 +24,8 @@ func cmdDaemon(ctx context.Context, args []string) error {
 	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")
 	fs.BoolVar(&o.BuildDefaultImage, "build-default-image", true, "build the default image at start if missing")
 	fs.IntVar(&o.Sandbox.DefaultMemoryMiB, "default-memory", 512, "memory limit of sandboxes that ask for none, MiB")
+	fs.IntVar(&o.Sandbox.MaxFork, "max-fork", 128, "most children one fork may ask for")
+	fs.IntVar(&o.Sandbox.MemoryFloorMiB, "memory-floor", 0, "MiB of host memory creates, forks and wakes must leave free (default 5% of RAM, at least 512)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -40,6 +40,11 @@ Usage:
   clade rm [-f] ID...
   clade cp SRC DST            one side is ID:PATH; directories copy recursively
   clade image ls [--json]
+  clade snapshot ID [--name NAME]       freeze a running sandbox; it keeps running
+  clade snapshot ls [--json] | clade snapshot rm SNAP...
+  clade fork SNAP|ID -n N [--json]      N children in one call
+  clade sleep ID | clade wake ID        to disk at zero RAM, and back
+  clade create --from SNAP [--name NAME]
   clade version
 
 Global flags (before the verb):
@@ -98,6 +103,14 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdCopy)
 	case "image", "images":
 		err = withClient(ctx, host, rest, cmdImage)
+	case "snapshot", "snapshots":
+		err = withClient(ctx, host, rest, cmdSnapshot)
+	case "fork":
+		err = withClient(ctx, host, rest, cmdFork)
+	case "sleep":
+		err = withClient(ctx, host, rest, cmdSleep)
+	case "wake":
+		err = withClient(ctx, host, rest, cmdWake)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":

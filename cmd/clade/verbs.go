@@ -53,7 +53,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 }
 
 func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("create", "create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
+	fs := newFlags("create", "create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
 	var req sdk.CreateSandboxRequest
 	var env multi
 	fs.StringVar(&req.Image, "image", "", "image to boot (see `clade image ls`; default: default)")
@@ -61,6 +61,7 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.Float64Var(&req.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
 	fs.Var(&env, "env", "environment variable K=V for every process (repeatable)")
 	fs.StringVar(&req.Name, "name", "", "unique name, usable wherever an id is")
+	fs.StringVar(&req.FromSnapshot, "from", "", "restore from this snapshot instead of booting the image")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -78,6 +78,13 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	o.Sandbox.Log = log
+	o.Sandbox.SnapshotDir = filepath.Join(o.DataDir, "snapshots")
+	o.Sandbox.SleepDir = filepath.Join(o.DataDir, "sleep")
+	for _, d := range []string{o.Sandbox.SnapshotDir, o.Sandbox.SleepDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
 	mgr := sandbox.New(o.Sandbox, eng, st, images)
 	defer mgr.Close()
 	start := time.Now()

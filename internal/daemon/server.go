@@ -57,6 +57,13 @@ func New(cfg Config, mgr *sandbox.Manager, images *image.Store, reg *prometheus.
 	s.route("GET /v1/sandboxes/{id}/files", "files_get", s.getFiles)
 	s.route("PUT /v1/sandboxes/{id}/files", "files_put", s.putFiles)
 	s.route("GET /v1/images", "image_list", s.listImages)
+	s.route("POST /v1/sandboxes/{id}/snapshot", "snapshot_create", s.createSnapshot)
+	s.route("GET /v1/snapshots", "snapshot_list", s.listSnapshots)
+	s.route("GET /v1/snapshots/{id}", "snapshot_inspect", s.getSnapshot)
+	s.route("DELETE /v1/snapshots/{id}", "snapshot_remove", s.deleteSnapshot)
+	s.route("POST /v1/fork", "fork", s.fork)
+	s.route("POST /v1/sandboxes/{id}/sleep", "sleep", s.sleep)
+	s.route("POST /v1/sandboxes/{id}/wake", "wake", s.wake)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))
@@ -209,7 +216,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	sb, err := s.mgr.Create(r.Context(), sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env})
+	sb, err := s.mgr.Create(r.Context(), sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strings"
@@ -37,11 +38,24 @@ type Config struct {
 	// CrashAt names a point at which the process kills itself with
 	// SIGKILL, for tests of restart safety (e.g. "create-after-engine").
 	CrashAt string
+	// SnapshotDir holds snapshots, SleepDir the images of sleeping sandboxes.
+	SnapshotDir string
+	SleepDir    string
+	// MaxFork caps the children of one fork.
+	MaxFork int
+	// MemoryFloorMiB is the free memory (MemAvailable) that creates, forks
+	// and wakes must leave on the host.
+	MemoryFloorMiB int
 }
 
 // DefaultConfig returns sensible limits for this host.
 func DefaultConfig() Config {
-	return Config{DefaultMemoryMiB: 512, MaxMemoryMiB: 64 << 10, DefaultCPUs: 1, MaxCPUs: float64(runtime.NumCPU())}
+	floor := 1024
+	if total, err := memTotalMiB(); err == nil {
+		floor = max(512, total/20)
+	}
+	return Config{DefaultMemoryMiB: 512, MaxMemoryMiB: 64 << 10, DefaultCPUs: 1, MaxCPUs: float64(runtime.NumCPU()),
+		MaxFork: 128, MemoryFloorMiB: floor}
 }
 
 // Manager owns sandboxes.
@@ -52,9 +66,11 @@ type Manager struct {
 	images *image.Store
 	log    *slog.Logger
 
-	mu   sync.Mutex
-	live map[string]engine.Sandbox
-	busy map[string]bool // ids with a create or destroy in flight
+	mu          sync.Mutex
+	live        map[string]engine.Sandbox
+	busy        map[string]bool // ids with a create or destroy in flight
+	ops         map[string]*sync.Mutex
+	reservedMiB int // memory admitted for sandboxes still being made
 }
 
 // New returns a manager. Call Reconcile before serving.
@@ -72,11 +88,17 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.MaxCPUs == 0 {
 		cfg.MaxCPUs = d.MaxCPUs
 	}
+	if cfg.MaxFork == 0 {
+		cfg.MaxFork = d.MaxFork
+	}
+	if cfg.MemoryFloorMiB == 0 {
+		cfg.MemoryFloorMiB = d.MemoryFloorMiB
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Manager{cfg: cfg, eng: eng, store: st, images: images, log: cfg.Log,
-		live: map[string]engine.Sandbox{}, busy: map[string]bool{}}
+		live: map[string]engine.Sandbox{}, busy: map[string]bool{}, ops: map[string]*sync.Mutex{}}
 }
 
 // Engine returns the manager's engine.
@@ -89,6 +111,8 @@ type CreateRequest struct {
 	MemoryMiB int
 	CPUs      float64
 	Env       []string
+	// FromSnapshot restores the sandbox from a snapshot instead of booting.
+	FromSnapshot string
 }
 
 // MinMemoryMiB is the smallest memory limit a sandbox can boot with.
@@ -157,9 +181,17 @@ func ValidEnv(kv string) error {
 
 // Create makes a running sandbox. A failed create leaves nothing behind.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
+	if req.FromSnapshot != "" {
+		return m.createFrom(ctx, req)
+	}
 	if err := m.validate(&req); err != nil {
 		return store.Sandbox{}, err
 	}
+	release, err := m.admit(req.MemoryMiB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer release()
 	img, err := m.images.Get(ctx, req.Image)
 	if err != nil {
 		return store.Sandbox{}, err
@@ -198,6 +230,26 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	return rec, nil
 }
 
+// createFrom makes one sandbox restored from a snapshot: a fork of one.
+func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
+	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 {
+		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus and env: give only a name")
+	}
+	if req.Name != "" {
+		if err := m.validate(&CreateRequest{Name: req.Name}); err != nil {
+			return store.Sandbox{}, err
+		}
+	}
+	res, err := m.fork(ctx, req.FromSnapshot, []store.Sandbox{{Name: req.Name}})
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if c := res.Children[0]; c.Err != nil {
+		return store.Sandbox{}, c.Err
+	}
+	return m.store.GetSandbox(ctx, res.Children[0].ID)
+}
+
 func (m *Manager) spec(rec store.Sandbox, rootfs string) engine.Spec {
 	host := rec.Name
 	if host == "" {
@@ -228,6 +280,13 @@ func (m *Manager) agentOf(ctx context.Context, ref string) (*agent.Client, error
 	rec, err := m.store.GetSandbox(ctx, ref)
 	if err != nil {
 		return nil, err
+	}
+	if rec.State == store.StateSleeping {
+		// The next request wakes a sleeping sandbox.
+		if _, err := m.Wake(ctx, rec.ID); err != nil {
+			return nil, err
+		}
+		rec.State = store.StateRunning
 	}
 	m.mu.Lock()
 	sb = m.live[rec.ID]
@@ -262,15 +321,28 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		return errdefs.New(errdefs.Conflict, "sandbox %s is busy being created or removed; retry", ref)
 	}
 	m.busy[rec.ID] = true
-	delete(m.live, rec.ID)
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
 		delete(m.busy, rec.ID)
 		m.mu.Unlock()
 	}()
+	unlock := m.lockOp(rec.ID)
+	defer func() {
+		unlock()
+		m.mu.Lock()
+		delete(m.ops, rec.ID)
+		m.mu.Unlock()
+	}()
+	m.mu.Lock()
+	delete(m.live, rec.ID)
+	m.mu.Unlock()
 	ctx = context.WithoutCancel(ctx)
-	return m.destroy(ctx, rec.ID)
+	if err := m.destroy(ctx, rec.ID); err != nil {
+		return err
+	}
+	m.gcSnapshot(ctx, rec.Snapshot)
+	return nil
 }
 
 func (m *Manager) destroy(ctx context.Context, id string) error {
@@ -281,6 +353,9 @@ func (m *Manager) destroy(ctx context.Context, id string) error {
 	if err := m.eng.Destroy(ctx, id); err != nil {
 		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
 		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	if err := os.RemoveAll(m.sleepDir(id)); err != nil {
+		return err
 	}
 	m.crashPoint("destroy-after-engine")
 	if err := m.store.DeleteSandbox(ctx, id); err != nil {
@@ -302,15 +377,35 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	var errs []error
 	var wg sync.WaitGroup
 	var emu sync.Mutex
+	addErr := func(errs2 ...error) {
+		emu.Lock()
+		errs = append(errs, errs2...)
+		emu.Unlock()
+	}
 	for _, rec := range recs {
 		known[rec.ID] = true
 		switch rec.State {
 		case store.StateCreating, store.StateDestroying:
 			m.log.Info("reconcile: removing half-done sandbox", "sandbox", rec.ID, "state", rec.State)
 			if err := m.destroy(ctx, rec.ID); err != nil {
-				errs = append(errs, err)
+				addErr(err)
 			}
-		case store.StateRunning:
+		case store.StateSleeping:
+			if _, err := os.Stat(filepath.Join(m.sleepDir(rec.ID), completeMarker)); err != nil {
+				addErr(m.store.SetState(ctx, rec.ID, store.StateStopped, "its sleep image is missing"))
+			}
+		case store.StateSuspending:
+			// A sleep cut short: asleep if the image is whole, else running
+			// on if the engine still has it.
+			if _, err := os.Stat(filepath.Join(m.sleepDir(rec.ID), completeMarker)); err == nil {
+				addErr(m.eng.Destroy(ctx, rec.ID), m.store.SetState(ctx, rec.ID, store.StateSleeping, ""))
+				continue
+			}
+			addErr(os.RemoveAll(m.sleepDir(rec.ID)))
+			rec.State = store.StateRunning
+			addErr(m.store.SetState(ctx, rec.ID, store.StateRunning, ""))
+			fallthrough
+		case store.StateRunning, store.StateWaking:
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -319,13 +414,21 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				if err == nil {
 					sb, err = m.eng.Attach(ctx, m.spec(rec, img.RootFS))
 				}
+				if err != nil && rec.State == store.StateWaking {
+					// The wake did not finish: still asleep.
+					_ = m.eng.Destroy(ctx, rec.ID)
+					addErr(m.store.SetState(ctx, rec.ID, store.StateSleeping, ""))
+					return
+				}
+				if err == nil && rec.State == store.StateWaking {
+					_ = os.RemoveAll(m.sleepDir(rec.ID))
+					err = m.store.SetState(ctx, rec.ID, store.StateRunning, "")
+				}
 				if err != nil {
 					m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
 					_ = m.eng.Destroy(ctx, rec.ID)
 					if serr := m.store.SetState(ctx, rec.ID, store.StateStopped, err.Error()); serr != nil {
-						emu.Lock()
-						errs = append(errs, serr)
-						emu.Unlock()
+						addErr(serr)
 					}
 					return
 				}
@@ -335,6 +438,15 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
+	sleeping := map[string]bool{}
+	if recs, err := m.store.ListSandboxes(ctx); err == nil {
+		for _, rec := range recs {
+			if rec.State == store.StateSleeping {
+				sleeping[rec.ID] = true
+			}
+		}
+	}
+	addErr(removeUnknown(m.cfg.SleepDir, sleeping), m.reconcileSnapshots(ctx))
 	ids, err := m.eng.List(ctx)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
@@ -343,7 +455,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		if !known[id] {
 			m.log.Info("reconcile: destroying unrecorded engine sandbox", "sandbox", id)
 			if err := m.eng.Destroy(ctx, id); err != nil {
-				errs = append(errs, err)
+				addErr(err)
 			}
 		}
 	}
@@ -386,4 +498,19 @@ func (m *Manager) track(id string, sb engine.Sandbox) {
 			m.log.Error("record stopped sandbox", "sandbox", id, "err", err)
 		}
 	}()
+}
+
+func memTotalMiB() (int, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			var kb int
+			_, err := fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kb)
+			return kb >> 10, err
+		}
+	}
+	return 0, errors.New("no MemTotal in /proc/meminfo")
 }

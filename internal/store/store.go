@@ -22,6 +22,18 @@ const (
 	StateRunning    = "running"
 	StateStopped    = "stopped" // its engine sandbox died; only removal is left
 	StateDestroying = "destroying"
+	// StateSuspending is a sleep in progress; StateSleeping a finished one
+	// (the sandbox is a snapshot on disk and holds no memory);
+	// StateWaking a wake in progress.
+	StateSuspending = "suspending"
+	StateSleeping   = "sleeping"
+	StateWaking     = "waking"
+)
+
+// Snapshot states.
+const (
+	SnapshotCreating = "creating"
+	SnapshotReady    = "ready"
 )
 
 // Sandbox is a sandbox's record.
@@ -34,8 +46,26 @@ type Sandbox struct {
 	CPUs      float64
 	Env       []string
 	Error     string
+	// Snapshot is the snapshot the sandbox was restored from, if any.
+	Snapshot  string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+}
+
+// Snapshot is a snapshot's record.
+type Snapshot struct {
+	ID        string
+	Name      string
+	Sandbox   string
+	Image     string
+	State     string
+	MemoryMiB int
+	CPUs      float64
+	Env       []string
+	Path      string
+	SizeBytes int64
+	Implicit  bool
+	CreatedAt time.Time
 }
 
 // Store is the metadata database.
@@ -53,7 +83,27 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	error      TEXT NOT NULL DEFAULT '',
 	created_at INTEGER NOT NULL,
 	updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+	id         TEXT PRIMARY KEY,
+	name       TEXT UNIQUE,
+	sandbox    TEXT NOT NULL,
+	image      TEXT NOT NULL,
+	state      TEXT NOT NULL,
+	memory_mib INTEGER NOT NULL,
+	cpus       REAL NOT NULL,
+	env        TEXT NOT NULL,
+	path       TEXT NOT NULL,
+	size_bytes INTEGER NOT NULL DEFAULT 0,
+	implicit   INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL
 );`
+
+// migrations bring databases made by older versions up to the schema; each
+// may fail with "duplicate column" when already applied.
+var migrations = []string{
+	`ALTER TABLE sandboxes ADD COLUMN snapshot TEXT NOT NULL DEFAULT ''`,
+}
 
 // Open opens (creating if needed) the database at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -67,6 +117,12 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	if _, err := db.ExecContext(ctx, schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	for _, m := range migrations {
+		if _, err := db.ExecContext(ctx, m); err != nil && !strings.Contains(err.Error(), "duplicate column") {
+			db.Close()
+			return nil, fmt.Errorf("migrate store %s: %w", path, err)
+		}
 	}
 	return &Store{db: db}, nil
 }
@@ -85,9 +141,9 @@ func nullable(s string) any {
 func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	env, _ := json.Marshal(sb.Env)
 	now := time.Now()
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, now.UnixNano(), now.UnixNano())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, now.UnixNano(), now.UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		if strings.Contains(err.Error(), "name") {
 			return errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", sb.Name)
@@ -110,13 +166,13 @@ func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
 	return nil
 }
 
-const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, created_at, updated_at`
+const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, created_at, updated_at`
 
 func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
 	var env string
 	var created, updated int64
-	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &created, &updated); err != nil {
+	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &created, &updated); err != nil {
 		return Sandbox{}, err
 	}
 	_ = json.Unmarshal([]byte(env), &sb.Env)
@@ -154,5 +210,88 @@ func (s *Store) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
 // DeleteSandbox removes a sandbox's record; a missing one is not an error.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	return err
+}
+
+// InsertSnapshot records a new snapshot. A taken name is AlreadyExists.
+func (s *Store) InsertSnapshot(ctx context.Context, sn Snapshot) error {
+	env, _ := json.Marshal(sn.Env)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, time.Now().UnixNano())
+	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
+		return errdefs.New(errdefs.AlreadyExists, "a snapshot named %q already exists: pick another --name or remove it", sn.Name)
+	}
+	return err
+}
+
+// SetSnapshotReady marks a snapshot complete with its size on disk.
+func (s *Store) SetSnapshotReady(ctx context.Context, id string, size int64) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE snapshots SET state = ?, size_bytes = ? WHERE id = ?`, SnapshotReady, size, id)
+	return err
+}
+
+const snapCols = `id, COALESCE(name, ''), sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, created_at`
+
+func scanSnapshot(row interface{ Scan(...any) error }) (Snapshot, error) {
+	var sn Snapshot
+	var env string
+	var created int64
+	if err := row.Scan(&sn.ID, &sn.Name, &sn.Sandbox, &sn.Image, &sn.State, &sn.MemoryMiB, &sn.CPUs, &env, &sn.Path, &sn.SizeBytes, &sn.Implicit, &created); err != nil {
+		return Snapshot{}, err
+	}
+	_ = json.Unmarshal([]byte(env), &sn.Env)
+	sn.CreatedAt = time.Unix(0, created)
+	return sn, nil
+}
+
+// GetSnapshot finds a snapshot by id or name.
+func (s *Store) GetSnapshot(ctx context.Context, ref string) (Snapshot, error) {
+	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, `SELECT `+snapCols+` FROM snapshots WHERE id = ? OR name = ? ORDER BY id = ? DESC LIMIT 1`, ref, ref, ref))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Snapshot{}, errdefs.New(errdefs.NotFound, "no such snapshot: %s (see `clade snapshot ls`)", ref)
+	}
+	return sn, err
+}
+
+// ListSnapshots returns every snapshot, oldest first.
+func (s *Store) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+snapCols+` FROM snapshots ORDER BY created_at, id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Snapshot
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sn)
+	}
+	return out, rows.Err()
+}
+
+// SnapshotUsers returns the ids of the sandboxes restored from a snapshot.
+func (s *Store) SnapshotUsers(ctx context.Context, id string) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes WHERE snapshot = ? ORDER BY created_at, id`, id)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// DeleteSnapshot removes a snapshot's record; a missing one is not an error.
+func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
 	return err
 }
