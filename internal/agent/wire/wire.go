@@ -158,9 +158,9 @@ type HelloMsg struct {
 type Op string
 
 const (
-	OpExec    Op = "exec"     // run a process
-	OpTarGet  Op = "tar-get"  // stream Path as a tar archive on stdout
-	OpTarPut  Op = "tar-put"  // extract the tar archive read from stdin into Path
+	OpExec     Op = "exec"     // run a process
+	OpTarGet   Op = "tar-get"  // stream Path as a tar archive on stdout
+	OpTarPut   Op = "tar-put"  // extract the tar archive read from stdin into Path
 	OpStatFS   Op = "stat"     // report whether Path exists and is a directory
 	OpIdentity Op = "identity" // set the hostname (a restored copy's own)
 )
