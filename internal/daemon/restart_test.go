@@ -74,7 +74,7 @@ func TestCrashPoints(t *testing.T) {
 				t.Fatalf("after restart: %+v, want no sandboxes (half-done work is rolled back or finished)", sbs)
 			}
 			if leaks := testenv.Leaks(d.DataDir); len(leaks) > 0 {
-				t.Fatalf("leaks after reconcile: %v\n%s", leaks, d.Log())
+				t.Fatalf("leaks after reconcile (no sandbox or snapshot is left): %v\n%s", leaks, d.Log())
 			}
 			// The daemon still works.
 			sb := newSandbox(t, c, sdk.CreateSandboxRequest{})

@@ -265,6 +265,13 @@ func (d *Daemon) cleanup() {
 				}
 			}
 		}
+		if snaps, err := d.Client.ListSnapshots(ctx); err == nil {
+			for _, sn := range snaps {
+				if err := d.Client.DeleteSnapshot(ctx, sn.ID); err != nil {
+					d.t.Errorf("cleanup: remove snapshot %s: %v", sn.ID, err)
+				}
+			}
+		}
 		_ = d.cmd.Process.Signal(syscall.SIGTERM)
 		_ = d.Wait()
 	}
@@ -297,6 +304,13 @@ func Leaks(dataDir string) []string {
 			}
 		}
 		f.Close()
+	}
+	// With every sandbox and snapshot removed, their files must be gone.
+	for _, sub := range []string{"snapshots", "sleep"} {
+		ents, _ := os.ReadDir(filepath.Join(dataDir, sub))
+		for _, e := range ents {
+			leaks = append(leaks, sub+": "+e.Name())
+		}
 	}
 	ents, _ := os.ReadDir(filepath.Join(dataDir, "gvisor", "sandboxes"))
 	for _, e := range ents {
