@@ -95,7 +95,8 @@ func TestSpecRoutes(t *testing.T) {
 func TestSpecSchemas(t *testing.T) {
 	s, _ := loadSpec(t)
 	for _, v := range []any{api.Sandbox{}, api.CreateSandboxRequest{}, api.ExecRequest{}, api.ExitStatus{},
-		api.Image{}, api.Health{}, api.Error{}} {
+		api.Image{}, api.Health{}, api.Error{},
+		api.Snapshot{}, api.SnapshotRequest{}, api.ForkRequest{}, api.ForkChild{}, api.ForkResult{}} {
 		typ := reflect.TypeOf(v)
 		t.Run(typ.Name(), func(t *testing.T) {
 			sc, ok := s.Components.Schemas[typ.Name()]
