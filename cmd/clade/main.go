@@ -40,6 +40,7 @@ Usage:
   clade rm [-f] ID...
   clade cp SRC DST            one side is ID:PATH; directories copy recursively
   clade image ls [--json]
+  clade bench [--phases LIST] [--fanout LIST] [--samples N] [--baseline] [--json FILE]
   clade snapshot ID [--name NAME]       freeze a running sandbox; it keeps running
   clade snapshot ls [--json] | clade snapshot rm SNAP...
   clade fork SNAP|ID -n N [--json]      N children in one call
@@ -103,6 +104,8 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdCopy)
 	case "image", "images":
 		err = withClient(ctx, host, rest, cmdImage)
+	case "bench":
+		err = withClient(ctx, host, rest, cmdBench)
 	case "snapshot", "snapshots":
 		err = withClient(ctx, host, rest, cmdSnapshot)
 	case "fork":

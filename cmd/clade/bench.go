@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/clade-sandbox/clade/internal/benchkit"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("bench", "bench [--phases LIST] [--fanout LIST] [--samples N] [--warmup N] [--density N]\n"+
+		"             [--image NAME] [--memory MIB] [--baseline] [--json FILE]\n\n"+
+		"Measures clade on this host: latency percentiles of create, exec, snapshot, fork and\n"+
+		"wake, host memory per forked child, and how many idle sandboxes fit. With --baseline\n"+
+		"the same work is also done with plain runsc commands, interleaved, and the table shows\n"+
+		"clade/runsc ratios. Removes everything it made, also on Ctrl-C. Exits 1 if a phase failed.")
+	cfg := benchkit.DefaultConfig()
+	phases := fs.String("phases", strings.Join(cfg.Phases, ","), "phases to run, in order")
+	fanout := fs.String("fanout", joinInts(cfg.Fanout), "fork widths")
+	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "measured samples per latency series")
+	fs.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "discarded samples before them")
+	fs.IntVar(&cfg.Density, "density", cfg.Density, "idle sandboxes the density phase aims for")
+	fs.StringVar(&cfg.Image, "image", "", "image of every sandbox (default: the daemon's default)")
+	fs.IntVar(&cfg.MemoryMiB, "memory", 0, fmt.Sprintf("memory limit in MiB of every sandbox (default: the daemon's; density: %d)", benchkit.DensityMemoryMiB))
+	fs.IntVar(&cfg.MemforkChildren, "memfork-children", 0, "children of the memfork phase (default: the largest --fanout <= 16)")
+	fs.BoolVar(&cfg.Baseline, "baseline", false, "also do the work with plain runsc commands and report clade/runsc ratios")
+	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc for the baseline (default: runsc next to clade, then $PATH)")
+	fs.StringVar(&cfg.RootFS, "rootfs", cfg.RootFS, "rootfs dir the baseline boots (match it to --image)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "the daemon's data dir, whose filesystem the env block reports")
+	jsonPath := fs.String("json", "", "also write the full result as JSON to `FILE`")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "clade bench: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	cfg.Phases = splitList(*phases)
+	var err error
+	if cfg.Fanout, err = parseInts(*fanout); err != nil {
+		fmt.Fprintf(os.Stderr, "clade bench: --fanout: %v\n", err)
+		return errUsage
+	}
+	if cfg.Baseline && cfg.Runsc == "" {
+		cfg.Runsc = findRunsc()
+	}
+	cfg.CladeVersion = versionString()
+	cfg.CommandLine = os.Args
+	fi, _ := os.Stderr.Stat()
+	cfg.Progress = benchkit.NewProgress(os.Stderr, fi != nil && fi.Mode()&os.ModeCharDevice != 0)
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+
+	res, err := benchkit.Run(ctx, c, cfg)
+	if err != nil {
+		return err
+	}
+	if err := benchkit.WriteTable(os.Stdout, res); err != nil {
+		return err
+	}
+	if *jsonPath != "" {
+		b, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if res.Failed() {
+		return exitError{1}
+	}
+	return nil
+}
+
+// findRunsc prefers the runsc installed beside clade (what `make deps`
+// builds into bin/), then $PATH.
+func findRunsc() string {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), "runsc")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	return ""
+}
+
+func splitList(s string) []string {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,212 @@
+package benchkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// sampleFunc takes one sample: one duration per series of its phase.
+type sampleFunc func(ctx context.Context) ([]time.Duration, error)
+
+// measure takes Warmup+Samples rounds of one clade sample then one
+// baseline sample and keeps the last Samples of each. Alternating puts both
+// sides under the same machine state (page cache, other load, thermal) as
+// it drifts through the run. A side stops at its first failure; the other
+// goes on. A nil sampleFunc is a side that is absent or failed its setup.
+func (r *runner) measure(ctx context.Context, label string, names []string, fns [2]sampleFunc) ([]Series, [2]error) {
+	var (
+		got  [2][][]time.Duration // side, series, sample
+		errs [2]error
+		last [2]time.Duration
+	)
+	for s := range got {
+		got[s] = make([][]time.Duration, len(names))
+	}
+	rounds := r.cfg.Warmup + r.cfg.Samples
+	for i := 0; i < rounds && ctx.Err() == nil; i++ {
+		for s, fn := range fns {
+			if fn == nil || errs[s] != nil {
+				continue
+			}
+			sctx, cancel := context.WithTimeout(ctx, r.cfg.SampleTimeout)
+			ds, err := fn(sctx)
+			cancel()
+			if err != nil {
+				errs[s] = fmt.Errorf("%s, sample %d: %w", label, i+1, err)
+				continue
+			}
+			last[s] = ds[0]
+			if i >= r.cfg.Warmup {
+				for j := range names {
+					got[s][j] = append(got[s][j], ds[j])
+				}
+			}
+		}
+		r.prog.Update("%s %d/%d%s", label, i+1, rounds, lastSamples(fns, last))
+	}
+	if err := ctx.Err(); err != nil {
+		for s, fn := range fns {
+			if fn != nil && errs[s] == nil {
+				errs[s] = fmt.Errorf("%s: %w", label, err)
+			}
+		}
+	}
+	series := make([]Series, len(names))
+	for j, name := range names {
+		series[j] = Series{Name: name, Clade: Summarize(got[0][j]), Baseline: Summarize(got[1][j])}
+		series[j].Ratio = Ratios(series[j].Clade, series[j].Baseline)
+	}
+	return series, errs
+}
+
+func lastSamples(fns [2]sampleFunc, last [2]time.Duration) string {
+	s := ""
+	for i, side := range []string{"clade", "runsc"} {
+		if fns[i] != nil && last[i] > 0 {
+			s += fmt.Sprintf("  %s %.1f ms", side, float64(last[i])/float64(time.Millisecond))
+		}
+	}
+	return s
+}
+
+// setup runs f on each present side and returns the sample functions of
+// the sides that succeeded and the errors of those that did not.
+func (r *runner) setup(f func(t target) (sampleFunc, error)) ([2]sampleFunc, [2]error) {
+	var fns [2]sampleFunc
+	var errs [2]error
+	for i, t := range r.targets() {
+		if t == nil {
+			continue
+		}
+		fn, err := f(t)
+		if err != nil {
+			errs[i] = fmt.Errorf("setup: %w", err)
+			continue
+		}
+		fns[i] = fn
+	}
+	return fns, errs
+}
+
+// latency is a phase with one setup and one measure.
+func (r *runner) latency(ctx context.Context, ph *Phase, names []string, f func(t target) (sampleFunc, error)) {
+	fns, errs := r.setup(f)
+	ph.record(errs)
+	series, errs := r.measure(ctx, ph.Name, names, fns)
+	ph.Latency = append(ph.Latency, series...)
+	ph.record(errs)
+}
+
+// phaseCreate: the create call until the sandbox answers an exec of true.
+func (r *runner) phaseCreate(ctx context.Context, ph *Phase) {
+	r.latency(ctx, ph, []string{"create"}, func(t target) (sampleFunc, error) {
+		return func(ctx context.Context) ([]time.Duration, error) {
+			start := time.Now()
+			id, err := t.create(ctx)
+			d := time.Since(start)
+			if id != "" {
+				err = errors.Join(err, t.remove(ctx, id))
+			}
+			return []time.Duration{d}, err
+		}, nil
+	})
+}
+
+// phaseExec: a round trip of `true` in a running sandbox.
+func (r *runner) phaseExec(ctx context.Context, ph *Phase) {
+	r.latency(ctx, ph, []string{"exec"}, func(t target) (sampleFunc, error) {
+		id, err := t.create(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) ([]time.Duration, error) {
+			start := time.Now()
+			err := t.exec(ctx, id)
+			return []time.Duration{time.Since(start)}, err
+		}, nil
+	})
+}
+
+// phaseSnapshot: a checkpoint of an idle sandbox that keeps running.
+func (r *runner) phaseSnapshot(ctx context.Context, ph *Phase) {
+	r.latency(ctx, ph, []string{"snapshot"}, func(t target) (sampleFunc, error) {
+		id, err := t.create(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) ([]time.Duration, error) {
+			start := time.Now()
+			snap, err := t.snapshot(ctx, id)
+			d := time.Since(start)
+			if snap != "" {
+				err = errors.Join(err, t.removeSnapshot(ctx, snap))
+			}
+			return []time.Duration{d}, err
+		}, nil
+	})
+}
+
+// phaseFork: restore n children of one snapshot until every one answers an
+// exec, for each fan-out width; per child is that wall time over n.
+func (r *runner) phaseFork(ctx context.Context, ph *Phase) {
+	var snaps [2]string
+	_, errs := r.setup(func(t target) (sampleFunc, error) {
+		id, err := t.create(ctx)
+		if err != nil {
+			return nil, err
+		}
+		snap, err := t.snapshot(ctx, id)
+		snaps[sideIndex(t)] = snap
+		return nil, err
+	})
+	ph.record(errs)
+	for _, n := range r.cfg.Fanout {
+		var fns [2]sampleFunc
+		for i, t := range r.targets() {
+			if t == nil || errs[i] != nil {
+				continue
+			}
+			snap := snaps[i]
+			fns[i] = func(ctx context.Context) ([]time.Duration, error) {
+				start := time.Now()
+				ids, err := t.fork(ctx, snap, n)
+				d := time.Since(start)
+				err = errors.Join(err, parallel(ids, 4, func(id string) error { return t.remove(ctx, id) }))
+				return []time.Duration{d, d / time.Duration(n)}, err
+			}
+		}
+		series, ferrs := r.measure(ctx, fmt.Sprintf("fork %d", n), []string{fmt.Sprintf("fork %d", n), fmt.Sprintf("fork %d per child", n)}, fns)
+		ph.Latency = append(ph.Latency, series...)
+		ph.record(ferrs)
+	}
+}
+
+// phaseWake: sleep (snapshot to disk and stop), then wake until the
+// sandbox answers an exec; both are series.
+func (r *runner) phaseWake(ctx context.Context, ph *Phase) {
+	r.latency(ctx, ph, []string{"sleep", "wake"}, func(t target) (sampleFunc, error) {
+		id, err := t.create(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) ([]time.Duration, error) {
+			start := time.Now()
+			if err := t.sleep(ctx, id); err != nil {
+				return nil, err
+			}
+			slept := time.Since(start)
+			start = time.Now()
+			err := t.wake(ctx, id)
+			return []time.Duration{slept, time.Since(start)}, err
+		}, nil
+	})
+}
+
+func sideIndex(t target) int {
+	if t.side() == "clade" {
+		return 0
+	}
+	return 1
+}

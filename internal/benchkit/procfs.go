@@ -1,0 +1,103 @@
+package benchkit
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// meminfo returns /proc/meminfo's fields in KiB.
+func meminfo() (map[string]int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	m := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(v)
+		if len(fields) == 0 {
+			continue
+		}
+		if n, err := strconv.ParseInt(fields[0], 10, 64); err == nil {
+			m[k] = n
+		}
+	}
+	return m, sc.Err()
+}
+
+// memAvailableMiB is the kernel's estimate of memory available for new
+// work without swapping: page cache counts as available, a sandbox's
+// memory file (shmem) does not.
+func memAvailableMiB() (float64, error) {
+	m, err := meminfo()
+	if err != nil {
+		return 0, err
+	}
+	v, ok := m["MemAvailable"]
+	if !ok {
+		return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+	}
+	return float64(v) / 1024, nil
+}
+
+// processesOf returns the pids of host processes whose command line
+// contains any of ids. runsc puts the container id (and clade's per-id
+// overlay dir) on the command line of every process of a sandbox: the
+// sandbox itself, its gofer and the systrap stubs it forks.
+func processesOf(ids []string) []int {
+	if len(ids) == 0 {
+		return nil
+	}
+	ents, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		for _, id := range ids {
+			if bytes.Contains(b, []byte(id)) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// pssMiB sums the proportional set size of pids: shared pages are split
+// among the processes that map them, so the sum over a set of sandboxes
+// is what they cost together. Processes that exited meanwhile count 0.
+func pssMiB(pids []int) float64 {
+	var kib int64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "Pss:"); ok {
+				if f := strings.Fields(rest); len(f) > 0 {
+					n, _ := strconv.ParseInt(f[0], 10, 64)
+					kib += n
+				}
+				break
+			}
+		}
+	}
+	return float64(kib) / 1024
+}

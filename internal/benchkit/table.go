@@ -1,0 +1,155 @@
+package benchkit
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteTable writes res for people: the environment, one row per latency
+// series (milliseconds), the memory phases, then every error in full.
+func WriteTable(w io.Writer, res *Result) error {
+	e := res.Env
+	reflink := "no"
+	if e.Reflink {
+		reflink = "yes"
+	}
+	fmt.Fprintf(w, "host     %s: %s, %d CPUs, %d MiB, %s\n", e.Hostname, e.CPUModel, e.CPUs, e.MemTotalMiB, e.Kernel)
+	fmt.Fprintf(w, "clade    %s (commit %s), daemon %s, engine %s, %s\n", e.CladeVersion, orDash(e.CladeCommit), e.DaemonVersion, e.Engine, orDash(e.Runsc))
+	fmt.Fprintf(w, "data dir %s: %s, reflink %s\n", e.DataDir, e.DataDirFS, reflink)
+	if e.BaselineRunsc != "" {
+		fmt.Fprintf(w, "baseline %s (%s)\n", e.BaselineRunsc, e.BaselineRunscVersion)
+	}
+	fmt.Fprintf(w, "run      %s, %d samples after %d warm-up, %.0fs\n", strings.Join(e.CommandLine, " "), res.Config.Samples, res.Config.Warmup, res.Seconds)
+	fmt.Fprintln(w)
+
+	baseline := res.Config.Baseline
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "ms\tn\tp50\tp90\tp99\tmax\t"
+	if baseline {
+		head += "runsc p50\trunsc p99\tratio p50\tratio p99\t"
+	}
+	fmt.Fprintln(tw, head)
+	var errs []string
+	for _, ph := range res.Phases {
+		if ph.Error != "" {
+			errs = append(errs, fmt.Sprintf("%s: %s", ph.Name, ph.Error))
+		}
+		if ph.BaselineError != "" {
+			errs = append(errs, fmt.Sprintf("%s (baseline): %s", ph.Name, ph.BaselineError))
+		}
+		if ph.Memfork != nil || ph.Density != nil {
+			continue
+		}
+		if len(ph.Latency) == 0 || ph.Latency[0].Clade == nil && ph.Latency[0].Baseline == nil {
+			fmt.Fprintf(tw, "%s\tfailed\t\t\t\t\t\n", ph.Name)
+			continue
+		}
+		for _, s := range ph.Latency {
+			row := s.Name + "\t"
+			if c := s.Clade; c != nil {
+				row += fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t", c.N, ms(c.P50), ms(c.P90), ms(c.P99), ms(c.Max))
+			} else {
+				row += "failed\t\t\t\t\t"
+			}
+			if baseline {
+				if b := s.Baseline; b != nil {
+					row += fmt.Sprintf("%s\t%s\t", ms(b.P50), ms(b.P99))
+				} else {
+					row += "failed\t\t"
+				}
+				if r := s.Ratio; r != nil {
+					row += fmt.Sprintf("%.2fx\t%.2fx\t", r.P50, r.P99)
+				} else {
+					row += "\t\t"
+				}
+			}
+			fmt.Fprintln(tw, row)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, ph := range res.Phases {
+		if m := ph.Memfork; m != nil {
+			writeMemfork(w, m)
+		}
+		if d := ph.Density; d != nil {
+			writeDensity(w, d)
+		}
+	}
+	if res.CleanupError != "" {
+		errs = append(errs, "cleanup: "+res.CleanupError)
+	}
+	if len(errs) > 0 {
+		fmt.Fprintln(w, "\nfailed:")
+		for _, e := range errs {
+			fmt.Fprintln(w, "  "+e)
+		}
+	}
+	return nil
+}
+
+func writeMemfork(w io.Writer, m *Memfork) {
+	fmt.Fprintf(w, "\nmemfork: %d children of one snapshot of a sandbox holding %d MiB (host MiB)\n", m.Children, m.HeldMiB)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tclade\trunsc\tratio\t")
+	side := func(s *MemStats, f func(*MemStats) float64) string {
+		if s == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", f(s))
+	}
+	rat := func(v float64) string {
+		if v == 0 {
+			return ""
+		}
+		return fmt.Sprintf("%.2fx", v)
+	}
+	rows := []struct {
+		name string
+		f    func(*MemStats) float64
+		r    float64
+	}{
+		{"MemAvailable drop per child", func(s *MemStats) float64 { return s.AvailPerChildMiB }, m.AvailRatio},
+		{"PSS per child", func(s *MemStats) float64 { return s.PSSPerChildMiB }, m.PSSRatio},
+		{"PSS of the parent", func(s *MemStats) float64 { return s.ParentPSSMiB }, 0},
+		{"fork wall time, ms", func(s *MemStats) float64 { return s.ForkMS }, 0},
+	}
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", r.name, side(m.Clade, r.f), side(m.Baseline, r.f), rat(r.r))
+	}
+	tw.Flush()
+}
+
+func writeDensity(w io.Writer, d *Density) {
+	fmt.Fprintf(w, "\ndensity: %d of %d idle sandboxes (%d MiB limit), %.1f MiB each by MemAvailable", d.Reached, d.Target, d.MemoryMiB, d.PerSandboxMiB)
+	if c := d.Create; c != nil {
+		fmt.Fprintf(w, ", create p50 %s p99 %s ms", ms(c.P50), ms(c.P99))
+	}
+	fmt.Fprintf(w, ", removed in %.1fs\n", d.RemoveSeconds)
+	if d.StopCause != "" {
+		fmt.Fprintf(w, "  stopped: %s\n", d.StopCause)
+	}
+	var steps []string
+	for _, s := range d.Steps {
+		steps = append(steps, fmt.Sprintf("%d:%.0f", s.Sandboxes, s.MemAvailableMiB))
+	}
+	fmt.Fprintf(w, "  MemAvailable MiB by count: %s\n", strings.Join(steps, " "))
+}
+
+// ms formats milliseconds with precision where it matters.
+func ms(v float64) string {
+	if v < 10 {
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
