@@ -177,7 +177,11 @@ func (r *runner) phaseFork(ctx context.Context, ph *Phase) {
 				return []time.Duration{d, d / time.Duration(n)}, err
 			}
 		}
-		series, ferrs := r.measure(ctx, fmt.Sprintf("fork %d", n), []string{fmt.Sprintf("fork %d", n), fmt.Sprintf("fork %d per child", n)}, fns)
+		names := []string{fmt.Sprintf("fork %d", n), fmt.Sprintf("fork %d per child", n)}
+		if n == 1 {
+			names = names[:1] // per child is the same series
+		}
+		series, ferrs := r.measure(ctx, names[0], names, fns)
 		ph.Latency = append(ph.Latency, series...)
 		ph.record(ferrs)
 	}

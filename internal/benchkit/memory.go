@@ -42,6 +42,9 @@ func (r *runner) phaseMemfork(ctx context.Context, ph *Phase) {
 		if m.Baseline.PSSPerChildMiB > 0 {
 			m.PSSRatio = ratio(m.Clade.PSSPerChildMiB, m.Baseline.PSSPerChildMiB)
 		}
+		if m.Baseline.CgroupPerChildMiB > 0 {
+			m.CgroupRatio = ratio(m.Clade.CgroupPerChildMiB, m.Baseline.CgroupPerChildMiB)
+		}
 	}
 }
 
@@ -73,12 +76,17 @@ func (r *runner) memfork(ctx context.Context, t target, k int) (*MemStats, error
 	if len(pids) == 0 {
 		return nil, errors.New("no host process mentions the children's ids: is the daemon on another host?")
 	}
+	cg, err := cgroupMiB(pids)
+	if err != nil {
+		return nil, err
+	}
 	return &MemStats{
-		AvailPerChildMiB: round3((before - after) / float64(k)),
-		PSSPerChildMiB:   round3(pssMiB(pids) / float64(k)),
-		ParentPSSMiB:     round3(parent),
-		Processes:        len(pids),
-		ForkMS:           forkMS,
+		AvailPerChildMiB:  round3((before - after) / float64(k)),
+		PSSPerChildMiB:    round3(pssMiB(pids) / float64(k)),
+		CgroupPerChildMiB: round3(cg / float64(k)),
+		ParentPSSMiB:      round3(parent),
+		Processes:         len(pids),
+		ForkMS:            forkMS,
 	}, nil
 }
 

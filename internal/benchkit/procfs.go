@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -100,4 +101,64 @@ func pssMiB(pids []int) float64 {
 		}
 	}
 	return float64(kib) / 1024
+}
+
+// cgroupMiB sums anonymous and shared memory (a sandbox's memory file is
+// shmem) charged to the memory cgroups of pids. Unlike MemAvailable it is
+// blind to the rest of the host, so it stays exact on a busy machine.
+func cgroupMiB(pids []int) (float64, error) {
+	seen := map[string]bool{}
+	var total int64
+	for _, pid := range pids {
+		dir := memoryCgroup(pid)
+		if dir == "" || seen[dir] {
+			continue
+		}
+		seen[dir] = true
+		stat, err := os.ReadFile(dir + "/memory.stat")
+		if err != nil {
+			return 0, err
+		}
+		for line := range strings.SplitSeq(string(stat), "\n") {
+			k, v, _ := strings.Cut(line, " ")
+			switch k {
+			case "total_rss", "total_shmem", // v1
+				"anon", "shmem": // v2
+				n, _ := strconv.ParseInt(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return 0, fmt.Errorf("no memory cgroup found for the sandbox processes")
+	}
+	return float64(total) / (1 << 20), nil
+}
+
+// memoryCgroup returns the memory cgroup dir of pid: the v1 memory
+// controller's, else the v2 unified one's.
+func memoryCgroup(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return ""
+	}
+	var unified string
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		switch {
+		case slices.Contains(strings.Split(parts[1], ","), "memory"):
+			return "/sys/fs/cgroup/memory" + parts[2]
+		case parts[0] == "0" && parts[1] == "":
+			unified = "/sys/fs/cgroup" + parts[2]
+		}
+	}
+	if unified != "" {
+		if _, err := os.Stat(unified + "/memory.stat"); err == nil {
+			return unified
+		}
+	}
+	return ""
 }

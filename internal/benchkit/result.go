@@ -55,12 +55,13 @@ type Series struct {
 // Memfork is host memory used by the children of one fork of a sandbox
 // whose background process holds touched memory.
 type Memfork struct {
-	Children   int       `json:"children"`
-	HeldMiB    int       `json:"held_mib"`
-	Clade      *MemStats `json:"clade,omitempty"`
-	Baseline   *MemStats `json:"baseline,omitempty"`
-	AvailRatio float64   `json:"avail_ratio,omitempty"` // clade/baseline of AvailPerChildMiB
-	PSSRatio   float64   `json:"pss_ratio,omitempty"`   // clade/baseline of PSSPerChildMiB
+	Children    int       `json:"children"`
+	HeldMiB     int       `json:"held_mib"`
+	Clade       *MemStats `json:"clade,omitempty"`
+	Baseline    *MemStats `json:"baseline,omitempty"`
+	AvailRatio  float64   `json:"avail_ratio,omitempty"`  // clade/baseline of AvailPerChildMiB
+	PSSRatio    float64   `json:"pss_ratio,omitempty"`    // clade/baseline of PSSPerChildMiB
+	CgroupRatio float64   `json:"cgroup_ratio,omitempty"` // clade/baseline of CgroupPerChildMiB
 }
 
 // MemStats is host memory of K children on one side.
@@ -71,6 +72,10 @@ type MemStats struct {
 	// PSSPerChildMiB is the summed proportional set size of the children's
 	// host processes (runsc sandbox, gofer, systrap stubs) per child.
 	PSSPerChildMiB float64 `json:"pss_per_child_mib"`
+	// CgroupPerChildMiB is anonymous plus shared memory charged to the
+	// children's memory cgroups, per child: exact even on a busy host,
+	// where MemAvailable moves with everything else.
+	CgroupPerChildMiB float64 `json:"cgroup_per_child_mib"`
 	// ParentPSSMiB is the same sum for the forked sandbox, for scale.
 	ParentPSSMiB float64 `json:"parent_pss_mib"`
 	Processes    int     `json:"processes"`

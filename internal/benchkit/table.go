@@ -25,12 +25,21 @@ func WriteTable(w io.Writer, res *Result) error {
 	fmt.Fprintln(w)
 
 	baseline := res.Config.Baseline
+	// Right-aligned numbers, left-aligned names: pad names to one width.
+	width := len("latency, ms")
+	for _, ph := range res.Phases {
+		for _, s := range ph.Latency {
+			width = max(width, len(s.Name))
+		}
+		width = max(width, len(ph.Name))
+	}
+	name := func(s string) string { return fmt.Sprintf("%-*s", width, s) }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "ms\tn\tp50\tp90\tp99\tmax\t"
+	head := name("latency, ms") + "\tn\tp50\tp90\tp99\tmax\t"
 	if baseline {
 		head += "runsc p50\trunsc p99\tratio p50\tratio p99\t"
 	}
-	fmt.Fprintln(tw, head)
+	rows := 0
 	var errs []string
 	for _, ph := range res.Phases {
 		if ph.Error != "" {
@@ -42,12 +51,16 @@ func WriteTable(w io.Writer, res *Result) error {
 		if ph.Memfork != nil || ph.Density != nil {
 			continue
 		}
+		if rows == 0 {
+			fmt.Fprintln(tw, head)
+		}
+		rows++
 		if len(ph.Latency) == 0 || ph.Latency[0].Clade == nil && ph.Latency[0].Baseline == nil {
-			fmt.Fprintf(tw, "%s\tfailed\t\t\t\t\t\n", ph.Name)
+			fmt.Fprintf(tw, "%s\tfailed\t\t\t\t\t\n", name(ph.Name))
 			continue
 		}
 		for _, s := range ph.Latency {
-			row := s.Name + "\t"
+			row := name(s.Name) + "\t"
 			if c := s.Clade; c != nil {
 				row += fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t", c.N, ms(c.P50), ms(c.P90), ms(c.P99), ms(c.Max))
 			} else {
@@ -94,7 +107,7 @@ func WriteTable(w io.Writer, res *Result) error {
 func writeMemfork(w io.Writer, m *Memfork) {
 	fmt.Fprintf(w, "\nmemfork: %d children of one snapshot of a sandbox holding %d MiB (host MiB)\n", m.Children, m.HeldMiB)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\tclade\trunsc\tratio\t")
+	fmt.Fprintf(tw, "%-28s\tclade\trunsc\tratio\t\n", "")
 	side := func(s *MemStats, f func(*MemStats) float64) string {
 		if s == nil {
 			return "-"
@@ -114,11 +127,12 @@ func writeMemfork(w io.Writer, m *Memfork) {
 	}{
 		{"MemAvailable drop per child", func(s *MemStats) float64 { return s.AvailPerChildMiB }, m.AvailRatio},
 		{"PSS per child", func(s *MemStats) float64 { return s.PSSPerChildMiB }, m.PSSRatio},
+		{"cgroup anon+shmem per child", func(s *MemStats) float64 { return s.CgroupPerChildMiB }, m.CgroupRatio},
 		{"PSS of the parent", func(s *MemStats) float64 { return s.ParentPSSMiB }, 0},
 		{"fork wall time, ms", func(s *MemStats) float64 { return s.ForkMS }, 0},
 	}
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", r.name, side(m.Clade, r.f), side(m.Baseline, r.f), rat(r.r))
+		fmt.Fprintf(tw, "%-28s\t%s\t%s\t%s\t\n", r.name, side(m.Clade, r.f), side(m.Baseline, r.f), rat(r.r))
 	}
 	tw.Flush()
 }

@@ -1,0 +1,209 @@
+package benchkit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Cleanup()
+	os.Exit(code)
+}
+
+// realConfig is a small run against d with the runsc baseline.
+func realConfig(t *testing.T, d *testenv.Daemon, phases ...string) Config {
+	cfg := DefaultConfig()
+	cfg.Phases = phases
+	cfg.Samples, cfg.Warmup = 3, 1
+	cfg.Baseline = true
+	cfg.Runsc = testenv.Runsc(t)
+	cfg.RootFS = filepath.Join(testenv.ImagesDir(t), "default", "rootfs")
+	cfg.DataDir = d.DataDir
+	cfg.CladeVersion = "test"
+	cfg.CommandLine = []string{"clade", "bench", "--test"}
+	return cfg
+}
+
+// assertClean fails if the run left sandboxes in the daemon or baseline
+// files behind (the daemon's own leak census runs at its cleanup).
+func assertClean(t *testing.T, d *testenv.Daemon, baselineDirsBefore []string) {
+	t.Helper()
+	sbs, err := d.Client.ListSandboxes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sbs) > 0 {
+		t.Errorf("%d sandboxes left after the run: %+v", len(sbs), sbs)
+	}
+	if after := baselineDirs(); len(after) != len(baselineDirsBefore) {
+		t.Errorf("baseline dirs left: before %v, after %v", baselineDirsBefore, after)
+	}
+	if ps := testenv.ProcessesMentioning(filepath.Join(os.TempDir(), "clade-bench-")); len(ps) > 0 {
+		t.Errorf("baseline processes left: %v", ps)
+	}
+}
+
+func baselineDirs() []string {
+	m, _ := filepath.Glob(filepath.Join(os.TempDir(), "clade-bench-*"))
+	return m
+}
+
+func TestRunCreateExec(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	before := baselineDirs()
+	res, err := Run(t.Context(), d.Client, realConfig(t, d, "create", "exec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed() {
+		t.Fatalf("run failed: %+v", res.Phases)
+	}
+	if res.Env.Engine != "gvisor" || res.Env.CPUs < 1 || res.Env.DataDirFS == "" || res.Env.MemTotalMiB <= 0 ||
+		res.Env.BaselineRunscVersion == "" || len(res.Env.CommandLine) != 3 {
+		t.Errorf("env block incomplete: %+v", res.Env)
+	}
+	if len(res.Phases) != 2 {
+		t.Fatalf("%d phases, want 2", len(res.Phases))
+	}
+	for _, ph := range res.Phases {
+		if len(ph.Latency) != 1 {
+			t.Fatalf("%s: %d series, want 1", ph.Name, len(ph.Latency))
+		}
+		s := ph.Latency[0]
+		for side, st := range map[string]*Stats{"clade": s.Clade, "baseline": s.Baseline} {
+			if st == nil || st.N != 3 || len(st.Samples) != 3 {
+				t.Fatalf("%s %s: %+v, want 3 samples", ph.Name, side, st)
+			}
+			if st.Min <= 0 || st.Min > st.P50 || st.P50 > st.P90 || st.P90 > st.P99 || st.P99 > st.Max {
+				t.Errorf("%s %s: figures out of order or not positive: %+v", ph.Name, side, st)
+			}
+		}
+		if r := s.Ratio; r == nil || r.P50 <= 0 || r.Max <= 0 {
+			t.Errorf("%s: ratio %+v", ph.Name, r)
+		}
+		t.Logf("%s: clade p50 %.1f ms, runsc p50 %.1f ms, ratio %.2f", ph.Name, s.Clade.P50, s.Baseline.P50, s.Ratio.P50)
+	}
+	if _, err := json.Marshal(res); err != nil {
+		t.Fatal(err)
+	}
+	assertClean(t, d, before)
+}
+
+// TestRunFailures: a failing phase is reported and the run goes on; so is
+// a baseline that cannot start.
+func TestRunFailures(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	before := baselineDirs()
+	cfg := realConfig(t, d, "create", "exec")
+	cfg.Image = "no-such-image"
+	cfg.RootFS = t.TempDir() // no /bin/sh: the baseline cannot start
+	res, err := Run(t.Context(), d.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Failed() || len(res.Phases) != 2 {
+		t.Fatalf("want 2 failed phases, got %+v", res.Phases)
+	}
+	for _, ph := range res.Phases {
+		if !strings.Contains(ph.Error, "no-such-image") {
+			t.Errorf("%s: error %q does not name the image", ph.Name, ph.Error)
+		}
+		if !strings.Contains(ph.BaselineError, "rootfs") {
+			t.Errorf("%s: baseline error %q does not name the rootfs", ph.Name, ph.BaselineError)
+		}
+	}
+	var b bytes.Buffer
+	if err := WriteTable(&b, res); err != nil || !strings.Contains(b.String(), "failed") {
+		t.Errorf("table of a failed run: %v\n%s", err, b.String())
+	}
+	assertClean(t, d, before)
+}
+
+// cancelAt cancels a context when the progress output shows marker.
+type cancelAt struct {
+	mu     sync.Mutex
+	marker string
+	cancel context.CancelFunc
+}
+
+func (c *cancelAt) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cancel != nil && bytes.Contains(p, []byte(c.marker)) {
+		c.cancel()
+		c.cancel = nil
+	}
+	return len(p), nil
+}
+
+// TestRunInterrupted: Ctrl-C in the middle of a phase still removes what
+// both sides made and reports the rest as not run.
+func TestRunInterrupted(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	before := baselineDirs()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	cfg := realConfig(t, d, "exec", "create")
+	cfg.Samples = 50
+	cfg.Progress = NewProgress(&cancelAt{marker: "exec 2/", cancel: cancel}, true)
+	res, err := Run(ctx, d.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Canceled || !res.Failed() {
+		t.Errorf("an interrupted run is not marked: canceled %v failed %v", res.Canceled, res.Failed())
+	}
+	if res.Phases[0].Error == "" || res.Phases[1].Error != "not run: interrupted" {
+		t.Errorf("phases after Ctrl-C: %+v", res.Phases)
+	}
+	assertClean(t, d, before)
+}
+
+// TestRunSnapshotPhases is a smoke run of the phases built on snapshots,
+// at the smallest size, with the baseline.
+func TestRunSnapshotPhases(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	before := baselineDirs()
+	cfg := realConfig(t, d, "snapshot", "fork", "wake", "memfork", "density")
+	cfg.Samples, cfg.Warmup = 1, 0
+	cfg.Fanout = []int{2}
+	cfg.MemforkMiB = 16
+	cfg.Density = 2
+	res, err := Run(t.Context(), d.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	_ = WriteTable(&b, res)
+	t.Logf("\n%s", b.String())
+	if res.Failed() {
+		t.Fatalf("run failed")
+	}
+	for _, ph := range res.Phases {
+		for _, s := range ph.Latency {
+			if s.Clade == nil || s.Baseline == nil || s.Ratio == nil {
+				t.Errorf("%s: series %s incomplete: %+v", ph.Name, s.Name, s)
+			}
+		}
+	}
+	mf := res.Phases[3].Memfork
+	for side, ms := range map[string]*MemStats{"clade": mf.Clade, "baseline": mf.Baseline} {
+		// Each child holds at least the 16 MiB touched before the snapshot.
+		if ms == nil || ms.PSSPerChildMiB < 16 || ms.CgroupPerChildMiB < 16 || ms.Processes < 2 {
+			t.Errorf("memfork %s: %+v", side, ms)
+		}
+	}
+	if dn := res.Phases[4].Density; dn.Reached != 2 || dn.StopCause != "" || len(dn.Steps) < 2 {
+		t.Errorf("density: %+v", dn)
+	}
+	assertClean(t, d, before)
+}
