@@ -200,6 +200,9 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 		res.Phases = append(res.Phases, ph)
 		r.prog.Log("%s", phaseSummary(ph))
 	}
+	if ctx.Err() != nil {
+		r.prog.Log("interrupted: removing everything the run made")
+	}
 	cctx, cancel := cleanupCtx()
 	defer cancel()
 	var errs []error

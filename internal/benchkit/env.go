@@ -27,6 +27,9 @@ type Env struct {
 	CPUs        int    `json:"cpus"`
 	Kernel      string `json:"kernel"`
 	MemTotalMiB int64  `json:"mem_total_mib"`
+	// LoadAvg is /proc/loadavg's 1, 5 and 15 minute figures at the start:
+	// a busy host explains odd numbers.
+	LoadAvg string `json:"load_avg"`
 	// Daemon side, from its health endpoint.
 	DaemonVersion string `json:"daemon_version"`
 	Engine        string `json:"engine"`
@@ -72,6 +75,11 @@ func collectEnv(ctx context.Context, c *sdk.Client, cfg Config) (Env, error) {
 	}
 	if m, err := meminfo(); err == nil {
 		e.MemTotalMiB = m["MemTotal"] >> 10
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			e.LoadAvg = strings.Join(f[:3], " ")
+		}
 	}
 	e.DataDirFS, e.Reflink, e.ReflinkNote = probeFS(cfg.DataDir)
 	if cfg.Baseline {

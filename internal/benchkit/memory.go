@@ -28,7 +28,7 @@ func (r *runner) phaseMemfork(ctx context.Context, ph *Phase) {
 			m.Baseline = ms
 		}
 		if err != nil {
-			errs[i] = fmt.Errorf("memfork: %w", err)
+			errs[i] = err
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 		errs[i] = errors.Join(errs[i], t.cleanup(cctx))

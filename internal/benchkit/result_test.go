@@ -17,7 +17,7 @@ func sampleResult() *Result {
 	bs := Summarize([]time.Duration{8 * time.Millisecond, 9 * time.Millisecond})
 	return &Result{
 		Schema: Schema,
-		Env: Env{Hostname: "h", CPUModel: "cpu", CPUs: 2, Kernel: "Linux 6", MemTotalMiB: 1024, DaemonVersion: "v",
+		Env: Env{Hostname: "h", CPUModel: "cpu", CPUs: 2, Kernel: "Linux 6", MemTotalMiB: 1024, LoadAvg: "0.1 0.2 0.3", DaemonVersion: "v",
 			Engine: "gvisor", Runsc: "runsc version x", CladeVersion: "v", CladeCommit: "abc", GoVersion: "go1.26",
 			DataDir: "/var/lib/clade", DataDirFS: "ext4", BaselineRunsc: "/bin/runsc", BaselineRunscVersion: "x",
 			CommandLine: []string{"clade", "bench", "--baseline"}},
@@ -74,7 +74,7 @@ func TestSchema(t *testing.T) {
 		t.Errorf("schema = %v", doc["schema"])
 	}
 	wantKeys(t, "result", doc, "schema", "env", "config", "started", "seconds", "phases")
-	wantKeys(t, "env", doc["env"], "hostname", "cpu_model", "cpus", "kernel", "mem_total_mib", "daemon_version", "engine",
+	wantKeys(t, "env", doc["env"], "hostname", "cpu_model", "cpus", "kernel", "mem_total_mib", "load_avg", "daemon_version", "engine",
 		"runsc", "clade_version", "clade_commit", "go_version", "data_dir", "data_dir_fs", "reflink", "baseline_runsc",
 		"baseline_runsc_version", "command_line")
 	wantKeys(t, "config", doc["config"], "phases", "fanout", "samples", "warmup", "density", "memfork_mib", "baseline",

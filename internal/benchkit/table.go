@@ -15,7 +15,7 @@ func WriteTable(w io.Writer, res *Result) error {
 	if e.Reflink {
 		reflink = "yes"
 	}
-	fmt.Fprintf(w, "host     %s: %s, %d CPUs, %d MiB, %s\n", e.Hostname, e.CPUModel, e.CPUs, e.MemTotalMiB, e.Kernel)
+	fmt.Fprintf(w, "host     %s: %s, %d CPUs, %d MiB, %s, load %s\n", e.Hostname, e.CPUModel, e.CPUs, e.MemTotalMiB, e.Kernel, e.LoadAvg)
 	fmt.Fprintf(w, "clade    %s (commit %s), daemon %s, engine %s, %s\n", e.CladeVersion, orDash(e.CladeCommit), e.DaemonVersion, e.Engine, orDash(e.Runsc))
 	fmt.Fprintf(w, "data dir %s: %s, reflink %s\n", e.DataDir, e.DataDirFS, reflink)
 	if e.BaselineRunsc != "" {
