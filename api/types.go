@@ -109,6 +109,8 @@ type Health struct {
 	Version string `json:"version"`
 	Engine  string `json:"engine"`
 	Runsc   string `json:"runsc,omitempty"`
+	// Warm counts prepared sandboxes waiting in the warm pool.
+	Warm int `json:"warm"`
 }
 
 // Error is the body of every 4xx and 5xx answer.

@@ -14,7 +14,7 @@ import (
 // until every child answers an exec, and sleep -> wake until it answers.
 // `clade bench --baseline` runs the same phases next to plain runsc.
 func BenchmarkSnapshot(b *testing.B) {
-	d := testenv.StartDaemon(b)
+	d := testenv.StartDaemon(b, "--warm-pool", "16")
 	c := d.Client
 	ctx := context.Background()
 	parent, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{MemoryMiB: 256})
@@ -69,6 +69,7 @@ func BenchmarkSnapshot(b *testing.B) {
 				for _, ch := range res.Children {
 					_ = c.DeleteSandbox(ctx, ch.ID)
 				}
+				waitWarm(b, c, n)
 				b.StartTimer()
 			}
 			report(b, samples)
@@ -91,4 +92,23 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 		report(b, samples)
 	})
+}
+
+// waitWarm waits (bounded) until the daemon's warm pool holds n prepared
+// sandboxes, so each fork sample starts from the steady state.
+func waitWarm(b *testing.B, c *sdk.Client, n int) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		h, err := c.Health(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if h.Warm >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("warm pool stuck at %d, want %d", h.Warm, n)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the pool's size, timer stopped
+	}
 }

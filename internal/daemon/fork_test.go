@@ -50,7 +50,8 @@ func waitCountPast(t *testing.T, c *sdk.Client, id string, n int) int {
 }
 
 func TestFork(t *testing.T) {
-	d := testenv.StartDaemon(t)
+	// With the warm pool: children restore into prepared sandboxes.
+	d := testenv.StartDaemon(t, "--warm-pool", "4")
 	c := d.Client
 	parent := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "parent", Env: []string{"ORIGIN=parent-env"}})
 	if r := run(t, c, parent.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo parent-file > /root/f; " + counterScript}}); r.err != nil || r.st.Code != 0 {

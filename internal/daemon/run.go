@@ -92,6 +92,7 @@ func Run(ctx context.Context, o Options) error {
 		log.Error("reconcile finished with errors", "err", err)
 	}
 	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))
+	mgr.StartPool(ctx)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

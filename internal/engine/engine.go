@@ -79,3 +79,11 @@ type Snapshotter interface {
 	// it is left behind.
 	Restore(ctx context.Context, spec Spec, dir string) (Sandbox, error)
 }
+
+// Preparer is an engine that can do the slow part of making a sandbox
+// ahead of time. A later Create or Restore with the same spec ID (and the
+// same resources) finishes faster; Destroy removes a prepared sandbox that
+// was never used.
+type Preparer interface {
+	Prepare(ctx context.Context, spec Spec) error
+}

@@ -46,6 +46,10 @@ type Config struct {
 	// MemoryFloorMiB is the free memory (MemAvailable) that creates, forks
 	// and wakes must leave on the host.
 	MemoryFloorMiB int
+	// WarmPool caps the prepared sandboxes kept per shape (0: none);
+	// WarmCreate is how many are kept for plain creates of the defaults.
+	WarmPool   int
+	WarmCreate int
 }
 
 // DefaultConfig returns sensible limits for this host.
@@ -55,7 +59,7 @@ func DefaultConfig() Config {
 		floor = max(512, total/20)
 	}
 	return Config{DefaultMemoryMiB: 512, MaxMemoryMiB: 64 << 10, DefaultCPUs: 1, MaxCPUs: float64(runtime.NumCPU()),
-		MaxFork: 128, MemoryFloorMiB: floor}
+		MaxFork: 128, MemoryFloorMiB: floor, WarmPool: 16, WarmCreate: 2}
 }
 
 // Manager owns sandboxes.
@@ -71,6 +75,7 @@ type Manager struct {
 	busy        map[string]bool // ids with a create or destroy in flight
 	ops         map[string]*sync.Mutex
 	reservedMiB int // memory admitted for sandboxes still being made
+	pool        *warmPool
 }
 
 // New returns a manager. Call Reconcile before serving.
@@ -88,6 +93,9 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.MaxCPUs == 0 {
 		cfg.MaxCPUs = d.MaxCPUs
 	}
+	if cfg.WarmCreate == 0 {
+		cfg.WarmCreate = d.WarmCreate
+	}
 	if cfg.MaxFork == 0 {
 		cfg.MaxFork = d.MaxFork
 	}
@@ -98,7 +106,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Manager{cfg: cfg, eng: eng, store: st, images: images, log: cfg.Log,
-		live: map[string]engine.Sandbox{}, busy: map[string]bool{}, ops: map[string]*sync.Mutex{}}
+		live: map[string]engine.Sandbox{}, busy: map[string]bool{}, ops: map[string]*sync.Mutex{}, pool: newWarmPool()}
 }
 
 // Engine returns the manager's engine.
@@ -196,7 +204,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	rec := store.Sandbox{ID: newID(), Name: req.Name, Image: img.Name, State: store.StateCreating,
+	sh := shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env)
+	id, ok := m.pool.take(sh)
+	if !ok {
+		id = newID()
+	}
+	defer m.pool.want(sh, 0, 0) // refill what was taken
+	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
 		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env}
 	m.mu.Lock()
 	m.busy[rec.ID] = true
@@ -465,6 +479,9 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 // Close drops the agent connections; sandboxes keep running for the next
 // daemon to reattach.
 func (m *Manager) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m.drainPool(ctx)
 	_ = m.eng.Close()
 }
 

@@ -215,8 +215,15 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	}
 	ctx = context.WithoutCancel(ctx) // children are made whole or not at all
 	res := ForkResult{Snapshot: sn.ID, Children: make([]ForkChild, len(recs))}
+	sh := shapeOf(sn.Image, sn.MemoryMiB, sn.CPUs, sn.Env)
+	// Keep as many prepared for the next fork of this shape.
+	defer m.pool.want(sh, len(recs), m.cfg.WarmPool)
 	for i := range recs {
-		recs[i] = store.Sandbox{ID: newID(), Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
+		id, ok := m.pool.take(sh)
+		if !ok {
+			id = newID()
+		}
+		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
 			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID}
 		if err := m.store.InsertSandbox(ctx, recs[i]); err != nil {
 			res.Children[i].Err = err

@@ -181,7 +181,10 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	dir := TempDir(t)
 	d := &Daemon{t: t, Bin: clade, DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "clade.sock"), logPath: filepath.Join(dir, "daemon.log")}
 	d.args = append([]string{"daemon", "--data-dir", d.DataDir, "--images-dir", images, "--socket", d.Socket,
-		"--runsc", runsc, "--agent", agent, "--build-default-image=false", "--log-level", "debug"}, extraArgs...)
+		"--runsc", runsc, "--agent", agent, "--build-default-image=false", "--log-level", "debug",
+		// No background work unless a test asks for it: the pool's prepared
+		// sandboxes would show in the leak census taken mid-test.
+		"--warm-pool", "0"}, extraArgs...)
 	c, err := sdk.New(d.Socket)
 	if err != nil {
 		t.Fatal(err)

@@ -327,4 +327,58 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 			t.Fatalf("after wake: %+v", r)
 		}
 	})
+
+	t.Run("Prepare", func(t *testing.T) {
+		e := newEngine(t, env.StateDir(t))
+		prep, ok := e.(engine.Preparer)
+		if !ok {
+			t.Skipf("%s engine cannot prepare", e.Name())
+		}
+		spec := func(host string) engine.Spec {
+			return engine.Spec{ID: newID(), RootFS: env.RootFS, MemoryMiB: 256, Hostname: host}
+		}
+		// Prepared then booted, under another hostname than prepared with.
+		s1 := spec("prepared")
+		if err := prep.Prepare(t.Context(), s1); err != nil {
+			t.Fatalf("prepare: %v", err)
+		}
+		s1.Hostname = "booted"
+		sb := create(t, e, s1)
+		if r := Exec(t, sb, "hostname"); r.Stdout != "booted\n" {
+			t.Fatalf("prepared then created: %+v", r)
+		}
+		// Prepared, never used, destroyed.
+		s2 := spec("unused")
+		if err := prep.Prepare(t.Context(), s2); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Destroy(t.Context(), s2.ID); err != nil {
+			t.Fatalf("destroy a prepared sandbox: %v", err)
+		}
+		if ids, _ := e.List(t.Context()); slices.Contains(ids, s2.ID) {
+			t.Fatalf("a destroyed prepared sandbox is still listed")
+		}
+		// Prepared, then a checkpoint restored into it.
+		snap, ok := e.(engine.Snapshotter)
+		if !ok {
+			return
+		}
+		Exec(t, sb, "sh", "-c", "echo from-source > /root/f")
+		dir := filepath.Join(env.StateDir(t), "img")
+		if err := snap.Checkpoint(t.Context(), sb.ID(), dir, true); err != nil {
+			t.Fatal(err)
+		}
+		s3 := spec("restored")
+		if err := prep.Prepare(t.Context(), s3); err != nil {
+			t.Fatal(err)
+		}
+		kid, err := snap.Restore(t.Context(), s3, dir)
+		if err != nil {
+			t.Fatalf("restore into a prepared sandbox: %v", err)
+		}
+		t.Cleanup(func() { _ = e.Destroy(context.Background(), s3.ID) })
+		if r := Exec(t, kid, "sh", "-c", "cat /root/f; hostname"); r.Stdout != "from-source\nrestored\n" {
+			t.Fatalf("restored into a prepared sandbox: %+v", r)
+		}
+	})
 }
