@@ -220,7 +220,29 @@ func TestForkAdmission(t *testing.T) {
 }
 
 func TestSleepWake(t *testing.T) {
-	d := testenv.StartDaemon(t)
+	for _, pool := range []string{"0", "2"} {
+		t.Run("warm-pool-"+pool, func(t *testing.T) { testSleepWake(t, pool) })
+	}
+}
+
+// waitWarm waits (bounded) until the daemon holds n prepared sandboxes.
+func waitWarm(t *testing.T, c *sdk.Client, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		h, err := c.Health(t.Context())
+		if err == nil && h.Warm >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pool did not reach %d: %+v %v", n, h, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the pool's size
+	}
+}
+
+func testSleepWake(t *testing.T, pool string) {
+	d := testenv.StartDaemon(t, "--warm-pool", pool)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "sleepy"})
 	run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo kept > /root/f; " + counterScript}})
@@ -250,7 +272,11 @@ func TestSleepWake(t *testing.T) {
 	if r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"cat", "/root/f"}}); r.stdout != "kept\n" {
 		t.Fatalf("file after wake: %+v", r)
 	}
-	// Exec wakes a sleeping sandbox by itself.
+	// Exec wakes a sleeping sandbox by itself (with a pool: into a
+	// prepared engine sandbox, kept ready after the first wake).
+	if pool != "0" {
+		waitWarm(t, c, 1)
+	}
 	if _, err := c.Sleep(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -236,7 +236,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	if err := m.store.SetState(ctx, rec.ID, store.StateRunning, ""); err != nil {
-		return store.Sandbox{}, errors.Join(err, m.eng.Destroy(ctx, rec.ID), m.store.DeleteSandbox(ctx, rec.ID))
+		return store.Sandbox{}, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.store.DeleteSandbox(ctx, rec.ID))
 	}
 	m.track(rec.ID, sb)
 	rec.State = store.StateRunning
@@ -269,7 +269,7 @@ func (m *Manager) spec(rec store.Sandbox, rootfs string) engine.Spec {
 	if host == "" {
 		host = "sb-" + rec.ID[:8]
 	}
-	return engine.Spec{ID: rec.ID, RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env}
+	return engine.Spec{ID: rec.Engine(), RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env}
 }
 
 // Get returns a sandbox by id or name.
@@ -352,19 +352,20 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	delete(m.live, rec.ID)
 	m.mu.Unlock()
 	ctx = context.WithoutCancel(ctx)
-	if err := m.destroy(ctx, rec.ID); err != nil {
+	if err := m.destroy(ctx, rec); err != nil {
 		return err
 	}
 	m.gcSnapshot(ctx, rec.Snapshot)
 	return nil
 }
 
-func (m *Manager) destroy(ctx context.Context, id string) error {
+func (m *Manager) destroy(ctx context.Context, rec store.Sandbox) error {
+	id := rec.ID
 	if err := m.store.SetState(ctx, id, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
 	m.crashPoint("destroy-before-engine")
-	if err := m.eng.Destroy(ctx, id); err != nil {
+	if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
 		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
@@ -397,11 +398,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		emu.Unlock()
 	}
 	for _, rec := range recs {
-		known[rec.ID] = true
+		known[rec.Engine()] = true
 		switch rec.State {
 		case store.StateCreating, store.StateDestroying:
 			m.log.Info("reconcile: removing half-done sandbox", "sandbox", rec.ID, "state", rec.State)
-			if err := m.destroy(ctx, rec.ID); err != nil {
+			if err := m.destroy(ctx, rec); err != nil {
 				addErr(err)
 			}
 		case store.StateSleeping:
@@ -412,7 +413,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			// A sleep cut short: asleep if the image is whole, else running
 			// on if the engine still has it.
 			if _, err := os.Stat(filepath.Join(m.sleepDir(rec.ID), completeMarker)); err == nil {
-				addErr(m.eng.Destroy(ctx, rec.ID), m.store.SetState(ctx, rec.ID, store.StateSleeping, ""))
+				addErr(m.eng.Destroy(ctx, rec.Engine()), m.store.SetState(ctx, rec.ID, store.StateSleeping, ""))
 				continue
 			}
 			addErr(os.RemoveAll(m.sleepDir(rec.ID)))
@@ -430,7 +431,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				}
 				if err != nil && rec.State == store.StateWaking {
 					// The wake did not finish: still asleep.
-					_ = m.eng.Destroy(ctx, rec.ID)
+					_ = m.eng.Destroy(ctx, rec.Engine())
 					addErr(m.store.SetState(ctx, rec.ID, store.StateSleeping, ""))
 					return
 				}
@@ -440,7 +441,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				}
 				if err != nil {
 					m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
-					_ = m.eng.Destroy(ctx, rec.ID)
+					_ = m.eng.Destroy(ctx, rec.Engine())
 					if serr := m.store.SetState(ctx, rec.ID, store.StateStopped, err.Error()); serr != nil {
 						addErr(serr)
 					}

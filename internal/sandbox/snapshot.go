@@ -71,7 +71,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	}
 	ctx = context.WithoutCancel(ctx)
 	m.crashPoint("snapshot-before-engine")
-	if err := snapper.Checkpoint(ctx, rec.ID, sn.Path, true); err != nil {
+	if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, true); err != nil {
 		return store.Snapshot{}, errors.Join(fmt.Errorf("snapshot %s: %w", ref, err), os.RemoveAll(sn.Path), m.store.DeleteSnapshot(ctx, id))
 	}
 	sn.SizeBytes = dirSize(sn.Path)
@@ -264,7 +264,7 @@ func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, 
 	if err == nil {
 		err = m.store.SetState(ctx, rec.ID, store.StateRunning, "")
 		if err != nil {
-			err = errors.Join(err, m.eng.Destroy(ctx, rec.ID))
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
 		}
 	}
 	if err != nil {
@@ -346,7 +346,7 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 		return store.Sandbox{}, err
 	}
 	m.crashPoint("sleep-before-engine")
-	if err := snapper.Checkpoint(ctx, rec.ID, dir, false); err != nil {
+	if err := snapper.Checkpoint(ctx, rec.Engine(), dir, false); err != nil {
 		return store.Sandbox{}, errors.Join(fmt.Errorf("sleep %s: %w", ref, err), os.RemoveAll(dir), m.store.SetState(ctx, rec.ID, store.StateRunning, ""))
 	}
 	if err := os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600); err != nil {
@@ -356,7 +356,7 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 	delete(m.live, rec.ID)
 	m.mu.Unlock()
 	m.crashPoint("sleep-after-checkpoint")
-	if err := m.eng.Destroy(ctx, rec.ID); err != nil {
+	if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
 		m.log.Warn("sleep: engine cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
 	}
 	if err := m.store.SetState(ctx, rec.ID, store.StateSleeping, ""); err != nil {
@@ -409,6 +409,15 @@ func (m *Manager) wakeLocked(ctx context.Context, snapper engine.Snapshotter, id
 		return store.Sandbox{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
+	// Wake into a prepared engine sandbox of the same shape when there is
+	// one: the sandbox keeps its id, the engine's id may change.
+	if engID, ok := m.pool.take(shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env)); ok {
+		if err := m.store.SetEngineID(ctx, rec.ID, engID); err != nil {
+			return store.Sandbox{}, errors.Join(err, m.eng.Destroy(ctx, engID))
+		}
+		rec.EngineID = engID
+	}
+	defer m.pool.want(shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env), 1, m.cfg.WarmPool)
 	if err := m.store.SetState(ctx, rec.ID, store.StateWaking, ""); err != nil {
 		return store.Sandbox{}, err
 	}

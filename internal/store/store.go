@@ -47,7 +47,10 @@ type Sandbox struct {
 	Env       []string
 	Error     string
 	// Snapshot is the snapshot the sandbox was restored from, if any.
-	Snapshot  string
+	Snapshot string
+	// EngineID names the sandbox in the engine; empty means ID. A woken
+	// sandbox may live in another engine sandbox than before it slept.
+	EngineID  string
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -103,6 +106,15 @@ CREATE TABLE IF NOT EXISTS snapshots (
 // may fail with "duplicate column" when already applied.
 var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN snapshot TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE sandboxes ADD COLUMN engine_id TEXT NOT NULL DEFAULT ''`,
+}
+
+// Engine returns the sandbox's id in the engine.
+func (sb Sandbox) Engine() string {
+	if sb.EngineID != "" {
+		return sb.EngineID
+	}
+	return sb.ID
 }
 
 // Open opens (creating if needed) the database at path.
@@ -166,18 +178,24 @@ func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
 	return nil
 }
 
-const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, created_at, updated_at`
+const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, created_at, updated_at`
 
 func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
 	var env string
 	var created, updated int64
-	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &created, &updated); err != nil {
+	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &sb.EngineID, &created, &updated); err != nil {
 		return Sandbox{}, err
 	}
 	_ = json.Unmarshal([]byte(env), &sb.Env)
 	sb.CreatedAt, sb.UpdatedAt = time.Unix(0, created), time.Unix(0, updated)
 	return sb, nil
+}
+
+// SetEngineID records the engine sandbox that holds a sandbox.
+func (s *Store) SetEngineID(ctx context.Context, id, engineID string) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET engine_id = ?, updated_at = ? WHERE id = ?`, engineID, time.Now().UnixNano(), id)
+	return err
 }
 
 // GetSandbox finds a sandbox by id or name.
