@@ -151,3 +151,64 @@ func TestCLI(t *testing.T) {
 		}
 	})
 }
+
+func TestCLISnapshotForkSleep(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	out, errs, code := cli(t, d, "", "create", "--name", "src")
+	if code != 0 {
+		t.Fatalf("create: %s", errs)
+	}
+	src := strings.TrimSpace(out)
+	cli(t, d, "", "exec", "src", "--", "sh", "-c", "echo seed > /root/seed")
+
+	out, errs, code = cli(t, d, "", "snapshot", "src", "--name", "snap1")
+	if code != 0 || len(strings.TrimSpace(out)) != 16 {
+		t.Fatalf("snapshot: %q %q %d", out, errs, code)
+	}
+	out, _, _ = cli(t, d, "", "snapshot", "ls")
+	if !strings.Contains(out, "snap1") || !strings.Contains(out, src) {
+		t.Fatalf("snapshot ls: %q", out)
+	}
+
+	out, errs, code = cli(t, d, "", "fork", "snap1", "-n", "3")
+	kids := strings.Fields(out)
+	if code != 0 || len(kids) != 3 {
+		t.Fatalf("fork: %q %q %d", out, errs, code)
+	}
+	for _, k := range kids {
+		if o, _, _ := cli(t, d, "", "exec", k, "--", "cat", "/root/seed"); o != "seed\n" {
+			t.Fatalf("child %s: %q", k, o)
+		}
+	}
+	if _, errs, code := cli(t, d, "", "snapshot", "rm", "snap1"); code != 1 || !strings.Contains(errs, "in use") {
+		t.Fatalf("snapshot rm in use: %d %q", code, errs)
+	}
+	out, _, code = cli(t, d, "", "fork", "src", "-n", "1", "--json")
+	if code != 0 || !strings.Contains(out, `"children"`) {
+		t.Fatalf("fork --json: %q", out)
+	}
+	if _, errs, code := cli(t, d, "", "fork", "src", "-n", "0"); code != 1 || !strings.Contains(errs, "at least 1") {
+		t.Fatalf("fork -n 0: %d %q", code, errs)
+	}
+	out, errs, code = cli(t, d, "", "create", "--from", "snap1", "--name", "single")
+	if code != 0 {
+		t.Fatalf("create --from: %q", errs)
+	}
+
+	if _, errs, code := cli(t, d, "", "sleep", "src"); code != 0 {
+		t.Fatalf("sleep: %q", errs)
+	}
+	out, _, _ = cli(t, d, "", "ls")
+	if !strings.Contains(out, "sleeping") {
+		t.Fatalf("ls after sleep: %q", out)
+	}
+	if _, errs, code := cli(t, d, "", "wake", "src"); code != 0 {
+		t.Fatalf("wake: %q", errs)
+	}
+	if o, _, _ := cli(t, d, "", "exec", "src", "--", "cat", "/root/seed"); o != "seed\n" {
+		t.Fatalf("after wake: %q", o)
+	}
+	if _, errs, code := cli(t, d, "", "wake", "nope"); code != 1 || !strings.Contains(errs, "no such sandbox") {
+		t.Fatalf("wake unknown: %d %q", code, errs)
+	}
+}
