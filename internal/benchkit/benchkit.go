@@ -30,9 +30,12 @@ type Config struct {
 	// Density is how many idle sandboxes the density phase aims for.
 	Density int    `json:"density"`
 	Image   string `json:"image,omitempty"`
-	// MemoryMiB is every sandbox's limit; 0 leaves the daemon's default
-	// (512), except for density, which then uses DensityMemoryMiB.
+	// MemoryMiB is the limit of every sandbox but density's; 0 leaves the
+	// daemon's default (512). The daemon admits a fork only if all its
+	// children could grow to their limit, so wide forks need small limits.
 	MemoryMiB int `json:"memory_mib,omitempty"`
+	// DensityMemoryMiB is the limit of the density phase's idle sandboxes.
+	DensityMemoryMiB int `json:"density_memory_mib"`
 	// MemforkChildren is K for memfork; 0 takes the largest fan-out <= 16.
 	MemforkChildren int    `json:"memfork_children,omitempty"`
 	MemforkMiB      int    `json:"memfork_mib"`
@@ -50,9 +53,6 @@ type Config struct {
 }
 
 const (
-	// DensityMemoryMiB is the density phase's default limit: idle
-	// sandboxes, the smallest limit a sandbox boots with.
-	DensityMemoryMiB = 64
 	// daemonMemoryMiB and daemonCPUs are the daemon's defaults, which the
 	// baseline's bundles copy when --memory is not given.
 	daemonMemoryMiB = 512
@@ -62,15 +62,17 @@ const (
 // DefaultConfig returns the defaults of `clade bench`.
 func DefaultConfig() Config {
 	return Config{
-		Phases:        slices.Clone(Phases),
-		Fanout:        []int{1, 4, 16, 64},
-		Samples:       30,
-		Warmup:        5,
-		Density:       100,
-		MemforkMiB:    64,
-		RootFS:        "/var/cache/clade/images/default/rootfs",
-		DataDir:       "/var/lib/clade",
-		SampleTimeout: 10 * time.Minute,
+		Phases:  slices.Clone(Phases),
+		Fanout:  []int{1, 4, 16, 64},
+		Samples: 30,
+		Warmup:  5,
+		Density: 100,
+		// Idle sandboxes: the smallest limit a sandbox boots with.
+		DensityMemoryMiB: 64,
+		MemforkMiB:       64,
+		RootFS:           "/var/cache/clade/images/default/rootfs",
+		DataDir:          "/var/lib/clade",
+		SampleTimeout:    10 * time.Minute,
 	}
 }
 
@@ -95,8 +97,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("bad fan-out %d: use widths >= 1", n)
 		}
 	}
-	if slices.Contains(c.Phases, "density") && c.Density < 1 {
-		return errors.New("density needs --density N >= 1")
+	if slices.Contains(c.Phases, "density") && (c.Density < 1 || c.DensityMemoryMiB < 1) {
+		return errors.New("density needs --density N >= 1 and --density-memory MIB >= 1")
 	}
 	if c.MemforkMiB < 1 {
 		return errors.New("memfork needs a held size >= 1 MiB")

@@ -98,7 +98,7 @@ func (r *runner) memfork(ctx context.Context, t target, k int) (*MemStats, error
 // a floor, so the harness never drives the host into the OOM killer.
 // clade only: a runsc baseline would double the memory it needs.
 func (r *runner) phaseDensity(ctx context.Context, ph *Phase) {
-	mem := orDefault(r.cfg.MemoryMiB, DensityMemoryMiB)
+	mem := r.cfg.DensityMemoryMiB
 	t := &cladeTarget{c: r.c, image: r.cfg.Image, memoryMiB: mem, prefix: r.clade.prefix + "-d"}
 	d := &Density{Target: r.cfg.Density, MemoryMiB: mem}
 	ph.Density = d

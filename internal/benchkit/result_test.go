@@ -77,8 +77,8 @@ func TestSchema(t *testing.T) {
 	wantKeys(t, "env", doc["env"], "hostname", "cpu_model", "cpus", "kernel", "mem_total_mib", "load_avg", "daemon_version", "engine",
 		"runsc", "clade_version", "clade_commit", "go_version", "data_dir", "data_dir_fs", "reflink", "baseline_runsc",
 		"baseline_runsc_version", "command_line")
-	wantKeys(t, "config", doc["config"], "phases", "fanout", "samples", "warmup", "density", "memfork_mib", "baseline",
-		"rootfs", "data_dir")
+	wantKeys(t, "config", doc["config"], "phases", "fanout", "samples", "warmup", "density", "density_memory_mib",
+		"memfork_mib", "baseline", "rootfs", "data_dir")
 	if doc["config"].(map[string]any)["baseline"] != true {
 		t.Error("config.baseline lost")
 	}
