@@ -7,7 +7,7 @@ IMAGES_DIR ?= /var/cache/clade/images
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: help deps build demo test bench lint fmt generate clean
+.PHONY: help deps build demo test bench gobench lint fmt generate clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -32,8 +32,11 @@ test: deps ## run the whole test suite (needs root: real runsc)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	$(GO) test -count=1 -timeout 45m ./...
 
-bench: deps build ## quick benchmarks: create and exec through the SDK vs plain runsc
-	$(GO) test -run XXX -bench . -benchtime 30x -timeout 20m ./internal/bench/
+bench: deps build ## quick `clade bench --baseline` run on a scratch daemon (JSON in bench.json)
+	@BIN=$(BIN) IMAGES_DIR=$(IMAGES_DIR) ./scripts/bench.sh
+
+gobench: deps ## go test benchmarks (internal/bench, agent link)
+	$(GO) test -run XXX -bench . -benchtime 30x -timeout 20m ./internal/bench/ ./internal/engine/gvisor/
 
 lint: ## go vet and gofmt
 	$(GO) vet ./...
