@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/benchkit"
 	"github.com/clade-sandbox/clade/sdk"
@@ -35,6 +36,7 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc for the baseline (default: runsc next to clade, then $PATH)")
 	fs.StringVar(&cfg.RootFS, "rootfs", cfg.RootFS, "rootfs dir the baseline boots (match it to --image)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "the daemon's data dir, whose filesystem the env block reports")
+	settle := fs.Duration("settle", time.Duration(cfg.SettleMS)*time.Millisecond, "before each sample, wait up to this long for the daemon's background work\n(warm pool refill) to finish; 0 disables")
 	jsonPath := fs.String("json", "", "also write the full result as JSON to `FILE`")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -44,6 +46,7 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 		return errUsage
 	}
 	cfg.Phases = splitList(*phases)
+	cfg.SettleMS = int(settle.Milliseconds())
 	var err error
 	if cfg.Fanout, err = parseInts(*fanout); err != nil {
 		fmt.Fprintf(os.Stderr, "clade bench: --fanout: %v\n", err)

@@ -43,6 +43,9 @@ type Config struct {
 	Runsc           string `json:"runsc,omitempty"`
 	RootFS          string `json:"rootfs,omitempty"`
 	DataDir         string `json:"data_dir"`
+	// SettleMS bounds the wait before each sample for the daemon's and the
+	// baseline's processes to go idle (see settle); 0 skips it.
+	SettleMS int `json:"settle_ms"`
 	// SampleTimeout bounds one sample, so a hung daemon fails the phase
 	// instead of the run.
 	SampleTimeout time.Duration `json:"-"`
@@ -70,6 +73,7 @@ func DefaultConfig() Config {
 		// Idle sandboxes: the smallest limit a sandbox boots with.
 		DensityMemoryMiB: 64,
 		MemforkMiB:       64,
+		SettleMS:         5000,
 		RootFS:           "/var/cache/clade/images/default/rootfs",
 		DataDir:          "/var/lib/clade",
 		SampleTimeout:    10 * time.Minute,
@@ -129,6 +133,8 @@ type runner struct {
 	prog  *Progress
 	clade *cladeTarget
 	base  *runscTarget // nil without --baseline or when it could not start
+	// settled is the time settle waited in the current phase.
+	settled time.Duration
 }
 
 // targets returns clade and the baseline (nil when absent) at fixed
@@ -184,7 +190,9 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 		}
 		r.prog.Log("%s ...", name)
 		start := time.Now()
+		r.settled = 0
 		phaseFuncs[name](r, ctx, &ph)
+		ph.SettleSeconds = round3(r.settled.Seconds())
 		if baseErr != nil && name != "density" { // density has no baseline
 			ph.BaselineError = baseErr.Error()
 		}

@@ -58,6 +58,7 @@ func (r *runner) memfork(ctx context.Context, t target, k int) (*MemStats, error
 		return nil, err
 	}
 	parent := pssMiB(processesOf([]string{id}))
+	r.settle(ctx) // the daemon's background work first, so it is not in the delta
 	before, err := memAvailableMiB()
 	if err != nil {
 		return nil, err

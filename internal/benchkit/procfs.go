@@ -162,3 +162,38 @@ func memoryCgroup(pid int) string {
 	}
 	return ""
 }
+
+// cpuTicks sums the CPU time (user and system, of the processes and of
+// their waited-for children) of processes whose command line contains any
+// of substrs, in clock ticks.
+func cpuTicks(substrs []string) int64 {
+	ents, _ := os.ReadDir("/proc")
+	var ticks int64
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !slices.ContainsFunc(substrs, func(s string) bool { return bytes.Contains(b, []byte(s)) }) {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the parenthesised command name, which may hold spaces.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 15 {
+			continue
+		}
+		for _, v := range f[11:15] { // utime stime cutime cstime
+			n, _ := strconv.ParseInt(v, 10, 64)
+			ticks += n
+		}
+	}
+	return ticks
+}

@@ -34,8 +34,11 @@ func (r *Result) Failed() bool {
 // Phase is one phase's outcome. Error is clade's failure, BaselineError
 // the runsc side's; each side keeps whatever it measured before failing.
 type Phase struct {
-	Name          string   `json:"name"`
-	Seconds       float64  `json:"seconds"`
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+	// SettleSeconds is the part of Seconds spent waiting for an idle host
+	// before samples; it is in no sample.
+	SettleSeconds float64  `json:"settle_seconds,omitempty"`
 	Error         string   `json:"error,omitempty"`
 	BaselineError string   `json:"baseline_error,omitempty"`
 	Latency       []Series `json:"latency,omitempty"`

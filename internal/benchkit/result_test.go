@@ -25,7 +25,7 @@ func sampleResult() *Result {
 		Started: time.Unix(0, 0).UTC(),
 		Seconds: 1,
 		Phases: []Phase{
-			{Name: "create", Seconds: 1, Latency: []Series{{Name: "create", Clade: st, Baseline: bs, Ratio: Ratios(st, bs)}}},
+			{Name: "create", Seconds: 1, SettleSeconds: 0.5, Latency: []Series{{Name: "create", Clade: st, Baseline: bs, Ratio: Ratios(st, bs)}}},
 			{Name: "snapshot", Error: "snapshot x: no such endpoint", BaselineError: "runsc checkpoint: boom"},
 			{Name: "memfork", Memfork: &Memfork{Children: 16, HeldMiB: 64,
 				Clade:      &MemStats{AvailPerChildMiB: 80, PSSPerChildMiB: 90, CgroupPerChildMiB: 85, ParentPSSMiB: 88, Processes: 40, ForkMS: 2000},
@@ -78,12 +78,12 @@ func TestSchema(t *testing.T) {
 		"runsc", "clade_version", "clade_commit", "go_version", "data_dir", "data_dir_fs", "reflink", "baseline_runsc",
 		"baseline_runsc_version", "command_line")
 	wantKeys(t, "config", doc["config"], "phases", "fanout", "samples", "warmup", "density", "density_memory_mib",
-		"memfork_mib", "baseline", "rootfs", "data_dir")
+		"memfork_mib", "settle_ms", "baseline", "rootfs", "data_dir")
 	if doc["config"].(map[string]any)["baseline"] != true {
 		t.Error("config.baseline lost")
 	}
 	phases := doc["phases"].([]any)
-	wantKeys(t, "phase", phases[0], "name", "seconds", "latency")
+	wantKeys(t, "phase", phases[0], "name", "seconds", "settle_seconds", "latency")
 	wantKeys(t, "failed phase", phases[1], "name", "seconds", "error", "baseline_error")
 	series := phases[0].(map[string]any)["latency"].([]any)[0].(map[string]any)
 	wantKeys(t, "series", series, "name", "clade", "baseline", "ratio")
