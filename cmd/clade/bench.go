@@ -35,7 +35,7 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.BoolVar(&cfg.Baseline, "baseline", false, "also do the work with plain runsc commands and report clade/runsc ratios")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc for the baseline (default: runsc next to clade, then $PATH)")
 	fs.StringVar(&cfg.RootFS, "rootfs", cfg.RootFS, "rootfs dir the baseline boots (match it to --image)")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "the daemon's data dir, whose filesystem the env block reports")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "the daemon's data dir: the env block reports its filesystem,\n--settle watches the processes that mention it")
 	settle := fs.Duration("settle", time.Duration(cfg.SettleMS)*time.Millisecond, "before each sample, wait up to this long for the daemon's background work\n(warm pool refill) to finish; 0 disables")
 	jsonPath := fs.String("json", "", "also write the full result as JSON to `FILE`")
 	if err := parse(fs, args); err != nil {

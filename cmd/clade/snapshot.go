@@ -93,19 +93,7 @@ func cmdSnapshotRemove(ctx context.Context, c *sdk.Client, args []string) error 
 		fs.Usage()
 		return errUsage
 	}
-	failed := false
-	for _, ref := range fs.Args() {
-		if err := c.DeleteSnapshot(ctx, ref); err != nil {
-			fmt.Fprintln(os.Stderr, "clade:", err)
-			failed = true
-			continue
-		}
-		fmt.Println(ref)
-	}
-	if failed {
-		return exitError{1}
-	}
-	return nil
+	return removeEach(fs.Args(), false, func(ref string) error { return c.DeleteSnapshot(ctx, ref) })
 }
 
 func cmdFork(ctx context.Context, c *sdk.Client, args []string) error {

@@ -194,10 +194,17 @@ func cmdRemove(ctx context.Context, c *sdk.Client, args []string) error {
 		fs.Usage()
 		return errUsage
 	}
-	var failed bool
-	for _, ref := range fs.Args() {
-		if err := c.DeleteSandbox(ctx, ref); err != nil {
-			if *force && sdk.IsNotFound(err) {
+	return removeEach(fs.Args(), *force, func(ref string) error { return c.DeleteSandbox(ctx, ref) })
+}
+
+// removeEach removes every ref, printing each removed one and reporting
+// each failure; it fails at the end if any did. With force a ref that does
+// not exist is not a failure.
+func removeEach(refs []string, force bool, remove func(string) error) error {
+	failed := false
+	for _, ref := range refs {
+		if err := remove(ref); err != nil {
+			if force && sdk.IsNotFound(err) {
 				continue
 			}
 			fmt.Fprintln(os.Stderr, "clade:", err)

@@ -154,7 +154,7 @@ func (s *Store) EnsureDefault(ctx context.Context) error {
 			}
 		}
 	}
-	img := Image{Name: Default, Source: "debootstrap --variant=minbase --include=python3 bookworm " + s.Mirror, CreatedAt: time.Now().UTC(), SizeBytes: dirSize(rootfs)}
+	img := Image{Name: Default, Source: "debootstrap --variant=minbase --include=python3 bookworm " + s.Mirror, CreatedAt: time.Now().UTC(), SizeBytes: DirSize(rootfs)}
 	b, _ := json.MarshalIndent(img, "", "  ")
 	if err := os.WriteFile(filepath.Join(build, "image.json"), b, 0o644); err != nil {
 		return err
@@ -168,7 +168,8 @@ func (s *Store) EnsureDefault(ctx context.Context) error {
 	return nil
 }
 
-func dirSize(root string) int64 {
+// DirSize adds up the sizes of the regular files under root.
+func DirSize(root string) int64 {
 	var n int64
 	_ = filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -30,6 +31,21 @@ func (m *Manager) lockOp(id string) func() {
 	m.mu.Unlock()
 	l.Lock()
 	return l.Unlock
+}
+
+// lockSandbox finds a sandbox, takes its operation lock and reads it again
+// under the lock: what a snapshot, sleep or wake decides on must be current.
+func (m *Manager) lockSandbox(ctx context.Context, ref string) (store.Sandbox, func(), error) {
+	rec, err := m.store.GetSandbox(ctx, ref)
+	if err != nil {
+		return store.Sandbox{}, nil, err
+	}
+	unlock := m.lockOp(rec.ID)
+	if rec, err = m.store.GetSandbox(ctx, rec.ID); err != nil {
+		unlock()
+		return store.Sandbox{}, nil, err
+	}
+	return rec, unlock, nil
 }
 
 func (m *Manager) snapshotter() (engine.Snapshotter, error) {
@@ -51,15 +67,11 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	if name != "" && !nameRE.MatchString(name) {
 		return store.Snapshot{}, errdefs.New(errdefs.InvalidArgument, "bad snapshot name %q: use 1-63 letters, digits, '_', '.' or '-'", name)
 	}
-	rec, err := m.store.GetSandbox(ctx, ref)
+	rec, unlock, err := m.lockSandbox(ctx, ref)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
-	unlock := m.lockOp(rec.ID)
 	defer unlock()
-	if rec, err = m.store.GetSandbox(ctx, rec.ID); err != nil {
-		return store.Snapshot{}, err
-	}
 	if rec.State != store.StateRunning {
 		return store.Snapshot{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a running sandbox can be snapshotted", ref, rec.State)
 	}
@@ -74,7 +86,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, true); err != nil {
 		return store.Snapshot{}, errors.Join(fmt.Errorf("snapshot %s: %w", ref, err), os.RemoveAll(sn.Path), m.store.DeleteSnapshot(ctx, id))
 	}
-	sn.SizeBytes = dirSize(sn.Path)
+	sn.SizeBytes = image.DirSize(sn.Path)
 	if err := m.store.SetSnapshotReady(ctx, id, sn.SizeBytes); err != nil {
 		return store.Snapshot{}, err
 	}
@@ -321,15 +333,11 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	rec, err := m.store.GetSandbox(ctx, ref)
+	rec, unlock, err := m.lockSandbox(ctx, ref)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	unlock := m.lockOp(rec.ID)
 	defer unlock()
-	if rec, err = m.store.GetSandbox(ctx, rec.ID); err != nil {
-		return store.Sandbox{}, err
-	}
 	switch rec.State {
 	case store.StateSleeping:
 		return rec, nil
@@ -378,20 +386,11 @@ func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	rec, err := m.store.GetSandbox(ctx, ref)
+	rec, unlock, err := m.lockSandbox(ctx, ref)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	unlock := m.lockOp(rec.ID)
 	defer unlock()
-	return m.wakeLocked(ctx, snapper, rec.ID, ref)
-}
-
-func (m *Manager) wakeLocked(ctx context.Context, snapper engine.Snapshotter, id, ref string) (store.Sandbox, error) {
-	rec, err := m.store.GetSandbox(ctx, id)
-	if err != nil {
-		return store.Sandbox{}, err
-	}
 	switch rec.State {
 	case store.StateRunning:
 		return rec, nil
@@ -477,17 +476,4 @@ func removeUnknown(dir string, known map[string]bool) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func dirSize(root string) int64 {
-	var n int64
-	_ = filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
-		}
-		return nil
-	})
-	return n
 }
