@@ -110,7 +110,7 @@ func cgroupMiB(pids []int) (float64, error) {
 	seen := map[string]bool{}
 	var total int64
 	for _, pid := range pids {
-		dir := memoryCgroup(pid)
+		dir, v2 := memoryCgroup(pid)
 		if dir == "" || seen[dir] {
 			continue
 		}
@@ -119,15 +119,7 @@ func cgroupMiB(pids []int) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		for line := range strings.SplitSeq(string(stat), "\n") {
-			k, v, _ := strings.Cut(line, " ")
-			switch k {
-			case "total_rss", "total_shmem", // v1
-				"anon", "shmem": // v2
-				n, _ := strconv.ParseInt(v, 10, 64)
-				total += n
-			}
-		}
+		total += anonShmem(string(stat), v2)
 	}
 	if len(seen) == 0 {
 		return 0, fmt.Errorf("no memory cgroup found for the sandbox processes")
@@ -135,12 +127,31 @@ func cgroupMiB(pids []int) (float64, error) {
 	return float64(total) / (1 << 20), nil
 }
 
+// anonShmem returns anonymous plus shared bytes of a memory.stat. v1 has
+// both a cgroup's own counters (rss, shmem) and hierarchical ones
+// (total_rss, total_shmem): take only the latter, or shmem counts twice.
+func anonShmem(stat string, v2 bool) int64 {
+	keys := []string{"total_rss", "total_shmem"}
+	if v2 {
+		keys = []string{"anon", "shmem"}
+	}
+	var n int64
+	for line := range strings.SplitSeq(stat, "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		if slices.Contains(keys, k) {
+			b, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			n += b
+		}
+	}
+	return n
+}
+
 // memoryCgroup returns the memory cgroup dir of pid: the v1 memory
-// controller's, else the v2 unified one's.
-func memoryCgroup(pid int) string {
+// controller's, else the v2 unified one's (v2 true).
+func memoryCgroup(pid int) (dir string, v2 bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
-		return ""
+		return "", false
 	}
 	var unified string
 	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
@@ -150,17 +161,17 @@ func memoryCgroup(pid int) string {
 		}
 		switch {
 		case slices.Contains(strings.Split(parts[1], ","), "memory"):
-			return "/sys/fs/cgroup/memory" + parts[2]
+			return "/sys/fs/cgroup/memory" + parts[2], false
 		case parts[0] == "0" && parts[1] == "":
 			unified = "/sys/fs/cgroup" + parts[2]
 		}
 	}
 	if unified != "" {
 		if _, err := os.Stat(unified + "/memory.stat"); err == nil {
-			return unified
+			return unified, true
 		}
 	}
-	return ""
+	return "", false
 }
 
 // cpuTicks sums the CPU time (user and system, of the processes and of
