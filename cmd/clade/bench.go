@@ -60,7 +60,8 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 	fi, _ := os.Stderr.Stat()
 	cfg.Progress = benchkit.NewProgress(os.Stderr, fi != nil && fi.Mode()&os.ModeCharDevice != 0)
 	if err := cfg.Validate(); err != nil {
-		return err
+		fmt.Fprintf(os.Stderr, "clade bench: %v\n", err)
+		return errUsage
 	}
 
 	res, err := benchkit.Run(ctx, c, cfg)
