@@ -5,6 +5,8 @@ BIN := bin
 DATA_DIR ?= /var/lib/clade
 IMAGES_DIR ?= /var/cache/clade/images
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# runsc built from the module proxy has no version of its own: give it the module's.
+RUNSC_VERSION := $(shell awk '$$1 == "gvisor.dev/gvisor" {print $$2}' tools/runsc/go.mod)
 LDFLAGS := -X main.version=$(VERSION)
 
 .PHONY: help deps build demo test bench gobench lint fmt generate clean
@@ -17,7 +19,8 @@ deps: ## install what clade needs: Debian packages and runsc (pinned, built from
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap iproute2 ca-certificates)
 	@mkdir -p $(BIN)
 	@if [ ! -x $(BIN)/runsc ]; then echo "building runsc (about a minute)"; \
-		CGO_ENABLED=0 $(GO) build -C tools/runsc -o ../../$(BIN)/runsc gvisor.dev/gvisor/runsc; fi
+		CGO_ENABLED=0 $(GO) build -C tools/runsc -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$(RUNSC_VERSION)" \
+		-o ../../$(BIN)/runsc gvisor.dev/gvisor/runsc; fi
 	@$(BIN)/runsc --version | head -1
 
 build: ## build bin/clade and bin/clade-agent (static)

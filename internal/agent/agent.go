@@ -66,7 +66,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			case <-ctx.Done():
 			case <-time.After(backoff):
 			}
-			backoff = min(backoff*2, 100*time.Millisecond)
+			// A low cap: a connection lost without a quiesce (a host
+			// restart, a restore that caught a half-made connection) is
+			// back within 10 ms, and a failed dial costs next to nothing.
+			backoff = min(backoff*2, 10*time.Millisecond)
 			continue
 		}
 		backoff = time.Millisecond

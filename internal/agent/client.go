@@ -24,10 +24,15 @@ type Client struct {
 	changed chan struct{} // closed and replaced whenever cur changes
 	closed  bool
 	hello   wire.HelloMsg
+	// pending holds connections still in their hello: Quiesce must close
+	// them too, or a checkpoint could catch one.
+	pending map[net.Conn]struct{}
 }
 
 // NewClient returns a Client with no connection yet.
-func NewClient() *Client { return &Client{changed: make(chan struct{})} }
+func NewClient() *Client {
+	return &Client{changed: make(chan struct{}), pending: map[net.Conn]struct{}{}}
+}
 
 type hostSession struct {
 	conn   *wire.Conn
@@ -45,6 +50,14 @@ var ErrClosed = errdefs.New(errdefs.Unavailable, "agent client closed")
 // Serve reads the agent's hello from nc and makes it the current connection,
 // then serves it until it breaks. It returns when the connection ends.
 func (c *Client) Serve(nc net.Conn) error {
+	c.mu.Lock()
+	c.pending[nc] = struct{}{}
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, nc)
+		c.mu.Unlock()
+	}()
 	br := bufio.NewReaderSize(nc, 64<<10)
 	r := wire.NewReader(br)
 	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -65,6 +78,7 @@ func (c *Client) Serve(nc net.Conn) error {
 	}
 	s := &hostSession{conn: wire.NewConn(nc), next: 1, chans: map[uint32]*Channel{}, pongs: map[string]chan struct{}{}, closed: make(chan struct{})}
 	c.mu.Lock()
+	delete(c.pending, nc)
 	if c.closed {
 		c.mu.Unlock()
 		nc.Close()
@@ -144,6 +158,9 @@ func (c *Client) session(ctx context.Context) (*hostSession, error) {
 func (c *Client) Quiesce(ctx context.Context) error {
 	c.mu.Lock()
 	s := c.cur
+	for nc := range c.pending {
+		nc.Close() // mid-hello: the agent sees it fail and redials
+	}
 	c.mu.Unlock()
 	if s == nil {
 		return nil // not connected: nothing to quiesce

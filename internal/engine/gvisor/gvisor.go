@@ -433,12 +433,11 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 		sb.expectExit.Store(false)
 	}
 	if leaveRunning || err != nil {
-		// Running on (or still running after a failure): take the agent back.
+		// Running on (or still running after a failure): take the agent
+		// back. It redials within a millisecond; calls wait for it (Open
+		// waits for a connection), so the snapshot need not.
 		if aerr := e.accept(sb); aerr != nil {
 			return errors.Join(err, aerr)
-		}
-		if rerr := e.waitReady(ctx, sb); rerr != nil {
-			return errors.Join(err, rerr)
 		}
 	}
 	return err
