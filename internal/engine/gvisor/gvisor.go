@@ -644,20 +644,15 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	if !fileExists(dir) {
 		return nil
 	}
-	var errs []error
-	if _, err := e.state(ctx, id); err == nil {
-		// kill first so delete does not wait for a graceful stop.
-		_ = e.runsc(ctx, id, "kill", id, "KILL")
-		if err := e.runsc(ctx, id, "delete", "--force", id); err != nil {
-			errs = append(errs, err)
+	// One call: delete --force kills with SIGKILL. Only when it fails is
+	// it worth asking whether there was anything to delete (each runsc call
+	// is a process start, ~15 ms).
+	if err := e.runsc(ctx, id, "delete", "--force", id); err != nil {
+		if _, serr := e.state(ctx, id); !errdefs.IsNotFound(serr) {
+			return err
 		}
 	}
-	if len(errs) == 0 {
-		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return os.RemoveAll(dir)
 }
 
 // Close implements engine.Engine.
