@@ -415,10 +415,15 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 	}
 	// The agent must not be connected while the checkpoint is taken: stop
 	// accepting, then ask it to hang up and redial fast.
+	t0 := time.Now()
 	sb.closeListener()
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err := sb.client.Quiesce(qctx)
 	cancel()
+	t1 := time.Now()
+	defer func() {
+		e.cfg.Log.Debug("checkpoint", "sandbox", id, "leave_running", leaveRunning, "quiesce", t1.Sub(t0), "total", time.Since(t0))
+	}()
 	// Without leaveRunning the sandbox stops by our hand: not an exit to
 	// report.
 	sb.expectExit.Store(!leaveRunning)
