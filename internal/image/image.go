@@ -32,6 +32,14 @@ type Image struct {
 	CreatedAt time.Time `json:"created_at"`
 	SizeBytes int64     `json:"size_bytes"`
 	RootFS    string    `json:"-"`
+
+	// Set for images pulled or imported from OCI and Docker images; Source
+	// is then the reference or file they came from.
+	Platform       string   `json:"platform,omitempty"`
+	ManifestDigest string   `json:"manifest_digest,omitempty"`
+	ConfigDigest   string   `json:"config_digest,omitempty"`
+	Layers         []string `json:"layers,omitempty"` // blob digests, base first
+	Config         Config   `json:"config,omitzero"`
 }
 
 // Store is a directory of images.
@@ -42,7 +50,8 @@ type Store struct {
 	Mirror string
 }
 
-// NewStore opens the image directory dir, creating it if needed.
+// NewStore opens the image directory dir, creating it if needed, and
+// removes what interrupted pulls, imports and removals left there.
 func NewStore(dir string, log *slog.Logger) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -50,7 +59,9 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Store{dir: dir, log: log, Mirror: "http://deb.debian.org/debian"}, nil
+	s := &Store{dir: dir, log: log, Mirror: "http://deb.debian.org/debian"}
+	s.cleanup()
+	return s, nil
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
