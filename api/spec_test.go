@@ -96,7 +96,8 @@ func TestSpecSchemas(t *testing.T) {
 	s, _ := loadSpec(t)
 	for _, v := range []any{api.Sandbox{}, api.CreateSandboxRequest{}, api.ExecRequest{}, api.ExitStatus{},
 		api.Image{}, api.Health{}, api.Error{},
-		api.Snapshot{}, api.SnapshotRequest{}, api.ForkRequest{}, api.ForkChild{}, api.ForkResult{}} {
+		api.Snapshot{}, api.SnapshotRequest{}, api.ForkRequest{}, api.ForkChild{}, api.ForkResult{},
+		api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}} {
 		typ := reflect.TypeOf(v)
 		t.Run(typ.Name(), func(t *testing.T) {
 			sc, ok := s.Components.Schemas[typ.Name()]

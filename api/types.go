@@ -102,6 +102,50 @@ type Image struct {
 	Source    string    `json:"source"`
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
+	// Set for images pulled or imported from OCI and Docker images.
+	Platform       string       `json:"platform,omitempty"`
+	ManifestDigest string       `json:"manifest_digest,omitempty"`
+	Layers         []string     `json:"layers,omitempty"`
+	Config         *ImageConfig `json:"config,omitempty"`
+	// UsedBy lists the sandboxes and snapshots made from the image.
+	UsedBy []string `json:"used_by,omitempty"`
+}
+
+// ImageConfig is how an image's processes run: Env is every sandbox's base
+// environment, WorkingDir and User the defaults of every exec.
+type ImageConfig struct {
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+}
+
+// PullImageRequest is the body of POST /v1/images/pull.
+type PullImageRequest struct {
+	Ref      string `json:"ref"`
+	Name     string `json:"name,omitempty"`
+	Platform string `json:"platform,omitempty"`
+	// Insecure allows plain HTTP to the registry.
+	Insecure bool `json:"insecure,omitempty"`
+}
+
+// ImageProgress is one line of a pull or import's progress stream.
+type ImageProgress struct {
+	Layer       string `json:"layer,omitempty"`
+	LayersDone  int    `json:"layers_done"`
+	LayersTotal int    `json:"layers_total"`
+	BytesDone   int64  `json:"bytes_done"`
+	BytesTotal  int64  `json:"bytes_total"`
+	Cached      int    `json:"cached"`
+}
+
+// ImageEvent is one line of the application/x-ndjson answer of a pull or
+// import: progress lines, then one line with the image or the error.
+type ImageEvent struct {
+	Progress *ImageProgress `json:"progress,omitempty"`
+	Image    *Image         `json:"image,omitempty"`
+	Error    *Error         `json:"error,omitempty"`
 }
 
 // Health is the body of GET /v1/health.

@@ -321,3 +321,5 @@ func (c *Client) Wake(ctx context.Context, ref string) (Sandbox, error) {
 	var sb Sandbox
 	return sb, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/wake", nil, &sb)
 }
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -271,9 +271,35 @@ func cmdCopy(ctx context.Context, c *sdk.Client, args []string) error {
 	}
 }
 
+const imageUsage = `Usage: clade image ls [--json]
+       clade image pull REF [--name NAME] [--platform linux/amd64] [--quiet] [--insecure]
+       clade image import FILE [--name NAME] [--quiet]     a docker save tarball or an OCI layout tar
+       clade image inspect NAME
+       clade image rm NAME...`
+
 func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "pull":
+			return cmdImagePull(ctx, c, args[1:])
+		case "import":
+			return cmdImageImport(ctx, c, args[1:])
+		case "inspect":
+			return cmdImageInspect(ctx, c, args[1:])
+		case "rm", "remove":
+			fs := newFlags("image rm", "image rm NAME...\n\nRemoves images no sandbox or snapshot uses.")
+			if err := parse(fs, args[1:]); err != nil {
+				return err
+			}
+			if fs.NArg() == 0 {
+				fs.Usage()
+				return errUsage
+			}
+			return removeEach(fs.Args(), false, func(name string) error { return c.DeleteImage(ctx, name) })
+		}
+	}
 	if len(args) == 0 || (args[0] != "ls" && args[0] != "list") {
-		fmt.Fprintln(os.Stderr, "Usage: clade image ls [--json]")
+		fmt.Fprintln(os.Stderr, imageUsage)
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			return nil
 		}

@@ -30,6 +30,10 @@ type Config struct {
 	Socket string
 	// BaseEnv is the environment every exec starts from.
 	BaseEnv []string
+	// Workdir and User are every exec's defaults (the image's WorkingDir
+	// and User); empty means / and root.
+	Workdir string
+	User    string
 	Log     *slog.Logger
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -137,10 +138,22 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	}
 	if cmd.Dir == "" {
 		cmd.Dir = "/"
+		if d := ch.s.a.cfg.Workdir; d != "" {
+			if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+				cmd.Dir = d
+			}
+		}
 	} else if fi, err := os.Stat(cmd.Dir); err != nil || !fi.IsDir() {
 		return wire.ExitMsg{Code: 126, Error: "working directory " + ch.req.Dir + " does not exist or is not a directory", ErrorClass: string(errdefs.InvalidArgument)}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if u := ch.s.a.cfg.User; u != "" {
+		cred, err := lookupUser(u)
+		if err != nil {
+			return wire.ExitMsg{Code: 126, Error: err.Error(), ErrorClass: string(errdefs.InvalidArgument)}
+		}
+		cmd.SysProcAttr.Credential = cred
+	}
 
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -350,3 +363,49 @@ func (ch *channel) identity() wire.ExitMsg {
 
 // putUint32 is used by the host to encode Signal payloads.
 func putUint32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+
+// lookupUser resolves an image's User ("uid", "uid:gid", "name" or
+// "name:group") against the sandbox's own /etc/passwd and /etc/group.
+func lookupUser(spec string) (*syscall.Credential, error) {
+	user, group, hasGroup := strings.Cut(spec, ":")
+	uid, gid, ok := lookupID("/etc/passwd", user, true)
+	if !ok {
+		return nil, fmt.Errorf("user %q of the image not found in /etc/passwd", user)
+	}
+	if hasGroup {
+		if gid, _, ok = lookupID("/etc/group", group, false); !ok {
+			return nil, fmt.Errorf("group %q of the image not found in /etc/group", group)
+		}
+	}
+	return &syscall.Credential{Uid: uid, Gid: gid}, nil
+}
+
+// lookupID finds name (or a number) in a passwd or group file; for passwd it
+// also returns the user's primary group.
+func lookupID(file, name string, passwd bool) (id, gid uint32, ok bool) {
+	if n, err := strconv.ParseUint(name, 10, 32); err == nil {
+		id, gid, ok = uint32(n), uint32(n), true
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return id, gid, ok
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) < 3 || (f[0] != name && f[2] != name) {
+			continue
+		}
+		n, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil {
+			continue
+		}
+		id, gid = uint32(n), uint32(n)
+		if passwd && len(f) > 3 {
+			if g, err := strconv.ParseUint(f[3], 10, 32); err == nil {
+				gid = uint32(g)
+			}
+		}
+		return id, gid, true
+	}
+	return id, gid, ok
+}

@@ -96,7 +96,12 @@ func Run(ctx context.Context, o Options) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv := New(Config{Version: o.Version, Log: log, RunscVersion: eng.RunscVersion(ctx)}, mgr, images, reg)
+	tmp := filepath.Join(o.DataDir, "tmp")
+	_ = os.RemoveAll(tmp) // uploads a killed daemon left
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	srv := New(Config{Version: o.Version, Log: log, RunscVersion: eng.RunscVersion(ctx), TmpDir: tmp}, mgr, images, reg)
 
 	var lns []net.Listener
 	defer func() {

@@ -26,6 +26,8 @@ import (
 type Config struct {
 	Version string
 	Log     *slog.Logger
+	// TmpDir holds uploads (image archives) while they are imported.
+	TmpDir string
 	// RunscVersion is reported by /v1/health.
 	RunscVersion string
 }
@@ -38,6 +40,7 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	metrics *metrics
+	tmpDir  string
 	// Routes lists "METHOD /path" of every API route, for the spec test.
 	Routes []string
 }
@@ -47,7 +50,7 @@ func New(cfg Config, mgr *sandbox.Manager, images *image.Store, reg *prometheus.
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mgr: mgr, images: images, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(reg)}
+	s := &Server{cfg: cfg, mgr: mgr, images: images, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(reg), tmpDir: cfg.TmpDir}
 	s.route("GET /v1/health", "health", s.health)
 	s.route("POST /v1/sandboxes", "sandbox_create", s.createSandbox)
 	s.route("GET /v1/sandboxes", "sandbox_list", s.listSandboxes)
@@ -57,6 +60,10 @@ func New(cfg Config, mgr *sandbox.Manager, images *image.Store, reg *prometheus.
 	s.route("GET /v1/sandboxes/{id}/files", "files_get", s.getFiles)
 	s.route("PUT /v1/sandboxes/{id}/files", "files_put", s.putFiles)
 	s.route("GET /v1/images", "image_list", s.listImages)
+	s.route("GET /v1/images/{name}", "image_inspect", s.getImage)
+	s.route("DELETE /v1/images/{name}", "image_remove", s.deleteImage)
+	s.route("POST /v1/images/pull", "image_pull", s.pullImage)
+	s.route("POST /v1/images/import", "image_import", s.importImage)
 	s.route("POST /v1/sandboxes/{id}/snapshot", "snapshot_create", s.createSnapshot)
 	s.route("GET /v1/snapshots", "snapshot_list", s.listSnapshots)
 	s.route("GET /v1/snapshots/{id}", "snapshot_inspect", s.getSnapshot)
@@ -261,7 +268,7 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]api.Image, 0, len(imgs))
 	for _, img := range imgs {
-		out = append(out, api.Image{Name: img.Name, Source: img.Source, SizeBytes: img.SizeBytes, CreatedAt: img.CreatedAt})
+		out = append(out, imageToAPI(img, nil))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

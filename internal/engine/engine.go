@@ -24,6 +24,10 @@ type Spec struct {
 	CPUs      float64
 	// Env is the base environment of every process in the sandbox.
 	Env []string
+	// Workdir and User are the defaults of every exec (the image's
+	// WorkingDir and User); empty means / and root.
+	Workdir string
+	User    string
 }
 
 // Sandbox is a live sandbox as an engine sees it.

@@ -48,6 +48,10 @@ type Store struct {
 	log *slog.Logger
 	// Mirror is the Debian mirror the default image is built from.
 	Mirror string
+	// CanReplace, if set, is asked before a pull or import replaces an
+	// existing image of the same name; an error stops it (the sandbox
+	// manager refuses images that sandboxes or snapshots use).
+	CanReplace func(ctx context.Context, name string) error
 }
 
 // NewStore opens the image directory dir, creating it if needed, and

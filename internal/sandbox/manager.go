@@ -76,6 +76,7 @@ type Manager struct {
 	ops         map[string]*sync.Mutex
 	reservedMiB int // memory admitted for sandboxes still being made
 	pool        *warmPool
+	imageMu     sync.Mutex // image removal against creates that use the image
 }
 
 // New returns a manager. Call Reconcile before serving.
@@ -105,8 +106,12 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{cfg: cfg, eng: eng, store: st, images: images, log: cfg.Log,
+	m := &Manager{cfg: cfg, eng: eng, store: st, images: images, log: cfg.Log,
 		live: map[string]engine.Sandbox{}, busy: map[string]bool{}, ops: map[string]*sync.Mutex{}, pool: newWarmPool()}
+	images.CanReplace = func(ctx context.Context, name string) error {
+		return m.CheckImageReplaceable(ctx, name, "pull or import it")
+	}
+	return m
 }
 
 // Engine returns the manager's engine.
@@ -200,6 +205,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		return store.Sandbox{}, err
 	}
 	defer release()
+	// Held until the record exists: an image removal checks the records.
+	m.imageMu.Lock()
+	imageLocked := true
+	defer func() {
+		if imageLocked {
+			m.imageMu.Unlock()
+		}
+	}()
 	img, err := m.images.Get(ctx, req.Image)
 	if err != nil {
 		return store.Sandbox{}, err
@@ -223,11 +236,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
 		return store.Sandbox{}, err
 	}
+	m.imageMu.Unlock()
+	imageLocked = false
 	// The create runs to the end even if the client goes away: a half-made
 	// sandbox would only have to be cleaned up again.
 	ctx = context.WithoutCancel(ctx)
 	m.crashPoint("create-before-engine")
-	sb, err := m.eng.Create(ctx, m.spec(rec, img.RootFS))
+	sb, err := m.eng.Create(ctx, m.spec(rec, img))
 	m.crashPoint("create-after-engine")
 	if err != nil {
 		if derr := m.store.DeleteSandbox(ctx, rec.ID); derr != nil {
@@ -264,12 +279,16 @@ func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sand
 	return m.store.GetSandbox(ctx, res.Children[0].ID)
 }
 
-func (m *Manager) spec(rec store.Sandbox, rootfs string) engine.Spec {
+// spec is the engine's view of a sandbox of img: the image's environment
+// under the sandbox's own, and the image's working directory and user as
+// the defaults of every exec.
+func (m *Manager) spec(rec store.Sandbox, img image.Image) engine.Spec {
 	host := rec.Name
 	if host == "" {
 		host = "sb-" + rec.ID[:8]
 	}
-	return engine.Spec{ID: rec.Engine(), RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env}
+	return engine.Spec{ID: rec.Engine(), RootFS: img.RootFS, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs,
+		Env: append(append([]string(nil), img.Config.Env...), rec.Env...), Workdir: img.Config.WorkingDir, User: img.Config.User}
 }
 
 // Get returns a sandbox by id or name.
@@ -427,7 +446,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				img, err := m.images.Get(ctx, rec.Image)
 				var sb engine.Sandbox
 				if err == nil {
-					sb, err = m.eng.Attach(ctx, m.spec(rec, img.RootFS))
+					sb, err = m.eng.Attach(ctx, m.spec(rec, img))
 				}
 				if err != nil && rec.State == store.StateWaking {
 					// The wake did not finish: still asleep.

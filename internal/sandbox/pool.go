@@ -130,7 +130,7 @@ func (m *Manager) prepareOne(ctx context.Context, prep engine.Preparer, sh shape
 	if sh.env != "" {
 		env = strings.Split(sh.env, "\x00")
 	}
-	spec := m.spec(store.Sandbox{ID: id, MemoryMiB: sh.memoryMiB, CPUs: sh.cpus, Env: env}, img.RootFS)
+	spec := m.spec(store.Sandbox{ID: id, MemoryMiB: sh.memoryMiB, CPUs: sh.cpus, Env: env}, img)
 	if err := prep.Prepare(ctx, spec); err != nil {
 		return err
 	}

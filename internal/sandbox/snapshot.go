@@ -254,7 +254,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			res.Children[i] = m.restoreChild(ctx, snapper, rec, img.RootFS, sn.Path)
+			res.Children[i] = m.restoreChild(ctx, snapper, rec, img, sn.Path)
 		}()
 	}
 	wg.Wait()
@@ -263,7 +263,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	return res, nil
 }
 
-func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, rootfs, image string) ForkChild {
+func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, img image.Image, path string) ForkChild {
 	m.mu.Lock()
 	m.busy[rec.ID] = true
 	m.mu.Unlock()
@@ -272,7 +272,7 @@ func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, 
 		delete(m.busy, rec.ID)
 		m.mu.Unlock()
 	}()
-	sb, err := snapper.Restore(ctx, m.spec(rec, rootfs), image)
+	sb, err := snapper.Restore(ctx, m.spec(rec, img), path)
 	if err == nil {
 		err = m.store.SetState(ctx, rec.ID, store.StateRunning, "")
 		if err != nil {
@@ -421,7 +421,7 @@ func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
 		return store.Sandbox{}, err
 	}
 	m.crashPoint("wake-before-engine")
-	sb, err := snapper.Restore(ctx, m.spec(rec, img.RootFS), m.sleepDir(rec.ID))
+	sb, err := snapper.Restore(ctx, m.spec(rec, img), m.sleepDir(rec.ID))
 	if err != nil {
 		return store.Sandbox{}, errors.Join(fmt.Errorf("wake %s: %w", ref, err), m.store.SetState(ctx, rec.ID, store.StateSleeping, err.Error()))
 	}

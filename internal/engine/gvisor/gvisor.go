@@ -534,6 +534,12 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 	}
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "HOSTNAME=" + spec.Hostname, "LANG=C.UTF-8"}, spec.Env...)
 	env = append(env, agentSockEnv+"="+guestSocket)
+	if spec.Workdir != "" {
+		env = append(env, "CLADE_AGENT_WORKDIR="+spec.Workdir)
+	}
+	if spec.User != "" {
+		env = append(env, "CLADE_AGENT_USER="+spec.User)
+	}
 	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
 		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 		// For the agent only: it drops this from the bounding set at start.
