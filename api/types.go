@@ -109,6 +109,8 @@ type Image struct {
 	Config         *ImageConfig `json:"config,omitempty"`
 	// UsedBy lists the sandboxes and snapshots made from the image.
 	UsedBy []string `json:"used_by,omitempty"`
+	// Snapshot, for a template, is the ready snapshot creates restore.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // ImageConfig is how an image's processes run: Env is every sandbox's base
@@ -169,3 +171,18 @@ const StreamContentType = "application/vnd.clade.stream"
 
 // UpgradeProtocol is the Upgrade token for a two-way exec stream.
 const UpgradeProtocol = "clade-stream"
+
+// CommitRequest is the body of POST /v1/sandboxes/{id}/commit: the
+// sandbox's filesystem becomes an image (the last step of an image build).
+type CommitRequest struct {
+	Name    string   `json:"name"`
+	Env     []string `json:"env,omitempty"`
+	Workdir string   `json:"workdir,omitempty"`
+	// Start makes the image a template: it runs in a sandbox of the new
+	// image until Ready exits 0 (or something listens on TCP when Ready
+	// is empty), and that sandbox's snapshot is what creates restore.
+	Start string `json:"start,omitempty"`
+	Ready string `json:"ready,omitempty"`
+	// ReadyTimeoutMS bounds the wait for readiness (default 60 s).
+	ReadyTimeoutMS int64 `json:"ready_timeout_ms,omitempty"`
+}

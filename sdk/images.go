@@ -17,7 +17,80 @@ type (
 	ImageConfig      = api.ImageConfig
 	ImageProgress    = api.ImageProgress
 	PullImageRequest = api.PullImageRequest
+	CommitRequest    = api.CommitRequest
 )
+
+// Commit turns a sandbox's filesystem into an image (and, with Start, a
+// template with a ready snapshot). The sandbox keeps running.
+func (c *Client) Commit(ctx context.Context, ref string, req CommitRequest) (Image, error) {
+	var img Image
+	return img, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/commit", req, &img)
+}
+
+// BuildRequest is an image build: steps run in a sandbox of From, then its
+// filesystem becomes image Name.
+type BuildRequest struct {
+	Name, From string
+	Env        []string // for the steps and the image
+	Workdir    string
+	// Copy puts host files into the sandbox before the steps: each is a
+	// tar archive (see tarx) extracted at its Dest.
+	Copy  []BuildCopy
+	Run   []string // shell commands, in order; the first that fails stops the build
+	Start string
+	Ready string
+	// Output receives the steps' output; nil discards it.
+	Output io.Writer
+}
+
+// BuildCopy is one --copy of a build.
+type BuildCopy struct {
+	Dest string
+	Tar  func() (io.ReadCloser, error)
+}
+
+// Build runs an image build through the API: a sandbox of From, the copies
+// and steps in it, a commit, and the sandbox's removal (also on failure).
+func (c *Client) Build(ctx context.Context, req BuildRequest) (_ Image, err error) {
+	sb, err := c.CreateSandbox(ctx, CreateSandboxRequest{Image: req.From, Env: req.Env})
+	if err != nil {
+		return Image{}, err
+	}
+	defer func() {
+		if derr := c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	for _, cp := range req.Copy {
+		r, err := cp.Tar()
+		if err != nil {
+			return Image{}, err
+		}
+		err = c.CopyTo(ctx, sb.ID, cp.Dest, r)
+		r.Close()
+		if err != nil {
+			return Image{}, fmt.Errorf("copy to %s: %w", cp.Dest, err)
+		}
+	}
+	out := req.Output
+	if out == nil {
+		out = io.Discard
+	}
+	for i, step := range req.Run {
+		fmt.Fprintf(out, "--> step %d/%d: %s\n", i+1, len(req.Run), step)
+		st, err := c.Exec(ctx, sb.ID, ExecRequest{Cmd: []string{"sh", "-c", step}, Workdir: req.Workdir, Stdout: out, Stderr: out})
+		if err != nil {
+			return Image{}, err
+		}
+		if st.Code != 0 {
+			return Image{}, &Error{Code: "invalid_argument", Message: fmt.Sprintf("build step %d (%s) exited with %d", i+1, step, st.Code)}
+		}
+	}
+	if req.Start != "" {
+		fmt.Fprintf(out, "--> starting %q and waiting until it is ready\n", req.Start)
+	}
+	return c.Commit(ctx, sb.ID, CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir, Start: req.Start, Ready: req.Ready})
+}
 
 // GetImage returns an image with its config and the sandboxes and
 // snapshots using it.

@@ -3,9 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/sdk"
 )
 
@@ -97,4 +101,45 @@ func (p *progress) done() {
 	if p.on && !p.last.IsZero() {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}
+}
+
+func cmdImageBuild(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("image build", "image build NAME --from IMAGE [--run CMD]... [--copy SRC:DST]... [--env K=V]... [--workdir DIR]\n                  [--start CMD [--ready CMD]]\n\nBuilds an image: a sandbox of IMAGE gets the copies and runs each --run step\n(the first to fail stops the build), then its filesystem becomes image NAME.\nWith --start the image is a template: CMD runs in the background until\n--ready exits 0 (or until something listens on TCP), and that running\nsandbox is snapshotted; `clade create --image NAME` then restores it, with\nCMD already running, instead of booting.")
+	var req sdk.BuildRequest
+	var runs, copies, env multi
+	fs.StringVar(&req.From, "from", "default", "base image")
+	fs.Var(&runs, "run", "shell command to run (repeatable, in order)")
+	fs.Var(&copies, "copy", "SRC:DST: host file or directory SRC into the image at DST (repeatable)")
+	fs.Var(&env, "env", "K=V for the steps and the image (repeatable)")
+	fs.StringVar(&req.Workdir, "workdir", "", "working directory of the steps and the image")
+	fs.StringVar(&req.Start, "start", "", "make a template: the command its sandboxes start with")
+	fs.StringVar(&req.Ready, "ready", "", "with --start: a command that exits 0 once the start command is ready")
+	name, err := parseOneArg(fs, args)
+	if err != nil {
+		return err
+	}
+	req.Name, req.Run, req.Env, req.Output = name, runs, env, os.Stderr
+	for _, cp := range copies {
+		src, dst, ok := strings.Cut(cp, ":")
+		if !ok || src == "" || !strings.HasPrefix(dst, "/") {
+			return fmt.Errorf("--copy %q: use SRC:DST with an absolute DST", cp)
+		}
+		if _, err := os.Lstat(src); err != nil {
+			return fmt.Errorf("--copy: %w", err)
+		}
+		req.Copy = append(req.Copy, sdk.BuildCopy{Dest: dst, Tar: func() (io.ReadCloser, error) {
+			pr, pw := io.Pipe()
+			go func() { pw.CloseWithError(tarx.Create(pw, src, filepath.Base(filepath.Clean(src)))) }()
+			return pr, nil
+		}})
+	}
+	img, err := c.Build(ctx, req)
+	if err != nil {
+		return err
+	}
+	if img.Snapshot != "" {
+		fmt.Fprintf(os.Stderr, "template %s: creates restore snapshot %s\n", img.Name, img.Snapshot)
+	}
+	fmt.Println(img.Name)
+	return nil
 }

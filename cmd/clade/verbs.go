@@ -274,6 +274,7 @@ func cmdCopy(ctx context.Context, c *sdk.Client, args []string) error {
 const imageUsage = `Usage: clade image ls [--json]
        clade image pull REF [--name NAME] [--platform linux/amd64] [--quiet] [--insecure]
        clade image import FILE [--name NAME] [--quiet]     a docker save tarball or an OCI layout tar
+       clade image build NAME --from IMAGE [--run CMD]... [--copy SRC:DST]... [--env K=V]... [--workdir DIR] [--start CMD [--ready CMD]]
        clade image inspect NAME
        clade image rm NAME...`
 
@@ -284,6 +285,8 @@ func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
 			return cmdImagePull(ctx, c, args[1:])
 		case "import":
 			return cmdImageImport(ctx, c, args[1:])
+		case "build":
+			return cmdImageBuild(ctx, c, args[1:])
 		case "inspect":
 			return cmdImageInspect(ctx, c, args[1:])
 		case "rm", "remove":

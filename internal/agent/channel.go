@@ -320,7 +320,19 @@ func lookPath(file, path string) (string, error) {
 }
 
 func (ch *channel) tarGet() wire.ExitMsg {
-	if err := tarx.Create(ch.stdout, ch.req.Path, filepath.Base(ch.req.Path)); err != nil {
+	var skip func(string) bool
+	if len(ch.req.Exclude) > 0 {
+		skip = func(rel string) bool {
+			p := filepath.Join(ch.req.Path, rel)
+			for _, ex := range ch.req.Exclude {
+				if p == ex {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	if err := tarx.CreateFiltered(ch.stdout, ch.req.Path, filepath.Base(ch.req.Path), skip); err != nil {
 		return errExit(err)
 	}
 	return wire.ExitMsg{}

@@ -6,15 +6,17 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/sandbox"
 )
 
 func imageToAPI(img image.Image, users []string) api.Image {
 	out := api.Image{Name: img.Name, Source: img.Source, SizeBytes: img.SizeBytes, CreatedAt: img.CreatedAt,
-		Platform: img.Platform, ManifestDigest: img.ManifestDigest, Layers: img.Layers, UsedBy: users}
+		Platform: img.Platform, ManifestDigest: img.ManifestDigest, Layers: img.Layers, UsedBy: users, Snapshot: img.Snapshot}
 	c := img.Config
 	if len(c.Env) > 0 || c.WorkingDir != "" || c.User != "" || len(c.Entrypoint) > 0 || len(c.Cmd) > 0 {
 		out.Config = &api.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd}
@@ -126,4 +128,18 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 	ev := &eventStream{w: w, rc: http.NewResponseController(w)}
 	img, err := s.mgr.ImportImage(r.Context(), f.Name(), image.ImportOptions{Name: r.URL.Query().Get("name"), Progress: ev.progress})
 	return ev.finish(img, err)
+}
+
+func (s *Server) commit(w http.ResponseWriter, r *http.Request) error {
+	var req api.CommitRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	img, err := s.mgr.Commit(r.Context(), r.PathValue("id"), sandbox.CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir,
+		Start: req.Start, Ready: req.Ready, ReadyTimeout: time.Duration(req.ReadyTimeoutMS) * time.Millisecond})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, imageToAPI(img, nil))
+	return nil
 }

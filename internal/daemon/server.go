@@ -64,6 +64,7 @@ func New(cfg Config, mgr *sandbox.Manager, images *image.Store, reg *prometheus.
 	s.route("DELETE /v1/images/{name}", "image_remove", s.deleteImage)
 	s.route("POST /v1/images/pull", "image_pull", s.pullImage)
 	s.route("POST /v1/images/import", "image_import", s.importImage)
+	s.route("POST /v1/sandboxes/{id}/commit", "commit", s.commit)
 	s.route("POST /v1/sandboxes/{id}/snapshot", "snapshot_create", s.createSnapshot)
 	s.route("GET /v1/snapshots", "snapshot_list", s.listSnapshots)
 	s.route("GET /v1/snapshots/{id}", "snapshot_inspect", s.getSnapshot)

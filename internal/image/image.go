@@ -40,6 +40,9 @@ type Image struct {
 	ConfigDigest   string   `json:"config_digest,omitempty"`
 	Layers         []string `json:"layers,omitempty"` // blob digests, base first
 	Config         Config   `json:"config,omitzero"`
+	// Snapshot, for a template, is the ready snapshot that creates restore
+	// instead of booting: its start command already running.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Store is a directory of images.

@@ -25,8 +25,12 @@ func (m *Manager) ImageUsers(ctx context.Context, name string) ([]string, error)
 	if err != nil {
 		return nil, err
 	}
+	own := ""
+	if img, err := m.images.Get(ctx, name); err == nil {
+		own = img.Snapshot // a template's own ready snapshot goes with it
+	}
 	for _, sn := range snaps {
-		if sn.Image == name {
+		if sn.Image == name && sn.ID != own {
 			users = append(users, "snapshot "+sn.ID)
 		}
 	}
@@ -55,7 +59,31 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if err := m.CheckImageReplaceable(ctx, name, "keep it"); err != nil {
 		return err
 	}
-	return m.images.Remove(ctx, name)
+	img, err := m.images.Get(ctx, name)
+	if err != nil && !errdefs.IsInvalidArgument(err) {
+		return err
+	}
+	if err := m.images.Remove(ctx, name); err != nil {
+		return err
+	}
+	return m.dropTemplateSnapshot(ctx, img.Snapshot)
+}
+
+// dropTemplateSnapshot removes a template's former ready snapshot. No
+// sandbox uses it (the image could not have been removed or replaced
+// otherwise).
+func (m *Manager) dropTemplateSnapshot(ctx context.Context, id string) error {
+	if id == "" {
+		return nil
+	}
+	sn, err := m.store.GetSnapshot(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return m.removeSnapshot(ctx, sn)
 }
 
 // PullImage pulls an image. The store asks CanReplace before it replaces an

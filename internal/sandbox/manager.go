@@ -217,6 +217,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if err != nil {
 		return store.Sandbox{}, err
 	}
+	if img.Snapshot != "" && len(req.Env) == 0 {
+		// A template: restore its ready snapshot (start command already
+		// running) when the sandbox asks for the snapshot's resources.
+		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs {
+			m.imageMu.Unlock()
+			imageLocked = false
+			release()
+			return m.createFromSnapshot(ctx, sn.ID, req.Name)
+		}
+	}
 	sh := shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env)
 	id, ok := m.pool.take(sh)
 	if !ok {
@@ -269,7 +279,11 @@ func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sand
 			return store.Sandbox{}, err
 		}
 	}
-	res, err := m.fork(ctx, req.FromSnapshot, []store.Sandbox{{Name: req.Name}})
+	return m.createFromSnapshot(ctx, req.FromSnapshot, req.Name)
+}
+
+func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string) (store.Sandbox, error) {
+	res, err := m.fork(ctx, snapshot, []store.Sandbox{{Name: name}})
 	if err != nil {
 		return store.Sandbox{}, err
 	}

@@ -289,7 +289,8 @@ func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, 
 // admit reserves memory for sandboxes about to be made, each counted at its
 // whole limit since it may grow to it, and refuses when the host would fall
 // below the free-memory floor. The caller releases the reservation when the
-// sandboxes exist (their memory then shows in MemAvailable).
+// sandboxes exist (their memory then shows in MemAvailable); release is
+// idempotent.
 func (m *Manager) admit(mib int) (release func(), err error) {
 	avail, err := memAvailableMiB()
 	if err != nil {
@@ -303,10 +304,13 @@ func (m *Manager) admit(mib int) (release func(), err error) {
 			mib, avail-m.reservedMiB, m.cfg.MemoryFloorMiB)
 	}
 	m.reservedMiB += mib
+	var once sync.Once
 	return func() {
-		m.mu.Lock()
-		m.reservedMiB -= mib
-		m.mu.Unlock()
+		once.Do(func() {
+			m.mu.Lock()
+			m.reservedMiB -= mib
+			m.mu.Unlock()
+		})
 	}, nil
 }
 

@@ -25,6 +25,12 @@ import (
 // would refuse them; src itself being one is an InvalidArgument error.
 // A missing src is a NotFound error.
 func Create(w io.Writer, src, name string) error {
+	return CreateFiltered(w, src, name, nil)
+}
+
+// CreateFiltered is Create that leaves out the paths (relative to src, with
+// forward slashes) for which skip returns true, and what is below them.
+func CreateFiltered(w io.Writer, src, name string, skip func(rel string) bool) error {
 	fi, err := os.Lstat(src)
 	if errors.Is(err, fs.ErrNotExist) {
 		return errdefs.Wrap(errdefs.NotFound, fmt.Errorf("%s: no such file or directory", src))
@@ -53,6 +59,12 @@ func Create(w io.Writer, src, name string) error {
 			rel, err := filepath.Rel(src, p)
 			if err != nil {
 				return err
+			}
+			if skip != nil && rel != "." && skip(filepath.ToSlash(rel)) {
+				if d.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
 			}
 			return add(tw, p, path.Join(name, filepath.ToSlash(rel)), fi)
 		})

@@ -178,6 +178,9 @@ type Request struct {
 	Path  string `json:"path,omitempty"`
 	// Hostname is the new hostname for OpIdentity.
 	Hostname string `json:"hostname,omitempty"`
+	// Exclude lists absolute paths an OpTarGet leaves out, with what is
+	// below them.
+	Exclude []string `json:"exclude,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

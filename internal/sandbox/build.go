@@ -1,0 +1,190 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/agent"
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
+)
+
+// CommitRequest turns a sandbox's filesystem into an image.
+type CommitRequest struct {
+	Name    string
+	Env     []string // added to the image's environment
+	Workdir string   // the image's working directory; the base image's if empty
+	// Start makes the image a template: a sandbox of the new image runs
+	// Start in the background until Ready exits 0 (or, without Ready,
+	// until something listens on a TCP port), and is snapshotted; creates
+	// of the image then restore that snapshot instead of booting.
+	Start        string
+	Ready        string
+	ReadyTimeout time.Duration
+}
+
+// notInImage are the paths of a sandbox that are not its filesystem.
+var notInImage = []string{"/proc", "/sys", "/dev", "/.clade"}
+
+// Commit exports a sandbox's whole filesystem as a new image (replacing an
+// image of that name nobody uses), and with Start also its ready snapshot.
+func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (image.Image, error) {
+	if !image.ValidName(req.Name) {
+		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "bad image name %q: use lower-case letters, digits, '.', '_' and '-'", req.Name)
+	}
+	for _, kv := range req.Env {
+		if err := ValidEnv(kv); err != nil {
+			return image.Image{}, err
+		}
+	}
+	if req.Ready != "" && req.Start == "" {
+		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "a ready command needs a start command")
+	}
+	rec, err := m.store.GetSandbox(ctx, ref)
+	if err != nil {
+		return image.Image{}, err
+	}
+	base, err := m.images.Get(ctx, rec.Image)
+	if err != nil {
+		return image.Image{}, err
+	}
+	cfg := base.Config
+	cfg.Env = mergeEnv(cfg.Env, rec.Env, req.Env)
+	if req.Workdir != "" {
+		cfg.WorkingDir = req.Workdir
+	}
+	var oldSnapshot string
+	if old, err := m.images.Get(ctx, req.Name); err == nil {
+		oldSnapshot = old.Snapshot
+	}
+	ch, err := m.Open(ctx, rec.ID, wire.Request{Op: wire.OpTarGet, Path: "/", Exclude: notInImage})
+	if err != nil {
+		return image.Image{}, err
+	}
+	defer ch.Close()
+	img, err := m.images.InstallTar(ctx, image.Image{Name: req.Name, Source: fmt.Sprintf("built from %s in sandbox %s", base.Name, rec.ID), Config: cfg},
+		&checkedReader{r: ch.Stdout, ch: ch, ctx: ctx})
+	if err != nil {
+		return image.Image{}, fmt.Errorf("commit %s as image %s: %w", ref, req.Name, err)
+	}
+	m.log.Info("image built", "image", img.Name, "from", base.Name, "size_mib", img.SizeBytes>>20)
+	if err := m.dropTemplateSnapshot(ctx, oldSnapshot); err != nil {
+		m.log.Warn("remove the replaced template's snapshot", "snapshot", oldSnapshot, "err", err)
+	}
+	if req.Start == "" {
+		return img, nil
+	}
+	return m.makeTemplate(ctx, img, req)
+}
+
+// checkedReader ends an archive stream with the agent's verdict: a tar that
+// the agent could not finish must not pass for a short, complete one.
+type checkedReader struct {
+	r   io.Reader
+	ch  *agent.Channel
+	ctx context.Context
+}
+
+func (c *checkedReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if err == io.EOF {
+		exit, werr := c.ch.Wait(c.ctx)
+		if werr == nil {
+			werr = agent.ExitError(exit)
+		}
+		if werr != nil {
+			return n, werr
+		}
+	}
+	return n, err
+}
+
+func mergeEnv(lists ...[]string) []string {
+	var out []string
+	idx := map[string]int{}
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := idx[k]; ok {
+				out[i] = kv
+				continue
+			}
+			idx[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// makeTemplate starts req.Start in a sandbox of img, waits until it is
+// ready, snapshots it and records the snapshot in the image.
+func (m *Manager) makeTemplate(ctx context.Context, img image.Image, req CommitRequest) (_ image.Image, err error) {
+	sb, err := m.Create(ctx, CreateRequest{Image: img.Name})
+	if err != nil {
+		return image.Image{}, fmt.Errorf("template %s: %w", img.Name, err)
+	}
+	defer func() {
+		if derr := m.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}()
+	run := func(cmd string, env ...string) (wire.ExitMsg, string, error) {
+		ch, err := m.Open(ctx, sb.ID, wire.Request{Op: wire.OpExec, Argv: []string{"sh", "-c", cmd}, Env: env, TimeoutMS: 30000})
+		if err != nil {
+			return wire.ExitMsg{}, "", err
+		}
+		out, _ := io.ReadAll(io.MultiReader(ch.Stdout, ch.Stderr))
+		exit, err := ch.Wait(ctx)
+		return exit, string(out), err
+	}
+	const startLog = "/tmp/.clade-start.log"
+	if exit, out, err := run(`mkdir -p /tmp; nohup sh -c "$CLADE_START" > `+startLog+` 2>&1 & echo $! > /tmp/.clade-start.pid`, "CLADE_START="+req.Start); err != nil || exit.Code != 0 {
+		return image.Image{}, errors.Join(err, errdefs.New(errdefs.InvalidArgument, "template %s: start command did not start (%d): %s", img.Name, exit.Code, out))
+	}
+	timeout := req.ReadyTimeout
+	if timeout == 0 {
+		timeout = time.Minute
+	}
+	ready := req.Ready
+	if ready == "" {
+		// Something listens: a LISTEN (0A) line in /proc/net/tcp{,6}.
+		ready = `cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '$4 == "0A" {found=1} END {exit !found}'`
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		exit, _, err := run(ready)
+		if err != nil {
+			return image.Image{}, err
+		}
+		if exit.Code == 0 {
+			break
+		}
+		if alive, _, _ := run(`kill -0 $(cat /tmp/.clade-start.pid)`); alive.Code != 0 {
+			_, out, _ := run("tail -c 2000 " + startLog)
+			return image.Image{}, errdefs.New(errdefs.InvalidArgument, "template %s: the start command exited before it was ready; its output:\n%s", img.Name, out)
+		}
+		if time.Now().After(deadline) {
+			return image.Image{}, errdefs.New(errdefs.InvalidArgument, "template %s: not ready after %s (ready check: %s)", img.Name, timeout, ready)
+		}
+		select {
+		case <-ctx.Done():
+			return image.Image{}, ctx.Err()
+		case <-time.After(50 * time.Millisecond): // between readiness probes
+		}
+	}
+	sn, err := m.Snapshot(ctx, sb.ID, "", false)
+	if err != nil {
+		return image.Image{}, fmt.Errorf("template %s: %w", img.Name, err)
+	}
+	out, err := m.images.SetSnapshot(ctx, img.Name, sn.ID)
+	if err != nil {
+		return image.Image{}, errors.Join(err, m.removeSnapshot(ctx, sn))
+	}
+	m.log.Info("template ready", "image", img.Name, "snapshot", sn.ID)
+	return out, nil
+}
