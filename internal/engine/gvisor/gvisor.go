@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"sync/atomic"
 	"time"
 
@@ -653,6 +654,7 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	}
 	dir := e.dir(id)
 	if !fileExists(dir) {
+		e.killProcesses(dir + "/")
 		return nil
 	}
 	// One call: delete --force kills with SIGKILL. Only when it fails is
@@ -663,6 +665,9 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	// Whatever runsc lost track of (a create killed half way) still names
+	// the sandbox's directory on its command line: no process outlives it.
+	e.killProcesses(dir + "/")
 	return os.RemoveAll(dir)
 }
 
@@ -697,12 +702,52 @@ func (e *Engine) List(ctx context.Context) ([]string, error) {
 			seen[name] = true
 		}
 	}
+	// And processes of sandboxes whose directory is gone.
+	prefix := e.sbRoot + "/"
+	for _, p := range e.processes(prefix) {
+		rest := p.cmdline[strings.Index(p.cmdline, prefix)+len(prefix):]
+		if id, _, ok := strings.Cut(rest, "/"); ok && id != "" {
+			seen[id] = true
+		}
+	}
 	ids := make([]string, 0, len(seen))
 	for id := range seen {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	return ids, nil
+}
+
+// killProcesses SIGKILLs every process whose command line contains s.
+func (e *Engine) killProcesses(s string) {
+	for _, p := range e.processes(s) {
+		_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	}
+}
+
+type proc struct {
+	pid     int
+	cmdline string
+}
+
+// processes lists the processes whose command line contains s.
+func (e *Engine) processes(s string) []proc {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []proc
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), s) {
+			out = append(out, proc{pid, string(b)})
+		}
+	}
+	return out
 }
 
 // PIDs returns host pids of runsc processes that belong to this engine's
