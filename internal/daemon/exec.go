@@ -275,11 +275,18 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 		_, _ = io.Copy(ch.Stdin, r.Body)
 		_ = ch.Stdin.Close()
 	}()
-	// The handler may not return while the body is still being read.
+	// The handler may not return while the body is still being read. Only
+	// a copy still blocked on the client (the extraction failed early) is
+	// cut off with a read deadline: set on a body read to its end, the
+	// deadline would break the kept-alive connection for the next request.
 	defer func() {
 		ch.Close()
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
-		<-copied
+		select {
+		case <-copied:
+		case <-time.After(time.Second):
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			<-copied
+		}
 	}()
 	exit, err := ch.Wait(r.Context())
 	if err != nil {
