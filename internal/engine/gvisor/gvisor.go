@@ -23,7 +23,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent"
@@ -718,10 +717,19 @@ func (e *Engine) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// killProcesses SIGKILLs every process whose command line contains s.
+// killProcesses SIGKILLs every process whose command line contains s and
+// waits (up to 5 s each, through a pidfd) until it is gone.
 func (e *Engine) killProcesses(s string) {
 	for _, p := range e.processes(s) {
-		_ = syscall.Kill(p.pid, syscall.SIGKILL)
+		fd, err := unix.PidfdOpen(p.pid, 0)
+		if err != nil {
+			continue // already gone
+		}
+		if unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+			_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 5000)
+		}
+		unix.Close(fd)
+		e.cfg.Log.Debug("killed a leftover sandbox process", "pid", p.pid)
 	}
 }
 
