@@ -47,10 +47,31 @@ say "clade cp: a file in, processed, and back out"
 WORK=$(mktemp -d)
 printf 'the quick brown fox\njumps over the lazy dog\n' > "$WORK/words.txt"
 clade cp "$WORK/words.txt" "$SB:/root/words.txt"
-clade exec "$SB" -- python3 -c 'import collections; t = open("/root/words.txt").read().split(); open("/root/count.txt", "w").write(f"{len(t)} words, most common letter: {collections.Counter(\"\".join(t)).most_common(1)[0][0]}\n")'
+clade exec "$SB" -- python3 -c 'import collections; t = open("/root/words.txt").read().split(); c = collections.Counter("".join(t)).most_common(1)[0][0]; open("/root/count.txt", "w").write("%d words, most common letter: %s\n" % (len(t), c))'
 clade cp "$SB:/root/count.txt" "$WORK/count.txt"
 cat "$WORK/count.txt"
 rm -rf "$WORK"
+
+say "clade fork: a running process and its memory, into 3 children in one call"
+clade exec "$SB" -- sh -c 'nohup python3 -c "
+import time
+n = 0
+while True:
+    n += 1
+    open(\"/tmp/count\", \"w\").write(str(n))
+    time.sleep(0.1)
+" > /dev/null 2>&1 & until [ -s /tmp/count ]; do sleep 0.05; done'
+time KIDS=$(clade fork "$SB" -n 3)
+for k in $KIDS; do
+	printf 'child %s: counter %s (it kept counting from the parent'"'"'s value)\n' "$k" "$(clade exec "$k" -- cat /tmp/count)"
+done
+clade rm $KIDS >/dev/null
+
+say "clade sleep: to disk, no RAM; clade wake: same id, same process"
+clade sleep "$SB" >/dev/null
+clade ls
+time clade wake "$SB" >/dev/null
+echo "counter after wake: $(clade exec "$SB" -- cat /tmp/count)"
 
 say "clade exec: exit codes pass through"
 set +e
