@@ -128,7 +128,7 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	// Built by hand, not with exec.Command, which would search the agent's
 	// PATH: the exec's own PATH counts, and every stat is a round trip to
 	// the sandbox's file server.
-	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: mergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env), Dir: ch.req.Dir}
+	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: MergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env), Dir: ch.req.Dir}
 	if !strings.Contains(cmd.Path, "/") {
 		p, err := lookPath(cmd.Path, envValue(cmd.Env, "PATH"))
 		if err != nil {
@@ -282,17 +282,21 @@ func pump(wg *sync.WaitGroup, w io.Writer, r *os.File) {
 	}
 }
 
-func mergeEnv(base, extra []string) []string {
-	env := make([]string, 0, len(base)+len(extra))
+// MergeEnv joins KEY=VALUE lists in order: a later value of a key replaces
+// an earlier one in its place.
+func MergeEnv(lists ...[]string) []string {
+	var env []string
 	idx := map[string]int{}
-	for _, kv := range append(append([]string(nil), base...), extra...) {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := idx[k]; ok {
-			env[i] = kv
-			continue
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := idx[k]; ok {
+				env[i] = kv
+				continue
+			}
+			idx[k] = len(env)
+			env = append(env, kv)
 		}
-		idx[k] = len(env)
-		env = append(env, kv)
 	}
 	return env
 }

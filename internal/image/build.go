@@ -37,12 +37,8 @@ func (s *Store) InstallTar(ctx context.Context, img Image, r io.Reader) (Image, 
 	}
 	img.CreatedAt = time.Now().UTC()
 	img.SizeBytes = DirSize(rootfs)
-	if s.CanReplace != nil {
-		if _, err := s.Get(ctx, img.Name); err == nil {
-			if err := s.CanReplace(ctx, img.Name); err != nil {
-				return Image{}, err
-			}
-		}
+	if err := s.mayReplace(ctx, img.Name); err != nil {
+		return Image{}, err
 	}
 	if _, err := s.commit(b, img); err != nil {
 		return Image{}, err
@@ -73,4 +69,15 @@ func (s *Store) writeMeta(img Image) error {
 		return err
 	}
 	return os.Rename(tmp, p)
+}
+
+// mayReplace asks CanReplace, if an image called name exists.
+func (s *Store) mayReplace(ctx context.Context, name string) error {
+	if s.CanReplace == nil {
+		return nil
+	}
+	if _, err := s.Get(ctx, name); err != nil {
+		return nil
+	}
+	return s.CanReplace(ctx, name)
 }

@@ -548,12 +548,8 @@ func (s *Store) install(ctx context.Context, img Image, layers []layerSource, pr
 	report(true)
 	img.CreatedAt = time.Now().UTC()
 	img.SizeBytes = DirSize(rootfs)
-	if s.CanReplace != nil {
-		if _, err := s.Get(ctx, img.Name); err == nil {
-			if err := s.CanReplace(ctx, img.Name); err != nil {
-				return Image{}, err
-			}
-		}
+	if err := s.mayReplace(ctx, img.Name); err != nil {
+		return Image{}, err
 	}
 	replaced, err := s.commit(b, img)
 	if err != nil {

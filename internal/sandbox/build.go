@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent"
@@ -54,7 +53,7 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 		return image.Image{}, err
 	}
 	cfg := base.Config
-	cfg.Env = mergeEnv(cfg.Env, rec.Env, req.Env)
+	cfg.Env = agent.MergeEnv(cfg.Env, rec.Env, req.Env)
 	if req.Workdir != "" {
 		cfg.WorkingDir = req.Workdir
 	}
@@ -102,23 +101,6 @@ func (c *checkedReader) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
-}
-
-func mergeEnv(lists ...[]string) []string {
-	var out []string
-	idx := map[string]int{}
-	for _, l := range lists {
-		for _, kv := range l {
-			k, _, _ := strings.Cut(kv, "=")
-			if i, ok := idx[k]; ok {
-				out[i] = kv
-				continue
-			}
-			idx[k] = len(out)
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 // makeTemplate starts req.Start in a sandbox of img, waits until it is
