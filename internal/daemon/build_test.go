@@ -63,21 +63,34 @@ func TestImageBuildAndTemplate(t *testing.T) {
 	// Nobody started the counter in this sandbox: it came running.
 	waitCountPast(t, c, child.ID, readCount(t, c, child.ID))
 
-	// In use: not removable, not rebuildable.
+	// In use: not removable, but rebuildable; the sandbox of the old
+	// template keeps working, the new snapshot serves new creates.
 	if err := c.DeleteImage(t.Context(), "tmpl"); !sdk.IsConflict(err) {
 		t.Fatalf("removing a template in use: %v", err)
 	}
-	if err := c.DeleteSandbox(t.Context(), child.ID); err != nil {
-		t.Fatal(err)
-	}
-	// Rebuilt: the new snapshot replaces the old one.
-	tmpl2, err := c.Build(t.Context(), sdk.BuildRequest{Name: "tmpl", From: "built", Start: counterStart, Ready: "test -s /tmp/count"})
+	tmpl2, err := c.Build(t.Context(), sdk.BuildRequest{Name: "tmpl", From: "built", Start: counterStart, Ready: "test -s /tmp/count",
+		Run: []string{"echo second > /root/version"}})
 	if err != nil {
-		t.Fatalf("rebuild: %v", err)
+		t.Fatalf("rebuild while in use: %v", err)
 	}
 	if tmpl2.Snapshot == tmpl.Snapshot {
 		t.Fatal("rebuild kept the old snapshot")
 	}
+	waitCountPast(t, c, child.ID, readCount(t, c, child.ID))
+	if r := run(t, c, child.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/built; cat /root/version 2>/dev/null || echo first"}}); r.stdout != "step-one\nfirst\n" {
+		t.Fatalf("the old template's sandbox after the rebuild: %+v", r)
+	}
+	child2 := newSandbox(t, c, sdk.CreateSandboxRequest{Image: "tmpl"})
+	if r := run(t, c, child2.ID, sdk.ExecRequest{Cmd: []string{"cat", "/root/version"}}); r.stdout != "second\n" {
+		t.Fatalf("a sandbox of the rebuilt template: %+v", r)
+	}
+	waitCountPast(t, c, child2.ID, readCount(t, c, child2.ID))
+	for _, id := range []string{child.ID, child2.ID} {
+		if err := c.DeleteSandbox(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The old snapshot went with its last sandbox.
 	if _, err := c.GetSnapshot(t.Context(), tmpl.Snapshot); !sdk.IsNotFound(err) {
 		t.Fatalf("the replaced template's snapshot is still there: %v", err)
 	}

@@ -152,11 +152,20 @@ func TestImagePullAndRun(t *testing.T) {
 	if err := remote.Write(v2, changed); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PullImage(t.Context(), sdk.PullImageRequest{Ref: v2.String(), Name: "whoami", Insecure: true}, nil); !sdk.IsConflict(err) {
-		t.Fatalf("replacing an image in use: %v, want a conflict", err)
+	// Replacing an image in use is safe: its sandboxes keep the root they
+	// were made on; new sandboxes get the new image.
+	if _, err := c.PullImage(t.Context(), sdk.PullImageRequest{Ref: v2.String(), Name: "whoami", Insecure: true}, nil); err != nil {
+		t.Fatalf("replacing an image in use: %v", err)
 	}
 	if r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"whoami"}}); r.stdout != "hello-from-image /work 1000 1000\n" {
-		t.Fatalf("the sandbox after a refused replacement: %+v", r)
+		t.Fatalf("the sandbox after its image was replaced: %+v", r)
+	}
+	sb2 := newSandbox(t, c, sdk.CreateSandboxRequest{Image: "whoami", MemoryMiB: 128})
+	if r := run(t, c, sb2.ID, sdk.ExecRequest{Cmd: []string{"whoami"}}); r.stdout != "v2 / 0 0\n" { // v2 sets only Env: no WorkingDir, no User
+		t.Fatalf("a sandbox of the replaced image: %+v", r)
+	}
+	if err := c.DeleteSandbox(t.Context(), sb2.ID); err != nil {
+		t.Fatal(err)
 	}
 	if got, err := c.GetImage(t.Context(), "whoami"); err != nil || len(got.UsedBy) != 1 {
 		t.Fatalf("inspect: %+v %v", got, err)

@@ -14,8 +14,8 @@ import (
 // InstallTar makes an image called img.Name whose root filesystem is the tar
 // archive r (a sandbox's whole tree, from `clade image build`). The archive
 // is hostile input like any other: tarx refuses escapes, devices and writes
-// through symlinks. An existing image of that name is replaced atomically,
-// after CanReplace allows it.
+// through symlinks. An existing image of that name is replaced atomically;
+// its root lives on while sandboxes use it.
 func (s *Store) InstallTar(ctx context.Context, img Image, r io.Reader) (Image, error) {
 	if err := checkNewName(img.Name); err != nil {
 		return Image{}, err
@@ -37,13 +37,13 @@ func (s *Store) InstallTar(ctx context.Context, img Image, r io.Reader) (Image, 
 	}
 	img.CreatedAt = time.Now().UTC()
 	img.SizeBytes = DirSize(rootfs)
-	if err := s.mayReplace(ctx, img.Name); err != nil {
-		return Image{}, err
-	}
 	if _, err := s.commit(b, img); err != nil {
 		return Image{}, err
 	}
-	img.RootFS = filepath.Join(s.dir, img.Name, "rootfs")
+	img, err = s.Get(ctx, img.Name)
+	if err != nil {
+		return Image{}, err
+	}
 	return img, nil
 }
 
@@ -69,15 +69,4 @@ func (s *Store) writeMeta(img Image) error {
 		return err
 	}
 	return os.Rename(tmp, p)
-}
-
-// mayReplace asks CanReplace, if an image called name exists.
-func (s *Store) mayReplace(ctx context.Context, name string) error {
-	if s.CanReplace == nil {
-		return nil
-	}
-	if _, err := s.Get(ctx, name); err != nil {
-		return nil
-	}
-	return s.CanReplace(ctx, name)
 }

@@ -32,6 +32,9 @@ type Image struct {
 	CreatedAt time.Time `json:"created_at"`
 	SizeBytes int64     `json:"size_bytes"`
 	RootFS    string    `json:"-"`
+	// Root is the id of the image's root filesystem under .roots/; images
+	// built before roots were versioned keep theirs in <name>/rootfs.
+	Root string `json:"root,omitempty"`
 
 	// Set for images pulled or imported from OCI and Docker images; Source
 	// is then the reference or file they came from.
@@ -51,10 +54,6 @@ type Store struct {
 	log *slog.Logger
 	// Mirror is the Debian mirror the default image is built from.
 	Mirror string
-	// CanReplace, if set, is asked before a pull or import replaces an
-	// existing image of the same name; an error stops it (the sandbox
-	// manager refuses images that sandboxes or snapshots use).
-	CanReplace func(ctx context.Context, name string) error
 }
 
 // NewStore opens the image directory dir, creating it if needed, and
@@ -95,8 +94,15 @@ func (s *Store) Get(ctx context.Context, name string) (Image, error) {
 	if err := json.Unmarshal(b, &img); err != nil {
 		return Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
-	img.RootFS = filepath.Join(s.dir, name, "rootfs")
+	img.RootFS = s.rootFS(img)
 	return img, nil
+}
+
+func (s *Store) rootFS(img Image) string {
+	if img.Root != "" {
+		return filepath.Join(s.dir, rootsDir, img.Root)
+	}
+	return filepath.Join(s.dir, img.Name, "rootfs")
 }
 
 // List returns every complete image, by name.

@@ -548,9 +548,6 @@ func (s *Store) install(ctx context.Context, img Image, layers []layerSource, pr
 	report(true)
 	img.CreatedAt = time.Now().UTC()
 	img.SizeBytes = DirSize(rootfs)
-	if err := s.mayReplace(ctx, img.Name); err != nil {
-		return Image{}, err
-	}
 	replaced, err := s.commit(b, img)
 	if err != nil {
 		return Image{}, err
@@ -561,7 +558,10 @@ func (s *Store) install(ctx context.Context, img Image, layers []layerSource, pr
 			s.log.Warn("clean up after replacing image", "image", img.Name, "err", err)
 		}
 	}
-	img.RootFS = filepath.Join(s.dir, img.Name, "rootfs")
+	img, err = s.Get(ctx, img.Name)
+	if err != nil {
+		return Image{}, err
+	}
 	s.log.Info("image installed", "image", img.Name, "source", img.Source, "layers", len(layers),
 		"cached", p.Cached, "size_mib", img.SizeBytes>>20, "took", time.Since(start).Round(time.Millisecond))
 	return img, nil

@@ -27,7 +27,11 @@ import (
 //	.rm-<name>-<rand>/     an image being removed
 //	.gc.lock               shared by builds, exclusive for garbage collection
 const (
-	blobsDir    = "blobs"
+	blobsDir = "blobs"
+	// rootsDir holds every installed root filesystem under its own id. An
+	// image names its current root; replacing the image points it at a new
+	// one, and the old root lives on while sandboxes or snapshots use it.
+	rootsDir    = ".roots"
 	buildPrefix = ".build-"
 	rmPrefix    = ".rm-"
 	gcLock      = ".gc.lock"
@@ -114,6 +118,15 @@ func (b *build) close() error {
 // as img.Name, atomically replacing an image of that name (replaced). The
 // replaced image lands in b.dir, which close removes.
 func (s *Store) commit(b *build, img Image) (replaced bool, err error) {
+	// The root moves out of the build first, under an id of its own: a
+	// replaced image's root must not go with the replaced image.json.
+	img.Root = randHex()
+	if err := os.MkdirAll(filepath.Join(s.dir, rootsDir), 0o755); err != nil {
+		return false, err
+	}
+	if err := os.Rename(filepath.Join(b.dir, "rootfs"), filepath.Join(s.dir, rootsDir, img.Root)); err != nil {
+		return false, err
+	}
 	j, err := json.MarshalIndent(img, "", "  ")
 	if err != nil {
 		return false, err
@@ -324,4 +337,55 @@ func randHex() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// GCRoots removes the installed root filesystems that no image names and
+// that are not in inUse (root directories that sandboxes or snapshots still
+// stand on). Like blob collection it gives way to builds in flight.
+func (s *Store) GCRoots(inUse map[string]bool) error {
+	lock, err := s.lockGC(unix.LOCK_EX | unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	roots, err := os.ReadDir(filepath.Join(s.dir, rootsDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	named := map[string]bool{}
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !ValidName(e.Name()) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(s.dir, e.Name(), "image.json"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		var img Image
+		if err == nil {
+			err = json.Unmarshal(b, &img)
+		}
+		if err != nil {
+			return fmt.Errorf("image %s: %w", e.Name(), err)
+		}
+		named[img.Root] = true
+	}
+	var errs []error
+	for _, r := range roots {
+		p := filepath.Join(s.dir, rootsDir, r.Name())
+		if !named[r.Name()] && !inUse[p] {
+			errs = append(errs, os.RemoveAll(p))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -37,63 +37,93 @@ func (m *Manager) ImageUsers(ctx context.Context, name string) ([]string, error)
 	return users, nil
 }
 
-// CheckImageReplaceable refuses to remove or replace an image in use.
-func (m *Manager) CheckImageReplaceable(ctx context.Context, name, what string) error {
-	if name == "" {
-		return nil
-	}
+// checkUnused refuses to remove an image in use.
+func (m *Manager) checkUnused(ctx context.Context, name string) error {
 	users, err := m.ImageUsers(ctx, name)
 	if err != nil {
 		return err
 	}
 	if len(users) > 0 {
-		return errdefs.New(errdefs.Conflict, "image %s is in use by %s: remove them first, or %s under another name", name, strings.Join(users, ", "), what)
+		return errdefs.New(errdefs.Conflict, "image %s is in use by %s: remove them first", name, strings.Join(users, ", "))
 	}
 	return nil
 }
 
-// RemoveImage removes an image no sandbox or snapshot uses.
-func (m *Manager) RemoveImage(ctx context.Context, name string) error {
+// gcRoots removes image roots that no image names and no sandbox or
+// snapshot stands on (the roots of replaced images, once unused).
+func (m *Manager) gcRoots(ctx context.Context) {
+	// Creates hold imageMu from reading an image's root to recording it.
 	m.imageMu.Lock()
 	defer m.imageMu.Unlock()
-	if err := m.CheckImageReplaceable(ctx, name, "keep it"); err != nil {
+	inUse := map[string]bool{}
+	if sbs, err := m.store.ListSandboxes(ctx); err == nil {
+		for _, sb := range sbs {
+			inUse[sb.RootFS] = true
+		}
+	} else {
+		return
+	}
+	if snaps, err := m.store.ListSnapshots(ctx); err == nil {
+		for _, sn := range snaps {
+			inUse[sn.RootFS] = true
+		}
+	} else {
+		return
+	}
+	if err := m.images.GCRoots(inUse); err != nil {
+		m.log.Warn("image root collection", "err", err)
+	}
+}
+
+// RemoveImage removes an image no sandbox or snapshot uses.
+func (m *Manager) RemoveImage(ctx context.Context, name string) error {
+	img, err := m.removeImage(ctx, name)
+	if err != nil {
 		return err
+	}
+	err = m.dropTemplateSnapshot(ctx, img.Snapshot)
+	m.gcRoots(ctx)
+	return err
+}
+
+// removeImage checks and removes under imageMu, so that no create starts
+// on the image in between.
+func (m *Manager) removeImage(ctx context.Context, name string) (image.Image, error) {
+	m.imageMu.Lock()
+	defer m.imageMu.Unlock()
+	if err := m.checkUnused(ctx, name); err != nil {
+		return image.Image{}, err
 	}
 	img, err := m.images.Get(ctx, name)
 	if err != nil && !errdefs.IsInvalidArgument(err) {
-		return err
+		return image.Image{}, err
 	}
-	if err := m.images.Remove(ctx, name); err != nil {
-		return err
-	}
-	return m.dropTemplateSnapshot(ctx, img.Snapshot)
+	return img, m.images.Remove(ctx, name)
 }
 
-// dropTemplateSnapshot removes a template's former ready snapshot. No
-// sandbox uses it (the image could not have been removed or replaced
-// otherwise).
+// dropTemplateSnapshot lets go of a template's former ready snapshot: it
+// goes now if no sandbox was restored from it, else with the last of them
+// (which keep working).
 func (m *Manager) dropTemplateSnapshot(ctx context.Context, id string) error {
 	if id == "" {
 		return nil
 	}
-	sn, err := m.store.GetSnapshot(ctx, id)
-	if errdefs.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+	if err := m.store.SetSnapshotImplicit(ctx, id); err != nil {
 		return err
 	}
-	return m.removeSnapshot(ctx, sn)
+	m.gcSnapshot(ctx, id)
+	return nil
 }
 
-// PullImage pulls an image. The store asks CanReplace before it replaces an
-// image of the same name, so one in use is never swapped out from under its
-// sandboxes; pulling what is already there changes nothing and is allowed.
+// PullImage pulls an image. Replacing an image of the same name is safe
+// while sandboxes use it: they keep standing on the root they were made on.
 func (m *Manager) PullImage(ctx context.Context, ref string, opts image.PullOptions) (image.Image, error) {
+	defer m.gcRoots(ctx)
 	return m.images.Pull(ctx, ref, opts)
 }
 
-// ImportImage imports an image archive, under the same rule as PullImage.
+// ImportImage imports an image archive, like PullImage.
 func (m *Manager) ImportImage(ctx context.Context, path string, opts image.ImportOptions) (image.Image, error) {
+	defer m.gcRoots(ctx)
 	return m.images.Import(ctx, path, opts)
 }

@@ -108,9 +108,6 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	}
 	m := &Manager{cfg: cfg, eng: eng, store: st, images: images, log: cfg.Log,
 		live: map[string]engine.Sandbox{}, busy: map[string]bool{}, ops: map[string]*sync.Mutex{}, pool: newWarmPool()}
-	images.CanReplace = func(ctx context.Context, name string) error {
-		return m.CheckImageReplaceable(ctx, name, "pull or import it")
-	}
 	return m
 }
 
@@ -234,7 +231,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	}
 	defer m.pool.want(sh, 0, 0) // refill what was taken
 	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
-		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env}
+		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS}
 	m.mu.Lock()
 	m.busy[rec.ID] = true
 	m.mu.Unlock()
@@ -301,7 +298,11 @@ func (m *Manager) spec(rec store.Sandbox, img image.Image) engine.Spec {
 	if host == "" {
 		host = "sb-" + rec.ID[:8]
 	}
-	return engine.Spec{ID: rec.Engine(), RootFS: img.RootFS, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs,
+	rootfs := rec.RootFS // the root it was made on, which outlives image replacements
+	if rootfs == "" {
+		rootfs = img.RootFS
+	}
+	return engine.Spec{ID: rec.Engine(), RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs,
 		Env: append(append([]string(nil), img.Config.Env...), rec.Env...), Workdir: img.Config.WorkingDir, User: img.Config.User}
 }
 
@@ -389,6 +390,7 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		return err
 	}
 	m.gcSnapshot(ctx, rec.Snapshot)
+	m.gcRoots(ctx)
 	return nil
 }
 
@@ -495,6 +497,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 	}
 	addErr(removeUnknown(m.cfg.SleepDir, sleeping), m.reconcileSnapshots(ctx))
+	m.gcRoots(ctx)
 	ids, err := m.eng.List(ctx)
 	if err != nil {
 		return errors.Join(append(errs, err)...)

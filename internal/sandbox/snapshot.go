@@ -77,7 +77,8 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	}
 	id := newID()
 	sn := store.Snapshot{ID: id, Name: name, Sandbox: rec.ID, Image: rec.Image, State: store.SnapshotCreating,
-		MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env, Path: filepath.Join(m.cfg.SnapshotDir, id), Implicit: implicit}
+		MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env, Path: filepath.Join(m.cfg.SnapshotDir, id), Implicit: implicit,
+		RootFS: rec.RootFS}
 	if err := m.store.InsertSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
 	}
@@ -139,6 +140,7 @@ func (m *Manager) removeSnapshot(ctx context.Context, sn store.Snapshot) error {
 		return err
 	}
 	m.log.Info("snapshot removed", "snapshot", sn.ID)
+	m.gcRoots(ctx)
 	return nil
 }
 
@@ -236,7 +238,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			id = newID()
 		}
 		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
-			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID}
+			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS}
 		if err := m.store.InsertSandbox(ctx, recs[i]); err != nil {
 			res.Children[i].Err = err
 			recs[i].ID = ""

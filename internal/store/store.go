@@ -50,7 +50,10 @@ type Sandbox struct {
 	Snapshot string
 	// EngineID names the sandbox in the engine; empty means ID. A woken
 	// sandbox may live in another engine sandbox than before it slept.
-	EngineID  string
+	EngineID string
+	// RootFS is the image root the sandbox stands on: the image's root when
+	// it was made, which outlives a replacement of the image.
+	RootFS    string
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -68,6 +71,8 @@ type Snapshot struct {
 	Path      string
 	SizeBytes int64
 	Implicit  bool
+	// RootFS is the image root the snapshotted sandbox stood on.
+	RootFS    string
 	CreatedAt time.Time
 }
 
@@ -107,6 +112,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
 var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN snapshot TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE sandboxes ADD COLUMN engine_id TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE sandboxes ADD COLUMN rootfs TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE snapshots ADD COLUMN rootfs TEXT NOT NULL DEFAULT ''`,
 }
 
 // Engine returns the sandbox's id in the engine.
@@ -153,9 +160,9 @@ func nullable(s string) any {
 func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	env, _ := json.Marshal(sb.Env)
 	now := time.Now()
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, now.UnixNano(), now.UnixNano())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, sb.RootFS, now.UnixNano(), now.UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		if strings.Contains(err.Error(), "name") {
 			return errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", sb.Name)
@@ -178,13 +185,13 @@ func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
 	return nil
 }
 
-const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, created_at, updated_at`
+const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, rootfs, created_at, updated_at`
 
 func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
 	var env string
 	var created, updated int64
-	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &sb.EngineID, &created, &updated); err != nil {
+	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &sb.EngineID, &sb.RootFS, &created, &updated); err != nil {
 		return Sandbox{}, err
 	}
 	_ = json.Unmarshal([]byte(env), &sb.Env)
@@ -234,12 +241,18 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 // InsertSnapshot records a new snapshot. A taken name is AlreadyExists.
 func (s *Store) InsertSnapshot(ctx context.Context, sn Snapshot) error {
 	env, _ := json.Marshal(sn.Env)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, time.Now().UnixNano())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, sn.RootFS, time.Now().UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		return errdefs.New(errdefs.AlreadyExists, "a snapshot named %q already exists: pick another --name or remove it", sn.Name)
 	}
+	return err
+}
+
+// SetSnapshotImplicit makes a snapshot go with its last user.
+func (s *Store) SetSnapshotImplicit(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE snapshots SET implicit = 1 WHERE id = ?`, id)
 	return err
 }
 
@@ -249,13 +262,13 @@ func (s *Store) SetSnapshotReady(ctx context.Context, id string, size int64) err
 	return err
 }
 
-const snapCols = `id, COALESCE(name, ''), sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, created_at`
+const snapCols = `id, COALESCE(name, ''), sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, created_at`
 
 func scanSnapshot(row interface{ Scan(...any) error }) (Snapshot, error) {
 	var sn Snapshot
 	var env string
 	var created int64
-	if err := row.Scan(&sn.ID, &sn.Name, &sn.Sandbox, &sn.Image, &sn.State, &sn.MemoryMiB, &sn.CPUs, &env, &sn.Path, &sn.SizeBytes, &sn.Implicit, &created); err != nil {
+	if err := row.Scan(&sn.ID, &sn.Name, &sn.Sandbox, &sn.Image, &sn.State, &sn.MemoryMiB, &sn.CPUs, &env, &sn.Path, &sn.SizeBytes, &sn.Implicit, &sn.RootFS, &created); err != nil {
 		return Snapshot{}, err
 	}
 	_ = json.Unmarshal([]byte(env), &sn.Env)
