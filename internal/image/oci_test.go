@@ -207,6 +207,14 @@ func newTestStore(t testing.TB) *Store {
 // images other than want.
 func assertClean(t testing.TB, s *Store, want ...string) {
 	t.Helper()
+	// With no sandboxes standing on any, the roots left are the images'.
+	if err := s.GCRoots(nil); err != nil {
+		t.Fatal(err)
+	}
+	roots, _ := os.ReadDir(filepath.Join(s.dir, rootsDir))
+	if len(roots) != len(want) {
+		t.Errorf("%d image roots for images %v", len(roots), want)
+	}
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +222,7 @@ func assertClean(t testing.TB, s *Store, want ...string) {
 	var got []string
 	for _, e := range ents {
 		switch n := e.Name(); {
-		case n == blobsDir || n == gcLock:
+		case n == blobsDir || n == gcLock || n == rootsDir:
 		case strings.HasPrefix(n, ".") || !e.IsDir():
 			t.Errorf("leftover %s", n)
 		default:
