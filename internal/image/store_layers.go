@@ -204,26 +204,11 @@ func (s *Store) gc() error {
 		return err
 	}
 	used := map[string]bool{}
-	ents, err := os.ReadDir(s.dir)
+	imgs, err := s.readAll()
 	if err != nil {
-		return err
+		return err // better to keep every blob than to lose ones an image uses
 	}
-	for _, e := range ents {
-		if !e.IsDir() || !ValidName(e.Name()) {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(s.dir, e.Name(), "image.json"))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		var img Image
-		if err == nil {
-			err = json.Unmarshal(b, &img)
-		}
-		if err != nil {
-			// Better to keep every blob than to lose ones this image uses.
-			return fmt.Errorf("image %s: %w", e.Name(), err)
-		}
+	for _, img := range imgs {
 		for _, l := range img.Layers {
 			used[strings.TrimPrefix(l, "sha256:")] = true
 		}
@@ -359,10 +344,31 @@ func (s *Store) GCRoots(inUse map[string]bool) error {
 		return err
 	}
 	named := map[string]bool{}
-	ents, err := os.ReadDir(s.dir)
+	imgs, err := s.readAll()
 	if err != nil {
 		return err
 	}
+	for _, img := range imgs {
+		named[img.Root] = true
+	}
+	var errs []error
+	for _, r := range roots {
+		p := filepath.Join(s.dir, rootsDir, r.Name())
+		if !named[r.Name()] && !inUse[p] {
+			errs = append(errs, os.RemoveAll(p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readAll reads every image's image.json. Unlike List it fails on one it
+// cannot read: collectors must not take that image's blobs or root.
+func (s *Store) readAll() ([]Image, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Image
 	for _, e := range ents {
 		if !e.IsDir() || !ValidName(e.Name()) {
 			continue
@@ -376,16 +382,9 @@ func (s *Store) GCRoots(inUse map[string]bool) error {
 			err = json.Unmarshal(b, &img)
 		}
 		if err != nil {
-			return fmt.Errorf("image %s: %w", e.Name(), err)
+			return nil, fmt.Errorf("image %s: %w", e.Name(), err)
 		}
-		named[img.Root] = true
+		out = append(out, img)
 	}
-	var errs []error
-	for _, r := range roots {
-		p := filepath.Join(s.dir, rootsDir, r.Name())
-		if !named[r.Name()] && !inUse[p] {
-			errs = append(errs, os.RemoveAll(p))
-		}
-	}
-	return errors.Join(errs...)
+	return out, nil
 }

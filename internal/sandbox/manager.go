@@ -232,14 +232,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	defer m.pool.want(sh, 0, 0) // refill what was taken
 	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
 		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS}
-	m.mu.Lock()
-	m.busy[rec.ID] = true
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		delete(m.busy, rec.ID)
-		m.mu.Unlock()
-	}()
+	defer m.markBusy(rec.ID)()
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
 		return store.Sandbox{}, err
 	}
@@ -264,6 +257,19 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	rec.State = store.StateRunning
 	m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
 	return rec, nil
+}
+
+// markBusy marks a sandbox as being made, so a remove waits for it to be
+// whole; the returned func unmarks it.
+func (m *Manager) markBusy(id string) func() {
+	m.mu.Lock()
+	m.busy[id] = true
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		delete(m.busy, id)
+		m.mu.Unlock()
+	}
 }
 
 // createFrom makes one sandbox restored from a snapshot: a fork of one.

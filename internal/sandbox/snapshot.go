@@ -266,14 +266,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 }
 
 func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, img image.Image, path string) ForkChild {
-	m.mu.Lock()
-	m.busy[rec.ID] = true
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		delete(m.busy, rec.ID)
-		m.mu.Unlock()
-	}()
+	defer m.markBusy(rec.ID)()
 	sb, err := snapper.Restore(ctx, m.spec(rec, img), path)
 	if err == nil {
 		err = m.store.SetState(ctx, rec.ID, store.StateRunning, "")
