@@ -21,11 +21,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/tarx"
 )
 
-// MaxEntrySize bounds one layer entry, so a few compressed bytes cannot ask
-// for an unbounded write.
-const MaxEntrySize = 16 << 30
+// MaxEntrySize bounds one layer entry (tarx.CheckHeader enforces it), so a
+// few compressed bytes cannot ask for an unbounded write.
+const MaxEntrySize = tarx.MaxEntrySize
 
 const (
 	maxNameLen  = 4096 // PATH_MAX: longer names cannot be created anyway
@@ -144,26 +145,8 @@ func streamErr(err error) error {
 
 func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
 	// Validate everything the header says before touching the disk.
-	switch hdr.Typeflag {
-	case tar.TypeXGlobalHeader:
-		return nil
-	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink:
-	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		return invalid("device and fifo nodes are not allowed in images")
-	default:
-		return invalid("unsupported entry type %q", hdr.Typeflag)
-	}
-	if sparse(hdr) {
-		// The reader expands holes into zeros: a few header bytes could
-		// make us write MaxEntrySize bytes, per entry.
-		return invalid("sparse files are not supported")
-	}
-	if hdr.Size > MaxEntrySize {
-		return invalid("size %d exceeds the limit of %d bytes", hdr.Size, MaxEntrySize)
-	}
-	if len(hdr.Linkname) > maxNameLen || strings.IndexByte(hdr.Linkname, 0) >= 0 ||
-		hdr.Typeflag == tar.TypeSymlink && hdr.Linkname == "" {
-		return invalid("bad link target")
+	if skip, err := tarx.CheckHeader(hdr); skip || err != nil {
+		return err
 	}
 	name, err := cleanName(hdr.Name)
 	if err != nil {
@@ -201,17 +184,6 @@ func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
 }
 
 // sparse reports whether hdr is a GNU sparse file, old style or PAX.
-func sparse(hdr *tar.Header) bool {
-	if hdr.Typeflag == tar.TypeGNUSparse {
-		return true
-	}
-	for k := range hdr.PAXRecords {
-		if strings.HasPrefix(k, "GNU.sparse.") {
-			return true
-		}
-	}
-	return false
-}
 
 // cleanName validates a header name and returns it as a clean slash path
 // relative to root, "." for root itself. A leading "/" means the image root,

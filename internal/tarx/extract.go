@@ -155,27 +155,39 @@ func streamErr(err error) error {
 	return err
 }
 
-func (x *extractor) entry(hdr *tar.Header, r io.Reader) error {
-	// Validate everything the header says before touching the disk.
+// CheckHeader validates what a tar header says before anything touches the
+// disk, for every extractor of hostile archives: only directories, regular
+// files, symlinks and hardlinks; no sparse entries; sizes and link targets
+// bounded. skip is true for headers that carry nothing to extract. Errors
+// are InvalidArgument.
+func CheckHeader(hdr *tar.Header) (skip bool, err error) {
 	switch hdr.Typeflag {
 	case tar.TypeXGlobalHeader:
-		return nil
+		return true, nil
 	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink:
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		return invalid("device and fifo nodes are not allowed")
+		return false, invalid("device and fifo nodes are not allowed")
 	default:
-		return invalid("unsupported entry type %q", hdr.Typeflag)
+		return false, invalid("unsupported entry type %q", hdr.Typeflag)
 	}
 	if sparse(hdr) {
 		// The reader expands holes into zeros, so a few header bytes
-		// could make Extract write MaxEntrySize bytes, per entry.
-		return invalid("sparse files are not supported: recreate the archive without --sparse")
+		// could make us write MaxEntrySize bytes, per entry.
+		return false, invalid("sparse files are not supported: recreate the archive without --sparse")
 	}
 	if hdr.Size > MaxEntrySize {
-		return invalid("size %d exceeds the limit of %d bytes", hdr.Size, MaxEntrySize)
+		return false, invalid("size %d exceeds the limit of %d bytes", hdr.Size, MaxEntrySize)
 	}
-	if len(hdr.Linkname) > maxNameLen {
-		return invalid("link target longer than %d bytes", maxNameLen)
+	if len(hdr.Linkname) > maxNameLen || strings.IndexByte(hdr.Linkname, 0) >= 0 ||
+		hdr.Typeflag == tar.TypeSymlink && hdr.Linkname == "" {
+		return false, invalid("bad link target %.64q", hdr.Linkname)
+	}
+	return false, nil
+}
+
+func (x *extractor) entry(hdr *tar.Header, r io.Reader) error {
+	if skip, err := CheckHeader(hdr); skip || err != nil {
+		return err
 	}
 	name, err := x.clean(hdr.Name)
 	if err != nil {
