@@ -278,6 +278,7 @@ func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, 
 		return ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.store.DeleteSandbox(ctx, rec.ID))}
 	}
 	m.track(rec.ID, sb)
+	m.crashPoint("fork-mid-restore") // other children still restoring
 	return ForkChild{ID: rec.ID}
 }
 
