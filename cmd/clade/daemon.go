@@ -26,6 +26,7 @@ func cmdDaemon(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Sandbox.DefaultMemoryMiB, "default-memory", 512, "memory limit of sandboxes that ask for none, MiB")
 	fs.IntVar(&o.Sandbox.MaxFork, "max-fork", 128, "most children one fork may ask for")
 	fs.IntVar(&o.Sandbox.MemoryFloorMiB, "memory-floor", 0, "MiB of host memory creates, forks and wakes must leave free (default 5% of RAM, at least 512)")
+	fs.IntVar(&o.Sandbox.RestoreParallel, "restore-parallel", 0, "restores of one fork run at once (default: twice the core count)")
 	fs.IntVar(&o.Sandbox.WarmPool, "warm-pool", 16, "prepared (created, not started) sandboxes kept per shape for fast creates and forks; 0 turns the pool off")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parse(fs, args); err != nil {

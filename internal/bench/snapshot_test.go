@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -14,7 +15,11 @@ import (
 // until every child answers an exec, and sleep -> wake until it answers.
 // `clade bench --baseline` runs the same phases next to plain runsc.
 func BenchmarkSnapshot(b *testing.B) {
-	d := testenv.StartDaemon(b, "--warm-pool", "16")
+	args := []string{"--warm-pool", "16"}
+	if p := os.Getenv("CLADE_BENCH_RESTORE_PARALLEL"); p != "" {
+		args = append(args, "--restore-parallel", p)
+	}
+	d := testenv.StartDaemon(b, args...)
 	c := d.Client
 	ctx := context.Background()
 	parent, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{MemoryMiB: 256})

@@ -50,6 +50,11 @@ type Config struct {
 	// WarmCreate is how many are kept for plain creates of the defaults.
 	WarmPool   int
 	WarmCreate int
+	// RestoreParallel bounds the restores of one fork that run at once;
+	// twice the core count when zero. Restores are mostly CPU, but each also
+	// waits on process starts and the agent: on 2 cores, 4 at once forked 16
+	// children ~15% faster than 2 (1.18 vs 1.39 s p50, interleaved runs).
+	RestoreParallel int
 }
 
 // DefaultConfig returns sensible limits for this host.
@@ -93,6 +98,9 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	}
 	if cfg.MaxCPUs == 0 {
 		cfg.MaxCPUs = d.MaxCPUs
+	}
+	if cfg.RestoreParallel == 0 {
+		cfg.RestoreParallel = 2 * runtime.NumCPU()
 	}
 	if cfg.WarmCreate == 0 {
 		cfg.WarmCreate = d.WarmCreate

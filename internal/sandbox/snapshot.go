@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -244,8 +243,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			recs[i].ID = ""
 		}
 	}
-	// Restores are CPU-bound: as many at once as there are cores.
-	sem := make(chan struct{}, runtime.NumCPU())
+	sem := make(chan struct{}, m.cfg.RestoreParallel)
 	var wg sync.WaitGroup
 	for i, rec := range recs {
 		if rec.ID == "" {
