@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent"
@@ -40,6 +41,9 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 		if err := ValidEnv(kv); err != nil {
 			return image.Image{}, err
 		}
+	}
+	if req.Workdir != "" && !path.IsAbs(req.Workdir) {
+		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "workdir %q must be an absolute path", req.Workdir)
 	}
 	if req.Ready != "" && req.Start == "" {
 		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "a ready command needs a start command")
