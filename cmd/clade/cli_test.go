@@ -8,6 +8,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
 	"github.com/clade-sandbox/clade/internal/testenv"
 )
 
@@ -210,5 +218,43 @@ func TestCLISnapshotForkSleep(t *testing.T) {
 	}
 	if _, errs, code := cli(t, d, "", "wake", "nope"); code != 1 || !strings.Contains(errs, "no such sandbox") {
 		t.Fatalf("wake unknown: %d %q", code, errs)
+	}
+}
+
+func TestCLIImageImport(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	// An OCI layout directory and a docker-save tarball of a one-file image.
+	layer := static.NewLayer([]byte(""), types.OCIUncompressedLayer)
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	lp, err := layout.Write(filepath.Join(dir, "layout"), empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	tag, _ := name.NewTag("example.com/tiny:v1")
+	if err := tarball.WriteToFile(filepath.Join(dir, "save.tar"), tag, img); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ src, name string }{{filepath.Join(dir, "layout"), "tiny-layout"}, {filepath.Join(dir, "save.tar"), "tiny-save"}} {
+		out, errs, code := cli(t, d, "", "image", "import", tc.src, "--name", tc.name)
+		if code != 0 || out != tc.name+"\n" {
+			t.Fatalf("import %s: %q %q %d", tc.src, out, errs, code)
+		}
+		out, _, code = cli(t, d, "", "image", "inspect", tc.name)
+		if code != 0 || !strings.Contains(out, `"layers"`) {
+			t.Fatalf("inspect %s: %q", tc.name, out)
+		}
+		if _, errs, code := cli(t, d, "", "image", "rm", tc.name); code != 0 {
+			t.Fatalf("rm %s: %q", tc.name, errs)
+		}
+	}
+	if _, errs, code := cli(t, d, "", "image", "import", dir); code != 1 || !strings.Contains(errs, "oci-layout") {
+		t.Fatalf("import of a plain directory: %d %q", code, errs)
 	}
 }

@@ -36,7 +36,7 @@ func cmdImagePull(ctx context.Context, c *sdk.Client, args []string) error {
 }
 
 func cmdImageImport(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("image import", "image import FILE [--name NAME] [--quiet]\n\nImports a `docker save` tarball or an OCI layout tar.")
+	fs := newFlags("image import", "image import FILE|DIR [--name NAME] [--quiet]\n\nImports a `docker save` tarball, or an OCI layout (a directory or its tar).")
 	name := fs.String("name", "", "image name (default: from the archive's tag or file name)")
 	quiet := fs.Bool("quiet", false, "no progress")
 	path, err := parseOneArg(fs, args)
@@ -48,11 +48,19 @@ func cmdImageImport(ctx context.Context, c *sdk.Client, args []string) error {
 		return err
 	}
 	defer f.Close()
+	var archive io.Reader = f
 	if fi, err := f.Stat(); err == nil && fi.IsDir() {
-		return fmt.Errorf("%s is a directory: tar an OCI layout first (tar -C %s -cf layout.tar .)", path, path)
+		// An OCI layout directory: send it as the layout tar it would be.
+		if _, err := os.Stat(filepath.Join(path, "oci-layout")); err != nil {
+			return fmt.Errorf("%s is a directory without an oci-layout file: give a `docker save` tarball or an OCI layout", path)
+		}
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(tarx.Create(pw, path, ".")) }()
+		defer pr.Close()
+		archive = pr
 	}
 	p := newProgress(*quiet)
-	img, err := c.ImportImage(ctx, f, *name, p.update)
+	img, err := c.ImportImage(ctx, archive, *name, p.update)
 	p.done()
 	if err != nil {
 		return err
