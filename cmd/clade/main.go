@@ -40,7 +40,7 @@ Usage:
   clade rm [-f] ID...
   clade cp SRC DST            one side is ID:PATH; directories copy recursively
   clade image ls [--json] | inspect NAME | rm NAME...
-  clade image pull REF [--name NAME] [--platform P] | clade image import FILE [--name NAME]
+  clade image pull REF [--name NAME] [--platform P] | clade image import FILE|DIR [--name NAME]
   clade image build NAME --from IMAGE [--run CMD]... [--copy SRC:DST]... [--start CMD [--ready CMD]]
   clade bench [--phases LIST] [--fanout LIST] [--samples N] [--baseline] [--json FILE]
   clade snapshot ID [--name NAME]       freeze a running sandbox; it keeps running
