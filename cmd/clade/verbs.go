@@ -273,7 +273,7 @@ func cmdCopy(ctx context.Context, c *sdk.Client, args []string) error {
 
 const imageUsage = `Usage: clade image ls [--json]
        clade image pull REF [--name NAME] [--platform linux/amd64] [--quiet] [--insecure]
-       clade image import FILE [--name NAME] [--quiet]     a docker save tarball or an OCI layout tar
+       clade image import FILE|DIR [--name NAME] [--quiet]  a docker save tarball, an OCI layout dir or its tar
        clade image build NAME --from IMAGE [--run CMD]... [--copy SRC:DST]... [--env K=V]... [--workdir DIR] [--start CMD [--ready CMD]]
        clade image inspect NAME
        clade image rm NAME...`
