@@ -49,6 +49,19 @@ func (m *Manager) checkUnused(ctx context.Context, name string) error {
 	return nil
 }
 
+// gcStaleRoot collects roots after a sandbox or snapshot went, but only when
+// it stood on a root its image no longer names: removing sandboxes of a
+// current image (the common case, on the rm hot path) needs no scan.
+func (m *Manager) gcStaleRoot(ctx context.Context, imageName, rootfs string) {
+	if rootfs == "" {
+		return
+	}
+	if img, err := m.images.Get(ctx, imageName); err == nil && img.RootFS == rootfs {
+		return
+	}
+	m.gcRoots(ctx)
+}
+
 // gcRoots removes image roots that no image names and no sandbox or
 // snapshot stands on (the roots of replaced images, once unused).
 func (m *Manager) gcRoots(ctx context.Context) {

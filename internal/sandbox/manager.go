@@ -404,7 +404,7 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		return err
 	}
 	m.gcSnapshot(ctx, rec.Snapshot)
-	m.gcRoots(ctx)
+	m.gcStaleRoot(ctx, rec.Image, rec.RootFS)
 	return nil
 }
 
