@@ -11,7 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/clade-sandbox/clade/api"
-	"github.com/clade-sandbox/clade/internal/daemon"
+	"github.com/clade-sandbox/clade/internal/front/httpapi"
 )
 
 // spec is the part of an OpenAPI document the tests compare with the code.
@@ -55,9 +55,9 @@ var httpMethods = map[string]bool{"get": true, "put": true, "post": true, "delet
 func TestSpecRoutes(t *testing.T) {
 	s, _ := loadSpec(t)
 	// New must not touch the manager or the image store, so nil is fine.
-	srv := daemon.New(daemon.Config{}, nil, nil, prometheus.NewRegistry())
+	srv := httpapi.New(httpapi.Config{}, nil, nil, prometheus.NewRegistry())
 	if len(srv.Routes) == 0 {
-		t.Fatal("daemon.New registered no routes in Server.Routes")
+		t.Fatal("httpapi.New registered no routes in Server.Routes")
 	}
 
 	inSpec := map[string]bool{}

@@ -8,13 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/clade-sandbox/clade/internal/daemon"
+	"github.com/clade-sandbox/clade/internal/system"
 	"github.com/clade-sandbox/clade/sdk"
 )
 
 func cmdDaemon(ctx context.Context, args []string) error {
 	fs := newFlags("daemon", "daemon [flags]\n\nServes the clade API. Sandboxes outlive the daemon: a restarted daemon\nreattaches to them and cleans up work a killed one left half done.")
-	o := daemon.Options{Version: versionString()}
+	o := system.Options{Version: versionString()}
 	fs.StringVar(&o.DataDir, "data-dir", "/var/lib/clade", "state: database, images, sandboxes")
 	fs.StringVar(&o.ImagesDir, "images-dir", "", "image directory (default DATA-DIR/images)")
 	fs.StringVar(&o.Socket, "socket", sdk.DefaultSocket, "unix socket to serve the API on")
@@ -55,5 +55,5 @@ func cmdDaemon(ctx context.Context, args []string) error {
 		return fmt.Errorf("bad --log-level %q", *level)
 	}
 	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	return daemon.Run(ctx, o)
+	return system.Run(ctx, o)
 }

@@ -1,6 +1,6 @@
 // Package daemon serves clade's HTTP API: routing, authentication, request
 // decoding, and the one mapping from error classes to HTTP status codes.
-package daemon
+package httpapi
 
 import (
 	"crypto/subtle"

@@ -1,4 +1,4 @@
-package daemon
+package system
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine/gvisor"
+	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -101,7 +102,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
-	srv := New(Config{Version: o.Version, Log: log, RunscVersion: eng.RunscVersion(ctx), TmpDir: tmp}, mgr, images, reg)
+	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, RunscVersion: eng.RunscVersion(ctx), TmpDir: tmp}, mgr, images, reg)
 
 	var lns []net.Listener
 	defer func() {
@@ -131,7 +132,7 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("listen on %s: %w", o.Listen, err)
 		}
 		lns = append(lns, tln)
-		ths := &http.Server{Handler: RequireToken(o.Token, srv), ReadHeaderTimeout: 10 * time.Second}
+		ths := &http.Server{Handler: httpapi.RequireToken(o.Token, srv), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- ths.Serve(tln) }()
 		defer ths.Close()
 		log.Info("serving TCP", "addr", tln.Addr().String())
