@@ -22,6 +22,13 @@ type Spec struct {
 	// MemoryMiB caps the sandbox's memory; CPUs caps its CPU time in cores.
 	MemoryMiB int
 	CPUs      float64
+	// DiskMiB caps what the sandbox may write (its upper layer); writes past
+	// it fail with ENOSPC inside. 0 means no cap.
+	DiskMiB int
+	// NetNS is the path of a network namespace the sandbox joins (its own
+	// address and routes, set up by the network hook); empty means a
+	// loopback-only network stack.
+	NetNS string
 	// Env is the base environment of every process in the sandbox.
 	Env []string
 	// Workdir and User are the defaults of every exec (the image's

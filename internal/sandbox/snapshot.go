@@ -77,7 +77,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	id := newID()
 	sn := store.Snapshot{ID: id, Name: name, Sandbox: rec.ID, Image: rec.Image, State: store.SnapshotCreating,
 		MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env, Path: filepath.Join(m.cfg.SnapshotDir, id), Implicit: implicit,
-		RootFS: rec.RootFS}
+		RootFS: rec.RootFS, Opts: rec.Opts}
 	if err := m.store.InsertSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
 	}
@@ -237,7 +237,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			id = newID()
 		}
 		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
-			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS}
+			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: sn.Opts}
 		if err := m.store.InsertSandbox(ctx, recs[i]); err != nil {
 			res.Children[i].Err = err
 			recs[i].ID = ""
@@ -265,11 +265,22 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 
 func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, img image.Image, path string) ForkChild {
 	defer m.markBusy(rec.ID)()
-	sb, err := snapper.Restore(ctx, m.spec(rec, img), path)
+	spec := m.spec(rec, img)
+	var sb engine.Sandbox
+	err := m.beforeStart(ctx, rec, &spec)
 	if err == nil {
-		err = m.store.SetState(ctx, rec.ID, store.StateRunning, "")
+		sb, err = snapper.Restore(ctx, spec, path)
+		if err == nil {
+			err = m.afterStart(ctx, rec, sb)
+			if err == nil {
+				err = m.store.SetState(ctx, rec.ID, store.StateRunning, "")
+			}
+			if err != nil {
+				err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+			}
+		}
 		if err != nil {
-			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+			err = errors.Join(err, m.afterStop(ctx, rec), m.afterRemove(ctx, rec))
 		}
 	}
 	if err != nil {
@@ -362,8 +373,8 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 	delete(m.live, rec.ID)
 	m.mu.Unlock()
 	m.crashPoint("sleep-after-checkpoint")
-	if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
-		m.log.Warn("sleep: engine cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
+	if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec)); err != nil {
+		m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
 	}
 	if err := m.store.SetState(ctx, rec.ID, store.StateSleeping, ""); err != nil {
 		return store.Sandbox{}, err
@@ -419,7 +430,20 @@ func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
 		return store.Sandbox{}, err
 	}
 	m.crashPoint("wake-before-engine")
-	sb, err := snapper.Restore(ctx, m.spec(rec, img), m.sleepDir(rec.ID))
+	spec := m.spec(rec, img)
+	var sb engine.Sandbox
+	err = m.beforeStart(ctx, rec, &spec)
+	if err == nil {
+		sb, err = snapper.Restore(ctx, spec, m.sleepDir(rec.ID))
+		if err == nil {
+			if err = m.afterStart(ctx, rec, sb); err != nil {
+				err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+			}
+		}
+		if err != nil {
+			err = errors.Join(err, m.afterStop(ctx, rec))
+		}
+	}
 	if err != nil {
 		return store.Sandbox{}, errors.Join(fmt.Errorf("wake %s: %w", ref, err), m.store.SetState(ctx, rec.ID, store.StateSleeping, err.Error()))
 	}

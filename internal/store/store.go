@@ -53,9 +53,36 @@ type Sandbox struct {
 	EngineID string
 	// RootFS is the image root the sandbox stands on: the image's root when
 	// it was made, which outlives a replacement of the image.
-	RootFS    string
+	RootFS string
+	// Opts are the sandbox's settings beyond its shape; fork children and
+	// woken sandboxes keep them.
+	Opts      Options
 	CreatedAt time.Time
 	UpdatedAt time.Time
+}
+
+// Options are a sandbox's settings beyond its shape (image, memory, cpus,
+// env). They are kept as one JSON column, so a feature adds a field here
+// and needs no migration. Snapshots record them; fork children inherit them.
+type Options struct {
+	// DiskMiB caps what the sandbox may write (0: the daemon's default).
+	DiskMiB int `json:"disk_mib,omitempty"`
+	// Labels are the user's key=value labels.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Network is the sandbox's network settings; nil means loopback only.
+	Network *NetworkOptions `json:"network,omitempty"`
+}
+
+// NetworkOptions are a sandbox's network mode and egress policy.
+type NetworkOptions struct {
+	// Mode is "internet" or "none".
+	Mode string `json:"mode,omitempty"`
+	// Egress is "allow" or "deny": what happens to destinations no rule names.
+	Egress string `json:"egress,omitempty"`
+	// Allow lists HOST, *.DOMAIN or CIDR rules; any entry makes the policy
+	// an allowlist. Deny lists CIDRs that are always refused.
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
 }
 
 // Snapshot is a snapshot's record.
@@ -72,7 +99,9 @@ type Snapshot struct {
 	SizeBytes int64
 	Implicit  bool
 	// RootFS is the image root the snapshotted sandbox stood on.
-	RootFS    string
+	RootFS string
+	// Opts are the snapshotted sandbox's options; its children inherit them.
+	Opts      Options
 	CreatedAt time.Time
 }
 
@@ -114,6 +143,8 @@ var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN engine_id TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE sandboxes ADD COLUMN rootfs TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE snapshots ADD COLUMN rootfs TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE sandboxes ADD COLUMN opts TEXT NOT NULL DEFAULT '{}'`,
+	`ALTER TABLE snapshots ADD COLUMN opts TEXT NOT NULL DEFAULT '{}'`,
 }
 
 // Engine returns the sandbox's id in the engine.
@@ -159,10 +190,11 @@ func nullable(s string) any {
 // InsertSandbox records a new sandbox. A taken name or id is AlreadyExists.
 func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	env, _ := json.Marshal(sb.Env)
+	opts, _ := json.Marshal(sb.Opts)
 	now := time.Now()
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, sb.RootFS, now.UnixNano(), now.UnixNano())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, opts, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, sb.RootFS, string(opts), now.UnixNano(), now.UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		if strings.Contains(err.Error(), "name") {
 			return errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", sb.Name)
@@ -185,18 +217,32 @@ func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
 	return nil
 }
 
-const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, rootfs, created_at, updated_at`
+const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, rootfs, opts, created_at, updated_at`
 
 func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
-	var env string
+	var env, opts string
 	var created, updated int64
-	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &sb.EngineID, &sb.RootFS, &created, &updated); err != nil {
+	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &sb.EngineID, &sb.RootFS, &opts, &created, &updated); err != nil {
 		return Sandbox{}, err
 	}
 	_ = json.Unmarshal([]byte(env), &sb.Env)
+	_ = json.Unmarshal([]byte(opts), &sb.Opts)
 	sb.CreatedAt, sb.UpdatedAt = time.Unix(0, created), time.Unix(0, updated)
 	return sb, nil
+}
+
+// SetOptions replaces a sandbox's options (e.g. a changed egress policy).
+func (s *Store) SetOptions(ctx context.Context, id string, o Options) error {
+	b, _ := json.Marshal(o)
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET opts = ?, updated_at = ? WHERE id = ?`, string(b), time.Now().UnixNano(), id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.New(errdefs.NotFound, "no such sandbox: %s", id)
+	}
+	return nil
 }
 
 // SetEngineID records the engine sandbox that holds a sandbox.
@@ -241,9 +287,10 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 // InsertSnapshot records a new snapshot. A taken name is AlreadyExists.
 func (s *Store) InsertSnapshot(ctx context.Context, sn Snapshot) error {
 	env, _ := json.Marshal(sn.Env)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, sn.RootFS, time.Now().UnixNano())
+	opts, _ := json.Marshal(sn.Opts)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, sn.RootFS, string(opts), time.Now().UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		return errdefs.New(errdefs.AlreadyExists, "a snapshot named %q already exists: pick another --name or remove it", sn.Name)
 	}
@@ -262,16 +309,17 @@ func (s *Store) SetSnapshotReady(ctx context.Context, id string, size int64) err
 	return err
 }
 
-const snapCols = `id, COALESCE(name, ''), sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, created_at`
+const snapCols = `id, COALESCE(name, ''), sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, created_at`
 
 func scanSnapshot(row interface{ Scan(...any) error }) (Snapshot, error) {
 	var sn Snapshot
-	var env string
+	var env, opts string
 	var created int64
-	if err := row.Scan(&sn.ID, &sn.Name, &sn.Sandbox, &sn.Image, &sn.State, &sn.MemoryMiB, &sn.CPUs, &env, &sn.Path, &sn.SizeBytes, &sn.Implicit, &sn.RootFS, &created); err != nil {
+	if err := row.Scan(&sn.ID, &sn.Name, &sn.Sandbox, &sn.Image, &sn.State, &sn.MemoryMiB, &sn.CPUs, &env, &sn.Path, &sn.SizeBytes, &sn.Implicit, &sn.RootFS, &opts, &created); err != nil {
 		return Snapshot{}, err
 	}
 	_ = json.Unmarshal([]byte(env), &sn.Env)
+	_ = json.Unmarshal([]byte(opts), &sn.Opts)
 	sn.CreatedAt = time.Unix(0, created)
 	return sn, nil
 }

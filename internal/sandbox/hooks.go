@@ -1,0 +1,76 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// Hook attaches a feature (network, volumes, secrets, ingress, metrics) to
+// the sandbox lifecycle. The service calls every hook at fixed points, in
+// order; hooks own the resources they make and name them by sandbox id, so a
+// repeated call is harmless.
+type Hook interface {
+	// Name identifies the hook in logs and errors.
+	Name() string
+	// BeforeStart runs before the engine creates, restores or wakes the
+	// sandbox rec and may fill in spec (e.g. the network namespace). On
+	// error the start is abandoned and AfterStop is called.
+	BeforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error
+	// AfterStart runs once the sandbox runs and its guest is connected:
+	// created, restored from a snapshot, or woken.
+	AfterStart(ctx context.Context, rec store.Sandbox, sb engine.Sandbox) error
+	// AfterStop runs once the engine has let go of the sandbox (it slept,
+	// failed to start, or was destroyed): it frees what BeforeStart took
+	// for this run. It must be idempotent.
+	AfterStop(ctx context.Context, rec store.Sandbox) error
+	// AfterRemove runs once the sandbox is gone for good. It must be
+	// idempotent.
+	AfterRemove(ctx context.Context, rec store.Sandbox) error
+	// Reconcile runs after a restart, once the store and the engine agree:
+	// running lists the sandboxes that run, all every recorded one. The hook
+	// frees whatever it holds for sandboxes not in all, and for those in
+	// all but not running, what a run holds.
+	Reconcile(ctx context.Context, running, all []store.Sandbox) error
+}
+
+func (m *Manager) beforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error {
+	for _, h := range m.cfg.Hooks {
+		if err := h.BeforeStart(ctx, rec, spec); err != nil {
+			return errors.Join(fmt.Errorf("%s: %w", h.Name(), err), m.afterStop(ctx, rec))
+		}
+	}
+	return nil
+}
+
+func (m *Manager) afterStart(ctx context.Context, rec store.Sandbox, sb engine.Sandbox) error {
+	for _, h := range m.cfg.Hooks {
+		if err := h.AfterStart(ctx, rec, sb); err != nil {
+			return fmt.Errorf("%s: %w", h.Name(), err)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) afterStop(ctx context.Context, rec store.Sandbox) error {
+	var errs []error
+	for _, h := range m.cfg.Hooks {
+		if err := h.AfterStop(ctx, rec); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) afterRemove(ctx context.Context, rec store.Sandbox) error {
+	var errs []error
+	for _, h := range m.cfg.Hooks {
+		if err := h.AfterRemove(ctx, rec); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
