@@ -154,7 +154,8 @@ type ImageEvent struct {
 type Health struct {
 	Version string `json:"version"`
 	Engine  string `json:"engine"`
-	Runsc   string `json:"runsc,omitempty"`
+	// EngineVersion is the engine's version, when it tells one.
+	EngineVersion string `json:"engine_version,omitempty"`
 	// Warm counts prepared sandboxes waiting in the warm pool.
 	Warm int `json:"warm"`
 }

@@ -372,3 +372,17 @@ func ExitError(e wire.ExitMsg) error {
 	}
 	return errdefs.New(errdefs.Class(e.ErrorClass), "%s", e.Error)
 }
+
+// Active returns how many requests (execs, file transfers) are open on the
+// current connection.
+func (c *Client) Active() int {
+	c.mu.Lock()
+	s := c.cur
+	c.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.chans)
+}

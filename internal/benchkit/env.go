@@ -60,7 +60,7 @@ func collectEnv(ctx context.Context, c *sdk.Client, cfg Config) (Env, error) {
 		CPUs:          runtime.NumCPU(),
 		DaemonVersion: h.Version,
 		Engine:        h.Engine,
-		Runsc:         h.Runsc,
+		Runsc:         h.EngineVersion,
 		CladeVersion:  cfg.CladeVersion,
 		CladeCommit:   buildCommit(),
 		GoVersion:     runtime.Version(),

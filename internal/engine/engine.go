@@ -98,3 +98,13 @@ type Snapshotter interface {
 type Preparer interface {
 	Prepare(ctx context.Context, spec Spec) error
 }
+
+// Inspector is an engine that can tell a sandbox that was started (and may
+// hold a user's state) from one that was only prepared. Reconcile destroys
+// unrecorded prepared sandboxes (a killed daemon's warm pool) and keeps
+// unrecorded started ones unless told otherwise.
+type Inspector interface {
+	// Started reports whether the engine sandbox id was ever started. An id
+	// the engine does not know is not started.
+	Started(ctx context.Context, id string) bool
+}

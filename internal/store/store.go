@@ -4,6 +4,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"golang.org/x/sys/unix"
 	_ "modernc.org/sqlite"
 )
 
@@ -106,7 +108,13 @@ type Snapshot struct {
 }
 
 // Store is the metadata database.
-type Store struct{ db *sql.DB }
+type Store struct {
+	db   *sql.DB
+	path string
+	// dev and ino identify the database file that was opened: a file
+	// removed or replaced under the daemon is noticed by its identity.
+	dev, ino uint64
+}
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -174,7 +182,39 @@ func Open(ctx context.Context, path string) (*Store, error) {
 			return nil, fmt.Errorf("migrate store %s: %w", path, err)
 		}
 	}
-	return &Store{db: db}, nil
+	st := &Store{db: db, path: path}
+	var fi unix.Stat_t
+	if err := unix.Stat(path, &fi); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	st.dev, st.ino = fi.Dev, fi.Ino
+	return st, nil
+}
+
+// Check reports whether the database file is still the one the store
+// opened. A removed or replaced file is an Unavailable error: writes to the
+// old, unlinked file would be lost at the next start, so the store refuses
+// them (every write checks) until the daemon is restarted on a good file.
+func (s *Store) Check() error {
+	var fi unix.Stat_t
+	err := unix.Stat(s.path, &fi)
+	if err == nil && fi.Dev == s.dev && fi.Ino == s.ino {
+		return nil
+	}
+	what := "replaced"
+	if err != nil {
+		what = "removed"
+	}
+	return errdefs.New(errdefs.Unavailable, "the database %s was %s under the running daemon: it refuses changes so that nothing is lost; put the file back (or stop the daemon, restore it from a backup) and restart the daemon", s.path, what)
+}
+
+// exec runs a write, after checking that the database file is still ours.
+func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	return s.db.ExecContext(ctx, query, args...)
 }
 
 // Close closes the database.
@@ -191,8 +231,11 @@ func nullable(s string) any {
 func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	env, _ := json.Marshal(sb.Env)
 	opts, _ := json.Marshal(sb.Opts)
-	now := time.Now()
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, opts, created_at, updated_at)
+	now := sb.CreatedAt
+	if now.IsZero() {
+		now = time.Now()
+	}
+	_, err := s.exec(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, opts, created_at, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, sb.RootFS, string(opts), now.UnixNano(), now.UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
@@ -206,7 +249,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 
 // SetState moves a sandbox to state, recording msg as its last error.
 func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ?`,
+	res, err := s.exec(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ?`,
 		state, msg, time.Now().UnixNano(), id)
 	if err != nil {
 		return err
@@ -215,6 +258,25 @@ func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
 		return errdefs.New(errdefs.NotFound, "no such sandbox: %s", id)
 	}
 	return nil
+}
+
+// Transition moves a sandbox from state from to state to, recording msg as
+// its last error. It fails with Conflict when the sandbox is no longer in
+// state from (someone else moved it) and NotFound when it is gone.
+func (s *Store) Transition(ctx context.Context, id, from, to, msg string) error {
+	res, err := s.exec(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
+		to, msg, time.Now().UnixNano(), id, from)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	cur, err := s.GetSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	return errdefs.New(errdefs.Conflict, "sandbox %s is %s, not %s", id, cur.State, from)
 }
 
 const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, rootfs, opts, created_at, updated_at`
@@ -235,7 +297,7 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 // SetOptions replaces a sandbox's options (e.g. a changed egress policy).
 func (s *Store) SetOptions(ctx context.Context, id string, o Options) error {
 	b, _ := json.Marshal(o)
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET opts = ?, updated_at = ? WHERE id = ?`, string(b), time.Now().UnixNano(), id)
+	res, err := s.exec(ctx, `UPDATE sandboxes SET opts = ?, updated_at = ? WHERE id = ?`, string(b), time.Now().UnixNano(), id)
 	if err != nil {
 		return err
 	}
@@ -247,7 +309,7 @@ func (s *Store) SetOptions(ctx context.Context, id string, o Options) error {
 
 // SetEngineID records the engine sandbox that holds a sandbox.
 func (s *Store) SetEngineID(ctx context.Context, id, engineID string) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET engine_id = ?, updated_at = ? WHERE id = ?`, engineID, time.Now().UnixNano(), id)
+	_, err := s.exec(ctx, `UPDATE sandboxes SET engine_id = ?, updated_at = ? WHERE id = ?`, engineID, time.Now().UnixNano(), id)
 	return err
 }
 
@@ -278,9 +340,17 @@ func (s *Store) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
 	return out, rows.Err()
 }
 
+// CommittedMemoryMiB returns the sum of the memory limits of the sandboxes
+// that hold (or are about to hold) memory: all but the sleeping and stopped.
+func (s *Store) CommittedMemoryMiB(ctx context.Context) (int, error) {
+	var n sql.NullInt64
+	err := s.db.QueryRowContext(ctx, `SELECT SUM(memory_mib) FROM sandboxes WHERE state NOT IN (?, ?)`, StateSleeping, StateStopped).Scan(&n)
+	return int(n.Int64), err
+}
+
 // DeleteSandbox removes a sandbox's record; a missing one is not an error.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	_, err := s.exec(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
 	return err
 }
 
@@ -288,9 +358,9 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 func (s *Store) InsertSnapshot(ctx context.Context, sn Snapshot) error {
 	env, _ := json.Marshal(sn.Env)
 	opts, _ := json.Marshal(sn.Opts)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, created_at)
+	_, err := s.exec(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, created_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, sn.RootFS, string(opts), time.Now().UnixNano())
+		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, sn.RootFS, string(opts), cmp.Or(sn.CreatedAt, time.Now()).UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		return errdefs.New(errdefs.AlreadyExists, "a snapshot named %q already exists: pick another --name or remove it", sn.Name)
 	}
@@ -299,13 +369,13 @@ func (s *Store) InsertSnapshot(ctx context.Context, sn Snapshot) error {
 
 // SetSnapshotImplicit makes a snapshot go with its last user.
 func (s *Store) SetSnapshotImplicit(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE snapshots SET implicit = 1 WHERE id = ?`, id)
+	_, err := s.exec(ctx, `UPDATE snapshots SET implicit = 1 WHERE id = ?`, id)
 	return err
 }
 
 // SetSnapshotReady marks a snapshot complete with its size on disk.
 func (s *Store) SetSnapshotReady(ctx context.Context, id string, size int64) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE snapshots SET state = ?, size_bytes = ? WHERE id = ?`, SnapshotReady, size, id)
+	_, err := s.exec(ctx, `UPDATE snapshots SET state = ?, size_bytes = ? WHERE id = ?`, SnapshotReady, size, id)
 	return err
 }
 
@@ -371,6 +441,6 @@ func (s *Store) SnapshotUsers(ctx context.Context, id string) ([]string, error) 
 
 // DeleteSnapshot removes a snapshot's record; a missing one is not an error.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	_, err := s.exec(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
 	return err
 }

@@ -9,10 +9,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
-	"github.com/clade-sandbox/clade/internal/engine/gvisor"
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox"
@@ -31,6 +31,8 @@ type Options struct {
 	// Listen, when set, also serves TCP; it requires Token.
 	Listen    string
 	Token     string
+	// Engine names the engine that runs sandboxes (see Engines).
+	Engine    string
 	Runsc     string
 	AgentPath string
 	// BuildDefaultImage builds the default image at start if it is missing.
@@ -74,7 +76,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	eng, err := gvisor.New(gvisor.Config{StateDir: filepath.Join(o.DataDir, "gvisor"), Runsc: o.Runsc, AgentPath: o.AgentPath, Log: log})
+	eng, err := newEngine(o, log)
 	if err != nil {
 		return err
 	}
@@ -94,6 +96,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))
 	mgr.StartPool(ctx)
+	go mgr.WatchPressure(ctx)
+	go watchStore(ctx, st, log)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -102,7 +106,8 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
-	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, RunscVersion: eng.RunscVersion(ctx), TmpDir: tmp}, mgr, images, reg)
+	registerCounters(reg, mgr.Counters())
+	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp}, mgr, images, reg)
 
 	var lns []net.Listener
 	defer func() {
@@ -113,7 +118,9 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(filepath.Dir(o.Socket), 0o755); err != nil {
 		return err
 	}
-	_ = os.Remove(o.Socket)
+	if err := claimSocket(o.Socket); err != nil {
+		return err
+	}
 	uln, err := net.Listen("unix", o.Socket)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", o.Socket, err)
@@ -158,4 +165,50 @@ func Run(ctx context.Context, o Options) error {
 	_ = hs.Shutdown(sctx)
 	log.Info("clade daemon stopped; sandboxes keep running")
 	return nil
+}
+
+// claimSocket removes a stale socket file at path, and refuses one that
+// another daemon is serving: taking it over would leave that daemon
+// unreachable once this one exits.
+func claimSocket(path string) error {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("another clade daemon is serving %s: stop it first, or give this one another --socket", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	return nil
+}
+
+// watchStore notices a database file removed or replaced under the daemon
+// and says so at once; the store itself refuses every write from then on.
+func watchStore(ctx context.Context, st *store.Store, log *slog.Logger) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := st.Check(); err != nil {
+			log.Error("the database is gone: refusing every change until restart", "err", err)
+			return
+		}
+	}
+}
+
+// registerCounters exports the service's admission and pressure decisions.
+func registerCounters(reg *prometheus.Registry, c *sandbox.Counters) {
+	for name, v := range map[string]interface{ Load() int64 }{
+		"clade_admission_refused_total": &c.AdmissionRefused,
+		"clade_disk_floor_refused_total": &c.DiskRefused,
+		"clade_pressure_sleeps_total":    &c.PressureSleeps,
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name,
+			Help: strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(name, "clade_"), "_total"), "_", " ")},
+			func() float64 { return float64(v.Load()) }))
+	}
 }

@@ -781,3 +781,13 @@ func (e *Engine) PIDs() ([]int, error) {
 	}
 	return pids, nil
 }
+
+// Started implements engine.Inspector: a prepared sandbox is runsc's
+// "created"; one that runsc does not know was never started.
+func (e *Engine) Started(ctx context.Context, id string) bool {
+	st, err := e.state(ctx, id)
+	return err == nil && st.Status != "created"
+}
+
+// Version is the engine's version for /v1/health: runsc's.
+func (e *Engine) Version(ctx context.Context) string { return e.RunscVersion(ctx) }

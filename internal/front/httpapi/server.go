@@ -28,8 +28,8 @@ type Config struct {
 	Log     *slog.Logger
 	// TmpDir holds uploads (image archives) while they are imported.
 	TmpDir string
-	// RunscVersion is reported by /v1/health.
-	RunscVersion string
+	// EngineVersion is reported by /v1/health.
+	EngineVersion string
 }
 
 // Server is the HTTP API.
@@ -210,7 +210,7 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), Runsc: s.cfg.RunscVersion, Warm: s.mgr.Warm()})
+	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), EngineVersion: s.cfg.EngineVersion, Warm: s.mgr.Warm()})
 	return nil
 }
 

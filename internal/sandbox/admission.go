@@ -1,0 +1,127 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// Counters are the service's admission and pressure decisions, for metrics.
+type Counters struct {
+	AdmissionRefused atomic.Int64 // creates, forks and wakes refused for memory
+	DiskRefused      atomic.Int64 // operations refused below the free-disk floor
+	PressureSleeps   atomic.Int64 // sandboxes put to sleep under memory pressure
+}
+
+// Counters returns the service's decision counters.
+func (m *Manager) Counters() *Counters { return &m.counters }
+
+// admit reserves memory for sandboxes about to be made (or woken), each
+// counted at its whole limit since it may grow to it. It refuses with a
+// retryable Unavailable error when
+//   - the host would fall below its free-memory floor (MemAvailable less
+//     what is reserved and asked for), or
+//   - the memory limits of the sandboxes that hold memory, with what is
+//     reserved and asked for, would pass the overcommit ratio times the
+//     host's memory (the explicit overcommit policy; 0 turns it off).
+//
+// The caller releases the reservation once the sandboxes exist (their
+// memory then shows in MemAvailable and in the records); release is
+// idempotent.
+func (m *Manager) admit(mib int) (release func(), err error) {
+	avail, err := memAvailableMiB()
+	if err != nil {
+		return func() {}, nil // no /proc/meminfo: no admission control
+	}
+	committed := -1
+	if m.cfg.MemoryOvercommit > 0 {
+		if committed, err = m.store.CommittedMemoryMiB(context.Background()); err != nil {
+			return nil, err
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if left := avail - m.reservedMiB - mib; left < m.cfg.MemoryFloorMiB {
+		m.counters.AdmissionRefused.Add(1)
+		m.log.Info("admission refused: memory floor", "need_mib", mib, "available_mib", avail-m.reservedMiB, "floor_mib", m.cfg.MemoryFloorMiB)
+		return nil, errdefs.New(errdefs.Unavailable,
+			"not enough memory: this needs %d MiB (each sandbox counted at its whole memory limit), %d MiB are available and %d MiB must stay free (daemon flag --memory-floor); remove or sleep sandboxes, or ask for fewer or smaller ones",
+			mib, avail-m.reservedMiB, m.cfg.MemoryFloorMiB)
+	}
+	if committed >= 0 {
+		total, _ := memTotalMiB()
+		limit := int(m.cfg.MemoryOvercommit * float64(total))
+		if committed+m.reservedMiB+mib > limit {
+			m.counters.AdmissionRefused.Add(1)
+			m.log.Info("admission refused: overcommit", "need_mib", mib, "committed_mib", committed+m.reservedMiB, "limit_mib", limit)
+			return nil, errdefs.New(errdefs.Unavailable,
+				"memory overcommit limit reached: running sandboxes' limits add up to %d MiB, this needs %d MiB more, and the daemon allows %d MiB (%.2g x %d MiB of host memory, flag --memory-overcommit); remove or sleep sandboxes, or ask for smaller ones",
+				committed+m.reservedMiB, mib, limit, m.cfg.MemoryOvercommit, total)
+		}
+	}
+	m.reservedMiB += mib
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			m.reservedMiB -= mib
+			m.mu.Unlock()
+		})
+	}, nil
+}
+
+// checkDisk refuses an operation that writes state to disk (create, fork,
+// snapshot, sleep, pull) when the data dir's file system is below its
+// free-disk floor: better a clear, retryable refusal than a failure half way.
+func (m *Manager) checkDisk(op string) error {
+	if m.cfg.DiskFloorMiB <= 0 || m.cfg.SnapshotDir == "" {
+		return nil
+	}
+	free, err := freeDiskMiB(m.cfg.SnapshotDir)
+	if err != nil {
+		return nil
+	}
+	if free < m.cfg.DiskFloorMiB {
+		m.counters.DiskRefused.Add(1)
+		return errdefs.New(errdefs.Unavailable, "%s refused: the data dir's file system has %d MiB free and %d MiB must stay free (daemon flag --disk-floor); remove snapshots, sleeping sandboxes or images, then retry", op, free, m.cfg.DiskFloorMiB)
+	}
+	return nil
+}
+
+// CheckDisk is checkDisk for operations outside the service (image pulls).
+func (m *Manager) CheckDisk(op string) error { return m.checkDisk(op) }
+
+func freeDiskMiB(path string) (int, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, err
+	}
+	return int(st.Bavail * uint64(st.Bsize) >> 20), nil
+}
+
+func memTotalMiB() (int, error)     { return meminfo("MemTotal:") }
+func memAvailableMiB() (int, error) { return meminfo("MemAvailable:") }
+
+func meminfo(key string) (int, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), key); ok {
+			kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			return kb >> 10, err
+		}
+	}
+	return 0, errors.New("no " + key + " in /proc/meminfo")
+}

@@ -1,0 +1,159 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// ForkChild is the outcome for one child.
+type ForkChild struct {
+	ID  string
+	Err error
+}
+
+// ForkResult is the outcome of a fork.
+type ForkResult struct {
+	Snapshot string
+	Children []ForkChild
+}
+
+// Fork restores n new sandboxes from source: a snapshot, or a running
+// sandbox that is snapshotted first (implicitly; the snapshot goes with its
+// last child). It answers per child; an error means nothing was attempted.
+func (m *Manager) Fork(ctx context.Context, source string, n int) (ForkResult, error) {
+	if n < 1 {
+		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "n must be at least 1")
+	}
+	if n > m.cfg.MaxFork {
+		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "n=%d is above the maximum of %d children per fork (daemon flag --max-fork)", n, m.cfg.MaxFork)
+	}
+	return m.fork(ctx, source, make([]store.Sandbox, n))
+}
+
+// fork fills in recs (names may be preset) and restores them from source.
+func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox) (ForkResult, error) {
+	snapper, err := m.snapshotter()
+	if err != nil {
+		return ForkResult{}, err
+	}
+	if err := m.checkDisk("fork"); err != nil {
+		return ForkResult{}, err
+	}
+	sn, err := m.store.GetSnapshot(ctx, source)
+	if errdefs.IsNotFound(err) {
+		parent, perr := m.store.GetSandbox(ctx, source)
+		if errdefs.IsNotFound(perr) {
+			return ForkResult{}, errdefs.New(errdefs.NotFound, "no snapshot or sandbox called %s (see `clade snapshot ls` and `clade ls`)", source)
+		}
+		if perr != nil {
+			return ForkResult{}, perr
+		}
+		release, err := m.admit(len(recs) * parent.MemoryMiB)
+		if err != nil {
+			return ForkResult{}, err
+		}
+		defer release()
+		if sn, err = m.Snapshot(ctx, parent.ID, "", true); err != nil {
+			return ForkResult{}, err
+		}
+	} else if err != nil {
+		return ForkResult{}, err
+	} else {
+		if sn.State != store.SnapshotReady {
+			return ForkResult{}, errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", source)
+		}
+		release, err := m.admit(len(recs) * sn.MemoryMiB)
+		if err != nil {
+			return ForkResult{}, err
+		}
+		defer release()
+	}
+	if err := verifyImage(sn.Path); err != nil {
+		return ForkResult{}, errdefs.Wrap(errdefs.ClassOf(err), fmt.Errorf("snapshot %s: %w", sn.ID, err))
+	}
+	img, err := m.images.Get(ctx, sn.Image)
+	if err != nil {
+		return ForkResult{}, fmt.Errorf("image %s of snapshot %s: %w", sn.Image, sn.ID, err)
+	}
+	ctx = context.WithoutCancel(ctx) // children are made whole or not at all
+	res := ForkResult{Snapshot: sn.ID, Children: make([]ForkChild, len(recs))}
+	sh := m.shapeOf(sn.Image, sn.MemoryMiB, sn.CPUs, sn.Env, sn.Opts)
+	// Keep as many prepared for the next fork of this shape.
+	defer m.pool.Want(sh, len(recs))
+	// Children's locks first (lock order: sandboxes before snapshots); the
+	// ids are new, so nobody waits on them yet.
+	unlocks := make([]func(), len(recs))
+	for i := range recs {
+		id, ok := m.pool.Take(sh)
+		if !ok {
+			id = newID()
+		}
+		unlocks[i] = m.locks.lock(id)
+		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
+			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: sn.Opts, CreatedAt: time.Now()}
+	}
+	// The children are recorded as the snapshot's users under its lock, so
+	// a removal of the snapshot cannot slip in between.
+	unlockSnap := m.locks.lock(sn.ID)
+	if _, err := m.store.GetSnapshot(ctx, sn.ID); err != nil {
+		unlockSnap()
+		for i := range recs {
+			_ = m.eng.Destroy(ctx, recs[i].ID) // a prepared sandbox from the pool, if any
+			unlocks[i]()
+		}
+		return ForkResult{}, err
+	}
+	for i := range recs {
+		if err := m.store.InsertSandbox(ctx, recs[i]); err != nil {
+			res.Children[i].Err = err
+			_ = m.eng.Destroy(ctx, recs[i].ID)
+			recs[i].ID = ""
+			unlocks[i]()
+		}
+	}
+	unlockSnap()
+	sem := make(chan struct{}, m.cfg.RestoreParallel)
+	var wg sync.WaitGroup
+	for i, rec := range recs {
+		if rec.ID == "" {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer unlocks[i]()
+			res.Children[i] = m.restoreChildLocked(ctx, snapper, rec, m.spec(rec, img), sn.Path)
+		}()
+	}
+	wg.Wait()
+	m.crashPoint("fork-after-children")
+	m.gcSnapshot(ctx, sn.ID) // an implicit snapshot whose every child failed
+	return res, nil
+}
+
+// restoreChildLocked restores one recorded child. Guarded by rec's lock.
+func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, spec engine.Spec, path string) ForkChild {
+	sb, err := m.startLocked(ctx, rec, spec, func(spec engine.Spec) (engine.Sandbox, error) {
+		return snapper.Restore(ctx, spec, path)
+	})
+	if err == nil {
+		if err = m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+		}
+	}
+	if err != nil {
+		return ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.afterRemove(ctx, rec), m.store.DeleteSandbox(ctx, rec.ID))}
+	}
+	m.track(rec.ID, sb)
+	m.crashPoint("fork-mid-restore") // other children still restoring
+	return ForkChild{ID: rec.ID}
+}

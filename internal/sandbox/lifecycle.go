@@ -1,0 +1,403 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/agent"
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/sandbox/pool"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// CreateRequest asks for a new sandbox. Zero values take the defaults.
+type CreateRequest struct {
+	Name      string
+	Image     string
+	MemoryMiB int
+	CPUs      float64
+	Env       []string
+	// Opts are the settings beyond the shape (disk cap, labels, network).
+	Opts store.Options
+	// FromSnapshot restores the sandbox from a snapshot instead of booting.
+	FromSnapshot string
+}
+
+// MinMemoryMiB is the smallest memory limit a sandbox can boot with.
+const MinMemoryMiB = 64
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// validName checks a sandbox or snapshot name: names and ids share one
+// namespace of references, so a name must not look like an id.
+func validName(kind, name string) error {
+	if !nameRE.MatchString(name) {
+		return errdefs.New(errdefs.InvalidArgument, "bad %s name %q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", kind, name)
+	}
+	if isID(name) {
+		return errdefs.New(errdefs.InvalidArgument, "bad %s name %q: it looks like an id; pick a name that is not %d hex digits", kind, name, IDLength)
+	}
+	return nil
+}
+
+func (m *Manager) validate(req *CreateRequest) error {
+	if req.Name != "" {
+		if err := validName("sandbox", req.Name); err != nil {
+			return err
+		}
+	}
+	if req.Image == "" {
+		req.Image = image.Default
+	}
+	if req.MemoryMiB == 0 {
+		req.MemoryMiB = m.cfg.DefaultMemoryMiB
+	}
+	if req.MemoryMiB < MinMemoryMiB || req.MemoryMiB > m.cfg.MaxMemoryMiB {
+		return errdefs.New(errdefs.InvalidArgument, "memory %d MiB is out of range: use %d to %d MiB", req.MemoryMiB, MinMemoryMiB, m.cfg.MaxMemoryMiB)
+	}
+	if req.CPUs == 0 {
+		req.CPUs = m.cfg.DefaultCPUs
+	}
+	if req.CPUs < 0.01 || req.CPUs > m.cfg.MaxCPUs {
+		return errdefs.New(errdefs.InvalidArgument, "cpus %g is out of range: use 0.01 to %g", req.CPUs, m.cfg.MaxCPUs)
+	}
+	for _, kv := range req.Env {
+		if err := ValidEnv(kv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidEnv checks one KEY=VALUE pair.
+func ValidEnv(kv string) error {
+	k, _, ok := strings.Cut(kv, "=")
+	if !ok || k == "" || strings.ContainsAny(k, "\x00") || strings.Contains(kv, "\x00") {
+		return errdefs.New(errdefs.InvalidArgument, "bad environment variable %q: use KEY=VALUE", kv)
+	}
+	return nil
+}
+
+// Create makes a running sandbox and returns its record. A failed create
+// leaves nothing behind; a create runs to the end even if ctx ends.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
+	if req.FromSnapshot != "" {
+		return m.createFrom(ctx, req)
+	}
+	if err := m.validate(&req); err != nil {
+		return store.Sandbox{}, err
+	}
+	release, err := m.admit(req.MemoryMiB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer release()
+	// Held until the record exists: an image removal checks the records.
+	m.imageMu.Lock()
+	imageLocked := true
+	defer func() {
+		if imageLocked {
+			m.imageMu.Unlock()
+		}
+	}()
+	img, err := m.images.Get(ctx, req.Image)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if img.Snapshot != "" && len(req.Env) == 0 {
+		// A template: restore its ready snapshot (start command already
+		// running) when the sandbox asks for the snapshot's resources.
+		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs {
+			m.imageMu.Unlock()
+			imageLocked = false
+			release()
+			return m.createFromSnapshot(ctx, sn.ID, req.Name)
+		}
+	}
+	sh := m.shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
+	id, ok := m.pool.Take(sh)
+	if !ok {
+		id = newID()
+	}
+	defer m.pool.Want(sh, 0) // refill what was taken
+	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
+		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: req.Opts, CreatedAt: time.Now()}
+	unlock := m.locks.lock(rec.ID)
+	defer unlock()
+	if err := m.store.InsertSandbox(ctx, rec); err != nil {
+		if ok {
+			_ = m.eng.Destroy(context.WithoutCancel(ctx), id)
+		}
+		return store.Sandbox{}, err
+	}
+	m.imageMu.Unlock()
+	imageLocked = false
+	// A half-made sandbox would only have to be cleaned up again.
+	ctx = context.WithoutCancel(ctx)
+	m.crashPoint("create-before-engine")
+	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), func(spec engine.Spec) (engine.Sandbox, error) {
+		sb, err := m.eng.Create(ctx, spec)
+		m.crashPoint("create-after-engine")
+		return sb, err
+	})
+	if err == nil {
+		if err = m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+		}
+	}
+	if err != nil {
+		if derr := errors.Join(m.afterRemove(ctx, rec), m.store.DeleteSandbox(ctx, rec.ID)); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	m.track(rec.ID, sb)
+	m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
+	return rec, nil
+}
+
+// startLocked runs the hooks around start, which creates or restores the
+// engine sandbox of rec from spec (the hooks may add to it). On error nothing of this run is left:
+// the engine sandbox is destroyed and the hooks' AfterStop has run.
+// Guarded by rec's lock.
+func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engine.Spec, start func(engine.Spec) (engine.Sandbox, error)) (engine.Sandbox, error) {
+	if err := m.beforeStart(ctx, rec, &spec); err != nil {
+		return nil, err
+	}
+	sb, err := start(spec)
+	if err == nil {
+		if err = m.afterStart(ctx, rec, sb); err != nil {
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(err, m.afterStop(ctx, rec))
+	}
+	return sb, nil
+}
+
+// createFrom makes one sandbox restored from a snapshot: a fork of one.
+func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
+	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 {
+		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus and env: give only a name")
+	}
+	if req.Name != "" {
+		if err := validName("sandbox", req.Name); err != nil {
+			return store.Sandbox{}, err
+		}
+	}
+	return m.createFromSnapshot(ctx, req.FromSnapshot, req.Name)
+}
+
+func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string) (store.Sandbox, error) {
+	res, err := m.fork(ctx, snapshot, []store.Sandbox{{Name: name}})
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if c := res.Children[0]; c.Err != nil {
+		return store.Sandbox{}, c.Err
+	}
+	return m.store.GetSandbox(ctx, res.Children[0].ID)
+}
+
+// shapeOf is the warm-pool shape of a sandbox.
+func (m *Manager) shapeOf(image string, memoryMiB int, cpus float64, env []string, o store.Options) pool.Shape {
+	network := ""
+	if o.Network != nil {
+		network = o.Network.Mode
+	}
+	return pool.ShapeOf(image, memoryMiB, cpus, env, o.DiskMiB, network)
+}
+
+// spec is the engine's view of a sandbox of img: the image's environment
+// under the sandbox's own, and the image's working directory and user as
+// the defaults of every exec.
+func (m *Manager) spec(rec store.Sandbox, img image.Image) engine.Spec {
+	host := rec.Name
+	if host == "" {
+		host = "sb-" + rec.ID[:8]
+	}
+	rootfs := rec.RootFS // the root it was made on, which outlives image replacements
+	if rootfs == "" {
+		rootfs = img.RootFS
+	}
+	return engine.Spec{ID: rec.Engine(), RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, DiskMiB: rec.Opts.DiskMiB,
+		Env: append(append([]string(nil), img.Config.Env...), rec.Env...), Workdir: img.Config.WorkingDir, User: img.Config.User}
+}
+
+// Get returns a sandbox by id or name.
+func (m *Manager) Get(ctx context.Context, ref string) (store.Sandbox, error) {
+	return m.store.GetSandbox(ctx, ref)
+}
+
+// List returns every sandbox.
+func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
+	return m.store.ListSandboxes(ctx)
+}
+
+// lockSandbox finds a sandbox, takes its lock and reads it again under the
+// lock: what an operation decides on must be current.
+func (m *Manager) lockSandbox(ctx context.Context, ref string) (store.Sandbox, func(), error) {
+	rec, err := m.store.GetSandbox(ctx, ref)
+	if err != nil {
+		return store.Sandbox{}, nil, err
+	}
+	unlock := m.locks.lock(rec.ID)
+	if rec, err = m.store.GetSandbox(ctx, rec.ID); err != nil {
+		unlock()
+		return store.Sandbox{}, nil, err
+	}
+	return rec, unlock, nil
+}
+
+// running returns the engine sandbox of a running sandbox. A sleeping one is
+// woken; one being put to sleep is waited for and then woken.
+func (m *Manager) running(ctx context.Context, ref string) (engine.Sandbox, error) {
+	// The hot path: a running sandbox by id needs no database read.
+	m.mu.Lock()
+	sb := m.live[ref]
+	if sb != nil {
+		m.lastUsed[ref] = time.Now()
+	}
+	m.mu.Unlock()
+	if sb != nil {
+		return sb, nil
+	}
+	rec, unlock, err := m.lockSandbox(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	m.touch(rec.ID)
+	defer unlock()
+	switch rec.State {
+	case store.StateSleeping:
+		// The next request wakes a sleeping sandbox.
+		if err := m.wakeLocked(ctx, &rec); err != nil {
+			return nil, err
+		}
+	case store.StateStopped:
+		return nil, errdefs.New(errdefs.Conflict, "sandbox %s has stopped (%s): remove it with `clade rm %s`", ref, rec.Error, ref)
+	case store.StateRunning:
+	default:
+		return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s; retry when it is running", ref, rec.State)
+	}
+	m.mu.Lock()
+	sb = m.live[rec.ID]
+	m.mu.Unlock()
+	if sb == nil {
+		return nil, errdefs.New(errdefs.Unavailable, "sandbox %s is running but its daemon connection is not back yet; retry", ref)
+	}
+	return sb, nil
+}
+
+// Open starts a request (exec or file transfer) in a running sandbox.
+func (m *Manager) Open(ctx context.Context, ref string, req wire.Request) (*agent.Channel, error) {
+	sb, err := m.running(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	// A sandbox whose agent is reconnecting gets a moment to come back.
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return sb.Agent().Open(octx, req)
+}
+
+// Destroy removes a sandbox and everything it holds. It waits for an
+// operation in flight on the sandbox (a create, sleep, wake or another
+// remove) to finish; a sandbox that is gone by then is NotFound.
+func (m *Manager) Destroy(ctx context.Context, ref string) error {
+	rec, unlock, err := m.lockSandbox(ctx, ref)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ctx = context.WithoutCancel(ctx)
+	m.dropLive(rec.ID)
+	if err := m.destroyLocked(ctx, rec); err != nil {
+		return err
+	}
+	m.gcSnapshot(ctx, rec.Snapshot)
+	m.gcStaleRoot(ctx, rec.Image, rec.RootFS)
+	return nil
+}
+
+// destroyLocked destroys rec's engine sandbox and everything the hooks
+// hold, then its record. Guarded by rec's lock.
+func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
+	id := rec.ID
+	if err := m.moveLocked(ctx, &rec, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	m.crashPoint("destroy-before-engine")
+	if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
+		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	if err := errors.Join(m.afterStop(ctx, rec), m.afterRemove(ctx, rec)); err != nil {
+		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	if err := os.RemoveAll(m.sleepDir(id)); err != nil {
+		return err
+	}
+	m.crashPoint("destroy-after-engine")
+	if err := m.store.DeleteSandbox(ctx, id); err != nil {
+		return err
+	}
+	m.log.Info("sandbox removed", "sandbox", id)
+	return nil
+}
+
+// dropLive forgets a sandbox's engine sandbox, so requests take the slow
+// path and wait for the sandbox's lock. It returns what was live.
+func (m *Manager) dropLive(id string) engine.Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb := m.live[id]
+	delete(m.live, id)
+	delete(m.lastUsed, id)
+	return sb
+}
+
+// track makes sb live and marks the sandbox stopped if sb dies by itself
+// while it is the sandbox's live engine sandbox.
+func (m *Manager) track(id string, sb engine.Sandbox) {
+	m.mu.Lock()
+	m.live[id] = sb
+	m.lastUsed[id] = time.Now()
+	m.mu.Unlock()
+	go func() {
+		<-sb.Exited()
+		reason := sb.ExitReason()
+		if reason == "" {
+			return
+		}
+		unlock := m.locks.lock(id)
+		defer unlock()
+		m.mu.Lock()
+		current := m.live[id] == sb
+		if current {
+			delete(m.live, id)
+		}
+		m.mu.Unlock()
+		if !current {
+			return // slept, removed or replaced meanwhile
+		}
+		rec, err := m.store.GetSandbox(context.Background(), id)
+		if err != nil || rec.State != store.StateRunning {
+			return
+		}
+		m.log.Warn("sandbox stopped", "sandbox", id, "reason", reason)
+		if err := m.moveLocked(context.Background(), &rec, store.StateStopped, reason); err != nil && !errdefs.IsNotFound(err) {
+			m.log.Error("record stopped sandbox", "sandbox", id, "err", err)
+		}
+	}()
+}

@@ -1,0 +1,201 @@
+// Package pool keeps prepared engine sandboxes (created, not started) per
+// shape, so a create only starts one and a fork or wake only restores into
+// one: the slow half of making a sandbox (sandbox and gofer processes,
+// seccomp filters) runs ahead of time, one at a time, off the hot path.
+//
+// The pool owns its state; what preparing and destroying mean is the
+// lifecycle service's business, given as functions.
+package pool
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Shape is what a prepared sandbox has to match to be used: the engine made
+// it with these resources, this environment and this network mode.
+type Shape struct {
+	Image     string
+	MemoryMiB int
+	CPUs      float64
+	Env       string // NUL-joined
+	DiskMiB   int
+	Network   string
+}
+
+// ShapeOf returns the shape of a sandbox.
+func ShapeOf(image string, memoryMiB int, cpus float64, env []string, diskMiB int, network string) Shape {
+	return Shape{Image: image, MemoryMiB: memoryMiB, CPUs: cpus, Env: strings.Join(env, "\x00"), DiskMiB: diskMiB, Network: network}
+}
+
+// EnvList returns the shape's environment as a list.
+func (s Shape) EnvList() []string {
+	if s.Env == "" {
+		return nil
+	}
+	return strings.Split(s.Env, "\x00")
+}
+
+// Config configures a pool.
+type Config struct {
+	// Limit caps the prepared sandboxes kept per shape; 0 turns the pool off.
+	Limit int
+	// Prepare makes one prepared sandbox of a shape and returns its engine id.
+	Prepare func(ctx context.Context, sh Shape) (string, error)
+	// Destroy removes a prepared sandbox nobody took.
+	Destroy func(ctx context.Context, id string) error
+	// RetryAfter is the pause after a failed Prepare; 5 s if zero.
+	RetryAfter time.Duration
+	Log        *slog.Logger
+}
+
+// Pool is a set of prepared sandboxes per shape. Its methods are safe for
+// concurrent use.
+type Pool struct {
+	cfg  Config
+	kick chan struct{}
+
+	mu     sync.Mutex
+	slots  map[Shape][]string  // guarded by mu
+	target map[Shape]int       // guarded by mu
+	failed map[Shape]time.Time // guarded by mu: shapes whose prepare failed, until when to leave them
+}
+
+// New returns an empty pool; call Run to fill it.
+func New(cfg Config) *Pool {
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = 5 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Pool{cfg: cfg, kick: make(chan struct{}, 1), slots: map[Shape][]string{}, target: map[Shape]int{}, failed: map[Shape]time.Time{}}
+}
+
+// Take returns the engine id of a prepared sandbox of shape sh and removes
+// it from the pool, or false when there is none. The caller owns the id.
+func (p *Pool) Take(sh Shape) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := p.slots[sh]
+	if len(ids) == 0 {
+		return "", false
+	}
+	id := ids[len(ids)-1]
+	p.slots[sh] = ids[:len(ids)-1]
+	return id, true
+}
+
+// Want asks for at least n prepared sandboxes of shape sh (at most the
+// limit) and wakes the refill loop; Want(sh, 0) only refills what was taken.
+func (p *Pool) Want(sh Shape, n int) {
+	p.mu.Lock()
+	if n > 0 || p.target[sh] > 0 {
+		p.target[sh] = max(p.target[sh], min(n, p.cfg.Limit))
+	}
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// missing returns a shape with fewer prepared sandboxes than wanted whose
+// last prepare did not just fail; else how long until one is retried.
+func (p *Pool) missing() (Shape, bool, time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	retry := time.Duration(0)
+	for sh, n := range p.target {
+		if len(p.slots[sh]) >= n {
+			continue
+		}
+		if until, ok := p.failed[sh]; ok && now.Before(until) {
+			if d := until.Sub(now); retry == 0 || d < retry {
+				retry = d
+			}
+			continue
+		}
+		return sh, true, 0
+	}
+	return Shape{}, false, retry
+}
+
+func (p *Pool) add(sh Shape, id string) {
+	p.mu.Lock()
+	delete(p.failed, sh)
+	p.slots[sh] = append(p.slots[sh], id)
+	p.mu.Unlock()
+}
+
+// Run refills the pool one sandbox at a time until ctx ends. A pool with a
+// zero limit does nothing.
+func (p *Pool) Run(ctx context.Context) {
+	if p.cfg.Limit <= 0 || p.cfg.Prepare == nil {
+		return
+	}
+	for {
+		sh, ok, retry := p.missing()
+		if !ok {
+			var after <-chan time.Time
+			if retry > 0 {
+				after = time.After(retry)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.kick:
+			case <-after:
+			}
+			continue
+		}
+		id, err := p.cfg.Prepare(ctx, sh)
+		if err == nil {
+			p.add(sh, id)
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// A shape that fails is left alone for a while, without holding up
+		// the others: no spinning on a persistent failure.
+		p.cfg.Log.Warn("warm pool: prepare failed", "image", sh.Image, "memory_mib", sh.MemoryMiB, "err", err)
+		p.mu.Lock()
+		p.failed[sh] = time.Now().Add(p.cfg.RetryAfter)
+		p.mu.Unlock()
+	}
+}
+
+// Drain destroys every prepared sandbox in the pool and forgets the targets.
+func (p *Pool) Drain(ctx context.Context) {
+	p.mu.Lock()
+	var ids []string
+	for _, s := range p.slots {
+		ids = append(ids, s...)
+	}
+	p.slots = map[Shape][]string{}
+	p.target = map[Shape]int{}
+	p.mu.Unlock()
+	slices.Sort(ids)
+	for _, id := range ids {
+		if p.cfg.Destroy != nil {
+			_ = p.cfg.Destroy(ctx, id)
+		}
+	}
+}
+
+// Len returns how many prepared sandboxes wait in the pool.
+func (p *Pool) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.slots {
+		n += len(s)
+	}
+	return n
+}

@@ -1,0 +1,210 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// Reconcile makes the engine and the store agree after a start: half-done
+// creates are rolled back, half-done removals finished, sleeps and wakes cut
+// short resumed from what is on disk, running sandboxes reattached, and
+// prepared engine sandboxes nobody records destroyed. Started engine
+// sandboxes the store does not know are kept (and logged) unless
+// Config.DestroyUnrecorded: a lost database must not take them with it. A
+// state image is deleted only when it is provably not needed.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	// The engine first: every engine sandbox made after this listing has
+	// its record written before it, so it shows in the store's listing.
+	engIDs, engErr := m.eng.List(ctx)
+	recs, err := m.store.ListSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	var (
+		errs []error
+		emu  sync.Mutex
+		wg   sync.WaitGroup
+	)
+	addErr := func(e ...error) {
+		emu.Lock()
+		errs = append(errs, e...)
+		emu.Unlock()
+	}
+	known := map[string]bool{}
+	for _, rec := range recs {
+		known[rec.Engine()] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			unlock := m.locks.lock(rec.ID)
+			defer unlock()
+			if rec, err := m.store.GetSandbox(ctx, rec.ID); err == nil {
+				addErr(m.reconcileLocked(ctx, rec))
+			}
+		}()
+	}
+	wg.Wait()
+	keep := map[string]bool{}
+	if recs, err := m.store.ListSandboxes(ctx); err == nil {
+		for _, rec := range recs {
+			if rec.State == store.StateSleeping || rec.State == store.StateStopped {
+				keep[rec.ID] = true
+			}
+		}
+	}
+	addErr(removeUnknown(m.cfg.SleepDir, keep), m.reconcileSnapshots(ctx))
+	m.gcRoots(ctx)
+	addErr(m.reconcileHooks(ctx))
+	if engErr != nil {
+		return errors.Join(append(errs, engErr)...)
+	}
+	insp, _ := m.eng.(engine.Inspector)
+	for _, id := range engIDs {
+		if known[id] {
+			continue
+		}
+		if insp != nil && insp.Started(ctx, id) && !m.cfg.DestroyUnrecorded {
+			m.log.Warn("reconcile: keeping a running engine sandbox the store does not record (was the database lost or replaced?); restart with --destroy-unrecorded to remove such sandboxes", "engine_sandbox", id)
+			continue
+		}
+		m.log.Info("reconcile: destroying unrecorded engine sandbox", "engine_sandbox", id)
+		addErr(m.eng.Destroy(ctx, id))
+	}
+	return errors.Join(errs...)
+}
+
+// reconcileLocked settles one sandbox after a restart. Guarded by rec's lock.
+func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error {
+	switch rec.State {
+	case store.StateCreating, store.StateDestroying:
+		m.log.Info("reconcile: removing half-done sandbox", "sandbox", rec.ID, "state", rec.State)
+		return m.destroyLocked(ctx, rec)
+	case store.StateSleeping:
+		if _, err := os.Stat(m.sleepDir(rec.ID)); err != nil {
+			return m.moveLocked(ctx, &rec, store.StateStopped, "its sleep image is missing")
+		}
+		return nil
+	case store.StateSuspending:
+		// A sleep cut short. A sealed image is whole: the sandbox is
+		// asleep. Otherwise the engine kept the sandbox running (it stops
+		// one only after its image is sealed): it runs on.
+		if verifyImage(m.sleepDir(rec.ID)) == nil {
+			_ = m.eng.Destroy(ctx, rec.Engine())
+			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
+		}
+		sb, err := m.attach(ctx, rec)
+		if err != nil {
+			// Neither running nor provably asleep: keep what is on disk
+			// for the operator and say so.
+			_ = m.eng.Destroy(ctx, rec.Engine())
+			m.log.Warn("reconcile: a sleep was cut short and the sandbox is gone; its unsealed image is kept", "sandbox", rec.ID, "dir", m.sleepDir(rec.ID), "err", err)
+			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped,
+				fmt.Sprintf("a sleep was cut short by a daemon restart and the sandbox did not survive; its unsealed image is kept in %s", m.sleepDir(rec.ID))))
+		}
+		if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
+			return err
+		}
+		m.track(rec.ID, sb)
+		return os.RemoveAll(m.sleepDir(rec.ID))
+	case store.StateWaking:
+		sb, err := m.attach(ctx, rec)
+		if err != nil {
+			// The wake did not finish: still asleep, its image intact.
+			_ = m.eng.Destroy(ctx, rec.Engine())
+			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
+		}
+		if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
+			return err
+		}
+		m.track(rec.ID, sb)
+		return os.RemoveAll(m.sleepDir(rec.ID))
+	case store.StateRunning:
+		sb, err := m.attach(ctx, rec)
+		if err != nil {
+			m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
+			_ = m.eng.Destroy(ctx, rec.Engine())
+			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped, err.Error()))
+		}
+		m.track(rec.ID, sb)
+		m.log.Info("reconcile: reattached", "sandbox", rec.ID)
+	}
+	return nil
+}
+
+// attach reconnects to rec's engine sandbox.
+func (m *Manager) attach(ctx context.Context, rec store.Sandbox) (engine.Sandbox, error) {
+	img, err := m.images.Get(ctx, rec.Image)
+	if err != nil && rec.RootFS == "" {
+		return nil, err
+	}
+	return m.eng.Attach(ctx, m.spec(rec, img))
+}
+
+func (m *Manager) reconcileHooks(ctx context.Context) error {
+	all, err := m.store.ListSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	var running []store.Sandbox
+	for _, rec := range all {
+		if rec.State == store.StateRunning {
+			running = append(running, rec)
+		}
+	}
+	var errs []error
+	for _, h := range m.cfg.Hooks {
+		if err := h.Reconcile(ctx, running, all); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// reconcileSnapshots runs after the sandboxes are reconciled: half-taken
+// snapshots and files nobody records go, implicit snapshots nobody uses go.
+func (m *Manager) reconcileSnapshots(ctx context.Context) error {
+	snaps, err := m.store.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	known := map[string]bool{}
+	for _, sn := range snaps {
+		_, statErr := os.Stat(sn.Path)
+		if sn.State == store.SnapshotCreating || statErr != nil {
+			m.log.Info("reconcile: removing incomplete snapshot", "snapshot", sn.ID, "state", sn.State)
+			errs = append(errs, m.removeSnapshot(ctx, sn))
+			continue
+		}
+		known[filepath.Base(sn.Path)] = true
+		m.gcSnapshot(ctx, sn.ID)
+	}
+	errs = append(errs, removeUnknown(m.cfg.SnapshotDir, known))
+	return errors.Join(errs...)
+}
+
+// removeUnknown deletes the entries of dir not in known.
+func removeUnknown(dir string, known map[string]bool) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if !known[e.Name()] {
+			errs = append(errs, os.RemoveAll(filepath.Join(dir, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,175 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// Sleep snapshots a running sandbox to disk and stops it; it keeps its id
+// and uses no memory until Wake. Sleeping a sleeping sandbox is a no-op. A
+// failed sleep leaves the sandbox running.
+func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) {
+	snapper, err := m.snapshotter()
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	rec, unlock, err := m.lockSandbox(ctx, ref)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer unlock()
+	switch rec.State {
+	case store.StateSleeping:
+		return rec, nil
+	case store.StateRunning:
+	default:
+		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a running sandbox can sleep", ref, rec.State)
+	}
+	if err := m.checkDisk("sleep"); err != nil {
+		return store.Sandbox{}, err
+	}
+	return rec, m.sleepLocked(context.WithoutCancel(ctx), snapper, &rec)
+}
+
+// sleepLocked puts rec to sleep. Guarded by rec's lock.
+func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error {
+	dir := m.sleepDir(rec.ID)
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	// Requests that come now wait for the lock, then wake the sandbox.
+	sb := m.dropLive(rec.ID)
+	if err := m.moveLocked(ctx, rec, store.StateSuspending, ""); err != nil {
+		m.relive(rec.ID, sb)
+		return err
+	}
+	m.crashPoint("sleep-before-engine")
+	err := snapper.Checkpoint(ctx, rec.Engine(), dir, false)
+	if err == nil {
+		err = sealImage(dir)
+	}
+	if err != nil {
+		// The engine leaves a sandbox whose checkpoint failed running.
+		m.relive(rec.ID, sb)
+		return errors.Join(fmt.Errorf("sleep %s: %w", rec.ID, err), os.RemoveAll(dir), m.moveLocked(ctx, rec, store.StateRunning, ""))
+	}
+	m.crashPoint("sleep-after-checkpoint")
+	if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {
+		m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
+	}
+	if err := m.moveLocked(ctx, rec, store.StateSleeping, ""); err != nil {
+		return err
+	}
+	m.log.Info("sandbox asleep", "sandbox", rec.ID)
+	return nil
+}
+
+// relive puts back a live engine sandbox that an operation had dropped.
+func (m *Manager) relive(id string, sb engine.Sandbox) {
+	if sb == nil {
+		return
+	}
+	m.mu.Lock()
+	m.live[id] = sb
+	m.mu.Unlock()
+}
+
+func (m *Manager) sleepDir(id string) string { return filepath.Join(m.cfg.SleepDir, id) }
+
+// Wake restores a sleeping sandbox in place. Waking a running one is a no-op.
+// A failed wake leaves the sandbox asleep, its image intact.
+func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
+	rec, unlock, err := m.lockSandbox(ctx, ref)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer unlock()
+	if err := m.wakeLocked(ctx, &rec); err != nil {
+		return store.Sandbox{}, err
+	}
+	return rec, nil
+}
+
+// wakeLocked wakes rec. Guarded by rec's lock.
+func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
+	snapper, err := m.snapshotter()
+	if err != nil {
+		return err
+	}
+	switch rec.State {
+	case store.StateRunning:
+		return nil
+	case store.StateSleeping:
+	default:
+		return errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a sleeping sandbox can wake", rec.ID, rec.State)
+	}
+	dir := m.sleepDir(rec.ID)
+	if err := verifyImage(dir); err != nil {
+		return errdefs.Wrap(errdefs.ClassOf(err), fmt.Errorf("wake %s: its sleep image: %w", rec.ID, err))
+	}
+	release, err := m.admit(rec.MemoryMiB)
+	if err != nil {
+		return err
+	}
+	defer release()
+	img, err := m.images.Get(ctx, rec.Image)
+	if err != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx)
+	// Wake into a prepared engine sandbox of the same shape when there is
+	// one: the sandbox keeps its id, the engine's id may change.
+	sh := m.shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
+	if engID, ok := m.pool.Take(sh); ok {
+		if err := m.store.SetEngineID(ctx, rec.ID, engID); err != nil {
+			return errors.Join(err, m.eng.Destroy(ctx, engID))
+		}
+		rec.EngineID = engID
+	}
+	defer m.pool.Want(sh, 1)
+	if err := m.moveLocked(ctx, rec, store.StateWaking, ""); err != nil {
+		return err
+	}
+	m.crashPoint("wake-before-engine")
+	sb, err := m.startLocked(ctx, *rec, m.spec(*rec, img), func(spec engine.Spec) (engine.Sandbox, error) {
+		return snapper.Restore(ctx, spec, dir)
+	})
+	if err == nil {
+		if err = m.moveLocked(ctx, rec, store.StateRunning, ""); err != nil {
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec))
+		}
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("wake %s: %w", rec.ID, err), m.moveLocked(ctx, rec, store.StateSleeping, err.Error()))
+	}
+	m.track(rec.ID, sb)
+	if err := os.RemoveAll(dir); err != nil {
+		m.log.Warn("remove sleep image", "sandbox", rec.ID, "err", err)
+	}
+	m.log.Info("sandbox awake", "sandbox", rec.ID)
+	return nil
+}
+
+// completeMarker is written into a state image once it is whole.
+const completeMarker = ".complete"
+
+// sealImage marks a state image written by a checkpoint as whole; only a
+// sealed image is ever restored or trusted after a restart.
+func sealImage(dir string) error {
+	return os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600)
+}
+
+// verifyImage checks that a state image is sealed and whole.
+func verifyImage(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, completeMarker)); err != nil {
+		return errdefs.New(errdefs.Conflict, "state image %s is incomplete or missing", dir)
+	}
+	return nil
+}

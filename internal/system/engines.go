@@ -1,0 +1,51 @@
+package system
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/engine/gvisor"
+)
+
+// engines maps an engine's name to its constructor: the one place a new
+// engine is registered. Each keeps its state under DATA-DIR/<name>.
+var engines = map[string]func(o Options, log *slog.Logger) (engine.Engine, error){
+	"gvisor": func(o Options, log *slog.Logger) (engine.Engine, error) {
+		return gvisor.New(gvisor.Config{StateDir: filepath.Join(o.DataDir, "gvisor"), Runsc: o.Runsc, AgentPath: o.AgentPath, Log: log})
+	},
+}
+
+// Engines returns the names of the engines this binary has.
+func Engines() []string {
+	names := make([]string, 0, len(engines))
+	for n := range engines {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func newEngine(o Options, log *slog.Logger) (engine.Engine, error) {
+	name := o.Engine
+	if name == "" {
+		name = "gvisor"
+	}
+	mk, ok := engines[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown engine %q: use one of %s", name, strings.Join(Engines(), ", "))
+	}
+	return mk(o, log)
+}
+
+// engineVersion is the engine's version for /v1/health, if it tells one.
+func engineVersion(ctx context.Context, eng engine.Engine) string {
+	if v, ok := eng.(interface{ Version(context.Context) string }); ok {
+		return v.Version(ctx)
+	}
+	return ""
+}
