@@ -159,7 +159,9 @@ func (h *recordingHook) AfterRemove(_ context.Context, rec store.Sandbox) error 
 	h.inc(&h.remove, rec.ID)
 	return nil
 }
-func (h *recordingHook) Reconcile(context.Context, []store.Sandbox, []store.Sandbox) error { return nil }
+func (h *recordingHook) Reconcile(context.Context, []store.Sandbox, []store.Sandbox) error {
+	return nil
+}
 
 func TestTransitionTable(t *testing.T) {
 	states := map[string]bool{}

@@ -29,8 +29,8 @@ type Options struct {
 	ImagesDir string
 	Socket    string
 	// Listen, when set, also serves TCP; it requires Token.
-	Listen    string
-	Token     string
+	Listen string
+	Token  string
 	// Engine names the engine that runs sandboxes (see Engines).
 	Engine    string
 	Runsc     string
@@ -203,7 +203,7 @@ func watchStore(ctx context.Context, st *store.Store, log *slog.Logger) {
 // registerCounters exports the service's admission and pressure decisions.
 func registerCounters(reg *prometheus.Registry, c *sandbox.Counters) {
 	for name, v := range map[string]interface{ Load() int64 }{
-		"clade_admission_refused_total": &c.AdmissionRefused,
+		"clade_admission_refused_total":  &c.AdmissionRefused,
 		"clade_disk_floor_refused_total": &c.DiskRefused,
 		"clade_pressure_sleeps_total":    &c.PressureSleeps,
 	} {
