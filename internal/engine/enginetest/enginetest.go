@@ -31,6 +31,9 @@ type Factory func(t *testing.T, stateDir string) engine.Engine
 type Env struct {
 	RootFS   string
 	StateDir func(t *testing.T) string
+	// DiskUsage returns the bytes of host disk sandbox id's writes take,
+	// including files the engine holds open but unlinked.
+	DiskUsage func(t *testing.T, e engine.Engine, id string) int64
 }
 
 func newID() string {
@@ -326,6 +329,52 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 		if r := Exec(t, woke, "cat", "/root/f"); r.Stdout != "kept\n" {
 			t.Fatalf("after wake: %+v", r)
 		}
+	})
+
+	t.Run("DiskCap", func(t *testing.T) {
+		const capMiB = 64
+		e := newEngine(t, env.StateDir(t))
+		sb := create(t, e, engine.Spec{DiskMiB: capMiB})
+		fill := func(t *testing.T, sb engine.Sandbox) {
+			t.Helper()
+			r := Exec(t, sb, "sh", "-c", "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; echo rc=$?")
+			if !strings.Contains(r.Stdout, "No space left on device") || strings.Contains(r.Stdout, "rc=0") {
+				t.Fatalf("writing 200 MiB with a %d MiB disk cap: %+v; want ENOSPC", capMiB, r)
+			}
+			if env.DiskUsage != nil {
+				n := env.DiskUsage(t, e, sb.ID())
+				t.Logf("%s: host disk used %d MiB", sb.ID(), n>>20)
+				if n > (capMiB+8)<<20 {
+					t.Fatalf("the sandbox's writes take %d MiB of host disk; its cap is %d MiB", n>>20, capMiB)
+				}
+			}
+		}
+		fill(t, sb)
+		r := Exec(t, sb, "sh", "-c", "df -m / | tail -1")
+		if f := strings.Fields(r.Stdout); len(f) < 2 || f[1] != strconv.Itoa(capMiB) {
+			t.Fatalf("df inside: %+v; want a %d MiB file system", r, capMiB)
+		}
+		if r := Exec(t, sb, "sh", "-c", "rm /root/fill && echo still-working > /root/f && cat /root/f"); r.Stdout != "still-working\n" {
+			t.Fatalf("after filling the disk: %+v", r)
+		}
+		snap, ok := e.(engine.Snapshotter)
+		if !ok {
+			return
+		}
+		dir := filepath.Join(env.StateDir(t), "img")
+		if err := snap.Checkpoint(t.Context(), sb.ID(), dir, true); err != nil {
+			t.Fatal(err)
+		}
+		spec := engine.Spec{ID: newID(), RootFS: env.RootFS, MemoryMiB: 256, Hostname: "child", DiskMiB: capMiB}
+		kid, err := snap.Restore(t.Context(), spec, dir)
+		if err != nil {
+			t.Fatalf("restore: %v", err)
+		}
+		t.Cleanup(func() { _ = e.Destroy(context.Background(), spec.ID) })
+		if r := Exec(t, kid, "cat", "/root/f"); r.Stdout != "still-working\n" {
+			t.Fatalf("child: %+v", r)
+		}
+		fill(t, kid)
 	})
 
 	t.Run("Prepare", func(t *testing.T) {

@@ -28,6 +28,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/agent"
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/engine/gvisor/bundle"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -74,6 +75,8 @@ type Engine struct {
 	// prepared maps ids of created-not-started containers to the hostname
 	// they were created with.
 	prepared map[string]string
+	// disk caches each sandbox's disk cap (see diskMiB).
+	disk map[string]int
 }
 
 // New checks the configuration and prepares the state directory.
@@ -93,7 +96,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	cfg.Runsc = runsc
 	e := &Engine{cfg: cfg, runRoot: filepath.Join(cfg.StateDir, "runsc"), sbRoot: filepath.Join(cfg.StateDir, "sandboxes"),
-		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}, prepared: map[string]string{}}
+		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}, prepared: map[string]string{}, disk: map[string]int{}}
 	for _, d := range []string{e.runRoot, e.sbRoot, e.binDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -229,9 +232,46 @@ func (e *Engine) globalFlags(id string) []string {
 		"--platform", e.cfg.Platform,
 		"--network", "none",
 		"--host-uds", "open",
-		"--overlay2", "root:dir=" + e.upper(id),
+		"--overlay2", e.overlay(id),
 		"--log-format", "text",
 	}
+}
+
+// overlay is id's --overlay2: the root's upper layer is a tmpfs backed by
+// a filestore file in the sandbox's upper dir, and its size= is the disk
+// cap: writes past it fail with ENOSPC inside and df shows it. (runsc's
+// rootfs size annotation would do the same, but restore refuses a bundle
+// whose annotations differ from the checkpoint's, and the upper dir's path
+// differs for every child.)
+func (e *Engine) overlay(id string) string {
+	o := "root:dir=" + e.upper(id)
+	if mib := e.diskMiB(id); mib > 0 {
+		o += fmt.Sprintf(",size=%dm", mib)
+	}
+	return o
+}
+
+// diskCapFile holds a sandbox's DiskMiB in its directory, so that every
+// later runsc call about it, also from a restarted engine, passes the
+// same flags.
+const diskCapFile = "disk-mib"
+
+func (e *Engine) diskMiB(id string) int {
+	e.mu.Lock()
+	mib, ok := e.disk[id]
+	e.mu.Unlock()
+	if ok {
+		return mib
+	}
+	b, err := os.ReadFile(filepath.Join(e.dir(id), diskCapFile))
+	if err != nil {
+		return 0
+	}
+	mib, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	e.mu.Lock()
+	e.disk[id] = mib
+	e.mu.Unlock()
+	return mib
 }
 
 // runsc runs one runsc command for id with stdio on a log file.
@@ -344,6 +384,15 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 			return nil, err
 		}
 	}
+	if spec.DiskMiB < 0 {
+		return nil, errdefs.New(errdefs.InvalidArgument, "disk cap %d MiB: want 0 (none) or more", spec.DiskMiB)
+	}
+	if err := os.WriteFile(filepath.Join(dir, diskCapFile), []byte(strconv.Itoa(spec.DiskMiB)), 0o600); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.disk[spec.ID] = spec.DiskMiB
+	e.mu.Unlock()
 	if err := e.writeBundle(spec); err != nil {
 		return nil, err
 	}
@@ -526,65 +575,30 @@ func (s *sandbox) stop() {
 }
 
 func (e *Engine) writeBundle(spec engine.Spec) error {
-	memory := int64(spec.MemoryMiB) << 20
-	period := uint64(100000)
-	var cpu map[string]any
-	if spec.CPUs > 0 {
-		cpu = map[string]any{"quota": int64(spec.CPUs * float64(period)), "period": period}
-	}
-	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "HOSTNAME=" + spec.Hostname, "LANG=C.UTF-8"}, spec.Env...)
-	env = append(env, agentSockEnv+"="+guestSocket)
+	env := append(append([]string{}, spec.Env...), agentSockEnv+"="+guestSocket)
 	if spec.Workdir != "" {
 		env = append(env, "CLADE_AGENT_WORKDIR="+spec.Workdir)
 	}
 	if spec.User != "" {
 		env = append(env, "CLADE_AGENT_USER="+spec.User)
 	}
-	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+	return bundle.Write(e.dir(spec.ID), bundle.Spec{
+		Args:      []string{guestAgent},
+		Env:       env,
+		Hostname:  spec.Hostname,
+		RootFS:    spec.RootFS,
+		Cgroup:    "/clade/" + spec.ID,
+		MemoryMiB: spec.MemoryMiB,
+		CPUs:      spec.CPUs,
 		// For the agent only: it drops this from the bounding set at start.
-		"CAP_SYS_ADMIN"}
-	resources := map[string]any{"pids": map[string]any{"limit": 32768}}
-	if memory > 0 {
-		resources["memory"] = map[string]any{"limit": memory}
-	}
-	if cpu != nil {
-		resources["cpu"] = cpu
-	}
-	spec2 := map[string]any{
-		"ociVersion": "1.0.2",
-		"process": map[string]any{
-			"args": []string{guestAgent},
-			"env":  env,
-			"cwd":  "/",
-			"user": map[string]any{"uid": 0, "gid": 0},
-			"capabilities": map[string]any{
-				"bounding": caps, "effective": caps, "permitted": caps,
-			},
-			"rlimits": []map[string]any{{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}},
+		ExtraCaps: []string{"CAP_SYS_ADMIN"},
+		Mounts: []bundle.Mount{
+			{Source: e.binDir, Destination: guestBinDir, ReadOnly: true},
+			// Read-only too: the agent only dials the host's socket there,
+			// and a writable host directory would bypass the disk cap.
+			{Source: filepath.Join(e.dir(spec.ID), "run"), Destination: guestRunDir, ReadOnly: true},
 		},
-		"root":     map[string]any{"path": spec.RootFS, "readonly": false},
-		"hostname": spec.Hostname,
-		"mounts": []map[string]any{
-			{"destination": "/proc", "type": "proc", "source": "proc"},
-			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755"}},
-			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
-			{"destination": guestBinDir, "type": "bind", "source": e.binDir, "options": []string{"rbind", "ro"}},
-			{"destination": guestRunDir, "type": "bind", "source": filepath.Join(e.dir(spec.ID), "run"), "options": []string{"rbind", "rw"}},
-		},
-		"linux": map[string]any{
-			"cgroupsPath": "/clade/" + spec.ID,
-			"resources":   resources,
-			"namespaces": []map[string]any{
-				{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"},
-			},
-		},
-	}
-	b, err := json.MarshalIndent(spec2, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(e.dir(spec.ID), "config.json"), b, 0o600)
+	})
 }
 
 type runscState struct {
@@ -651,6 +665,12 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	if sb != nil {
 		sb.stop()
 	}
+	// The disk cap is forgotten when the directory goes (below).
+	defer func() {
+		e.mu.Lock()
+		delete(e.disk, id)
+		e.mu.Unlock()
+	}()
 	dir := e.dir(id)
 	if !fileExists(dir) {
 		e.killProcesses(dir + "/")

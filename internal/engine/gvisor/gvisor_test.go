@@ -1,9 +1,11 @@
 package gvisor_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/clade-sandbox/clade/internal/engine"
@@ -26,11 +28,14 @@ func TestConformance(t *testing.T) {
 		RootFS:   filepath.Join(images, "default", "rootfs"),
 		StateDir: func(t *testing.T) string { return testenv.TempDir(t) },
 	}
+	stateDirs := map[engine.Engine]string{}
+	env.DiskUsage = func(t *testing.T, e engine.Engine, id string) int64 { return diskUsage(t, stateDirs[e], id) }
 	enginetest.Run(t, env, func(t *testing.T, dir string) engine.Engine {
 		e, err := gvisor.New(gvisor.Config{StateDir: dir, Runsc: runsc, AgentPath: agent})
 		if err != nil {
 			t.Fatal(err)
 		}
+		stateDirs[e] = dir
 		t.Cleanup(func() {
 			if leaks := testenv.Leaks(filepath.Dir(dir)); false && len(leaks) > 0 {
 				t.Errorf("leaks: %v", leaks)
@@ -69,5 +74,62 @@ func TestDestroyKillsLostProcesses(t *testing.T) {
 	}
 	if left := testenv.ProcessesMentioning(id); len(left) != 0 {
 		t.Fatalf("processes outlived Destroy: %v", left)
+	}
+}
+
+// diskUsage sums the allocated blocks of the files in the sandbox's state
+// directory and of the files sandbox processes hold open there, unlinked
+// ones included (runsc's overlay filestore is unlinked at once).
+func diskUsage(t *testing.T, stateDir, id string) int64 {
+	dir := filepath.Join(stateDir, "sandboxes", id)
+	seen := map[[2]uint64]bool{}
+	var total int64
+	add := func(fi os.FileInfo) {
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok || !fi.Mode().IsRegular() {
+			return
+		}
+		k := [2]uint64{st.Dev, st.Ino}
+		if !seen[k] {
+			seen[k] = true
+			total += st.Blocks * 512
+		}
+	}
+	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil {
+			add(fi)
+		}
+		return nil
+	})
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if target, err := os.Readlink(fd); err == nil && strings.HasPrefix(target, dir+"/") {
+			if fi, err := os.Stat(fd); err == nil {
+				add(fi)
+			}
+		}
+	}
+	return total
+}
+
+// TestNoWritableHostDir: nothing a sandbox writes lands in a host directory
+// (which the disk cap would not bound); the agent's socket directory is
+// read-only inside.
+func TestNoWritableHostDir(t *testing.T) {
+	images := testenv.ImagesDir(t)
+	_, agent := testenv.Binaries(t)
+	e, err := gvisor.New(gvisor.Config{StateDir: testenv.TempDir(t), Runsc: testenv.Runsc(t), AgentPath: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "rodir00000000001"
+	sb, err := e.Create(t.Context(), engine.Spec{ID: id, RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 128, DiskMiB: 32, Hostname: "ro"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Destroy(context.Background(), id) })
+	r := enginetest.Exec(t, sb, "sh", "-c", `for d in /.clade/run /.clade/bin; do echo x > $d/f 2>/dev/null && echo "$d writable"; done; echo done`)
+	if r.Stdout != "done\n" {
+		t.Fatalf("host directories writable inside: %+v", r)
 	}
 }
