@@ -690,16 +690,41 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	return os.RemoveAll(dir)
 }
 
-// Close implements engine.Engine.
+// Close implements engine.Engine. It also unmounts runsc's null-netns
+// under the state dir, the empty network namespace runsc pins there for
+// its gofers to share: running gofers hold the namespace by their own
+// reference, runsc opens it through a file descriptor (an unmount racing a
+// call does no harm), and the next call that finds it gone makes and pins
+// a new one.
 func (e *Engine) Close() error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	for id, sb := range e.live {
 		sb.stop()
 		delete(e.live, id)
 	}
-	return nil
+	e.mu.Unlock()
+	return unmountNullNetNS(e.runRoot)
 }
+
+// unmountNullNetNS unmounts every null-netns bind mount stacked under
+// root (concurrent runsc calls may each have pinned one).
+func unmountNullNetNS(root string) error {
+	path := filepath.Join(root, nullNetNS)
+	for {
+		err := unix.Unmount(path, unix.MNT_DETACH)
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not (or no longer) a mount point
+		default:
+			return fmt.Errorf("unmount %s: %w", path, err)
+		}
+	}
+}
+
+// nullNetNS is runsc's specutils.NullNetNSFilename.
+const nullNetNS = "null-netns"
 
 // List implements engine.Engine.
 func (e *Engine) List(ctx context.Context) ([]string, error) {
@@ -714,11 +739,8 @@ func (e *Engine) List(ctx context.Context) ([]string, error) {
 	// runsc's own records, in case a bundle dir was lost.
 	ents, _ = os.ReadDir(e.runRoot)
 	for _, d := range ents {
-		if name, ok := strings.CutSuffix(d.Name(), ".state"); ok {
-			if i := strings.LastIndex(name, "_"); i >= 0 {
-				name = name[i+1:]
-			}
-			seen[name] = true
+		if id, ok := stateFileID(d.Name()); ok {
+			seen[id] = true
 		}
 	}
 	// And processes of sandboxes whose directory is gone.
@@ -735,6 +757,21 @@ func (e *Engine) List(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(ids)
 	return ids, nil
+}
+
+// stateFileID returns the container id of a runsc state file, named
+// "<container>_sandbox:<sandbox>.state" (runsc/container/state_file.go;
+// ids never contain '_' or ':').
+func stateFileID(name string) (string, bool) {
+	rest, ok := strings.CutSuffix(name, ".state")
+	if !ok {
+		return "", false
+	}
+	id, sandbox, ok := strings.Cut(rest, "_sandbox:")
+	if !ok || id == "" || sandbox == "" || strings.ContainsAny(id, "_:/") {
+		return "", false
+	}
+	return id, true
 }
 
 // killProcesses SIGKILLs every process whose command line contains s and

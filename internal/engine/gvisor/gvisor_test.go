@@ -133,3 +133,68 @@ func TestNoWritableHostDir(t *testing.T) {
 		t.Fatalf("host directories writable inside: %+v", r)
 	}
 }
+
+// TestCloseUnmountsNullNetNS: Close unmounts the null-netns runsc pins
+// under the state dir; the sandbox keeps running, and a new engine on the
+// same dir attaches to it and creates more.
+func TestCloseUnmountsNullNetNS(t *testing.T) {
+	images := testenv.ImagesDir(t)
+	_, agent := testenv.Binaries(t)
+	runsc := testenv.Runsc(t)
+	dir := testenv.TempDir(t)
+	rootfs := filepath.Join(images, "default", "rootfs")
+	newEngine := func() *gvisor.Engine {
+		e, err := gvisor.New(gvisor.Config{StateDir: dir, Runsc: runsc, AgentPath: agent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	mounted := func() bool {
+		b, err := os.ReadFile("/proc/self/mounts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(string(b), " "+filepath.Join(dir, "runsc", "null-netns")+" ")
+	}
+	e1 := newEngine()
+	spec := engine.Spec{ID: "netns0000000001a", RootFS: rootfs, MemoryMiB: 128, Hostname: "a"}
+	if _, err := e1.Create(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e1.Destroy(context.Background(), spec.ID) })
+	if !mounted() {
+		t.Fatal("no null-netns mount after a create: nothing to test")
+	}
+	if err := e1.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if mounted() {
+		t.Fatal("null-netns still mounted after Close")
+	}
+	e2 := newEngine()
+	sb, err := e2.Attach(t.Context(), spec)
+	if err != nil {
+		t.Fatalf("attach after close: %v", err)
+	}
+	if r := enginetest.Exec(t, sb, "hostname"); r.Stdout != "a\n" {
+		t.Fatalf("after close and attach: %+v", r)
+	}
+	spec2 := engine.Spec{ID: "netns0000000002b", RootFS: rootfs, MemoryMiB: 128, Hostname: "b"}
+	sb2, err := e2.Create(t.Context(), spec2)
+	if err != nil {
+		t.Fatalf("create after close: %v", err)
+	}
+	t.Cleanup(func() { _ = e2.Destroy(context.Background(), spec2.ID) })
+	if r := enginetest.Exec(t, sb2, "hostname"); r.Stdout != "b\n" {
+		t.Fatalf("created after close: %+v", r)
+	}
+	for _, id := range []string{spec.ID, spec2.ID} {
+		if err := e2.Destroy(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e2.Close(); err != nil || mounted() {
+		t.Fatalf("second close: %v, mounted %v", err, mounted())
+	}
+}
