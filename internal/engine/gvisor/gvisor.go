@@ -473,18 +473,25 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 	defer func() {
 		e.cfg.Log.Debug("checkpoint", "sandbox", id, "leave_running", leaveRunning, "quiesce", t1.Sub(t0), "total", time.Since(t0))
 	}()
-	// Without leaveRunning the sandbox stops by our hand: not an exit to
-	// report.
-	sb.expectExit.Store(!leaveRunning)
+	// Always --leave-running: a checkpoint that fails half way (a full
+	// disk) must leave the sandbox as it was, and runsc's stopping
+	// checkpoint kills the sandbox on failure too. The sandbox stops only
+	// once the image is complete.
 	if err == nil {
-		args := []string{"checkpoint", "--image-path", image}
-		if leaveRunning {
-			args = append(args, "--leave-running")
+		err = e.runsc(ctx, id, "checkpoint", "--leave-running", "--image-path", image, id)
+		if err != nil {
+			// runsc keeps a failed image's state file open in the running
+			// sandbox: empty the files, or removing them frees no space.
+			truncateAll(image)
 		}
-		err = e.runsc(ctx, id, append(args, id)...)
+		err = classifyCheckpointErr(err, image)
 	}
-	if err != nil {
-		sb.expectExit.Store(false)
+	if err == nil && !leaveRunning {
+		// Stopped by our hand: not an exit to report.
+		sb.expectExit.Store(true)
+		if err = e.runsc(ctx, id, "kill", id, "KILL"); err != nil {
+			sb.expectExit.Store(false)
+		}
 	}
 	if leaveRunning || err != nil {
 		// Running on (or still running after a failure): take the agent
@@ -495,6 +502,30 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 		}
 	}
 	return err
+}
+
+// truncateAll empties every regular file in dir.
+func truncateAll(dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, d := range ents {
+		if d.Type().IsRegular() {
+			_ = os.Truncate(filepath.Join(dir, d.Name()), 0)
+		}
+	}
+}
+
+// classifyCheckpointErr makes a checkpoint that ran out of disk a
+// ResourceExhausted error that says so.
+func classifyCheckpointErr(err error, image string) error {
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "no space left on device") {
+		return err
+	}
+	free := "no"
+	var st unix.Statfs_t
+	if unix.Statfs(image, &st) == nil {
+		free = strconv.FormatUint(st.Bavail*uint64(st.Bsize)>>20, 10)
+	}
+	return errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("the disk holding %s is full: the checkpoint did not fit (%s MiB are free without it); free some space (remove snapshots or sleeping sandboxes) and retry; the sandbox is still running: %w", image, free, err))
 }
 
 func (e *Engine) waitReady(ctx context.Context, sb *sandbox) error {
