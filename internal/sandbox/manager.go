@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"regexp"
 	"runtime"
 	"strings"
@@ -474,13 +473,13 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				addErr(err)
 			}
 		case store.StateSleeping:
-			if _, err := os.Stat(filepath.Join(m.sleepDir(rec.ID), completeMarker)); err != nil {
+			if !imageComplete(m.sleepDir(rec.ID)) {
 				addErr(m.store.SetState(ctx, rec.ID, store.StateStopped, "its sleep image is missing"))
 			}
 		case store.StateSuspending:
 			// A sleep cut short: asleep if the image is whole, else running
 			// on if the engine still has it.
-			if _, err := os.Stat(filepath.Join(m.sleepDir(rec.ID), completeMarker)); err == nil {
+			if imageComplete(m.sleepDir(rec.ID)) {
 				addErr(m.eng.Destroy(ctx, rec.Engine()), m.store.SetState(ctx, rec.ID, store.StateSleeping, ""))
 				continue
 			}

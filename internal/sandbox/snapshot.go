@@ -15,6 +15,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/stateimg"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -83,7 +84,11 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	}
 	ctx = context.WithoutCancel(ctx)
 	m.crashPoint("snapshot-before-engine")
-	if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, true); err != nil {
+	err = snapper.Checkpoint(ctx, rec.Engine(), sn.Path, true)
+	if err == nil {
+		err = stateimg.Seal(sn.Path)
+	}
+	if err != nil {
 		return store.Snapshot{}, errors.Join(fmt.Errorf("snapshot %s: %w", ref, err), os.RemoveAll(sn.Path), m.store.DeleteSnapshot(ctx, id))
 	}
 	sn.SizeBytes = image.DirSize(sn.Path)
@@ -215,6 +220,9 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	} else {
 		if sn.State != store.SnapshotReady {
 			return ForkResult{}, errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", source)
+		}
+		if err := verifyImage(sn.Path, "snapshot "+source); err != nil {
+			return ForkResult{}, err
 		}
 		release, err := m.admit(len(recs) * sn.MemoryMiB)
 		if err != nil {
@@ -366,7 +374,7 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 	if err := snapper.Checkpoint(ctx, rec.Engine(), dir, false); err != nil {
 		return store.Sandbox{}, errors.Join(fmt.Errorf("sleep %s: %w", ref, err), os.RemoveAll(dir), m.store.SetState(ctx, rec.ID, store.StateRunning, ""))
 	}
-	if err := os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600); err != nil {
+	if err := stateimg.Seal(dir); err != nil {
 		return store.Sandbox{}, err
 	}
 	m.mu.Lock()
@@ -384,8 +392,24 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 	return rec, nil
 }
 
-// completeMarker is written into a sleep image once the checkpoint finished.
+// completeMarker marked a finished sleep image before images were sealed
+// (stateimg); such images are trusted unverified.
 const completeMarker = ".complete"
+
+// imageComplete says whether a sleep image finished.
+func imageComplete(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, completeMarker))
+	return stateimg.Sealed(dir) || err == nil
+}
+
+// verifyImage checks a state image before a restore; images taken before
+// images were sealed (no manifest) are trusted.
+func verifyImage(dir, what string) error {
+	if !stateimg.Sealed(dir) {
+		return nil
+	}
+	return stateimg.VerifyAs(dir, what)
+}
 
 func (m *Manager) sleepDir(id string) string { return filepath.Join(m.cfg.SleepDir, id) }
 
@@ -406,6 +430,9 @@ func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
 	case store.StateSleeping:
 	default:
 		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a sleeping sandbox can wake", ref, rec.State)
+	}
+	if err := verifyImage(m.sleepDir(rec.ID), "the sleep image of sandbox "+ref); err != nil {
+		return store.Sandbox{}, fmt.Errorf("%w; it stays asleep: remove it with `clade rm %s`", err, ref)
 	}
 	release, err := m.admit(rec.MemoryMiB)
 	if err != nil {

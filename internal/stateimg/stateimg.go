@@ -106,7 +106,14 @@ func Sealed(dir string) bool {
 // has 123 bytes, expected 456") otherwise; or errdefs NotFound when dir
 // does not exist. An image verified before and unchanged since (same
 // files, sizes, mtimes and ctimes) is not read again.
-func Verify(dir string) error {
+func Verify(dir string) error { return VerifyAs(dir, "state image") }
+
+// VerifyAs is Verify with errors that name the image as what, e.g.
+// "snapshot X is corrupt: pages.img has 123 bytes, expected 456".
+func VerifyAs(dir, what string) error {
+	corrupt := func(format string, args ...any) error {
+		return errdefs.Wrap(errdefs.Conflict, &corruptError{what: what, reason: fmt.Sprintf(format, args...)})
+	}
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return errdefs.New(errdefs.NotFound, "state image %s does not exist", dir)
 	}
@@ -122,8 +129,9 @@ func Verify(dir string) error {
 		return corrupt("its manifest %s is unreadable", ManifestName)
 	}
 	got, err := scan(dir, false)
-	if errors.Is(err, ErrCorrupt) {
-		return err
+	var ce *corruptError
+	if errors.As(err, &ce) {
+		return corrupt("%s", ce.reason)
 	}
 	if err != nil {
 		return fmt.Errorf("verify %s: %w", dir, err)
@@ -168,8 +176,13 @@ func Verify(dir string) error {
 }
 
 func corrupt(format string, args ...any) error {
-	return errdefs.Wrap(errdefs.Conflict, fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...)))
+	return errdefs.Wrap(errdefs.Conflict, &corruptError{what: "state image", reason: fmt.Sprintf(format, args...)})
 }
+
+type corruptError struct{ what, reason string }
+
+func (e *corruptError) Error() string        { return e.what + " is corrupt: " + e.reason }
+func (e *corruptError) Is(target error) bool { return target == ErrCorrupt }
 
 // scan lists dir's regular files (recursively, the manifest aside), with
 // checksums when sums is set. Anything but files and directories is an

@@ -128,6 +128,17 @@ func TestSealAgain(t *testing.T) {
 	}
 }
 
+func TestVerifyAs(t *testing.T) {
+	dir := image(t)
+	if err := os.Truncate(filepath.Join(dir, "pages.img"), 123); err != nil {
+		t.Fatal(err)
+	}
+	want := "snapshot abc is corrupt: pages.img has 123 bytes, expected 35000"
+	if err := VerifyAs(dir, "snapshot abc"); err == nil || err.Error() != want || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("VerifyAs = %v, want %q", err, want)
+	}
+}
+
 func TestVerifyMissingDir(t *testing.T) {
 	if err := Verify(filepath.Join(t.TempDir(), "nope")); !errdefs.IsNotFound(err) {
 		t.Fatalf("verify of a missing dir: %v, want not-found", err)
