@@ -393,6 +393,18 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 			t.Fatalf("child: %+v", r)
 		}
 		fill(t, kid)
+
+		// A sandbox prepared without a cap and created with one has it.
+		prep, ok := e.(engine.Preparer)
+		if !ok {
+			return
+		}
+		spec = engine.Spec{ID: newID(), RootFS: env.RootFS, MemoryMiB: 256, Hostname: "prepared"}
+		if err := prep.Prepare(t.Context(), spec); err != nil {
+			t.Fatal(err)
+		}
+		spec.DiskMiB = capMiB
+		fill(t, create(t, e, spec))
 	})
 
 	t.Run("SleepOnFullDisk", func(t *testing.T) {

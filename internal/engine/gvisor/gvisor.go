@@ -407,6 +407,14 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot
 	delete(e.prepared, spec.ID)
 	sb := e.live[spec.ID]
 	e.mu.Unlock()
+	if prepared && e.diskMiB(spec.ID) != spec.DiskMiB {
+		// runsc fixed the disk cap when it created the container: start
+		// afresh rather than with the wrong one.
+		if err := e.Destroy(ctx, spec.ID); err != nil {
+			return nil, err
+		}
+		prepared = false
+	}
 	if !prepared {
 		if sb, err = e.layout(ctx, spec); err != nil {
 			return nil, err
