@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/engine/gvisor/bundle"
 	"golang.org/x/sys/unix"
 )
 
@@ -113,7 +113,8 @@ func logTail(path string, offset int64) string {
 	return s
 }
 
-// writeBundle writes id's OCI bundle: clade's spec minus the agent.
+// writeBundle writes id's OCI bundle with the engine's writer: clade's
+// spec minus the agent (its mounts, capability and environment).
 func (t *runscTarget) writeBundle(id string, args []string) error {
 	if err := os.MkdirAll(filepath.Join(t.bundle(id), "upper"), 0o700); err != nil {
 		return err
@@ -121,47 +122,14 @@ func (t *runscTarget) writeBundle(id string, args []string) error {
 	t.mu.Lock()
 	t.args[id] = args
 	t.mu.Unlock()
-	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
-	resources := map[string]any{"pids": map[string]any{"limit": 32768}}
-	if t.memoryMiB > 0 {
-		resources["memory"] = map[string]any{"limit": int64(t.memoryMiB) << 20}
-	}
-	if t.cpus > 0 {
-		resources["cpu"] = map[string]any{"quota": int64(t.cpus * 100000), "period": 100000}
-	}
-	spec := map[string]any{
-		"ociVersion": "1.0.2",
-		"process": map[string]any{
-			"args": args,
-			"env":  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"},
-			"cwd":  "/",
-			"user": map[string]any{"uid": 0, "gid": 0},
-			"capabilities": map[string]any{
-				"bounding": caps, "effective": caps, "permitted": caps,
-			},
-			"rlimits": []map[string]any{{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}},
-		},
-		"root":     map[string]any{"path": t.rootfs, "readonly": false},
-		"hostname": id,
-		"mounts": []map[string]any{
-			{"destination": "/proc", "type": "proc", "source": "proc"},
-			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755"}},
-			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
-		},
-		"linux": map[string]any{
-			"cgroupsPath": "/" + baselineCgroup + "/" + id,
-			"resources":   resources,
-			"namespaces": []map[string]any{
-				{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"},
-			},
-		},
-	}
-	b, err := json.Marshal(spec)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(t.bundle(id), "config.json"), b, 0o600)
+	return bundle.Write(t.bundle(id), bundle.Spec{
+		Args:      args,
+		Hostname:  id,
+		RootFS:    t.rootfs,
+		Cgroup:    "/" + baselineCgroup + "/" + id,
+		MemoryMiB: t.memoryMiB,
+		CPUs:      t.cpus,
+	})
 }
 
 // start runs a new container with init args, not waiting for it.

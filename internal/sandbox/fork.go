@@ -75,8 +75,8 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		}
 		defer release()
 	}
-	if err := verifyImage(sn.Path); err != nil {
-		return ForkResult{}, errdefs.Wrap(errdefs.ClassOf(err), fmt.Errorf("snapshot %s: %w", sn.ID, err))
+	if err := verifySnapshotImage(sn.Path, "snapshot "+sn.ID); err != nil {
+		return ForkResult{}, err
 	}
 	img, err := m.images.Get(ctx, sn.Image)
 	if err != nil {

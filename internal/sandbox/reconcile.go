@@ -96,7 +96,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 		// A sleep cut short. A sealed image is whole: the sandbox is
 		// asleep. Otherwise the engine kept the sandbox running (it stops
 		// one only after its image is sealed): it runs on.
-		if verifyImage(m.sleepDir(rec.ID)) == nil {
+		if imageSealed(m.sleepDir(rec.ID)) {
 			_ = m.eng.Destroy(ctx, rec.Engine())
 			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/engine/fake"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/stateimg"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -344,11 +345,11 @@ func TestCorruptSleepImageStaysAsleep(t *testing.T) {
 	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(e.m.sleepDir(sb.ID), completeMarker)); err != nil {
+	if err := os.WriteFile(filepath.Join(e.m.sleepDir(sb.ID), "state"), []byte("flipped"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.m.Wake(t.Context(), sb.ID); err == nil {
-		t.Fatal("woke from an image that is not sealed")
+	if _, err := e.m.Wake(t.Context(), sb.ID); !errors.Is(err, stateimg.ErrCorrupt) {
+		t.Fatalf("wake from a damaged image: %v, want corrupt", err)
 	}
 	if e.state(t, sb.ID) != store.StateSleeping {
 		t.Fatalf("after a failed wake: %s, want sleeping", e.state(t, sb.ID))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/stateimg"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -111,8 +112,8 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a sleeping sandbox can wake", rec.ID, rec.State)
 	}
 	dir := m.sleepDir(rec.ID)
-	if err := verifyImage(dir); err != nil {
-		return errdefs.Wrap(errdefs.ClassOf(err), fmt.Errorf("wake %s: its sleep image: %w", rec.ID, err))
+	if err := verifySleepImage(dir, "the sleep image of sandbox "+rec.ID); err != nil {
+		return err
 	}
 	release, err := m.admit(rec.MemoryMiB)
 	if err != nil {
@@ -157,19 +158,40 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	return nil
 }
 
-// completeMarker is written into a state image once it is whole.
+// completeMarker marked a whole sleep image before images were sealed
+// with a manifest (stateimg); such images are trusted unverified.
 const completeMarker = ".complete"
 
 // sealImage marks a state image written by a checkpoint as whole; only a
-// sealed image is ever restored or trusted after a restart.
-func sealImage(dir string) error {
-	return os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600)
+// sealed image is ever restored, or trusted after a restart.
+func sealImage(dir string) error { return stateimg.Seal(dir) }
+
+// imageSealed reports whether a state image was finished.
+func imageSealed(dir string) bool {
+	if stateimg.Sealed(dir) {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(dir, completeMarker))
+	return err == nil
 }
 
-// verifyImage checks that a state image is sealed and whole.
-func verifyImage(dir string) error {
-	if _, err := os.Stat(filepath.Join(dir, completeMarker)); err != nil {
-		return errdefs.New(errdefs.Conflict, "state image %s is incomplete or missing", dir)
+// verifySleepImage checks a sleep image before a wake.
+func verifySleepImage(dir, what string) error {
+	if stateimg.Sealed(dir) {
+		return stateimg.VerifyAs(dir, what)
+	}
+	if imageSealed(dir) {
+		return nil // an older daemon's image
+	}
+	return errdefs.New(errdefs.Conflict, "%s is incomplete or missing: it was never sealed", what)
+}
+
+// verifySnapshotImage checks a snapshot's image before a fork. The store
+// holds only snapshots whose checkpoint finished; one taken before images
+// were sealed has no manifest and is trusted as it was.
+func verifySnapshotImage(dir, what string) error {
+	if stateimg.Sealed(dir) {
+		return stateimg.VerifyAs(dir, what)
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // Factory returns a new engine on stateDir; two engines made on the same
@@ -31,6 +32,9 @@ type Factory func(t *testing.T, stateDir string) engine.Engine
 type Env struct {
 	RootFS   string
 	StateDir func(t *testing.T) string
+	// DiskUsage returns the bytes of host disk sandbox id's writes take,
+	// including files the engine holds open but unlinked.
+	DiskUsage func(t *testing.T, e engine.Engine, id string) int64
 }
 
 func newID() string {
@@ -65,6 +69,23 @@ func Exec(t testing.TB, sb engine.Sandbox, argv ...string) Result {
 		t.Fatalf("exec %v: %v", argv, err)
 	}
 	return Result{Stdout: out.String(), Stderr: errb.String(), Exit: exit}
+}
+
+// smallFS mounts a file system of mib MiB (a tmpfs: it fills like a small
+// disk and needs no loop device) and returns its path; it is unmounted when
+// the test ends.
+func smallFS(t *testing.T, mib int) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%dm", mib)); err != nil {
+		t.Fatalf("mount a %d MiB tmpfs (needs root): %v", mib, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
 }
 
 // Run runs the conformance suite.
@@ -324,6 +345,113 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 			t.Fatalf("wake: %v", err)
 		}
 		if r := Exec(t, woke, "cat", "/root/f"); r.Stdout != "kept\n" {
+			t.Fatalf("after wake: %+v", r)
+		}
+	})
+
+	t.Run("DiskCap", func(t *testing.T) {
+		const capMiB = 64
+		e := newEngine(t, env.StateDir(t))
+		sb := create(t, e, engine.Spec{DiskMiB: capMiB})
+		fill := func(t *testing.T, sb engine.Sandbox) {
+			t.Helper()
+			r := Exec(t, sb, "sh", "-c", "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; echo rc=$?")
+			if !strings.Contains(r.Stdout, "No space left on device") || strings.Contains(r.Stdout, "rc=0") {
+				t.Fatalf("writing 200 MiB with a %d MiB disk cap: %+v; want ENOSPC", capMiB, r)
+			}
+			if env.DiskUsage != nil {
+				n := env.DiskUsage(t, e, sb.ID())
+				t.Logf("%s: host disk used %d MiB", sb.ID(), n>>20)
+				if n > (capMiB+8)<<20 {
+					t.Fatalf("the sandbox's writes take %d MiB of host disk; its cap is %d MiB", n>>20, capMiB)
+				}
+			}
+		}
+		fill(t, sb)
+		r := Exec(t, sb, "sh", "-c", "df -m / | tail -1")
+		if f := strings.Fields(r.Stdout); len(f) < 2 || f[1] != strconv.Itoa(capMiB) {
+			t.Fatalf("df inside: %+v; want a %d MiB file system", r, capMiB)
+		}
+		if r := Exec(t, sb, "sh", "-c", "rm /root/fill && echo still-working > /root/f && cat /root/f"); r.Stdout != "still-working\n" {
+			t.Fatalf("after filling the disk: %+v", r)
+		}
+		snap, ok := e.(engine.Snapshotter)
+		if !ok {
+			return
+		}
+		dir := filepath.Join(env.StateDir(t), "img")
+		if err := snap.Checkpoint(t.Context(), sb.ID(), dir, true); err != nil {
+			t.Fatal(err)
+		}
+		spec := engine.Spec{ID: newID(), RootFS: env.RootFS, MemoryMiB: 256, Hostname: "child", DiskMiB: capMiB}
+		kid, err := snap.Restore(t.Context(), spec, dir)
+		if err != nil {
+			t.Fatalf("restore: %v", err)
+		}
+		t.Cleanup(func() { _ = e.Destroy(context.Background(), spec.ID) })
+		if r := Exec(t, kid, "cat", "/root/f"); r.Stdout != "still-working\n" {
+			t.Fatalf("child: %+v", r)
+		}
+		fill(t, kid)
+
+		// A sandbox prepared without a cap and created with one has it.
+		prep, ok := e.(engine.Preparer)
+		if !ok {
+			return
+		}
+		spec = engine.Spec{ID: newID(), RootFS: env.RootFS, MemoryMiB: 256, Hostname: "prepared"}
+		if err := prep.Prepare(t.Context(), spec); err != nil {
+			t.Fatal(err)
+		}
+		spec.DiskMiB = capMiB
+		fill(t, create(t, e, spec))
+	})
+
+	t.Run("SleepOnFullDisk", func(t *testing.T) {
+		e := newEngine(t, env.StateDir(t))
+		snap, ok := e.(engine.Snapshotter)
+		if !ok {
+			t.Skipf("%s engine cannot snapshot", e.Name())
+		}
+		full := smallFS(t, 4) // unmounted after the sandbox is destroyed
+		id := newID()
+		sb := create(t, e, engine.Spec{ID: id, Hostname: "full"})
+		Exec(t, sb, "sh", "-c", "echo kept > /root/f; head -c 16M /dev/urandom > /root/big; sh -c 'echo $$ > /root/bg.pid; exec sleep infinity' > /dev/null 2>&1 &  until [ -s /root/bg.pid ]; do sleep 0.01; done")
+		err := snap.Checkpoint(t.Context(), id, filepath.Join(full, "sleep"), false)
+		if !errdefs.Is(err, errdefs.ResourceExhausted) || !strings.Contains(err.Error(), "disk") {
+			t.Fatalf("checkpoint (stopping) onto a full disk: %v; want a resource-exhausted error that says the disk is full", err)
+		}
+		t.Logf("checkpoint onto a full disk: %v", err)
+		var st unix.Statfs_t
+		if err := unix.Statfs(full, &st); err != nil || st.Bfree < st.Blocks*9/10 {
+			t.Fatalf("after the failed checkpoint %d of %d blocks are free (%v): its partial image still takes space", st.Bfree, st.Blocks, err)
+		}
+		select {
+		case <-sb.Exited():
+			t.Fatalf("the sandbox stopped after a failed checkpoint: %s", sb.ExitReason())
+		case <-time.After(time.Second):
+		}
+		if r := Exec(t, sb, "sh", "-c", "cat /root/f; kill -0 $(cat /root/bg.pid) && echo proc-alive"); r.Stdout != "kept\nproc-alive\n" {
+			t.Fatalf("after a failed checkpoint: %+v; want the file and the process still there", r)
+		}
+		// And it can sleep once there is room.
+		dir := filepath.Join(env.StateDir(t), "sleep")
+		if err := snap.Checkpoint(t.Context(), id, dir, false); err != nil {
+			t.Fatalf("checkpoint with room: %v", err)
+		}
+		select {
+		case <-sb.Exited():
+		case <-time.After(10 * time.Second):
+			t.Fatal("sandbox still running after a checkpoint without leave-running")
+		}
+		if err := e.Destroy(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+		woke, err := snap.Restore(t.Context(), engine.Spec{ID: id, RootFS: env.RootFS, MemoryMiB: 256, Hostname: "full"}, dir)
+		if err != nil {
+			t.Fatalf("wake: %v", err)
+		}
+		if r := Exec(t, woke, "sh", "-c", "cat /root/f; kill -0 $(cat /root/bg.pid) && echo proc-alive"); r.Stdout != "kept\nproc-alive\n" {
 			t.Fatalf("after wake: %+v", r)
 		}
 	})

@@ -2,9 +2,13 @@ package gvisor_test
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
@@ -46,6 +50,78 @@ func BenchmarkAgent(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkSleep times a checkpoint that stops the sandbox (what sleep
+// does), with the sandbox's create and destroy outside the timer; it
+// reports the median too.
+func BenchmarkSleep(b *testing.B) {
+	images := testenv.ImagesDir(b)
+	_, agentBin := testenv.Binaries(b)
+	dir := testenv.TempDir(b)
+	e, err := gvisor.New(gvisor.Config{StateDir: dir, Runsc: testenv.Runsc(b), AgentPath: agentBin})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var times []time.Duration
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		i++
+		id := fmt.Sprintf("benchsleep%06d", i)
+		sb, err := e.Create(context.Background(), engine.Spec{ID: id, RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 256, Hostname: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		img := filepath.Join(dir, "img-"+id)
+		b.StartTimer()
+		t0 := time.Now()
+		if err := e.Checkpoint(context.Background(), id, img, false); err != nil {
+			b.Fatal(err)
+		}
+		<-sb.Exited()
+		times = append(times, time.Since(t0))
+		b.StopTimer()
+		if err := e.Destroy(context.Background(), id); err != nil {
+			b.Fatal(err)
+		}
+		os.RemoveAll(img)
+		b.StartTimer()
+	}
+	slices.Sort(times)
+	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "p50-ms")
+}
+
+// BenchmarkCreate times Create, without and with a disk cap.
+func BenchmarkCreate(b *testing.B) {
+	images := testenv.ImagesDir(b)
+	_, agentBin := testenv.Binaries(b)
+	e, err := gvisor.New(gvisor.Config{StateDir: testenv.TempDir(b), Runsc: testenv.Runsc(b), AgentPath: agentBin})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, disk := range []int{0, 1024} {
+		b.Run(fmt.Sprintf("disk=%d", disk), func(b *testing.B) {
+			var times []time.Duration
+			i := 0
+			for b.Loop() {
+				i++
+				id := fmt.Sprintf("benchcreate%05d", disk+i)
+				t0 := time.Now()
+				if _, err := e.Create(context.Background(), engine.Spec{ID: id, RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 256, DiskMiB: disk, Hostname: "bench"}); err != nil {
+					b.Fatal(err)
+				}
+				times = append(times, time.Since(t0))
+				b.StopTimer()
+				if err := e.Destroy(context.Background(), id); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			slices.Sort(times)
+			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "p50-ms")
 		})
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/agent"
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/engine/gvisor/bundle"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -74,6 +75,8 @@ type Engine struct {
 	// prepared maps ids of created-not-started containers to the hostname
 	// they were created with.
 	prepared map[string]string
+	// disk caches each sandbox's disk cap (see diskMiB).
+	disk map[string]int
 }
 
 // New checks the configuration and prepares the state directory.
@@ -93,7 +96,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	cfg.Runsc = runsc
 	e := &Engine{cfg: cfg, runRoot: filepath.Join(cfg.StateDir, "runsc"), sbRoot: filepath.Join(cfg.StateDir, "sandboxes"),
-		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}, prepared: map[string]string{}}
+		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}, prepared: map[string]string{}, disk: map[string]int{}}
 	for _, d := range []string{e.runRoot, e.sbRoot, e.binDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -229,9 +232,46 @@ func (e *Engine) globalFlags(id string) []string {
 		"--platform", e.cfg.Platform,
 		"--network", "none",
 		"--host-uds", "open",
-		"--overlay2", "root:dir=" + e.upper(id),
+		"--overlay2", e.overlay(id),
 		"--log-format", "text",
 	}
+}
+
+// overlay is id's --overlay2: the root's upper layer is a tmpfs backed by
+// a filestore file in the sandbox's upper dir, and its size= is the disk
+// cap: writes past it fail with ENOSPC inside and df shows it. (runsc's
+// rootfs size annotation would do the same, but restore refuses a bundle
+// whose annotations differ from the checkpoint's, and the upper dir's path
+// differs for every child.)
+func (e *Engine) overlay(id string) string {
+	o := "root:dir=" + e.upper(id)
+	if mib := e.diskMiB(id); mib > 0 {
+		o += fmt.Sprintf(",size=%dm", mib)
+	}
+	return o
+}
+
+// diskCapFile holds a sandbox's DiskMiB in its directory, so that every
+// later runsc call about it, also from a restarted engine, passes the
+// same flags.
+const diskCapFile = "disk-mib"
+
+func (e *Engine) diskMiB(id string) int {
+	e.mu.Lock()
+	mib, ok := e.disk[id]
+	e.mu.Unlock()
+	if ok {
+		return mib
+	}
+	b, err := os.ReadFile(filepath.Join(e.dir(id), diskCapFile))
+	if err != nil {
+		return 0
+	}
+	mib, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	e.mu.Lock()
+	e.disk[id] = mib
+	e.mu.Unlock()
+	return mib
 }
 
 // runsc runs one runsc command for id with stdio on a log file.
@@ -344,6 +384,15 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 			return nil, err
 		}
 	}
+	if spec.DiskMiB < 0 {
+		return nil, errdefs.New(errdefs.InvalidArgument, "disk cap %d MiB: want 0 (none) or more", spec.DiskMiB)
+	}
+	if err := os.WriteFile(filepath.Join(dir, diskCapFile), []byte(strconv.Itoa(spec.DiskMiB)), 0o600); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.disk[spec.ID] = spec.DiskMiB
+	e.mu.Unlock()
 	if err := e.writeBundle(spec); err != nil {
 		return nil, err
 	}
@@ -358,6 +407,14 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot
 	delete(e.prepared, spec.ID)
 	sb := e.live[spec.ID]
 	e.mu.Unlock()
+	if prepared && e.diskMiB(spec.ID) != spec.DiskMiB {
+		// runsc fixed the disk cap when it created the container: start
+		// afresh rather than with the wrong one.
+		if err := e.Destroy(ctx, spec.ID); err != nil {
+			return nil, err
+		}
+		prepared = false
+	}
 	if !prepared {
 		if sb, err = e.layout(ctx, spec); err != nil {
 			return nil, err
@@ -424,18 +481,25 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 	defer func() {
 		e.cfg.Log.Debug("checkpoint", "sandbox", id, "leave_running", leaveRunning, "quiesce", t1.Sub(t0), "total", time.Since(t0))
 	}()
-	// Without leaveRunning the sandbox stops by our hand: not an exit to
-	// report.
-	sb.expectExit.Store(!leaveRunning)
+	// Always --leave-running: a checkpoint that fails half way (a full
+	// disk) must leave the sandbox as it was, and runsc's stopping
+	// checkpoint kills the sandbox on failure too. The sandbox stops only
+	// once the image is complete.
 	if err == nil {
-		args := []string{"checkpoint", "--image-path", image}
-		if leaveRunning {
-			args = append(args, "--leave-running")
+		err = e.runsc(ctx, id, "checkpoint", "--leave-running", "--image-path", image, id)
+		if err != nil {
+			// runsc keeps a failed image's state file open in the running
+			// sandbox: empty the files, or removing them frees no space.
+			truncateAll(image)
 		}
-		err = e.runsc(ctx, id, append(args, id)...)
+		err = classifyCheckpointErr(err, image)
 	}
-	if err != nil {
-		sb.expectExit.Store(false)
+	if err == nil && !leaveRunning {
+		// Stopped by our hand: not an exit to report.
+		sb.expectExit.Store(true)
+		if err = e.runsc(ctx, id, "kill", id, "KILL"); err != nil {
+			sb.expectExit.Store(false)
+		}
 	}
 	if leaveRunning || err != nil {
 		// Running on (or still running after a failure): take the agent
@@ -446,6 +510,30 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 		}
 	}
 	return err
+}
+
+// truncateAll empties every regular file in dir.
+func truncateAll(dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, d := range ents {
+		if d.Type().IsRegular() {
+			_ = os.Truncate(filepath.Join(dir, d.Name()), 0)
+		}
+	}
+}
+
+// classifyCheckpointErr makes a checkpoint that ran out of disk a
+// ResourceExhausted error that says so.
+func classifyCheckpointErr(err error, image string) error {
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "no space left on device") {
+		return err
+	}
+	free := "no"
+	var st unix.Statfs_t
+	if unix.Statfs(image, &st) == nil {
+		free = strconv.FormatUint(st.Bavail*uint64(st.Bsize)>>20, 10)
+	}
+	return errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("the disk holding %s is full: the checkpoint did not fit (%s MiB are free without it); free some space (remove snapshots or sleeping sandboxes) and retry; the sandbox is still running: %w", image, free, err))
 }
 
 func (e *Engine) waitReady(ctx context.Context, sb *sandbox) error {
@@ -526,65 +614,30 @@ func (s *sandbox) stop() {
 }
 
 func (e *Engine) writeBundle(spec engine.Spec) error {
-	memory := int64(spec.MemoryMiB) << 20
-	period := uint64(100000)
-	var cpu map[string]any
-	if spec.CPUs > 0 {
-		cpu = map[string]any{"quota": int64(spec.CPUs * float64(period)), "period": period}
-	}
-	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "HOSTNAME=" + spec.Hostname, "LANG=C.UTF-8"}, spec.Env...)
-	env = append(env, agentSockEnv+"="+guestSocket)
+	env := append(append([]string{}, spec.Env...), agentSockEnv+"="+guestSocket)
 	if spec.Workdir != "" {
 		env = append(env, "CLADE_AGENT_WORKDIR="+spec.Workdir)
 	}
 	if spec.User != "" {
 		env = append(env, "CLADE_AGENT_USER="+spec.User)
 	}
-	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+	return bundle.Write(e.dir(spec.ID), bundle.Spec{
+		Args:      []string{guestAgent},
+		Env:       env,
+		Hostname:  spec.Hostname,
+		RootFS:    spec.RootFS,
+		Cgroup:    "/clade/" + spec.ID,
+		MemoryMiB: spec.MemoryMiB,
+		CPUs:      spec.CPUs,
 		// For the agent only: it drops this from the bounding set at start.
-		"CAP_SYS_ADMIN"}
-	resources := map[string]any{"pids": map[string]any{"limit": 32768}}
-	if memory > 0 {
-		resources["memory"] = map[string]any{"limit": memory}
-	}
-	if cpu != nil {
-		resources["cpu"] = cpu
-	}
-	spec2 := map[string]any{
-		"ociVersion": "1.0.2",
-		"process": map[string]any{
-			"args": []string{guestAgent},
-			"env":  env,
-			"cwd":  "/",
-			"user": map[string]any{"uid": 0, "gid": 0},
-			"capabilities": map[string]any{
-				"bounding": caps, "effective": caps, "permitted": caps,
-			},
-			"rlimits": []map[string]any{{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}},
+		ExtraCaps: []string{"CAP_SYS_ADMIN"},
+		Mounts: []bundle.Mount{
+			{Source: e.binDir, Destination: guestBinDir, ReadOnly: true},
+			// Read-only too: the agent only dials the host's socket there,
+			// and a writable host directory would bypass the disk cap.
+			{Source: filepath.Join(e.dir(spec.ID), "run"), Destination: guestRunDir, ReadOnly: true},
 		},
-		"root":     map[string]any{"path": spec.RootFS, "readonly": false},
-		"hostname": spec.Hostname,
-		"mounts": []map[string]any{
-			{"destination": "/proc", "type": "proc", "source": "proc"},
-			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755"}},
-			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
-			{"destination": guestBinDir, "type": "bind", "source": e.binDir, "options": []string{"rbind", "ro"}},
-			{"destination": guestRunDir, "type": "bind", "source": filepath.Join(e.dir(spec.ID), "run"), "options": []string{"rbind", "rw"}},
-		},
-		"linux": map[string]any{
-			"cgroupsPath": "/clade/" + spec.ID,
-			"resources":   resources,
-			"namespaces": []map[string]any{
-				{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"},
-			},
-		},
-	}
-	b, err := json.MarshalIndent(spec2, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(e.dir(spec.ID), "config.json"), b, 0o600)
+	})
 }
 
 type runscState struct {
@@ -651,6 +704,12 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	if sb != nil {
 		sb.stop()
 	}
+	// The disk cap is forgotten when the directory goes (below).
+	defer func() {
+		e.mu.Lock()
+		delete(e.disk, id)
+		e.mu.Unlock()
+	}()
 	dir := e.dir(id)
 	if !fileExists(dir) {
 		e.killProcesses(dir + "/")
@@ -670,16 +729,41 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	return os.RemoveAll(dir)
 }
 
-// Close implements engine.Engine.
+// Close implements engine.Engine. It also unmounts runsc's null-netns
+// under the state dir, the empty network namespace runsc pins there for
+// its gofers to share: running gofers hold the namespace by their own
+// reference, runsc opens it through a file descriptor (an unmount racing a
+// call does no harm), and the next call that finds it gone makes and pins
+// a new one.
 func (e *Engine) Close() error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	for id, sb := range e.live {
 		sb.stop()
 		delete(e.live, id)
 	}
-	return nil
+	e.mu.Unlock()
+	return unmountNullNetNS(e.runRoot)
 }
+
+// unmountNullNetNS unmounts every null-netns bind mount stacked under
+// root (concurrent runsc calls may each have pinned one).
+func unmountNullNetNS(root string) error {
+	path := filepath.Join(root, nullNetNS)
+	for {
+		err := unix.Unmount(path, unix.MNT_DETACH)
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not (or no longer) a mount point
+		default:
+			return fmt.Errorf("unmount %s: %w", path, err)
+		}
+	}
+}
+
+// nullNetNS is runsc's specutils.NullNetNSFilename.
+const nullNetNS = "null-netns"
 
 // List implements engine.Engine.
 func (e *Engine) List(ctx context.Context) ([]string, error) {
@@ -694,11 +778,8 @@ func (e *Engine) List(ctx context.Context) ([]string, error) {
 	// runsc's own records, in case a bundle dir was lost.
 	ents, _ = os.ReadDir(e.runRoot)
 	for _, d := range ents {
-		if name, ok := strings.CutSuffix(d.Name(), ".state"); ok {
-			if i := strings.LastIndex(name, "_"); i >= 0 {
-				name = name[i+1:]
-			}
-			seen[name] = true
+		if id, ok := stateFileID(d.Name()); ok {
+			seen[id] = true
 		}
 	}
 	// And processes of sandboxes whose directory is gone.
@@ -715,6 +796,21 @@ func (e *Engine) List(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(ids)
 	return ids, nil
+}
+
+// stateFileID returns the container id of a runsc state file, named
+// "<container>_sandbox:<sandbox>.state" (runsc/container/state_file.go;
+// ids never contain '_' or ':').
+func stateFileID(name string) (string, bool) {
+	rest, ok := strings.CutSuffix(name, ".state")
+	if !ok {
+		return "", false
+	}
+	id, sandbox, ok := strings.Cut(rest, "_sandbox:")
+	if !ok || id == "" || sandbox == "" || strings.ContainsAny(id, "_:/") {
+		return "", false
+	}
+	return id, true
 }
 
 // killProcesses SIGKILLs every process whose command line contains s and
