@@ -9,15 +9,18 @@ const Version = "v1"
 
 // Sandbox is a sandbox as the API shows it.
 type Sandbox struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name,omitempty"`
-	Image     string    `json:"image"`
-	State     string    `json:"state"`
-	MemoryMiB int       `json:"memory_mib"`
-	CPUs      float64   `json:"cpus"`
-	Env       []string  `json:"env,omitempty"`
-	Error     string    `json:"error,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	ID        string   `json:"id"`
+	Name      string   `json:"name,omitempty"`
+	Image     string   `json:"image"`
+	State     string   `json:"state"`
+	MemoryMiB int      `json:"memory_mib"`
+	CPUs      float64  `json:"cpus"`
+	Env       []string `json:"env,omitempty"`
+	// DiskMiB caps what the sandbox may write.
+	DiskMiB   int               `json:"disk_mib,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Error     string            `json:"error,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
 }
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
@@ -27,6 +30,11 @@ type CreateSandboxRequest struct {
 	MemoryMiB int      `json:"memory_mib,omitempty"`
 	CPUs      float64  `json:"cpus,omitempty"`
 	Env       []string `json:"env,omitempty"`
+	// DiskMiB caps what the sandbox may write (its files); writes past it
+	// fail with ENOSPC inside. 0 takes the daemon's default.
+	DiskMiB int `json:"disk_mib,omitempty"`
+	// Labels are key=value pairs to find sandboxes by.
+	Labels map[string]string `json:"labels,omitempty"`
 	// FromSnapshot restores the new sandbox from a snapshot (id or name)
 	// instead of booting the image: a fork of one child.
 	FromSnapshot string `json:"from_snapshot,omitempty"`

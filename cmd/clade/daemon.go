@@ -25,6 +25,7 @@ func cmdDaemon(ctx context.Context, args []string) error {
 	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")
 	fs.BoolVar(&o.BuildDefaultImage, "build-default-image", true, "build the default image at start if missing")
 	fs.IntVar(&o.Sandbox.DefaultMemoryMiB, "default-memory", 512, "memory limit of sandboxes that ask for none, MiB")
+	fs.IntVar(&o.Sandbox.DefaultDiskMiB, "default-disk", 10240, "MiB a sandbox that asks for no --disk may write (its files); 0: no cap")
 	fs.IntVar(&o.Sandbox.MaxFork, "max-fork", 128, "most children one fork may ask for")
 	fs.IntVar(&o.Sandbox.MemoryFloorMiB, "memory-floor", 0, "MiB of host memory creates, forks and wakes must leave free (default 5% of RAM, at least 512)")
 	fs.Float64Var(&o.Sandbox.MemoryOvercommit, "memory-overcommit", 1.0, "the memory limits of running sandboxes may add up to RATIO x the host's memory; above 1, memory pressure puts idle sandboxes to sleep (see --pressure-floor); 0 turns the cap off")

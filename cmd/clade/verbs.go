@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -53,9 +54,11 @@ func parse(fs *flag.FlagSet, args []string) error {
 }
 
 func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("create", "create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
+	fs := newFlags("create", "create [--image REF] [--memory MIB] [--cpus N] [--disk SIZE] [--env K=V]... [--label K=V]... [--name NAME]\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
 	var req sdk.CreateSandboxRequest
-	var env multi
+	var env, labels multi
+	disk := fs.String("disk", "", "cap on what the sandbox may write, e.g. 2GiB or 512MiB (default: the daemon's --default-disk)")
+	fs.Var(&labels, "label", "label K=V to find the sandbox by (repeatable)")
 	fs.StringVar(&req.Image, "image", "", "image to boot (see `clade image ls`; default: default)")
 	fs.IntVar(&req.MemoryMiB, "memory", 0, "memory limit in MiB (default 512)")
 	fs.Float64Var(&req.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
@@ -70,6 +73,23 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 		return errUsage
 	}
 	req.Env = env
+	if *disk != "" {
+		mib, err := parseMiB(*disk)
+		if err != nil {
+			return fmt.Errorf("--disk: %w", err)
+		}
+		req.DiskMiB = mib
+	}
+	for _, kv := range labels {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("--label %q: use KEY=VALUE", kv)
+		}
+		if req.Labels == nil {
+			req.Labels = map[string]string{}
+		}
+		req.Labels[k] = v
+	}
 	sb, err := c.CreateSandbox(ctx, req)
 	if err != nil {
 		return err
@@ -326,4 +346,25 @@ func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
 		fmt.Fprintf(tw, "%s\t%dMiB\t%s\t%s\n", img.Name, img.SizeBytes>>20, img.CreatedAt.Format(time.DateOnly), img.Source)
 	}
 	return tw.Flush()
+}
+
+// parseMiB reads a size such as 512, 512M, 512MiB, 2G or 2GiB as MiB (a
+// bare number is MiB).
+func parseMiB(s string) (int, error) {
+	t := strings.TrimSpace(strings.ToUpper(s))
+	mult := 1
+	for _, u := range []struct {
+		suffix string
+		mult   int
+	}{{"TIB", 1 << 20}, {"GIB", 1 << 10}, {"MIB", 1}, {"TB", 1 << 20}, {"GB", 1 << 10}, {"MB", 1}, {"T", 1 << 20}, {"G", 1 << 10}, {"M", 1}} {
+		if rest, ok := strings.CutSuffix(t, u.suffix); ok {
+			t, mult = strings.TrimSpace(rest), u.mult
+			break
+		}
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil || n <= 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("bad size %q: use a whole number of MiB, or a number with M, MiB, G, GiB or T, e.g. 2GiB", s)
+	}
+	return n * mult, nil
 }

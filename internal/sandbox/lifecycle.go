@@ -74,6 +74,33 @@ func (m *Manager) validate(req *CreateRequest) error {
 			return err
 		}
 	}
+	if req.Opts.DiskMiB == 0 {
+		req.Opts.DiskMiB = m.cfg.DefaultDiskMiB
+	}
+	if req.Opts.DiskMiB != 0 && (req.Opts.DiskMiB < MinDiskMiB || req.Opts.DiskMiB > maxDiskMiB) {
+		return errdefs.New(errdefs.InvalidArgument, "disk %d MiB is out of range: use %d MiB to %d TiB", req.Opts.DiskMiB, MinDiskMiB, maxDiskMiB>>20)
+	}
+	return validLabels(req.Opts.Labels)
+}
+
+// MinDiskMiB is the smallest disk cap a sandbox can have.
+const MinDiskMiB = 16
+
+const maxDiskMiB = 64 << 20 // 64 TiB: a cap, not a reservation
+
+// validLabels checks labels: keys like names, short values, not too many.
+func validLabels(labels map[string]string) error {
+	if len(labels) > 64 {
+		return errdefs.New(errdefs.InvalidArgument, "%d labels: at most 64", len(labels))
+	}
+	for k, v := range labels {
+		if !nameRE.MatchString(k) {
+			return errdefs.New(errdefs.InvalidArgument, "bad label key %q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", k)
+		}
+		if len(v) > 255 || strings.ContainsAny(v, "\x00\n") {
+			return errdefs.New(errdefs.InvalidArgument, "bad value for label %q: at most 255 bytes, no NUL or newline", k)
+		}
+	}
 	return nil
 }
 
@@ -186,8 +213,8 @@ func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engin
 
 // createFrom makes one sandbox restored from a snapshot: a fork of one.
 func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
-	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 {
-		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus and env: give only a name")
+	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 || req.Opts.DiskMiB != 0 || req.Opts.Network != nil {
+		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus, env, disk and network: give only a name")
 	}
 	if req.Name != "" {
 		if err := validName("sandbox", req.Name); err != nil {

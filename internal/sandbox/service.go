@@ -41,6 +41,9 @@ type Config struct {
 	// SnapshotDir holds snapshots, SleepDir the images of sleeping sandboxes.
 	SnapshotDir string
 	SleepDir    string
+	// DefaultDiskMiB caps what sandboxes that ask for no cap may write (0:
+	// no cap).
+	DefaultDiskMiB int
 	// MaxFork caps the children of one fork.
 	MaxFork int
 	// MemoryFloorMiB is the free memory (MemAvailable) that creates, forks

@@ -3,6 +3,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -163,7 +164,18 @@ const maxBody = 1 << 20
 // decode reads a JSON body strictly: unknown fields and trailing data are
 // client mistakes worth telling about.
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errdefs.New(errdefs.InvalidArgument, "request body is larger than %d bytes", maxBody)
+		}
+		return errdefs.New(errdefs.InvalidArgument, "reading the request body: %v", err)
+	}
+	if t := bytes.TrimSpace(body); len(t) > 0 && t[0] != '{' {
+		return errdefs.New(errdefs.InvalidArgument, "the request body must be a JSON object, not %.20q", t)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	tooLarge := func(err error) bool {
 		var mbe *http.MaxBytesError
@@ -216,7 +228,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 
 func toAPI(sb store.Sandbox) api.Sandbox {
 	return api.Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
-		CPUs: sb.CPUs, Env: sb.Env, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC()}
+		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC()}
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -224,7 +236,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	sb, err := s.mgr.Create(r.Context(), sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot})
+	sb, err := s.mgr.Create(r.Context(), sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
+		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels}})
 	if err != nil {
 		return err
 	}
