@@ -24,6 +24,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/hostinfo"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -62,8 +63,8 @@ type Config struct {
 // DefaultConfig returns sensible limits for this host.
 func DefaultConfig() Config {
 	floor := 1024
-	if total, err := memTotalMiB(); err == nil {
-		floor = max(512, total/20)
+	if total, err := hostinfo.MemTotalMiB(); err == nil {
+		floor = max(512, int(total)/20)
 	}
 	return Config{DefaultMemoryMiB: 512, MaxMemoryMiB: 64 << 10, DefaultCPUs: 1, MaxCPUs: float64(runtime.NumCPU()),
 		MaxFork: 128, MemoryFloorMiB: floor, WarmPool: 16, WarmCreate: 2}
@@ -600,19 +601,4 @@ func (m *Manager) track(id string, sb engine.Sandbox) {
 			m.log.Error("record stopped sandbox", "sandbox", id, "err", err)
 		}
 	}()
-}
-
-func memTotalMiB() (int, error) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-			var kb int
-			_, err := fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kb)
-			return kb >> 10, err
-		}
-	}
-	return 0, errors.New("no MemTotal in /proc/meminfo")
 }

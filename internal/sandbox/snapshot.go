@@ -1,19 +1,18 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/hostinfo"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -297,7 +296,8 @@ func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, 
 // sandboxes exist (their memory then shows in MemAvailable); release is
 // idempotent.
 func (m *Manager) admit(mib int) (release func(), err error) {
-	avail, err := memAvailableMiB()
+	avail64, err := hostinfo.MemAvailableMiB()
+	avail := int(avail64)
 	if err != nil {
 		return func() {}, nil // no /proc/meminfo: no admission control
 	}
@@ -317,22 +317,6 @@ func (m *Manager) admit(mib int) (release func(), err error) {
 			m.mu.Unlock()
 		})
 	}, nil
-}
-
-func memAvailableMiB() (int, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			return kb >> 10, err
-		}
-	}
-	return 0, errors.New("no MemAvailable in /proc/meminfo")
 }
 
 // Sleep snapshots a running sandbox to disk and stops it; it keeps its id
