@@ -56,7 +56,7 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 	fs := newFlags("create", "create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
 	var req sdk.CreateSandboxRequest
 	var env multi
-	fs.StringVar(&req.Image, "image", "", "image to boot (see `clade image ls`; default: default)")
+	fs.StringVar(&req.Image, "image", "", "image to boot: a name or a reference it was pulled as (see `clade image ls`; default: default)")
 	fs.IntVar(&req.MemoryMiB, "memory", 0, "memory limit in MiB (default 512)")
 	fs.Float64Var(&req.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
 	fs.Var(&env, "env", "environment variable K=V for every process (repeatable)")
@@ -290,7 +290,7 @@ func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
 		case "inspect":
 			return cmdImageInspect(ctx, c, args[1:])
 		case "rm", "remove":
-			fs := newFlags("image rm", "image rm NAME...\n\nRemoves images no sandbox or snapshot uses.")
+			fs := newFlags("image rm", "image rm NAME|REF...\n\nRemoves images no sandbox or snapshot uses, by name or by the reference\nthey were pulled or imported as.")
 			if err := parse(fs, args[1:]); err != nil {
 				return err
 			}
@@ -321,9 +321,13 @@ func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
 		return printJSON(imgs)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSIZE\tCREATED\tSOURCE")
+	fmt.Fprintln(tw, "NAME\tREF\tSIZE\tCREATED\tSOURCE")
 	for _, img := range imgs {
-		fmt.Fprintf(tw, "%s\t%dMiB\t%s\t%s\n", img.Name, img.SizeBytes>>20, img.CreatedAt.Format(time.DateOnly), img.Source)
+		ref := img.Ref
+		if ref == "" {
+			ref = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%dMiB\t%s\t%s\n", img.Name, ref, img.SizeBytes>>20, img.CreatedAt.Format(time.DateOnly), img.Source)
 	}
 	return tw.Flush()
 }

@@ -75,7 +75,7 @@ type Manager struct {
 	cfg    Config
 	eng    engine.Engine
 	store  *store.Store
-	images *image.Store
+	images *imageService
 	log    *slog.Logger
 
 	mu          sync.Mutex
@@ -117,7 +117,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, images: images, log: cfg.Log,
+	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log,
 		live: map[string]engine.Sandbox{}, busy: map[string]bool{}, ops: map[string]*sync.Mutex{}, pool: newWarmPool()}
 	return m
 }

@@ -50,6 +50,9 @@ CREATE INDEX IF NOT EXISTS images_ref ON images (ref);
 CREATE TABLE IF NOT EXISTS image_roots (
 	rootfs  TEXT PRIMARY KEY,
 	pending INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS build_sandboxes (
+	id TEXT PRIMARY KEY
 );`
 
 // The image tables are a migration of their own: databases of every
@@ -283,6 +286,40 @@ func (s *Store) CollectImageRoots(ctx context.Context) ([]string, error) {
 		return nil
 	})
 	return roots, err
+}
+
+// AddBuildSandbox marks the sandbox id as an image build's: it lives only
+// as long as the build. The mark is the sandbox's own, not its options, so
+// snapshots and fork children of it do not inherit it.
+func (s *Store) AddBuildSandbox(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT OR IGNORE INTO build_sandboxes (id) VALUES (?)`, id)
+	return err
+}
+
+// RemoveBuildSandbox drops the mark of AddBuildSandbox; a missing one is not
+// an error.
+func (s *Store) RemoveBuildSandbox(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM build_sandboxes WHERE id = ?`, id)
+	return err
+}
+
+// BuildSandboxes returns the ids marked by AddBuildSandbox, recorded
+// sandboxes or not.
+func (s *Store) BuildSandboxes(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id FROM build_sandboxes ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }
 
 // imageTx runs fn in a transaction, committing if it returns nil.

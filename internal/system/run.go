@@ -92,6 +92,9 @@ func Run(ctx context.Context, o Options) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		log.Error("reconcile finished with errors", "err", err)
 	}
+	if err := mgr.ReapBuilds(ctx); err != nil {
+		log.Error("removing the sandboxes of unfinished builds", "err", err)
+	}
 	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))
 	mgr.StartPool(ctx)
 
@@ -102,7 +105,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
-	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, RunscVersion: eng.RunscVersion(ctx), TmpDir: tmp}, mgr, images, reg)
+	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, RunscVersion: eng.RunscVersion(ctx), TmpDir: tmp}, mgr, reg)
 
 	var lns []net.Listener
 	defer func() {
