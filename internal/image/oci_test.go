@@ -200,7 +200,7 @@ func assertClean(t testing.TB, s *catalog, want ...string) {
 	t.Helper()
 	// The catalog removes replaced roots at once: the roots left are the
 	// images'.
-	roots, _ := os.ReadDir(filepath.Join(s.dir, rootsDir))
+	roots, _ := os.ReadDir(filepath.Join(s.dir, rootfsDir))
 	if len(roots) != len(want) {
 		t.Errorf("%d image roots for images %v", len(roots), want)
 	}
@@ -211,7 +211,7 @@ func assertClean(t testing.TB, s *catalog, want ...string) {
 	var got []string
 	for _, e := range ents {
 		switch n := e.Name(); {
-		case n == blobsDir || n == gcLock || n == rootsDir:
+		case n == blobsDir || n == gcLock || n == rootfsDir:
 		default:
 			t.Errorf("leftover %s", n)
 		}

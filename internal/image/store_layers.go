@@ -19,17 +19,26 @@ import (
 	"github.com/clade-sandbox/clade/internal/errdefs"
 )
 
-// Layout of the store besides the image directories:
+// Layout of the image directory:
 //
+//	.rootfs/<id>/          root filesystems, each under its own id
 //	blobs/sha256/<hex>     layer blobs as pulled, shared between images
 //	.build-<name>-<rand>/  an image being built, flocked by its builder
 //	.rm-<name>-<rand>/     an image being removed
 //	.gc.lock               shared by builds, exclusive for garbage collection
+//	<name>/image.json      a descriptor: the default image, and images of
+//	                       versions before the store kept image metadata
+//	<name>/rootfs/, .roots/<id>/  the roots of those descriptors
 const (
 	blobsDir = "blobs"
-	// rootsDir holds every installed root filesystem under its own id. An
+	// rootfsDir holds every root filesystem this version installs. An
 	// image names its current root; replacing the image points it at a new
 	// one, and the old root lives on while sandboxes or snapshots use it.
+	// It is not .roots/, where earlier versions kept theirs: those collect
+	// every root there that no descriptor names, and would take ours from
+	// a shared image directory.
+	rootfsDir = ".rootfs"
+	// rootsDir holds the roots of earlier versions' descriptors.
 	rootsDir    = ".roots"
 	buildPrefix = ".build-"
 	rmPrefix    = ".rm-"
@@ -112,12 +121,12 @@ func (b *build) close() error {
 }
 
 // commit moves the build's root filesystem to a root of its own under
-// .roots/ and returns img naming it. Nothing else changes on disk: which
+// .rootfs/ and returns img naming it. Nothing else changes on disk: which
 // image names the root is the caller's record.
 func (s *Store) commit(b *build, img Image) (Image, error) {
-	img.Root = randHex()
-	img.RootFS = filepath.Join(s.dir, rootsDir, img.Root)
-	if err := os.MkdirAll(filepath.Join(s.dir, rootsDir), 0o755); err != nil {
+	img.Root = ""
+	img.RootFS = filepath.Join(s.dir, rootfsDir, randHex())
+	if err := os.MkdirAll(filepath.Join(s.dir, rootfsDir), 0o755); err != nil {
 		return Image{}, err
 	}
 	if s.OnRoot != nil {
@@ -131,10 +140,10 @@ func (s *Store) commit(b *build, img Image) (Image, error) {
 	return img, nil
 }
 
-// RemoveRoot removes a root filesystem under .roots/ (one that commit
+// RemoveRoot removes a root filesystem under .rootfs/ (one that commit
 // made). Removing a missing one is not an error; a path elsewhere is.
 func (s *Store) RemoveRoot(rootfs string) error {
-	if filepath.Dir(rootfs) != filepath.Join(s.dir, rootsDir) {
+	if filepath.Dir(rootfs) != filepath.Join(s.dir, rootfsDir) {
 		return fmt.Errorf("%s is not an image root of %s", rootfs, s.dir)
 	}
 	return os.RemoveAll(rootfs)
