@@ -67,6 +67,10 @@ func (s *imageService) start(ctx context.Context) error {
 }
 
 func (s *imageService) adopt(ctx context.Context, img image.Image) (bool, error) {
+	if img.Ref == "" && img.ManifestDigest != "" {
+		// Pulled by a version that kept the reference only as the source.
+		img.Ref = image.NormalizeRef(img.Source)
+	}
 	rec, err := toRecord(img)
 	if err != nil {
 		return false, err
@@ -130,7 +134,11 @@ func (s *imageService) Get(ctx context.Context, ref string) (image.Image, error)
 			}
 		}
 	}
-	if norm := image.NormalizeRef(ref); norm != "" {
+	norm := image.NormalizeRef(ref)
+	if norm == "" && !image.ValidName(ref) {
+		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "bad image %q: give an image name (see `clade image ls`) or a reference like registry/repo:tag", ref)
+	}
+	if norm != "" {
 		rec, err := s.store.GetImageByRef(ctx, norm)
 		if err == nil {
 			return fromRecord(rec)
