@@ -55,7 +55,7 @@ var httpMethods = map[string]bool{"get": true, "put": true, "post": true, "delet
 func TestSpecRoutes(t *testing.T) {
 	s, _ := loadSpec(t)
 	// New must not touch the manager or the image store, so nil is fine.
-	srv := httpapi.New(httpapi.Config{}, nil, nil, prometheus.NewRegistry())
+	srv := httpapi.New(httpapi.Config{}, nil, prometheus.NewRegistry())
 	if len(srv.Routes) == 0 {
 		t.Fatal("httpapi.New registered no routes in Server.Routes")
 	}
@@ -97,7 +97,8 @@ func TestSpecSchemas(t *testing.T) {
 	for _, v := range []any{api.Sandbox{}, api.CreateSandboxRequest{}, api.ExecRequest{}, api.ExitStatus{},
 		api.Image{}, api.Health{}, api.Error{},
 		api.Snapshot{}, api.SnapshotRequest{}, api.ForkRequest{}, api.ForkChild{}, api.ForkResult{},
-		api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}, api.CommitRequest{}} {
+		api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}, api.CommitRequest{},
+		api.BuildSandboxRequest{}, api.BuildEvent{}} {
 		typ := reflect.TypeOf(v)
 		t.Run(typ.Name(), func(t *testing.T) {
 			sc, ok := s.Components.Schemas[typ.Name()]

@@ -106,7 +106,10 @@ type ExitStatus struct {
 
 // Image is a root filesystem sandboxes boot from.
 type Image struct {
-	Name      string    `json:"name"`
+	Name string `json:"name"`
+	// Ref is the reference the image was pulled or imported as (e.g.
+	// python:3.12-slim); it names the image wherever a name does.
+	Ref       string    `json:"ref,omitempty"`
 	Source    string    `json:"source"`
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
@@ -138,6 +141,23 @@ type PullImageRequest struct {
 	Platform string `json:"platform,omitempty"`
 	// Insecure allows plain HTTP to the registry.
 	Insecure bool `json:"insecure,omitempty"`
+}
+
+// BuildSandboxRequest is the body of POST /v1/builds: the sandbox an image
+// build runs its steps in.
+type BuildSandboxRequest struct {
+	// From is the base image: a name or a reference.
+	From string   `json:"from"`
+	Env  []string `json:"env,omitempty"`
+}
+
+// BuildEvent is the one line of the application/x-ndjson answer of POST
+// /v1/builds: the build's sandbox, or the error. The answer then stays
+// open; when the client closes it (or goes away) the daemon removes the
+// sandbox.
+type BuildEvent struct {
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	Error   *Error   `json:"error,omitempty"`
 }
 
 // ImageProgress is one line of a pull or import's progress stream.

@@ -20,6 +20,16 @@ type (
 	CommitRequest    = api.CommitRequest
 )
 
+// ImportImageRequest names an imported image and says where it came from.
+type ImportImageRequest struct {
+	// Name is the image's name; derived from the archive's tag or Source
+	// when empty.
+	Name string
+	// Source is where the archive came from (e.g. the file name), shown as
+	// the image's source.
+	Source string
+}
+
 // Commit turns a sandbox's filesystem into an image (and, with Start, a
 // template with a ready snapshot). The sandbox keeps running.
 func (c *Client) Commit(ctx context.Context, ref string, req CommitRequest) (Image, error) {
@@ -27,8 +37,8 @@ func (c *Client) Commit(ctx context.Context, ref string, req CommitRequest) (Ima
 	return img, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/commit", req, &img)
 }
 
-// BuildRequest is an image build: steps run in a sandbox of From, then its
-// filesystem becomes image Name.
+// BuildRequest is an image build: steps run in a sandbox of From (an image
+// name or reference), then its filesystem becomes image Name.
 type BuildRequest struct {
 	Name, From string
 	Env        []string // for the steps and the image
@@ -51,15 +61,19 @@ type BuildCopy struct {
 
 // Build runs an image build through the API: a sandbox of From, the copies
 // and steps in it, a commit, and the sandbox's removal (also on failure).
+// The daemon holds the sandbox only while this call runs: if the caller
+// dies or ctx ends, it removes the sandbox itself.
 func (c *Client) Build(ctx context.Context, req BuildRequest) (_ Image, err error) {
-	sb, err := c.CreateSandbox(ctx, CreateSandboxRequest{Image: req.From, Env: req.Env})
+	sb, end, err := c.buildSandbox(ctx, req.From, req.Env)
 	if err != nil {
 		return Image{}, err
 	}
 	defer func() {
-		if derr := c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil && err == nil {
+		derr := c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
+		if derr != nil && err == nil && !IsNotFound(derr) {
 			err = derr
 		}
+		end()
 	}()
 	for _, cp := range req.Copy {
 		r, err := cp.Tar()
@@ -92,15 +106,51 @@ func (c *Client) Build(ctx context.Context, req BuildRequest) (_ Image, err erro
 	return c.Commit(ctx, sb.ID, CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir, Start: req.Start, Ready: req.Ready})
 }
 
-// GetImage returns an image with its config and the sandboxes and
-// snapshots using it.
+// buildSandbox asks the daemon for a build's sandbox (POST /v1/builds) and
+// returns it with end, which lets the daemon remove it. The answer stays
+// open until end: its connection is the build's lease.
+func (c *Client) buildSandbox(ctx context.Context, from string, env []string) (Sandbox, func(), error) {
+	b, err := json.Marshal(api.BuildSandboxRequest{From: from, Env: env})
+	if err != nil {
+		return Sandbox{}, nil, err
+	}
+	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/builds", bytesReader(b))
+	if err != nil {
+		return Sandbox{}, nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.do(hreq)
+	if err != nil {
+		return Sandbox{}, nil, err
+	}
+	line, err := bufio.NewReader(io.LimitReader(resp.Body, 1<<20)).ReadBytes('\n')
+	var ev api.BuildEvent
+	if err == nil {
+		err = json.Unmarshal(line, &ev)
+	}
+	switch {
+	case err != nil:
+		resp.Body.Close()
+		return Sandbox{}, nil, fmt.Errorf("build sandbox: %w", err)
+	case ev.Error != nil:
+		resp.Body.Close()
+		return Sandbox{}, nil, &Error{Code: ev.Error.Code, Message: ev.Error.Message}
+	case ev.Sandbox == nil:
+		resp.Body.Close()
+		return Sandbox{}, nil, fmt.Errorf("build sandbox: the daemon sent no sandbox")
+	}
+	return *ev.Sandbox, func() { resp.Body.Close() }, nil
+}
+
+// GetImage returns an image, by name or by a reference it was pulled or
+// imported as, with its config and the sandboxes and snapshots using it.
 func (c *Client) GetImage(ctx context.Context, name string) (Image, error) {
 	var img Image
 	return img, c.call(ctx, http.MethodGet, "/v1/images/"+url.PathEscape(name), nil, &img)
 }
 
-// DeleteImage removes an image; one in use gives an error for which
-// IsConflict is true.
+// DeleteImage removes an image, by name or reference; one in use gives an
+// error for which IsConflict is true.
 func (c *Client) DeleteImage(ctx context.Context, name string) error {
 	return c.call(ctx, http.MethodDelete, "/v1/images/"+url.PathEscape(name), nil, nil)
 }
@@ -121,9 +171,16 @@ func (c *Client) PullImage(ctx context.Context, req PullImageRequest, progress f
 }
 
 // ImportImage uploads a `docker save` tarball or an OCI layout tar and
-// installs it as name (derived from the archive when empty).
-func (c *Client) ImportImage(ctx context.Context, archive io.Reader, name string, progress func(ImageProgress)) (Image, error) {
-	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/images/import?name="+url.QueryEscape(name), archive)
+// installs it as req.Name (derived from the archive when empty).
+func (c *Client) ImportImage(ctx context.Context, archive io.Reader, req ImportImageRequest, progress func(ImageProgress)) (Image, error) {
+	q := url.Values{}
+	if req.Name != "" {
+		q.Set("name", req.Name)
+	}
+	if req.Source != "" {
+		q.Set("source", req.Source)
+	}
+	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/images/import?"+q.Encode(), archive)
 	if err != nil {
 		return Image{}, err
 	}

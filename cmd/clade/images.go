@@ -60,7 +60,7 @@ func cmdImageImport(ctx context.Context, c *sdk.Client, args []string) error {
 		archive = pr
 	}
 	p := newProgress(*quiet)
-	img, err := c.ImportImage(ctx, archive, *name, p.update)
+	img, err := c.ImportImage(ctx, archive, sdk.ImportImageRequest{Name: *name, Source: path}, p.update)
 	p.done()
 	if err != nil {
 		return err
@@ -70,7 +70,7 @@ func cmdImageImport(ctx context.Context, c *sdk.Client, args []string) error {
 }
 
 func cmdImageInspect(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("image inspect", "image inspect NAME\n\nPrints an image as JSON: source, layers, config and users.")
+	fs := newFlags("image inspect", "image inspect NAME|REF\n\nPrints an image as JSON: source, layers, config and users. REF is a\nreference the image was pulled or imported as, e.g. python:3.12-slim.")
 	name, err := parseOneArg(fs, args)
 	if err != nil {
 		return err
@@ -112,10 +112,10 @@ func (p *progress) done() {
 }
 
 func cmdImageBuild(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("image build", "image build NAME --from IMAGE [--run CMD]... [--copy SRC:DST]... [--env K=V]... [--workdir DIR]\n                  [--start CMD [--ready CMD]]\n\nBuilds an image: a sandbox of IMAGE gets the copies and runs each --run step\n(the first to fail stops the build), then its filesystem becomes image NAME.\nWith --start the image is a template: CMD runs in the background until\n--ready exits 0 (or until something listens on TCP), and that running\nsandbox is snapshotted; `clade create --image NAME` then restores it, with\nCMD already running, instead of booting.")
+	fs := newFlags("image build", "image build NAME --from NAME|REF [--run CMD]... [--copy SRC:DST]... [--env K=V]... [--workdir DIR]\n                  [--start CMD [--ready CMD]]\n\nBuilds an image: a sandbox of the --from image (a name, or a reference it\nwas pulled as) gets the copies and runs each --run step\n(the first to fail stops the build), then its filesystem becomes image NAME.\nWith --start the image is a template: CMD runs in the background until\n--ready exits 0 (or until something listens on TCP), and that running\nsandbox is snapshotted; `clade create --image NAME` then restores it, with\nCMD already running, instead of booting.")
 	var req sdk.BuildRequest
 	var runs, copies, env multi
-	fs.StringVar(&req.From, "from", "default", "base image")
+	fs.StringVar(&req.From, "from", "default", "base image: a name or a reference it was pulled or imported as")
 	fs.Var(&runs, "run", "shell command to run (repeatable, in order)")
 	fs.Var(&copies, "copy", "SRC:DST: host file or directory SRC into the image at DST (repeatable)")
 	fs.Var(&env, "env", "K=V for the steps and the image (repeatable)")

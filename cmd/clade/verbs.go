@@ -59,7 +59,7 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 	var env, labels multi
 	disk := fs.String("disk", "", "cap on what the sandbox may write, e.g. 2GiB or 512MiB (default: the daemon's --default-disk)")
 	fs.Var(&labels, "label", "label K=V to find the sandbox by (repeatable)")
-	fs.StringVar(&req.Image, "image", "", "image to boot (see `clade image ls`; default: default)")
+	fs.StringVar(&req.Image, "image", "", "image to boot: a name or a reference it was pulled as (see `clade image ls`; default: default)")
 	fs.IntVar(&req.MemoryMiB, "memory", 0, "memory limit in MiB (default 512)")
 	fs.Float64Var(&req.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
 	fs.Var(&env, "env", "environment variable K=V for every process (repeatable)")
@@ -310,7 +310,7 @@ func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
 		case "inspect":
 			return cmdImageInspect(ctx, c, args[1:])
 		case "rm", "remove":
-			fs := newFlags("image rm", "image rm NAME...\n\nRemoves images no sandbox or snapshot uses.")
+			fs := newFlags("image rm", "image rm NAME|REF...\n\nRemoves images no sandbox or snapshot uses, by name or by the reference\nthey were pulled or imported as.")
 			if err := parse(fs, args[1:]); err != nil {
 				return err
 			}
@@ -341,9 +341,13 @@ func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
 		return printJSON(imgs)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSIZE\tCREATED\tSOURCE")
+	fmt.Fprintln(tw, "NAME\tREF\tSIZE\tCREATED\tSOURCE")
 	for _, img := range imgs {
-		fmt.Fprintf(tw, "%s\t%dMiB\t%s\t%s\n", img.Name, img.SizeBytes>>20, img.CreatedAt.Format(time.DateOnly), img.Source)
+		ref := img.Ref
+		if ref == "" {
+			ref = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%dMiB\t%s\t%s\n", img.Name, ref, img.SizeBytes>>20, img.CreatedAt.Format(time.DateOnly), img.Source)
 	}
 	return tw.Flush()
 }

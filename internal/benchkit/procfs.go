@@ -1,39 +1,18 @@
 package benchkit
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/clade-sandbox/clade/internal/hostinfo"
 )
 
 // meminfo returns /proc/meminfo's fields in KiB.
-func meminfo() (map[string]int64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	m := map[string]int64{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(v)
-		if len(fields) == 0 {
-			continue
-		}
-		if n, err := strconv.ParseInt(fields[0], 10, 64); err == nil {
-			m[k] = n
-		}
-	}
-	return m, sc.Err()
-}
+func meminfo() (hostinfo.MemInfo, error) { return hostinfo.ReadMemInfo() }
 
 // memAvailableMiB is the kernel's estimate of memory available for new
 // work without swapping: page cache counts as available, a sandbox's

@@ -11,14 +11,10 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/klauspost/compress/zstd"
-	"golang.org/x/sys/unix"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/tarx"
@@ -56,31 +52,8 @@ const (
 // hardlink already at its name is replaced, not followed. Entries before a
 // refused one stay applied.
 func ApplyLayer(root string, r io.Reader) error {
-	rt, err := os.OpenRoot(root)
-	if err != nil {
-		return err
-	}
-	defer rt.Close()
-	a := &applier{
-		root:     rt,
-		chown:    os.Geteuid() == 0,
-		resolved: map[string]string{},
-		added:    map[string]bool{},
-	}
-	tr := tar.NewReader(r)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read layer: %w", streamErr(err))
-		}
-		if err := a.entry(hdr, tr); err != nil {
-			return fmt.Errorf("layer entry %.256q: %w", hdr.Name, err)
-		}
-	}
-	return a.finish()
+	return tarx.Walk(root, r, tarx.WalkOptions{Chown: true, Xattrs: true, What: "layer entry", StreamErr: streamErr},
+		&layerPolicy{resolved: map[string]string{}, added: map[string]bool{}})
 }
 
 // applyBlob applies a layer blob as stored in a registry: gzip, zstd or
@@ -108,25 +81,17 @@ func applyBlob(root string, r io.Reader) error {
 	return ApplyLayer(root, br)
 }
 
-type applier struct {
-	root  *os.Root
-	chown bool
+// layerPolicy places a layer's entries as the sandbox will see them:
+// symlinks met as parents are followed inside the root, and whiteouts hide
+// what lower layers put there.
+type layerPolicy struct {
 	// resolved caches parent directories already resolved (key: the path
-	// as named, value: the real path in root). Removing or replacing a
-	// directory or symlink drops the whole cache.
+	// as named, value: the real path in root). Removing a directory or
+	// symlink drops the whole cache.
 	resolved map[string]string
 	// added holds the real paths this layer created: whiteouts only hide
 	// what lower layers put there.
-	added    map[string]bool
-	deferred []dirMeta
-}
-
-// dirMeta is a directory's metadata, applied once the layer is done so
-// filling the directory does not bump its mtime or need its write bit.
-type dirMeta struct {
-	name  string
-	mode  fs.FileMode
-	mtime time.Time
+	added map[string]bool
 }
 
 func invalid(format string, args ...any) error {
@@ -143,47 +108,49 @@ func streamErr(err error) error {
 	return err
 }
 
-func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
-	// Validate everything the header says before touching the disk.
-	if skip, err := tarx.CheckHeader(hdr); skip || err != nil {
-		return err
-	}
+func (a *layerPolicy) Place(t *tarx.Tree, hdr *tar.Header) (string, bool, error) {
 	name, err := cleanName(hdr.Name)
 	if err != nil {
-		return err
+		return "", false, err
 	}
 	if name == "." {
-		return nil // the root's metadata is the store's
+		return "", true, nil // the root's metadata is the store's
 	}
 	dir, base := path.Split(name)
 	if strings.HasPrefix(base, whiteoutPrefix) {
-		return a.whiteout(dir, base)
+		return "", true, a.whiteout(t, dir, base)
 	}
-	dir, err = a.resolve(dir, true)
+	dir, err = a.resolve(t, dir, true)
 	if err != nil {
-		return err
+		return "", false, err
 	}
-	p := path.Join(dir, base)
-
-	switch hdr.Typeflag {
-	case tar.TypeDir:
-		err = a.dir(hdr, p)
-	case tar.TypeSymlink:
-		err = a.symlink(hdr, p)
-	case tar.TypeLink:
-		err = a.link(hdr, p)
-	default:
-		err = a.file(hdr, p, r)
-	}
-	// p and its parents are this layer's: a whiteout in it must not hide
-	// them, and an opaque directory above them keeps them.
-	for q := p; err == nil && q != "." && !a.added[q]; q = path.Dir(q) {
-		a.added[q] = true
-	}
-	return err
+	return path.Join(dir, base), false, nil
 }
 
-// sparse reports whether hdr is a GNU sparse file, old style or PAX.
+func (a *layerPolicy) LinkTarget(t *tarx.Tree, hdr *tar.Header) (string, error) {
+	name, err := cleanName(hdr.Linkname)
+	if err != nil {
+		return "", fmt.Errorf("hardlink target: %w", err)
+	}
+	dir, base := path.Split(name)
+	dir, err = a.resolve(t, dir, false)
+	return path.Join(dir, base), err
+}
+
+func (a *layerPolicy) ParentsIntact(t *tarx.Tree, p string) bool {
+	r, err := a.resolve(t, path.Dir(p), false)
+	return err == nil && r == path.Dir(p)
+}
+
+func (a *layerPolicy) Removed(string) { clear(a.resolved) } // a cached path may run through it
+
+// Wrote marks p and its parents as this layer's: a whiteout in it must not
+// hide them, and an opaque directory above them keeps them.
+func (a *layerPolicy) Wrote(p string) {
+	for q := p; q != "." && !a.added[q]; q = path.Dir(q) {
+		a.added[q] = true
+	}
+}
 
 // cleanName validates a header name and returns it as a clean slash path
 // relative to root, "." for root itself. A leading "/" means the image root,
@@ -221,7 +188,7 @@ func cleanName(name string) (string, error) {
 // following symlinks as the sandbox would see them: absolute targets start at
 // root, and ".." above root is refused. Missing directories are created if
 // create is set; a missing one is an fs.ErrNotExist error otherwise.
-func (a *applier) resolve(dir string, create bool) (string, error) {
+func (a *layerPolicy) resolve(t *tarx.Tree, dir string, create bool) (string, error) {
 	dir = strings.Trim(dir, "/")
 	if dir == "" {
 		return ".", nil
@@ -248,10 +215,10 @@ func (a *applier) resolve(dir string, create bool) (string, error) {
 			continue
 		}
 		next := path.Join(cur, c)
-		fi, err := a.root.Lstat(next)
+		fi, err := t.Root.Lstat(next)
 		switch {
 		case errors.Is(err, fs.ErrNotExist) && create:
-			if err := a.root.Mkdir(next, 0o755); err != nil {
+			if err := t.Root.Mkdir(next, 0o755); err != nil {
 				return "", err
 			}
 		case err != nil:
@@ -260,7 +227,7 @@ func (a *applier) resolve(dir string, create bool) (string, error) {
 			if links++; links > maxSymlinks {
 				return "", invalid("too many levels of symlinks in %.256q", dir)
 			}
-			target, err := a.root.Readlink(next)
+			target, err := t.Root.Readlink(next)
 			if err != nil {
 				return "", err
 			}
@@ -282,7 +249,7 @@ func (a *applier) resolve(dir string, create bool) (string, error) {
 }
 
 // whiteout applies a ".wh." entry in the directory dir (as named).
-func (a *applier) whiteout(dir, base string) error {
+func (a *layerPolicy) whiteout(t *tarx.Tree, dir, base string) error {
 	if strings.HasPrefix(base, whiteoutMeta) && base != whiteoutOpaque {
 		return nil
 	}
@@ -290,7 +257,7 @@ func (a *applier) whiteout(dir, base string) error {
 	if base != whiteoutOpaque && (target == "" || target == "." || target == "..") {
 		return invalid("bad whiteout")
 	}
-	d, err := a.resolve(dir, false)
+	d, err := a.resolve(t, dir, false)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return nil // nothing below to hide
 	}
@@ -298,18 +265,18 @@ func (a *applier) whiteout(dir, base string) error {
 		return err
 	}
 	if base == whiteoutOpaque {
-		return a.opaque(d)
+		return a.opaque(t, d)
 	}
 	p := path.Join(d, target)
 	if a.added[p] {
 		return nil
 	}
-	return a.remove(p)
+	return t.Remove(p)
 }
 
 // opaque removes everything under dir that this layer did not add.
-func (a *applier) opaque(dir string) error {
-	f, err := a.root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+func (a *layerPolicy) opaque(t *tarx.Tree, dir string) error {
+	f, err := t.Root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP) {
 		return nil
 	}
@@ -325,257 +292,10 @@ func (a *applier) opaque(dir string) error {
 		p := path.Join(dir, e.Name())
 		switch {
 		case !a.added[p]:
-			err = a.remove(p)
+			err = t.Remove(p)
 		case e.IsDir():
-			err = a.opaque(p)
+			err = a.opaque(t, p)
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// remove deletes p, whatever it is, without following it.
-func (a *applier) remove(p string) error {
-	fi, err := a.root.Lstat(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if fi.IsDir() || fi.Mode()&fs.ModeSymlink != 0 {
-		clear(a.resolved) // a cached path may run through p
-	}
-	return a.root.RemoveAll(p)
-}
-
-// clear makes way for a new entry at p, so an existing symlink or hardlink
-// there is replaced rather than written through. Only a directory entry
-// keeps an existing directory (keep).
-func (a *applier) clear(p string, dir bool) (keep bool, err error) {
-	fi, err := a.root.Lstat(p)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return false, nil
-	case err != nil:
-		return false, err
-	case fi.IsDir() && dir:
-		return true, nil
-	}
-	return false, a.remove(p)
-}
-
-func (a *applier) dir(hdr *tar.Header, p string) error {
-	keep, err := a.clear(p, true)
-	if err != nil {
-		return err
-	}
-	if !keep {
-		if err := a.root.Mkdir(p, 0o700); err != nil {
-			return err
-		}
-	}
-	if a.chown {
-		if err := a.root.Lchown(p, hdr.Uid, hdr.Gid); err != nil {
-			return err
-		}
-	}
-	if err := a.xattrs(hdr, p); err != nil {
-		return err
-	}
-	a.deferred = append(a.deferred, dirMeta{p, a.mode(hdr), hdr.ModTime})
-	return nil
-}
-
-func (a *applier) file(hdr *tar.Header, p string, r io.Reader) error {
-	if _, err := a.clear(p, false); err != nil {
-		return err
-	}
-	// O_EXCL: os.Root follows a final symlink without it, so if anything
-	// reappeared since clear, fail rather than write through it.
-	f, err := a.root.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err = io.Copy(f, r); err != nil {
-		err = streamErr(err)
-	}
-	if err == nil && a.chown {
-		err = f.Chown(hdr.Uid, hdr.Gid) // before Chmod: chown clears set-id bits
-	}
-	if err == nil {
-		err = f.Chmod(a.mode(hdr))
-	}
-	if err == nil {
-		// After chown, which drops security.capability.
-		err = a.fxattrs(hdr, int(f.Fd()))
-	}
-	if err == nil {
-		err = futimes(int(f.Fd()), hdr.ModTime)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-func (a *applier) symlink(hdr *tar.Header, p string) error {
-	if _, err := a.clear(p, false); err != nil {
-		return err
-	}
-	if err := a.root.Symlink(hdr.Linkname, p); err != nil {
-		return err
-	}
-	if a.chown {
-		if err := a.root.Lchown(p, hdr.Uid, hdr.Gid); err != nil {
-			return err
-		}
-	}
-	if err := a.xattrs(hdr, p); err != nil {
-		return err
-	}
-	return a.atParent(p, func(dirfd int, base string) error {
-		ts := []unix.Timespec{timespec(hdr.ModTime), timespec(hdr.ModTime)}
-		return unix.UtimesNanoAt(dirfd, base, ts, unix.AT_SYMLINK_NOFOLLOW)
-	})
-}
-
-func (a *applier) link(hdr *tar.Header, p string) error {
-	name, err := cleanName(hdr.Linkname)
-	if err != nil {
-		return fmt.Errorf("hardlink target: %w", err)
-	}
-	dir, base := path.Split(name)
-	dir, err = a.resolve(dir, false)
-	target := path.Join(dir, base)
-	var fi fs.FileInfo
-	if err == nil {
-		fi, err = a.root.Lstat(target)
-	}
-	switch {
-	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
-		return invalid("hardlink target %.256q does not exist", hdr.Linkname)
-	case err != nil:
-		return fmt.Errorf("hardlink target: %w", err)
-	case fi.IsDir():
-		return invalid("hardlink target %.256q is a directory", hdr.Linkname)
-	case target == p:
-		return nil // clearing p first would lose the file
-	}
-	if _, err := a.clear(p, false); err != nil {
-		return err
-	}
-	// A target that is itself a symlink is linked, not followed.
-	return a.root.Link(target, p)
-}
-
-func (a *applier) mode(hdr *tar.Header) fs.FileMode {
-	m := hdr.FileInfo().Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
-	if !a.chown {
-		// Set-id bits on a file the caller owns would hand the caller's
-		// privileges to whoever wrote the layer.
-		m &^= fs.ModeSetuid | fs.ModeSetgid
-	}
-	return m
-}
-
-// xattrs sets hdr's extended attributes on p, not following it.
-func (a *applier) xattrs(hdr *tar.Header, p string) error {
-	if !hasXattrs(hdr) {
-		return nil
-	}
-	return a.atParent(p, func(dirfd int, base string) error {
-		// Through /proc the parent is the fd os.Root resolved, and
-		// lsetxattr does not follow base: works for symlinks too.
-		at := "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + base
-		return setXattrs(hdr, func(k string, v []byte) error { return unix.Lsetxattr(at, k, v, 0) })
-	})
-}
-
-func (a *applier) fxattrs(hdr *tar.Header, fd int) error {
-	return setXattrs(hdr, func(k string, v []byte) error { return unix.Fsetxattr(fd, k, v, 0) })
-}
-
-func hasXattrs(hdr *tar.Header) bool {
-	for k := range hdr.PAXRecords {
-		if strings.HasPrefix(k, "SCHILY.xattr.") {
-			return true
-		}
-	}
-	return false
-}
-
-// setXattrs applies hdr's xattrs with set, skipping ones the filesystem
-// does not support or lets no one set (trusted.* in a user namespace,
-// user.* on a symlink): an image is still usable without them.
-func setXattrs(hdr *tar.Header, set func(string, []byte) error) error {
-	for k, v := range hdr.PAXRecords {
-		name, ok := strings.CutPrefix(k, "SCHILY.xattr.")
-		if !ok {
-			continue
-		}
-		err := set(name, []byte(v))
-		if err != nil && !errors.Is(err, unix.ENOTSUP) && !errors.Is(err, unix.EPERM) {
-			return fmt.Errorf("set xattr %.64q: %w", name, err)
-		}
-	}
-	return nil
-}
-
-// atParent runs fn with an fd of p's parent directory, opened through root.
-func (a *applier) atParent(p string, fn func(dirfd int, base string) error) error {
-	d, err := a.root.OpenFile(path.Dir(p), os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := fn(int(d.Fd()), path.Base(p)); err != nil {
-		return &fs.PathError{Op: "at", Path: p, Err: err}
-	}
-	return nil
-}
-
-func futimes(fd int, mtime time.Time) error {
-	if mtime.IsZero() {
-		return nil
-	}
-	ts := []unix.Timespec{timespec(mtime), timespec(mtime)}
-	return unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), ts, 0)
-}
-
-func timespec(t time.Time) unix.Timespec {
-	if t.IsZero() {
-		return unix.Timespec{Nsec: unix.UTIME_OMIT}
-	}
-	return unix.Timespec{Sec: t.Unix(), Nsec: int64(t.Nanosecond())}
-}
-
-// finish applies the deferred directory metadata, latest entry first: that
-// reaches children before a parent's mode can lock them away, and the latest
-// header for a directory listed twice wins.
-func (a *applier) finish() error {
-	done := map[string]bool{}
-	for _, d := range slices.Backward(a.deferred) {
-		if done[d.name] {
-			continue
-		}
-		done[d.name] = true
-		// A later entry may have removed the directory or replaced it or
-		// a parent with a symlink; never chmod through one.
-		if r, err := a.resolve(path.Dir(d.name), false); err != nil || r != path.Dir(d.name) {
-			continue
-		}
-		f, err := a.root.OpenFile(d.name, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-		if err != nil {
-			continue
-		}
-		err = f.Chmod(d.mode)
-		if err == nil {
-			err = futimes(int(f.Fd()), d.mtime)
-		}
-		f.Close()
 		if err != nil {
 			return err
 		}

@@ -49,7 +49,10 @@ type Progress struct {
 
 // PullOptions tune Pull.
 type PullOptions struct {
-	Name     string // image name; DefaultName(ref) if empty
+	Name string // image name; DefaultName(ref) if empty
+	// Current is the image now called Name, if any: when it holds the
+	// manifest the registry serves, Pull downloads nothing and returns it.
+	Current  Image
 	Platform string // os/arch[/variant] picked from a multi-platform image; linux/amd64 if empty
 	Progress func(Progress)
 	Insecure bool // allow plain HTTP to the registry
@@ -57,7 +60,11 @@ type PullOptions struct {
 
 // ImportOptions tune Import.
 type ImportOptions struct {
-	Name     string // image name; derived from the archive's tag or file name if empty
+	Name string // image name; derived from the archive's tag or file name if empty
+	// Source is what the user gave (a file name), recorded as the image's
+	// source and used for names and messages instead of the path Import
+	// reads, which may be a temporary upload.
+	Source   string
 	Progress func(Progress)
 }
 
@@ -68,10 +75,10 @@ const (
 
 // Pull fetches the image ref (any OCI or Docker registry; credentials from
 // the Docker config, $DOCKER_CONFIG or ~/.docker/config.json) and installs it
-// as opts.Name. An existing image of that name is replaced atomically, unless
-// it already holds the same manifest: then Pull downloads nothing and returns
-// it. Layers already in the store are not downloaded again. A failed or
-// cancelled pull leaves no trace but blobs it finished.
+// as a new root named opts.Name, unless opts.Current already holds the same
+// manifest: then Pull downloads nothing and returns it. Layers already in the
+// store are not downloaded again. A failed or cancelled pull leaves no trace
+// but blobs it finished (and, with OnRoot, a recorded root).
 //
 // Errors: InvalidArgument for a bad ref, name or platform, an image that is
 // not a container image, a hostile layer, or a registry refusing our
@@ -82,9 +89,12 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (Image, 
 	if opts.Insecure {
 		nopts = append(nopts, name.Insecure)
 	}
+	if err := checkRef(ref); err != nil {
+		return Image{}, err
+	}
 	r, err := name.ParseReference(ref, nopts...)
 	if err != nil {
-		return Image{}, errdefs.Wrap(errdefs.InvalidArgument, err)
+		return Image{}, errdefs.New(errdefs.InvalidArgument, "bad image reference %q: %v", ref, err)
 	}
 	if opts.Name == "" {
 		opts.Name = DefaultName(ref)
@@ -113,7 +123,7 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (Image, 
 	if err != nil {
 		return Image{}, registryError(ctx, r, plat, err)
 	}
-	if cur, err := s.Get(ctx, opts.Name); err == nil && cur.ManifestDigest == digest.String() {
+	if cur := opts.Current; cur.Name == opts.Name && cur.ManifestDigest == digest.String() {
 		if opts.Progress != nil {
 			p := Progress{LayersDone: len(m.Layers), LayersTotal: len(m.Layers), Cached: len(m.Layers)}
 			for _, l := range m.Layers {
@@ -158,6 +168,7 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (Image, 
 		return Image{}, err
 	}
 	img.ManifestDigest = digest.String()
+	img.Ref = r.Name()
 	out, err := s.install(ctx, img, layers, opts.Progress)
 	if err != nil {
 		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
@@ -201,24 +212,31 @@ func (s *Store) Import(ctx context.Context, p string, opts ImportOptions) (Image
 	if err != nil {
 		return Image{}, err
 	}
+	src := opts.Source
+	if src == "" {
+		src = abs
+	}
+	if err := checkSource(src); err != nil {
+		return Image{}, err
+	}
 	fi, err := os.Stat(abs)
 	if errors.Is(err, os.ErrNotExist) {
-		return Image{}, errdefs.New(errdefs.NotFound, "%s: no such file or directory", p)
+		return Image{}, errdefs.New(errdefs.NotFound, "%s: no such file or directory", src)
 	}
 	if err != nil {
 		return Image{}, err
 	}
 	if fi.IsDir() {
-		return s.importLayout(ctx, abs, abs, opts)
+		return s.importLayout(ctx, abs, src, opts)
 	}
 	hdrs, err := scanTar(abs)
 	if err != nil {
-		return Image{}, errdefs.Wrap(errdefs.InvalidArgument, fmt.Errorf("%s is not a tar archive (decompress it first if it is compressed): %w", p, err))
+		return Image{}, errdefs.Wrap(errdefs.InvalidArgument, fmt.Errorf("%s is not a tar archive (decompress it first if it is compressed): %w", src, err))
 	}
 	switch {
 	case hdrs["manifest.json"] != nil:
 		// Docker 25 and later write both: manifest.json is the sure one.
-		return s.importDockerSave(ctx, abs, hdrs, opts)
+		return s.importDockerSave(ctx, abs, src, hdrs, opts)
 	case hdrs["index.json"] != nil:
 		tmp, err := s.begin("layout")
 		if err != nil {
@@ -231,11 +249,11 @@ func (s *Store) Import(ctx context.Context, p string, opts ImportOptions) (Image
 		}
 		defer f.Close()
 		if err := tarx.Extract(tmp.dir, &ctxReader{ctx, f}, tarx.Options{}); err != nil {
-			return Image{}, fmt.Errorf("import %s: %w", p, err)
+			return Image{}, fmt.Errorf("import %s: %w", src, err)
 		}
-		return s.importLayout(ctx, tmp.dir, abs, opts)
+		return s.importLayout(ctx, tmp.dir, src, opts)
 	}
-	return Image{}, errdefs.New(errdefs.InvalidArgument, "%s is neither a `docker save` tarball nor an OCI image layout", p)
+	return Image{}, errdefs.New(errdefs.InvalidArgument, "%s is neither a `docker save` tarball nor an OCI image layout", src)
 }
 
 // scanTar returns the headers of the tar file at p by clean name.
@@ -259,9 +277,9 @@ func scanTar(p string) (map[string]*tar.Header, error) {
 	}
 }
 
-func (s *Store) importDockerSave(ctx context.Context, p string, hdrs map[string]*tar.Header, opts ImportOptions) (Image, error) {
+func (s *Store) importDockerSave(ctx context.Context, p, source string, hdrs map[string]*tar.Header, opts ImportOptions) (Image, error) {
 	bad := func(err error) (Image, error) {
-		return Image{}, errdefs.Wrap(errdefs.InvalidArgument, fmt.Errorf("import %s: %w", p, err))
+		return Image{}, errdefs.Wrap(errdefs.InvalidArgument, fmt.Errorf("import %s: %w", source, err))
 	}
 	opener := func() (io.ReadCloser, error) { return os.Open(p) }
 	m, err := tarball.LoadManifest(opener)
@@ -309,18 +327,21 @@ func (s *Store) importDockerSave(ctx context.Context, p string, hdrs map[string]
 		opts.Name = DefaultName(d.RepoTags[0])
 	}
 	if opts.Name == "" {
-		opts.Name = fileName(p)
+		opts.Name = fileName(source)
 	}
 	if err := checkNewName(opts.Name); err != nil {
 		return Image{}, err
 	}
-	img, err := imageFrom(opts.Name, p, timg)
+	img, err := imageFrom(opts.Name, source, timg)
 	if err != nil {
 		return bad(err)
 	}
+	if len(d.RepoTags) > 0 {
+		img.Ref = NormalizeRef(d.RepoTags[0])
+	}
 	out, err := s.install(ctx, img, layers, opts.Progress)
 	if err != nil {
-		return Image{}, fmt.Errorf("import %s: %w", p, err)
+		return Image{}, fmt.Errorf("import %s: %w", source, err)
 	}
 	return out, nil
 }
@@ -423,6 +444,7 @@ func (s *Store) importLayout(ctx context.Context, dir, source string, opts Impor
 		return bad(err)
 	}
 	out.ManifestDigest = digest.String()
+	out.Ref = layoutRef(desc.Annotations)
 	if out, err = s.install(ctx, out, layers, opts.Progress); err != nil {
 		return Image{}, fmt.Errorf("import %s: %w", source, err)
 	}
@@ -476,6 +498,17 @@ func layoutName(ann map[string]string, source string) string {
 		return sanitizeName(fileName(source) + "-" + ref)
 	}
 	return fileName(source)
+}
+
+// layoutRef is the reference an OCI layout's annotations name, "" if none.
+func layoutRef(ann map[string]string) string {
+	if r := NormalizeRef(ann["io.containerd.image.name"]); r != "" {
+		return r
+	}
+	if ref := ann["org.opencontainers.image.ref.name"]; strings.ContainsAny(ref, ":/") {
+		return NormalizeRef(ref)
+	}
+	return ""
 }
 
 // imageFrom starts the Image record of src.
@@ -548,17 +581,7 @@ func (s *Store) install(ctx context.Context, img Image, layers []layerSource, pr
 	report(true)
 	img.CreatedAt = time.Now().UTC()
 	img.SizeBytes = DirSize(rootfs)
-	replaced, err := s.commit(b, img)
-	if err != nil {
-		return Image{}, err
-	}
-	if replaced {
-		// Collect the replaced image's blobs, once our lock is released.
-		if err := errors.Join(b.close(), s.gc()); err != nil {
-			s.log.Warn("clean up after replacing image", "image", img.Name, "err", err)
-		}
-	}
-	img, err = s.Get(ctx, img.Name)
+	img, err = s.commit(b, img)
 	if err != nil {
 		return Image{}, err
 	}
@@ -620,6 +643,65 @@ func fileName(p string) string {
 		b = strings.TrimSuffix(b, ext)
 	}
 	return sanitizeName(b)
+}
+
+// maxRef bounds an image reference: a registry host, a repository of at
+// most 255 bytes, a tag of 128 or a digest, with room to spare.
+const maxRef = 512
+
+// checkRef checks that ref, from a client, can be an image reference before
+// it reaches a parser, a log or a message: bounded, printable, no spaces.
+func checkRef(ref string) error {
+	switch {
+	case ref == "":
+		return errdefs.New(errdefs.InvalidArgument, "no image reference: name one, e.g. python:3.12-slim")
+	case len(ref) > maxRef:
+		return errdefs.New(errdefs.InvalidArgument, "image reference of %d bytes: at most %d", len(ref), maxRef)
+	}
+	for _, c := range ref {
+		if c <= ' ' || c == 0x7f || c > 0x7e {
+			return errdefs.New(errdefs.InvalidArgument, "bad image reference %q: use a reference like registry/repo:tag or repo@sha256:...", ref)
+		}
+	}
+	return nil
+}
+
+// checkSource checks an import's source (a file name a client gave): it is
+// shown back, so bounded and free of control characters.
+func checkSource(src string) error {
+	if len(src) > 4096 {
+		return errdefs.New(errdefs.InvalidArgument, "source of %d bytes: at most 4096", len(src))
+	}
+	for _, c := range src {
+		if c < ' ' || c == 0x7f {
+			return errdefs.New(errdefs.InvalidArgument, "bad source %q: no control characters", src)
+		}
+	}
+	return nil
+}
+
+// NormalizeRef returns the full form of the image reference ref, the form
+// Ref records ("python:3.12-slim" gives
+// "index.docker.io/library/python:3.12-slim", "app" gives
+// "index.docker.io/library/app:latest"), or "" if ref is not a reference.
+func NormalizeRef(ref string) string {
+	if checkRef(ref) != nil {
+		return ""
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return ""
+	}
+	return r.Name()
+}
+
+// FamiliarRef returns the short form of a normalized reference, the way
+// Docker shows it: Docker Hub's host and "library/" left out.
+func FamiliarRef(ref string) string {
+	if rest, ok := strings.CutPrefix(ref, name.DefaultRegistry+"/"); ok {
+		return strings.TrimPrefix(rest, "library/")
+	}
+	return ref
 }
 
 // checkNewName checks name can name a new image.

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,25 +19,35 @@ import (
 	"github.com/clade-sandbox/clade/internal/errdefs"
 )
 
-// Layout of the store besides the image directories:
+// Layout of the image directory:
 //
+//	.rootfs/<id>/          root filesystems, each under its own id
 //	blobs/sha256/<hex>     layer blobs as pulled, shared between images
 //	.build-<name>-<rand>/  an image being built, flocked by its builder
 //	.rm-<name>-<rand>/     an image being removed
 //	.gc.lock               shared by builds, exclusive for garbage collection
+//	<name>/image.json      a descriptor: the default image, and images of
+//	                       versions before the store kept image metadata
+//	<name>/rootfs/, .roots/<id>/  the roots of those descriptors
 const (
 	blobsDir = "blobs"
-	// rootsDir holds every installed root filesystem under its own id. An
+	// rootfsDir holds every root filesystem this version installs. An
 	// image names its current root; replacing the image points it at a new
 	// one, and the old root lives on while sandboxes or snapshots use it.
+	// It is not .roots/, where earlier versions kept theirs: those collect
+	// every root there that no descriptor names, and would take ours from
+	// a shared image directory.
+	rootfsDir = ".rootfs"
+	// rootsDir holds the roots of earlier versions' descriptors.
 	rootsDir    = ".roots"
 	buildPrefix = ".build-"
 	rmPrefix    = ".rm-"
 	gcLock      = ".gc.lock"
 )
 
-// cleanup removes what killed builds and removals left behind, and blobs no
-// image uses. A build another live process holds is left alone.
+// cleanup removes what killed builds and removals left behind. A build
+// another live process holds is left alone. Unused blobs are the caller's
+// to collect (GCBlobs): only it knows which images exist.
 func (s *Store) cleanup() {
 	ents, _ := os.ReadDir(s.dir)
 	for _, e := range ents {
@@ -55,9 +64,6 @@ func (s *Store) cleanup() {
 				f.Close()
 			}
 		}
-	}
-	if err := s.gc(); err != nil {
-		s.log.Warn("image blob garbage collection", "err", err)
 	}
 }
 
@@ -114,80 +120,41 @@ func (b *build) close() error {
 	return err
 }
 
-// commit writes img as the build's image.json and moves the build into place
-// as img.Name, atomically replacing an image of that name (replaced). The
-// replaced image lands in b.dir, which close removes.
-func (s *Store) commit(b *build, img Image) (replaced bool, err error) {
-	// The root moves out of the build first, under an id of its own: a
-	// replaced image's root must not go with the replaced image.json.
-	img.Root = randHex()
-	if err := os.MkdirAll(filepath.Join(s.dir, rootsDir), 0o755); err != nil {
-		return false, err
+// commit moves the build's root filesystem to a root of its own under
+// .rootfs/ and returns img naming it. Nothing else changes on disk: which
+// image names the root is the caller's record.
+func (s *Store) commit(b *build, img Image) (Image, error) {
+	img.Root = ""
+	img.RootFS = filepath.Join(s.dir, rootfsDir, randHex())
+	if err := os.MkdirAll(filepath.Join(s.dir, rootfsDir), 0o755); err != nil {
+		return Image{}, err
 	}
-	if err := os.Rename(filepath.Join(b.dir, "rootfs"), filepath.Join(s.dir, rootsDir, img.Root)); err != nil {
-		return false, err
-	}
-	j, err := json.MarshalIndent(img, "", "  ")
-	if err != nil {
-		return false, err
-	}
-	if err := os.WriteFile(filepath.Join(b.dir, "image.json"), j, 0o644); err != nil {
-		return false, err
-	}
-	if err := os.Chmod(b.dir, 0o755); err != nil {
-		return false, err
-	}
-	final := filepath.Join(s.dir, img.Name)
-	err = unix.Renameat2(unix.AT_FDCWD, b.dir, unix.AT_FDCWD, final, unix.RENAME_NOREPLACE)
-	if errors.Is(err, unix.EEXIST) {
-		replaced = true
-		err = unix.Renameat2(unix.AT_FDCWD, b.dir, unix.AT_FDCWD, final, unix.RENAME_EXCHANGE)
-	}
-	if errors.Is(err, unix.EINVAL) {
-		// A filesystem without renameat2 flags: replace in two steps.
-		trash := filepath.Join(s.dir, rmPrefix+img.Name+"-"+randHex())
-		if err = os.Rename(final, trash); err == nil || errors.Is(err, fs.ErrNotExist) {
-			replaced = err == nil
-			err = os.Rename(b.dir, final)
+	if s.OnRoot != nil {
+		if err := s.OnRoot(img.RootFS); err != nil {
+			return Image{}, fmt.Errorf("install image %s: %w", img.Name, err)
 		}
-		_ = os.RemoveAll(trash)
 	}
-	if err != nil {
-		return false, fmt.Errorf("install image %s: %w", img.Name, err)
+	if err := os.Rename(filepath.Join(b.dir, "rootfs"), img.RootFS); err != nil {
+		return Image{}, fmt.Errorf("install image %s: %w", img.Name, err)
 	}
-	return replaced, nil
+	return img, nil
 }
 
-// Remove removes the image called name and the blobs no other image uses. It
-// does not check whether sandboxes use the image: the caller does. Removing
-// an image that does not exist is a NotFound error.
-func (s *Store) Remove(ctx context.Context, name string) error {
-	if !ValidName(name) {
-		return errdefs.New(errdefs.InvalidArgument, "bad image name %q", name)
+// RemoveRoot removes a root filesystem under .rootfs/ (one that commit
+// made). Removing a missing one is not an error; a path elsewhere is.
+func (s *Store) RemoveRoot(rootfs string) error {
+	if filepath.Dir(rootfs) != filepath.Join(s.dir, rootfsDir) {
+		return fmt.Errorf("%s is not an image root of %s", rootfs, s.dir)
 	}
-	if _, err := os.Lstat(filepath.Join(s.dir, name, "image.json")); errors.Is(err, fs.ErrNotExist) {
-		return errdefs.New(errdefs.NotFound, "no image %q: see `clade image ls`", name)
-	}
-	// Rename first, so the image disappears at once and a crash midway
-	// leaves only a directory cleanup removes.
-	trash := filepath.Join(s.dir, rmPrefix+name+"-"+randHex())
-	if err := os.Rename(filepath.Join(s.dir, name), trash); err != nil {
-		return fmt.Errorf("remove image %s: %w", name, err)
-	}
-	if err := os.RemoveAll(trash); err != nil {
-		return fmt.Errorf("remove image %s: %w", name, err)
-	}
-	// The image is gone either way; unused blobs only cost disk.
-	if err := s.gc(); err != nil {
-		s.log.Warn("image blob garbage collection", "err", err)
-	}
-	return nil
+	return os.RemoveAll(rootfs)
 }
 
-// gc removes blobs no image references. It runs only when no build holds
-// .gc.lock (a build's blobs are referenced by no image yet); blobs it leaves
-// then are collected by a later Remove or NewStore.
-func (s *Store) gc() error {
+// GCBlobs removes the layer blobs not in used (digests, "sha256:..."). It
+// runs only when no build holds .gc.lock (a build's blobs are referenced by
+// no image yet); blobs it leaves then are collected by a later call. Blobs
+// are only a cache of what roots were made from: a daemon sharing the image
+// directory that loses one downloads it again.
+func (s *Store) GCBlobs(used map[string]bool) error {
 	lock, err := s.lockGC(unix.LOCK_EX | unix.LOCK_NB)
 	if errors.Is(err, unix.EWOULDBLOCK) {
 		return nil
@@ -203,18 +170,8 @@ func (s *Store) gc() error {
 	if err != nil {
 		return err
 	}
-	used := map[string]bool{}
-	imgs, err := s.readAll()
-	if err != nil {
-		return err // better to keep every blob than to lose ones an image uses
-	}
-	for _, img := range imgs {
-		for _, l := range img.Layers {
-			used[strings.TrimPrefix(l, "sha256:")] = true
-		}
-	}
 	for _, b := range blobs {
-		if !used[b.Name()] {
+		if !used["sha256:"+b.Name()] {
 			if err := os.Remove(filepath.Join(s.dir, blobsDir, "sha256", b.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return err
 			}
@@ -322,69 +279,4 @@ func randHex() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// GCRoots removes the installed root filesystems that no image names and
-// that are not in inUse (root directories that sandboxes or snapshots still
-// stand on). Like blob collection it gives way to builds in flight.
-func (s *Store) GCRoots(inUse map[string]bool) error {
-	lock, err := s.lockGC(unix.LOCK_EX | unix.LOCK_NB)
-	if errors.Is(err, unix.EWOULDBLOCK) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-	roots, err := os.ReadDir(filepath.Join(s.dir, rootsDir))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	named := map[string]bool{}
-	imgs, err := s.readAll()
-	if err != nil {
-		return err
-	}
-	for _, img := range imgs {
-		named[img.Root] = true
-	}
-	var errs []error
-	for _, r := range roots {
-		p := filepath.Join(s.dir, rootsDir, r.Name())
-		if !named[r.Name()] && !inUse[p] {
-			errs = append(errs, os.RemoveAll(p))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// readAll reads every image's image.json. Unlike List it fails on one it
-// cannot read: collectors must not take that image's blobs or root.
-func (s *Store) readAll() ([]Image, error) {
-	ents, err := os.ReadDir(s.dir)
-	if err != nil {
-		return nil, err
-	}
-	var out []Image
-	for _, e := range ents {
-		if !e.IsDir() || !ValidName(e.Name()) {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(s.dir, e.Name(), "image.json"))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		var img Image
-		if err == nil {
-			err = json.Unmarshal(b, &img)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("image %s: %w", e.Name(), err)
-		}
-		out = append(out, img)
-	}
-	return out, nil
 }

@@ -1,16 +1,12 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
-	"errors"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/hostinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -107,21 +103,12 @@ func freeDiskMiB(path string) (int, error) {
 	return int(st.Bavail * uint64(st.Bsize) >> 20), nil
 }
 
-func memTotalMiB() (int, error)     { return meminfo("MemTotal:") }
-func memAvailableMiB() (int, error) { return meminfo("MemAvailable:") }
+func memTotalMiB() (int, error) {
+	n, err := hostinfo.MemTotalMiB()
+	return int(n), err
+}
 
-func meminfo(key string) (int, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), key); ok {
-			kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			return kb >> 10, err
-		}
-	}
-	return 0, errors.New("no " + key + " in /proc/meminfo")
+func memAvailableMiB() (int, error) {
+	n, err := hostinfo.MemAvailableMiB()
+	return int(n), err
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/store"
 )
 
 // CommitRequest turns a sandbox's filesystem into an image.
@@ -32,10 +33,11 @@ type CommitRequest struct {
 var notInImage = []string{"/proc", "/sys", "/dev", "/.clade"}
 
 // Commit exports a sandbox's whole filesystem as a new image (replacing an
-// image of that name nobody uses), and with Start also its ready snapshot.
+// image of that name; sandboxes on the old one keep it), and with Start also
+// its ready snapshot.
 func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (image.Image, error) {
 	if !image.ValidName(req.Name) {
-		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "bad image name %q: use lower-case letters, digits, '.', '_' and '-'", req.Name)
+		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "bad image name %q: use at most 64 lower-case letters, digits, '.', '_' and '-'", req.Name)
 	}
 	for _, kv := range req.Env {
 		if err := ValidEnv(kv); err != nil {
@@ -61,24 +63,20 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 	if req.Workdir != "" {
 		cfg.WorkingDir = req.Workdir
 	}
-	var oldSnapshot string
-	if old, err := m.images.Get(ctx, req.Name); err == nil {
-		oldSnapshot = old.Snapshot
-	}
 	ch, err := m.Open(ctx, rec.ID, wire.Request{Op: wire.OpTarGet, Path: "/", Exclude: notInImage})
 	if err != nil {
 		return image.Image{}, err
 	}
 	defer ch.Close()
-	img, err := m.images.InstallTar(ctx, image.Image{Name: req.Name, Source: fmt.Sprintf("built from %s in sandbox %s", base.Name, rec.ID), Config: cfg},
+	img, err := m.images.files.InstallTar(ctx, image.Image{Name: req.Name, Source: fmt.Sprintf("built from %s in sandbox %s", base.Name, rec.ID), Config: cfg},
 		&checkedReader{r: ch.Stdout, ch: ch, ctx: ctx})
+	if err == nil {
+		img, err = m.install(ctx, img)
+	}
 	if err != nil {
 		return image.Image{}, fmt.Errorf("commit %s as image %s: %w", ref, req.Name, err)
 	}
 	m.log.Info("image built", "image", img.Name, "from", base.Name, "size_mib", img.SizeBytes>>20)
-	if err := m.dropTemplateSnapshot(ctx, oldSnapshot); err != nil {
-		m.log.Warn("remove the replaced template's snapshot", "snapshot", oldSnapshot, "err", err)
-	}
 	if req.Start == "" {
 		return img, nil
 	}
@@ -110,7 +108,7 @@ func (c *checkedReader) Read(p []byte) (int, error) {
 // makeTemplate starts req.Start in a sandbox of img, waits until it is
 // ready, snapshots it and records the snapshot in the image.
 func (m *Manager) makeTemplate(ctx context.Context, img image.Image, req CommitRequest) (_ image.Image, err error) {
-	sb, err := m.Create(ctx, CreateRequest{Image: img.Name})
+	sb, err := m.CreateBuildSandbox(ctx, CreateRequest{Image: img.Name})
 	if err != nil {
 		return image.Image{}, fmt.Errorf("template %s: %w", img.Name, err)
 	}
@@ -167,10 +165,56 @@ func (m *Manager) makeTemplate(ctx context.Context, img image.Image, req CommitR
 	if err != nil {
 		return image.Image{}, fmt.Errorf("template %s: %w", img.Name, err)
 	}
-	out, err := m.images.SetSnapshot(ctx, img.Name, sn.ID)
+	rec, err := m.store.SetImageSnapshot(ctx, img.Name, sn.ID)
 	if err != nil {
 		return image.Image{}, errors.Join(err, m.removeSnapshot(ctx, sn))
 	}
 	m.log.Info("template ready", "image", img.Name, "snapshot", sn.ID)
-	return out, nil
+	return fromRecord(rec)
+}
+
+// CreateBuildSandbox creates a sandbox for a build (see Manager.Create),
+// marked as a build's: the front that serves the build removes it when the
+// build's client goes away, and ReapBuilds removes it after a restart, since
+// no client of a killed daemon's builds is left to finish them.
+func (m *Manager) CreateBuildSandbox(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
+	sb, err := m.Create(ctx, req)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	if err := m.store.AddBuildSandbox(ctx, sb.ID); err != nil {
+		return store.Sandbox{}, errors.Join(err, m.Destroy(ctx, sb.ID))
+	}
+	m.log.Info("build sandbox created", "sandbox", sb.ID, "image", sb.Image)
+	return sb, nil
+}
+
+// EndBuild removes a build's sandbox. Ending a build whose sandbox is
+// already gone returns nil.
+func (m *Manager) EndBuild(ctx context.Context, id string) error {
+	ctx = context.WithoutCancel(ctx)
+	err := m.Destroy(ctx, id)
+	if errdefs.IsNotFound(err) {
+		err = nil
+	}
+	if err != nil {
+		return err
+	}
+	return m.store.RemoveBuildSandbox(ctx, id)
+}
+
+// ReapBuilds removes the sandboxes of builds a killed daemon left: call it
+// after Reconcile, before serving.
+func (m *Manager) ReapBuilds(ctx context.Context) error {
+	ids, err := m.store.BuildSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ids {
+		m.log.Info("removing the sandbox of an unfinished build", "sandbox", id)
+		errs = append(errs, m.EndBuild(ctx, id))
+	}
+	return errors.Join(errs...)
 }

@@ -2,51 +2,259 @@ package sandbox
 
 import (
 	"context"
-	"strings"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/store"
 )
 
-// ImageUsers lists the sandboxes and snapshots made from an image: its
-// rootfs is their lower layer, so it must outlive them.
-func (m *Manager) ImageUsers(ctx context.Context, name string) ([]string, error) {
-	var users []string
-	sbs, err := m.store.ListSandboxes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, sb := range sbs {
-		if sb.Image == name {
-			users = append(users, "sandbox "+sb.ID)
-		}
-	}
-	snaps, err := m.store.ListSnapshots(ctx)
-	if err != nil {
-		return nil, err
-	}
-	own := ""
-	if img, err := m.images.Get(ctx, name); err == nil {
-		own = img.Snapshot // a template's own ready snapshot goes with it
-	}
-	for _, sn := range snaps {
-		if sn.Image == name && sn.ID != own {
-			users = append(users, "snapshot "+sn.ID)
-		}
-	}
-	return users, nil
+// imageService keeps the daemon's images: their records (name, reference,
+// root, template snapshot) in the store, their root filesystems and layer
+// blobs in the image directory.
+//
+// The image directory may be shared by daemons with different data dirs
+// (tests and `make demo` share one): each daemon records its own images,
+// removes only roots it made (the store's image_roots), and adopts the
+// images the directory describes itself (the default image, and those of
+// versions that kept metadata in image.json) when its store lacks them.
+type imageService struct {
+	files *image.Store
+	store *store.Store
+	log   *slog.Logger
+
+	startMu sync.Mutex
+	started bool // guarded by startMu
 }
 
-// checkUnused refuses to remove an image in use.
-func (m *Manager) checkUnused(ctx context.Context, name string) error {
-	users, err := m.ImageUsers(ctx, name)
+func newImageService(files *image.Store, st *store.Store, log *slog.Logger) *imageService {
+	files.OnRoot = func(rootfs string) error {
+		// Recorded as pending before it exists: a root a killed daemon
+		// never named is collected after the next start.
+		return st.AddImageRoot(context.Background(), rootfs)
+	}
+	return &imageService{files: files, store: st, log: log}
+}
+
+// start runs once per daemon, before the first image operation: it gives
+// up the roots of installs a killed daemon left, and adopts the images the
+// image directory describes that the store does not record (the migration
+// from image.json files, and the default image a sibling daemon built).
+func (s *imageService) start(ctx context.Context) error {
+	s.startMu.Lock()
+	defer s.startMu.Unlock()
+	if s.started {
+		return nil
+	}
+	if err := s.store.FinishPendingImageRoots(ctx); err != nil {
+		return err
+	}
+	descs, err := s.files.Descriptors(ctx)
 	if err != nil {
 		return err
 	}
-	if len(users) > 0 {
-		return errdefs.New(errdefs.Conflict, "image %s is in use by %s: remove them first", name, strings.Join(users, ", "))
+	for _, img := range descs {
+		if _, err := s.adopt(ctx, img); err != nil {
+			return err
+		}
+	}
+	s.started = true
+	return nil
+}
+
+func (s *imageService) adopt(ctx context.Context, img image.Image) (bool, error) {
+	if img.Ref == "" && img.ManifestDigest != "" {
+		// Pulled by a version that kept the reference only as the source.
+		img.Ref = image.NormalizeRef(img.Source)
+	}
+	rec, err := toRecord(img)
+	if err != nil {
+		return false, err
+	}
+	ok, err := s.store.AdoptImage(ctx, rec)
+	if ok {
+		s.log.Info("image adopted from the image directory", "image", img.Name, "root", img.RootFS)
+	}
+	return ok, err
+}
+
+func toRecord(img image.Image) (store.Image, error) {
+	meta, err := json.Marshal(img)
+	if err != nil {
+		return store.Image{}, err
+	}
+	return store.Image{Name: img.Name, Ref: img.Ref, Source: img.Source, RootFS: img.RootFS, Snapshot: img.Snapshot,
+		SizeBytes: img.SizeBytes, Meta: meta, CreatedAt: img.CreatedAt}, nil
+}
+
+func fromRecord(rec store.Image) (image.Image, error) {
+	var img image.Image
+	if err := json.Unmarshal(rec.Meta, &img); err != nil {
+		return image.Image{}, fmt.Errorf("image %s: %w", rec.Name, err)
+	}
+	img.Name, img.Ref, img.Source, img.RootFS, img.Snapshot = rec.Name, rec.Ref, rec.Source, rec.RootFS, rec.Snapshot
+	img.SizeBytes, img.CreatedAt = rec.SizeBytes, rec.CreatedAt
+	return img, nil
+}
+
+// maxRef bounds what a client may give as an image name or reference.
+const maxRef = 512
+
+// Get resolves ref, an image name or a reference it was pulled or imported
+// as ("python:3.12-slim", "127.0.0.1:5000/team/app:v1"), to the image.
+// InvalidArgument for a ref that can be neither; NotFound, saying how to
+// pull it, for one the daemon does not have; Unavailable for the default
+// image while it is being built.
+func (s *imageService) Get(ctx context.Context, ref string) (image.Image, error) {
+	if err := checkImageRef(ref); err != nil {
+		return image.Image{}, err
+	}
+	if err := s.start(ctx); err != nil {
+		return image.Image{}, err
+	}
+	if image.ValidName(ref) {
+		rec, err := s.store.GetImage(ctx, ref)
+		if err == nil {
+			return fromRecord(rec)
+		}
+		if !errdefs.IsNotFound(err) {
+			return image.Image{}, err
+		}
+		// Built (the default image) by a sibling daemon since we started.
+		if desc, err := s.files.Descriptor(ctx, ref); err == nil {
+			if _, err := s.adopt(ctx, desc); err != nil {
+				return image.Image{}, err
+			}
+			if rec, err := s.store.GetImage(ctx, ref); err == nil {
+				return fromRecord(rec)
+			}
+		}
+	}
+	norm := image.NormalizeRef(ref)
+	if norm == "" && !image.ValidName(ref) {
+		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "bad image %q: give an image name (see `clade image ls`) or a reference like registry/repo:tag", ref)
+	}
+	if norm != "" {
+		rec, err := s.store.GetImageByRef(ctx, norm)
+		if err == nil {
+			return fromRecord(rec)
+		}
+		if !errdefs.IsNotFound(err) {
+			return image.Image{}, err
+		}
+	}
+	if ref == image.Default {
+		return image.Image{}, errdefs.New(errdefs.Unavailable, "the default image is not built yet: the daemon builds it at start (this takes a few minutes once); retry shortly")
+	}
+	return image.Image{}, errdefs.New(errdefs.NotFound, "no image %q: pull it with `clade image pull %s`, or see `clade image ls`", ref, ref)
+}
+
+// checkImageRef refuses what cannot be an image name or reference before it
+// reaches a query, a log or a message.
+func checkImageRef(ref string) error {
+	if ref == "" {
+		return errdefs.New(errdefs.InvalidArgument, "no image: name one (see `clade image ls`)")
+	}
+	if len(ref) > maxRef {
+		return errdefs.New(errdefs.InvalidArgument, "image reference of %d bytes: at most %d", len(ref), maxRef)
+	}
+	for _, c := range ref {
+		if c <= ' ' || c == 0x7f || c > 0x7e {
+			return errdefs.New(errdefs.InvalidArgument, "bad image %q: give an image name or a reference like registry/repo:tag", ref)
+		}
 	}
 	return nil
+}
+
+// byName returns the image called name, if any.
+func (s *imageService) byName(ctx context.Context, name string) (image.Image, bool, error) {
+	rec, err := s.store.GetImage(ctx, name)
+	if errdefs.IsNotFound(err) {
+		return image.Image{}, false, nil
+	}
+	if err != nil {
+		return image.Image{}, false, err
+	}
+	img, err := fromRecord(rec)
+	return img, err == nil, err
+}
+
+// List returns every image, by name.
+func (s *imageService) List(ctx context.Context) ([]image.Image, error) {
+	if err := s.start(ctx); err != nil {
+		return nil, err
+	}
+	recs, err := s.store.ListImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]image.Image, 0, len(recs))
+	for _, rec := range recs {
+		img, err := fromRecord(rec)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, img)
+	}
+	return out, nil
+}
+
+// ListImages returns every image, by name.
+func (m *Manager) ListImages(ctx context.Context) ([]image.Image, error) {
+	return m.images.List(ctx)
+}
+
+// Image returns the image ref names (see imageService.Get) and the
+// sandboxes and snapshots made from it.
+func (m *Manager) Image(ctx context.Context, ref string) (image.Image, []string, error) {
+	img, err := m.images.Get(ctx, ref)
+	if errdefs.IsUnavailable(err) {
+		err = errdefs.New(errdefs.NotFound, "no image %q yet: the daemon is building it", ref)
+	}
+	if err != nil {
+		return image.Image{}, nil, err
+	}
+	users, err := m.store.ImageUsers(ctx, img.Name)
+	return img, users, err
+}
+
+// install records img, just installed, as its name; an image of that name
+// is replaced (sandboxes on it keep their root), and a replaced template's
+// ready snapshot goes with its last user.
+func (m *Manager) install(ctx context.Context, img image.Image) (_ image.Image, err error) {
+	defer m.gcRoots(ctx)
+	rec, err := toRecord(img)
+	if err == nil {
+		var old store.Image
+		var replaced bool
+		old, replaced, err = m.store.PutImage(ctx, rec)
+		if err == nil && replaced {
+			m.replaced(ctx, old, img)
+		}
+	}
+	if err != nil {
+		// The root goes with the next collection.
+		return image.Image{}, errors.Join(err, m.store.FinishPendingImageRoots(context.WithoutCancel(ctx), img.RootFS))
+	}
+	return img, nil
+}
+
+// replaced lets go of what the replaced image old held that img does not.
+func (m *Manager) replaced(ctx context.Context, old store.Image, img image.Image) {
+	// A descriptor in the image directory would bring the old image back
+	// at the next start; its root, which sandboxes may stand on, stays.
+	if err := m.images.files.RemoveDescriptor(ctx, old.Name, true); err != nil {
+		m.log.Warn("remove the replaced image's descriptor", "image", old.Name, "err", err)
+	}
+	if old.Snapshot != "" && old.Snapshot != img.Snapshot {
+		if err := m.dropTemplateSnapshot(ctx, old.Snapshot); err != nil {
+			m.log.Warn("remove the replaced template's snapshot", "snapshot", old.Snapshot, "err", err)
+		}
+	}
 }
 
 // gcStaleRoot collects roots after a sandbox or snapshot went, but only when
@@ -56,62 +264,81 @@ func (m *Manager) gcStaleRoot(ctx context.Context, imageName, rootfs string) {
 	if rootfs == "" {
 		return
 	}
-	if img, err := m.images.Get(ctx, imageName); err == nil && img.RootFS == rootfs {
+	if img, ok, err := m.images.byName(ctx, imageName); err == nil && ok && img.RootFS == rootfs {
 		return
 	}
 	m.gcRoots(ctx)
 }
 
-// gcRoots removes image roots that no image names and no sandbox or
-// snapshot stands on (the roots of replaced images, once unused).
+// gcRoots removes the image roots this daemon made that no image names and
+// no sandbox or snapshot stands on (the roots of replaced and removed
+// images, once unused, and of installs that never finished), then the
+// blobs no image uses.
 func (m *Manager) gcRoots(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
 	// Creates hold imageMu from reading an image's root to recording it.
 	m.imageMu.Lock()
-	defer m.imageMu.Unlock()
-	inUse := map[string]bool{}
-	if sbs, err := m.store.ListSandboxes(ctx); err == nil {
-		for _, sb := range sbs {
-			inUse[sb.RootFS] = true
-		}
-	} else {
-		return
-	}
-	if snaps, err := m.store.ListSnapshots(ctx); err == nil {
-		for _, sn := range snaps {
-			inUse[sn.RootFS] = true
-		}
-	} else {
-		return
-	}
-	if err := m.images.GCRoots(inUse); err != nil {
+	roots, err := m.store.CollectImageRoots(ctx)
+	m.imageMu.Unlock()
+	if err != nil {
 		m.log.Warn("image root collection", "err", err)
+		return
+	}
+	for _, r := range roots {
+		if err := m.images.files.RemoveRoot(r); err != nil {
+			m.log.Warn("remove image root", "root", r, "err", err)
+		}
+	}
+	used := map[string]bool{}
+	imgs, err := m.images.List(ctx)
+	if err != nil {
+		return // better to keep every blob than to lose ones an image uses
+	}
+	descs, err := m.images.files.Descriptors(ctx)
+	if err != nil {
+		return
+	}
+	for _, img := range append(imgs, descs...) {
+		for _, l := range img.Layers {
+			used[l] = true
+		}
+	}
+	if err := m.images.files.GCBlobs(used); err != nil {
+		m.log.Warn("image blob collection", "err", err)
 	}
 }
 
-// RemoveImage removes an image no sandbox or snapshot uses.
-func (m *Manager) RemoveImage(ctx context.Context, name string) error {
-	img, err := m.removeImage(ctx, name)
+// ImageUsers lists the sandboxes and snapshots made from the image called
+// name: its rootfs is their lower layer, so it must outlive them.
+func (m *Manager) ImageUsers(ctx context.Context, name string) ([]string, error) {
+	return m.store.ImageUsers(ctx, name)
+}
+
+// RemoveImage removes the image ref names (see imageService.Get) if no
+// sandbox or snapshot uses it: Conflict, naming them, if one does.
+func (m *Manager) RemoveImage(ctx context.Context, ref string) error {
+	img, err := m.images.Get(ctx, ref)
+	if errdefs.IsUnavailable(err) {
+		return errdefs.New(errdefs.NotFound, "no image %q", ref)
+	}
 	if err != nil {
 		return err
 	}
-	err = m.dropTemplateSnapshot(ctx, img.Snapshot)
+	// The store checks the users and removes in one transaction; imageMu
+	// keeps out creates that read the image and have not recorded their
+	// sandbox yet.
+	m.imageMu.Lock()
+	rec, err := m.store.DeleteImage(ctx, img.Name)
+	m.imageMu.Unlock()
+	if err != nil {
+		return err
+	}
+	// Unused here, so its descriptor (and an old image's root inside it)
+	// can go.
+	err = m.images.files.RemoveDescriptor(ctx, img.Name, false)
+	err = errors.Join(err, m.dropTemplateSnapshot(ctx, rec.Snapshot))
 	m.gcRoots(ctx)
 	return err
-}
-
-// removeImage checks and removes under imageMu, so that no create starts
-// on the image in between.
-func (m *Manager) removeImage(ctx context.Context, name string) (image.Image, error) {
-	m.imageMu.Lock()
-	defer m.imageMu.Unlock()
-	if err := m.checkUnused(ctx, name); err != nil {
-		return image.Image{}, err
-	}
-	img, err := m.images.Get(ctx, name)
-	if err != nil && !errdefs.IsInvalidArgument(err) {
-		return image.Image{}, err
-	}
-	return img, m.images.Remove(ctx, name)
 }
 
 // dropTemplateSnapshot lets go of a template's former ready snapshot: it
@@ -131,12 +358,37 @@ func (m *Manager) dropTemplateSnapshot(ctx context.Context, id string) error {
 // PullImage pulls an image. Replacing an image of the same name is safe
 // while sandboxes use it: they keep standing on the root they were made on.
 func (m *Manager) PullImage(ctx context.Context, ref string, opts image.PullOptions) (image.Image, error) {
-	defer m.gcRoots(ctx)
-	return m.images.Pull(ctx, ref, opts)
+	if err := m.images.start(ctx); err != nil {
+		return image.Image{}, err
+	}
+	if opts.Name == "" {
+		opts.Name = image.DefaultName(ref)
+	}
+	if opts.Name != "" {
+		cur, _, err := m.images.byName(ctx, opts.Name)
+		if err != nil {
+			return image.Image{}, err
+		}
+		opts.Current = cur
+	}
+	img, err := m.images.files.Pull(ctx, ref, opts)
+	if err != nil {
+		return image.Image{}, err
+	}
+	if img.RootFS == opts.Current.RootFS {
+		return img, nil // the same manifest: nothing changed
+	}
+	return m.install(ctx, img)
 }
 
 // ImportImage imports an image archive, like PullImage.
 func (m *Manager) ImportImage(ctx context.Context, path string, opts image.ImportOptions) (image.Image, error) {
-	defer m.gcRoots(ctx)
-	return m.images.Import(ctx, path, opts)
+	if err := m.images.start(ctx); err != nil {
+		return image.Image{}, err
+	}
+	img, err := m.images.files.Import(ctx, path, opts)
+	if err != nil {
+		return image.Image{}, err
+	}
+	return m.install(ctx, img)
 }

@@ -92,7 +92,7 @@ type Manager struct {
 	cfg    Config
 	eng    engine.Engine
 	store  *store.Store
-	images *image.Store
+	images *imageService
 	log    *slog.Logger
 	pool   *pool.Pool
 	// locks holds one lock per sandbox and snapshot id; see locks.go for
@@ -142,8 +142,8 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, images: images, log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}}
-	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: eng.Destroy, Log: cfg.Log})
+	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}}
+	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	return m
 }
 

@@ -50,7 +50,8 @@ func newEnv(t *testing.T, cfg Config) *env {
 	tw := tar.NewWriter(&buf)
 	_ = tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: os.Getuid(), Gid: os.Getgid()})
 	tw.Close()
-	if _, err := imgs.InstallTar(t.Context(), image.Image{Name: testImage}, &buf); err != nil {
+	img, err := imgs.InstallTar(t.Context(), image.Image{Name: testImage}, &buf)
+	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.SnapshotDir = filepath.Join(dir, "snapshots")
@@ -65,6 +66,9 @@ func newEnv(t *testing.T, cfg Config) *env {
 	cfg.Hooks = append(cfg.Hooks, e.hook)
 	e.cfg = cfg
 	e.m = New(cfg, e.eng, st, imgs)
+	if _, err := e.m.install(t.Context(), img); err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
 

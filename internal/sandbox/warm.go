@@ -44,3 +44,8 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 
 // Warm returns how many prepared sandboxes wait in the pool.
 func (m *Manager) Warm() int { return m.pool.Len() }
+
+// destroyPrepared removes a prepared sandbox nobody took.
+func (m *Manager) destroyPrepared(ctx context.Context, id string) error {
+	return m.eng.Destroy(ctx, id)
+}

@@ -94,6 +94,9 @@ func Run(ctx context.Context, o Options) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		log.Error("reconcile finished with errors", "err", err)
 	}
+	if err := mgr.ReapBuilds(ctx); err != nil {
+		log.Error("removing the sandboxes of unfinished builds", "err", err)
+	}
 	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))
 	mgr.StartPool(ctx)
 	go mgr.WatchPressure(ctx)
@@ -107,7 +110,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	registerCounters(reg, mgr.Counters())
-	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp}, mgr, images, reg)
+	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp}, mgr, reg)
 
 	var lns []net.Listener
 	defer func() {

@@ -1,9 +1,14 @@
-// Package tarx creates and extracts the tar streams behind clade's cp.
+// Package tarx creates and extracts the tar streams behind clade's cp, and
+// holds the one tar walker (Walk) that both cp's extraction and the image
+// layer applier (internal/image) use, each with its own Policy for where an
+// entry goes.
 //
-// Archives come from untrusted parties (a client, or a sandbox that may be
-// compromised), so extraction treats every header as hostile: it never writes
-// outside its destination, never writes through a symlink, and refuses entry
-// types a copy has no business creating.
+// Archives come from untrusted parties (a client, a registry, or a sandbox
+// that may be compromised), so the walker treats every header as hostile: it
+// never writes outside its destination, never writes through what an entry
+// replaces, and refuses entry types neither a copy nor an image has any
+// business creating. Extract's policy is stricter still: it never writes
+// through a symlink at all.
 package tarx
 
 // MaxEntrySize bounds one entry so a hostile header cannot ask for an

@@ -227,8 +227,8 @@ func TestAPIErrors(t *testing.T) {
 	if _, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{MemoryMiB: 1}); !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "memory") {
 		t.Errorf("create with 1 MiB: %v, want invalid argument about memory", err)
 	}
-	if _, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Image: "no-such-image"}); !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "no-such-image") {
-		t.Errorf("create with unknown image: %v, want invalid argument naming it", err)
+	if _, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Image: "no-such-image"}); !sdk.IsNotFound(err) || !strings.Contains(err.Error(), "clade image pull no-such-image") {
+		t.Errorf("create with unknown image: %v, want not found saying how to pull it", err)
 	}
 	if _, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "named"}); !sdk.IsConflict(err) {
 		t.Errorf("create with a taken name: %v, want conflict", err)

@@ -15,7 +15,7 @@ import (
 )
 
 func imageToAPI(img image.Image, users []string) api.Image {
-	out := api.Image{Name: img.Name, Source: img.Source, SizeBytes: img.SizeBytes, CreatedAt: img.CreatedAt,
+	out := api.Image{Name: img.Name, Ref: image.FamiliarRef(img.Ref), Source: img.Source, SizeBytes: img.SizeBytes, CreatedAt: img.CreatedAt,
 		Platform: img.Platform, ManifestDigest: img.ManifestDigest, Layers: img.Layers, UsedBy: users, Snapshot: img.Snapshot}
 	c := img.Config
 	if len(c.Env) > 0 || c.WorkingDir != "" || c.User != "" || len(c.Entrypoint) > 0 || len(c.Cmd) > 0 {
@@ -24,18 +24,23 @@ func imageToAPI(img image.Image, users []string) api.Image {
 	return out
 }
 
-func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	img, err := s.images.Get(r.Context(), name)
-	if errdefs.IsInvalidArgument(err) && image.ValidName(name) {
-		// To create, an unknown image is bad input; to look up, it is
-		// simply not there.
-		return errdefs.New(errdefs.NotFound, "no image %q: see `clade image ls`", name)
-	}
+func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
+	imgs, err := s.mgr.ListImages(r.Context())
 	if err != nil {
 		return err
 	}
-	users, err := s.mgr.ImageUsers(r.Context(), img.Name)
+	out := make([]api.Image, 0, len(imgs))
+	for _, img := range imgs {
+		out = append(out, imageToAPI(img, nil))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// getImage answers for an image name or a reference it was pulled or
+// imported as (the path segment escapes its slashes).
+func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
+	img, users, err := s.mgr.Image(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err
 	}
@@ -111,8 +116,20 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 }
 
 // importImage takes a `docker save` tarball or an OCI layout tar as the
-// request body.
+// request body; the query names the image (name) and says where it came
+// from (source, the client's file name).
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	source := q.Get("source")
+	if source == "" {
+		source = "upload" // not the temporary file it is read from
+	}
+	if err := checkText("source", source, 4096); err != nil {
+		return err
+	}
+	if err := checkText("name", q.Get("name"), 64); err != nil {
+		return err
+	}
 	f, err := os.CreateTemp(s.tmpDir, "import-*.tar")
 	if err != nil {
 		return err
@@ -126,8 +143,54 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.InvalidArgument, "reading the uploaded archive: %v", err)
 	}
 	ev := &eventStream{w: w, rc: http.NewResponseController(w)}
-	img, err := s.mgr.ImportImage(r.Context(), f.Name(), image.ImportOptions{Name: r.URL.Query().Get("name"), Progress: ev.progress})
+	img, err := s.mgr.ImportImage(r.Context(), f.Name(), image.ImportOptions{Name: q.Get("name"), Source: source, Progress: ev.progress})
 	return ev.finish(img, err)
+}
+
+// checkText refuses a query parameter that is too long or holds control
+// characters: it is shown back in messages and listings.
+func checkText(param, v string, max int) error {
+	if len(v) > max {
+		return errdefs.New(errdefs.InvalidArgument, "%s of %d bytes: at most %d", param, len(v), max)
+	}
+	for _, c := range v {
+		if c < ' ' || c == 0x7f {
+			return errdefs.New(errdefs.InvalidArgument, "bad %s %q: no control characters", param, v)
+		}
+	}
+	return nil
+}
+
+// buildSandbox serves the sandbox of a client-driven image build: it
+// answers with the sandbox at once and holds the answer open; when the
+// client closes it, or the client or its connection dies, the sandbox is
+// removed. The client runs its steps and commits through the ordinary
+// routes meanwhile.
+func (s *Server) buildSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req api.BuildSandboxRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	// Until the body is read to its end, the server does not watch the
+	// connection, and the request's context would not end with it.
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBody))
+	sb, err := s.mgr.CreateBuildSandbox(r.Context(), sandbox.CreateRequest{Image: req.From, Env: req.Env})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := s.mgr.EndBuild(r.Context(), sb.ID); err != nil {
+			s.log.Error("remove a build's sandbox", "sandbox", sb.ID, "err", err)
+		}
+	}()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	a := toAPI(sb)
+	b, _ := json.Marshal(api.BuildEvent{Sandbox: &a})
+	_, _ = w.Write(append(b, '\n'))
+	_ = http.NewResponseController(w).Flush()
+	<-r.Context().Done()
+	return nil
 }
 
 func (s *Server) commit(w http.ResponseWriter, r *http.Request) error {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,7 +36,6 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	mgr     *sandbox.Manager
-	images  *image.Store
 	log     *slog.Logger
 	mux     *http.ServeMux
 	metrics *metrics
@@ -47,11 +45,11 @@ type Server struct {
 }
 
 // New returns the API server.
-func New(cfg Config, mgr *sandbox.Manager, images *image.Store, reg *prometheus.Registry) *Server {
+func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mgr: mgr, images: images, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(reg), tmpDir: cfg.TmpDir}
+	s := &Server{cfg: cfg, mgr: mgr, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(reg), tmpDir: cfg.TmpDir}
 	s.route("GET /v1/health", "health", s.health)
 	s.route("POST /v1/sandboxes", "sandbox_create", s.createSandbox)
 	s.route("GET /v1/sandboxes", "sandbox_list", s.listSandboxes)
@@ -65,6 +63,7 @@ func New(cfg Config, mgr *sandbox.Manager, images *image.Store, reg *prometheus.
 	s.route("DELETE /v1/images/{name}", "image_remove", s.deleteImage)
 	s.route("POST /v1/images/pull", "image_pull", s.pullImage)
 	s.route("POST /v1/images/import", "image_import", s.importImage)
+	s.route("POST /v1/builds", "build_sandbox", s.buildSandbox)
 	s.route("POST /v1/sandboxes/{id}/commit", "commit", s.commit)
 	s.route("POST /v1/sandboxes/{id}/snapshot", "snapshot_create", s.createSnapshot)
 	s.route("GET /v1/snapshots", "snapshot_list", s.listSnapshots)
@@ -272,18 +271,5 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
-	return nil
-}
-
-func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
-	imgs, err := s.images.List(r.Context())
-	if err != nil {
-		return err
-	}
-	out := make([]api.Image, 0, len(imgs))
-	for _, img := range imgs {
-		out = append(out, imageToAPI(img, nil))
-	}
-	writeJSON(w, http.StatusOK, out)
 	return nil
 }
