@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,12 +78,12 @@ func errExit(err error) wire.ExitMsg {
 	return wire.ExitMsg{Code: -1, Error: err.Error(), ErrorClass: string(errdefs.ClassOf(err))}
 }
 
-func (ch *channel) signal(sig int) {
+func (ch *channel) signal(sig syscall.Signal) {
 	ch.mu.Lock()
 	p := ch.proc
 	ch.mu.Unlock()
 	if p != nil {
-		_ = p.Signal(syscall.Signal(sig))
+		_ = p.Signal(sig)
 	}
 }
 
@@ -128,7 +127,7 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	// Built by hand, not with exec.Command, which would search the agent's
 	// PATH: the exec's own PATH counts, and every stat is a round trip to
 	// the sandbox's file server.
-	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: MergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env), Dir: ch.req.Dir}
+	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: wire.MergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env), Dir: ch.req.Dir}
 	if !strings.Contains(cmd.Path, "/") {
 		p, err := lookPath(cmd.Path, envValue(cmd.Env, "PATH"))
 		if err != nil {
@@ -282,25 +281,6 @@ func pump(wg *sync.WaitGroup, w io.Writer, r *os.File) {
 	}
 }
 
-// MergeEnv joins KEY=VALUE lists in order: a later value of a key replaces
-// an earlier one in its place.
-func MergeEnv(lists ...[]string) []string {
-	var env []string
-	idx := map[string]int{}
-	for _, l := range lists {
-		for _, kv := range l {
-			k, _, _ := strings.Cut(kv, "=")
-			if i, ok := idx[k]; ok {
-				env[i] = kv
-				continue
-			}
-			idx[k] = len(env)
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
 func envValue(env []string, key string) string {
 	for i := len(env) - 1; i >= 0; i-- {
 		if k, v, ok := strings.Cut(env[i], "="); ok && k == key {
@@ -355,16 +335,10 @@ func (ch *channel) tarPut() wire.ExitMsg {
 	return wire.ExitMsg{}
 }
 
-// StatInfo is the Info of an OpStatFS exit.
-type StatInfo struct {
-	Exists bool `json:"exists"`
-	IsDir  bool `json:"is_dir"`
-}
-
 func (ch *channel) stat() wire.ExitMsg {
-	var st StatInfo
+	var st wire.StatInfo
 	if fi, err := os.Lstat(ch.req.Path); err == nil {
-		st = StatInfo{Exists: true, IsDir: fi.IsDir()}
+		st = wire.StatInfo{Exists: true, IsDir: fi.IsDir()}
 	}
 	b, _ := json.Marshal(st)
 	return wire.ExitMsg{Info: b}
@@ -376,9 +350,6 @@ func (ch *channel) identity() wire.ExitMsg {
 	}
 	return wire.ExitMsg{}
 }
-
-// putUint32 is used by the host to encode Signal payloads.
-func putUint32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 
 // lookupUser resolves an image's User ("uid", "uid:gid", "name" or
 // "name:group") against the sandbox's own /etc/passwd and /etc/group.

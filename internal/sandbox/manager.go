@@ -20,10 +20,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/clade-sandbox/clade/internal/agent"
-	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -182,21 +181,7 @@ func (m *Manager) validate(req *CreateRequest) error {
 	if req.CPUs < 0.01 || req.CPUs > m.cfg.MaxCPUs {
 		return errdefs.New(errdefs.InvalidArgument, "cpus %g is out of range: use 0.01 to %g", req.CPUs, m.cfg.MaxCPUs)
 	}
-	for _, kv := range req.Env {
-		if err := ValidEnv(kv); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// ValidEnv checks one KEY=VALUE pair.
-func ValidEnv(kv string) error {
-	k, _, ok := strings.Cut(kv, "=")
-	if !ok || k == "" || strings.ContainsAny(k, "\x00") || strings.Contains(kv, "\x00") {
-		return errdefs.New(errdefs.InvalidArgument, "bad environment variable %q: use KEY=VALUE", kv)
-	}
-	return nil
+	return guest.CheckEnv(req.Env)
 }
 
 // Create makes a running sandbox. A failed create leaves nothing behind.
@@ -235,8 +220,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 	}
 	sh := shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env)
-	id, ok := m.pool.take(sh)
-	if !ok {
+	id, fromPool := m.pool.take(sh)
+	if !fromPool {
 		id = newID()
 	}
 	defer m.pool.want(sh, 0, 0) // refill what was taken
@@ -258,6 +243,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if err == nil {
 		sb, err = m.eng.Create(ctx, spec)
 		m.crashPoint("create-after-engine")
+		if err == nil && fromPool {
+			// A prepared sandbox has the hostname it was prepared with.
+			if err = m.reconfigure(ctx, sb, spec); err != nil {
+				err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+			}
+		}
 		if err == nil {
 			if err = m.afterStart(ctx, rec, sb); err != nil {
 				err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
@@ -335,6 +326,12 @@ func (m *Manager) spec(rec store.Sandbox, img image.Image) engine.Spec {
 		Env: append(append([]string(nil), img.Config.Env...), rec.Env...), Workdir: img.Config.WorkingDir, User: img.Config.User}
 }
 
+// reconfigure gives a restored or prepared guest its own setup (the engine
+// boots it with the checkpoint's or the preparation's), for every engine.
+func (m *Manager) reconfigure(ctx context.Context, sb engine.Sandbox, spec engine.Spec) error {
+	return sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
+}
+
 // Get returns a sandbox by id or name.
 func (m *Manager) Get(ctx context.Context, ref string) (store.Sandbox, error) {
 	return m.store.GetSandbox(ctx, ref)
@@ -345,14 +342,32 @@ func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
 	return m.store.ListSandboxes(ctx)
 }
 
-// agentOf returns the agent client of a running sandbox.
-func (m *Manager) agentOf(ctx context.Context, ref string) (*agent.Client, error) {
+// Guest returns the guest connection of a running sandbox, waking a
+// sleeping one first, and waiting a moment for an agent that is
+// reconnecting (after a snapshot). It returns NotFound for an unknown
+// sandbox, Conflict for one that is not running (nor sleeping), the wake's
+// error for a failed wake, and Unavailable when the agent does not connect.
+func (m *Manager) Guest(ctx context.Context, ref string) (*guest.Conn, error) {
+	g, err := m.guestOf(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := g.Ready(rctx); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// guestOf returns the guest connection of a running sandbox.
+func (m *Manager) guestOf(ctx context.Context, ref string) (*guest.Conn, error) {
 	// The hot path: a running sandbox by id needs no database read.
 	m.mu.Lock()
 	sb := m.live[ref]
 	m.mu.Unlock()
 	if sb != nil {
-		return sb.Agent(), nil
+		return sb.Guest(), nil
 	}
 	rec, err := m.store.GetSandbox(ctx, ref)
 	if err != nil {
@@ -369,21 +384,14 @@ func (m *Manager) agentOf(ctx context.Context, ref string) (*agent.Client, error
 	sb = m.live[rec.ID]
 	m.mu.Unlock()
 	if sb == nil || rec.State != store.StateRunning {
+		if rec.State == store.StateRunning {
+			// Recorded running, but not live here: it stopped or is
+			// being removed.
+			return nil, errdefs.New(errdefs.Conflict, "sandbox %s is not running", ref)
+		}
 		return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running", ref, rec.State)
 	}
-	return sb.Agent(), nil
-}
-
-// Open starts a request (exec or file transfer) in a running sandbox.
-func (m *Manager) Open(ctx context.Context, ref string, req wire.Request) (*agent.Channel, error) {
-	c, err := m.agentOf(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	// A sandbox whose agent is reconnecting gets a moment to come back.
-	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	return c.Open(octx, req)
+	return sb.Guest(), nil
 }
 
 // Destroy removes a sandbox and everything it holds. It is safe to repeat.
@@ -412,8 +420,13 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		m.mu.Unlock()
 	}()
 	m.mu.Lock()
+	live := m.live[rec.ID]
 	delete(m.live, rec.ID)
 	m.mu.Unlock()
+	if live != nil {
+		// Calls in flight (an exec) learn why they end.
+		live.Guest().Close(errdefs.New(errdefs.NotFound, "sandbox %s was removed", ref))
+	}
 	ctx = context.WithoutCancel(ctx)
 	if err := m.destroy(ctx, rec); err != nil {
 		return err
@@ -595,6 +608,8 @@ func (m *Manager) track(id string, sb engine.Sandbox) {
 			delete(m.live, id)
 		}
 		m.mu.Unlock()
+		// Calls in flight (an exec) learn why they end.
+		sb.Guest().Close(errdefs.New(errdefs.Unavailable, "sandbox %s stopped: %s", id, reason))
 		m.log.Warn("sandbox stopped", "sandbox", id, "reason", reason)
 		if err := m.store.SetState(context.Background(), id, store.StateStopped, reason); err != nil && !errdefs.IsNotFound(err) {
 			m.log.Error("record stopped sandbox", "sandbox", id, "err", err)

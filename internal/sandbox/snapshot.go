@@ -271,7 +271,10 @@ func (m *Manager) restoreChild(ctx context.Context, snapper engine.Snapshotter, 
 	if err == nil {
 		sb, err = snapper.Restore(ctx, spec, path)
 		if err == nil {
-			err = m.afterStart(ctx, rec, sb)
+			err = m.reconfigure(ctx, sb, spec)
+			if err == nil {
+				err = m.afterStart(ctx, rec, sb)
+			}
 			if err == nil {
 				err = m.store.SetState(ctx, rec.ID, store.StateRunning, "")
 			}
@@ -436,7 +439,11 @@ func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
 	if err == nil {
 		sb, err = snapper.Restore(ctx, spec, m.sleepDir(rec.ID))
 		if err == nil {
-			if err = m.afterStart(ctx, rec, sb); err != nil {
+			err = m.reconfigure(ctx, sb, spec)
+			if err == nil {
+				err = m.afterStart(ctx, rec, sb)
+			}
+			if err != nil {
 				err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
 			}
 		}
