@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,9 @@ const helloTimeout = 10 * time.Second
 type session struct {
 	conn      *wire.Conn
 	quiescing atomic.Bool
+	// frozen is set when the agent stopped answering pings while connected
+	// (e.g. `kill -STOP 1`): calls then fail fast until it answers again.
+	frozen atomic.Bool
 
 	mu     sync.Mutex
 	next   uint32
@@ -115,7 +119,10 @@ func (c *Conn) Serve(nc net.Conn) error {
 	if old != nil {
 		old.conn.Close()
 	}
+	stopWatch := make(chan struct{})
+	go s.watchdog(stopWatch)
 	err = s.readLoop(r)
+	close(stopWatch)
 	s.conn.Close()
 	lost := errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("agent connection lost: %w", err))
 	if !s.quiescing.Load() && s.busy() {
@@ -229,8 +236,8 @@ func (c *Conn) Quiesce(ctx context.Context) error {
 	}
 }
 
-// ErrNotResponding is the class and message of a failed liveness check.
-var errNotResponding = "agent is not responding (stopped? `kill -STOP 1` inside the sandbox freezes it)"
+// errNotResponding is the message of a failed liveness check.
+const errNotResponding = "agent is not responding (stopped? `kill -STOP 1` inside the sandbox freezes it)"
 
 // Ping round-trips a ping frame on the current connection, waiting for one
 // while there is none. It returns an Unavailable error when the connection
@@ -264,11 +271,49 @@ func (s *session) ping(ctx context.Context) error {
 	}
 }
 
+// watchdogEvery is how often a connection with calls in flight checks
+// that the agent still answers; a check waits pingTimeout.
+const watchdogEvery = 5 * time.Second
+
+// watchdog fails the calls in flight when the agent stops answering pings
+// while its connection stays up: a frozen agent would leave them hanging
+// forever.
+func (s *session) watchdog(stop <-chan struct{}) {
+	t := time.NewTicker(watchdogEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if !s.busy() || s.quiescing.Load() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+		err := s.ping(ctx)
+		cancel()
+		if err != nil && errdefs.IsUnavailable(err) && strings.Contains(err.Error(), errNotResponding) {
+			s.frozen.Store(true)
+			s.failCalls(err)
+		}
+	}
+}
+
 // open starts a request on a new channel of the current connection.
 func (c *Conn) open(ctx context.Context, req wire.Request) (*call, error) {
 	s, err := c.session(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if s.frozen.Load() {
+		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		err := s.ping(pctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		s.frozen.Store(false)
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -346,12 +391,18 @@ func (s *session) readLoop(r *wire.Reader) error {
 				ch.stdin.Grant(n)
 			}
 		case wire.Exit:
-			if err := json.Unmarshal(f.Payload, &ch.exit); err != nil {
+			var exit wire.ExitMsg
+			if err := json.Unmarshal(f.Payload, &exit); err != nil {
 				return fmt.Errorf("exit frame: %w", err)
 			}
 			s.mu.Lock()
+			_, ok := s.calls[f.Channel]
 			delete(s.calls, f.Channel)
 			s.mu.Unlock()
+			if !ok {
+				continue // failed meanwhile (failCalls)
+			}
+			ch.exit = exit
 			// The agent sends both streams' EOF before Exit; these are no-ops
 			// then, and unblock readers if it did not.
 			ch.stdout.Push(nil)
@@ -366,12 +417,21 @@ func (s *session) readLoop(r *wire.Reader) error {
 	}
 }
 
+// fail ends the session for good: calls in flight and later ones fail with
+// err.
 func (s *session) fail(err error) {
 	s.mu.Lock()
 	if s.err == nil {
 		s.err = err
 		close(s.closed)
 	}
+	s.mu.Unlock()
+	s.failCalls(err)
+}
+
+// failCalls fails the calls in flight with err.
+func (s *session) failCalls(err error) {
+	s.mu.Lock()
 	calls := s.calls
 	s.calls = map[uint32]*call{}
 	s.mu.Unlock()
