@@ -2,7 +2,11 @@
 // the Go SDK. api/openapi.yaml is the contract; a test keeps the two in step.
 package api
 
-import "time"
+import (
+	"time"
+
+	"github.com/clade-sandbox/clade/api/stream"
+)
 
 // Version is the API path prefix.
 const Version = "v1"
@@ -195,11 +199,11 @@ type Error struct {
 }
 
 // StreamContentType is the media type of exec streams: frames of package
-// wire (9-byte header: type, channel, length).
-const StreamContentType = "application/vnd.clade.stream"
+// api/stream.
+const StreamContentType = stream.ContentType
 
 // UpgradeProtocol is the Upgrade token for a two-way exec stream.
-const UpgradeProtocol = "clade-stream"
+const UpgradeProtocol = stream.UpgradeProtocol
 
 // CommitRequest is the body of POST /v1/sandboxes/{id}/commit: the
 // sandbox's filesystem becomes an image (the last step of an image build).

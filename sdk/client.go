@@ -143,6 +143,10 @@ func IsConflict(err error) bool { return hasCode(err, "conflict") || hasCode(err
 // IsUnavailable reports whether err is retryable.
 func IsUnavailable(err error) bool { return hasCode(err, "unavailable") }
 
+// IsResourceExhausted reports whether err says a limit was reached (e.g. an
+// upload with more files than the sandbox's memory allows).
+func IsResourceExhausted(err error) bool { return hasCode(err, "resource_exhausted") }
+
 func (c *Client) newRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {

@@ -4,19 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
-	"sync"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
-	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/api/stream"
 )
 
 // ExecRequest runs a command in a sandbox.
@@ -24,7 +23,10 @@ type ExecRequest struct {
 	Cmd     []string
 	Env     []string // KEY=VALUE, on top of the sandbox's environment
 	Workdir string   // absolute; "/" by default
-	// Timeout kills the command's whole process tree after this long.
+	// Timeout kills the command's whole process tree after this long; 0
+	// means none. It must be a whole number of milliseconds, at least 1ms:
+	// anything else is refused with an invalid-argument error, never
+	// rounded.
 	Timeout time.Duration
 	// Stdin, when set, is streamed to the command, which sees EOF at its end.
 	Stdin io.Reader
@@ -38,8 +40,12 @@ type ExecRequest struct {
 // the error is for failures to run it at all. A command that is not found
 // gives status 127 with Error set. Cancelling ctx kills the command.
 func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitStatus, error) {
+	ms, err := timeoutMS(req.Timeout)
+	if err != nil {
+		return ExitStatus{}, err
+	}
 	body, err := json.Marshal(api.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir,
-		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin != nil})
+		TimeoutMS: ms, Stdin: req.Stdin != nil})
 	if err != nil {
 		return ExitStatus{}, err
 	}
@@ -52,6 +58,7 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 		return ExitStatus{}, err
 	}
 	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set(stream.VersionHeader, strconv.Itoa(stream.Version))
 	resp, err := c.do(hreq)
 	if err != nil {
 		return ExitStatus{}, err
@@ -60,7 +67,21 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 	return readStream(resp.Body, req)
 }
 
-// readStream writes output frames to req's writers until the exit frame.
+// timeoutMS converts an exec timeout to the API's milliseconds, exactly.
+func timeoutMS(d time.Duration) (int64, error) {
+	switch {
+	case d == 0:
+		return 0, nil
+	case d < time.Millisecond:
+		return 0, &Error{Code: "invalid_argument", Message: fmt.Sprintf("timeout %s is under 1ms, the smallest timeout: give 0 for none or at least 1ms", d)}
+	case d%time.Millisecond != 0:
+		return 0, &Error{Code: "invalid_argument", Message: fmt.Sprintf("timeout %s is not a whole number of milliseconds", d)}
+	}
+	return d.Milliseconds(), nil
+}
+
+// readStream writes output frames to req's writers until the exit frame;
+// frames of types it does not know are skipped.
 func readStream(r io.Reader, req ExecRequest) (ExitStatus, error) {
 	stdout, stderr := req.Stdout, req.Stderr
 	if stdout == nil {
@@ -69,7 +90,7 @@ func readStream(r io.Reader, req ExecRequest) (ExitStatus, error) {
 	if stderr == nil {
 		stderr = io.Discard
 	}
-	fr := wire.NewReader(bufio.NewReaderSize(r, 64<<10))
+	fr := stream.NewReader(bufio.NewReaderSize(r, 64<<10))
 	for {
 		f, err := fr.Read()
 		if err != nil {
@@ -79,15 +100,15 @@ func readStream(r io.Reader, req ExecRequest) (ExitStatus, error) {
 			return ExitStatus{}, fmt.Errorf("exec stream: %w", err)
 		}
 		switch f.Type {
-		case wire.Stdout:
+		case stream.Stdout:
 			if _, err := stdout.Write(f.Payload); err != nil {
 				return ExitStatus{}, fmt.Errorf("write stdout: %w", err)
 			}
-		case wire.Stderr:
+		case stream.Stderr:
 			if _, err := stderr.Write(f.Payload); err != nil {
 				return ExitStatus{}, fmt.Errorf("write stderr: %w", err)
 			}
-		case wire.Exit:
+		case stream.Exit:
 			var st ExitStatus
 			if err := json.Unmarshal(f.Payload, &st); err != nil {
 				return ExitStatus{}, fmt.Errorf("exec stream: exit frame: %w", err)
@@ -117,6 +138,7 @@ func (c *Client) execUpgrade(ctx context.Context, path string, body []byte, req 
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Connection", "Upgrade")
 	hreq.Header.Set("Upgrade", api.UpgradeProtocol)
+	hreq.Header.Set(stream.VersionHeader, strconv.Itoa(stream.Version))
 	if err := hreq.Write(conn); err != nil {
 		return ExitStatus{}, ctxErr(ctx, err)
 	}
@@ -132,19 +154,19 @@ func (c *Client) execUpgrade(ctx context.Context, path string, body []byte, req 
 		}
 		return ExitStatus{}, fmt.Errorf("daemon did not upgrade the exec stream: %s", resp.Status)
 	}
-	fw := &frameConn{w: conn}
+	fw := stream.NewWriter(conn, nil)
 	done := make(chan struct{})
 	defer close(done)
 	if req.Stdin != nil {
 		go func() {
-			buf := make([]byte, wire.ChunkSize)
+			buf := make([]byte, stream.ChunkSize)
 			for {
 				n, err := req.Stdin.Read(buf)
-				if n > 0 && fw.write(wire.Stdin, buf[:n]) != nil {
+				if n > 0 && fw.Write(stream.Stdin, buf[:n]) != nil {
 					return
 				}
 				if err != nil {
-					_ = fw.write(wire.Stdin, nil)
+					_ = fw.Write(stream.Stdin, nil)
 					return
 				}
 			}
@@ -158,7 +180,7 @@ func (c *Client) execUpgrade(ctx context.Context, path string, body []byte, req 
 					return
 				case sig := <-req.Signals:
 					if s, ok := sig.(syscall.Signal); ok {
-						_ = fw.write(wire.Signal, binary.BigEndian.AppendUint32(nil, uint32(s)))
+						_ = fw.Write(stream.Signal, stream.SignalPayload(s))
 					}
 				}
 			}
@@ -172,19 +194,5 @@ func ctxErr(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return err
-}
-
-type frameConn struct {
-	mu  sync.Mutex
-	w   io.Writer
-	buf []byte
-}
-
-func (f *frameConn) write(t wire.Type, p []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.buf = wire.AppendFrame(f.buf[:0], t, 0, p)
-	_, err := f.w.Write(f.buf)
 	return err
 }

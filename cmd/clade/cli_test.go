@@ -135,6 +135,15 @@ func TestCLI(t *testing.T) {
 		if _, errs, code := cli(t, d, "", "cp", id+":/nope", dst); code == 0 || !strings.Contains(errs, "no such file") {
 			t.Fatalf("cp of a missing file: code %d %q", code, errs)
 		}
+		if _, errs, code := cli(t, d, "", "cp", id+":/missing", filepath.Join(dst, "x.out")); code == 0 || !strings.Contains(errs, "no such file") {
+			t.Fatalf("cp of a missing file: code %d %q", code, errs)
+		}
+		if _, err := os.Lstat(filepath.Join(dst, "x.out")); !os.IsNotExist(err) {
+			t.Fatalf("a failed cp left %s behind: %v", filepath.Join(dst, "x.out"), err)
+		}
+		if _, errs, code := cli(t, d, "", "exec", "--timeout", "1ns", id, "--", "true"); code == 0 || !strings.Contains(errs, "1ms") {
+			t.Fatalf("exec --timeout 1ns: code %d %q, want refused naming 1ms", code, errs)
+		}
 		if _, errs, code := cli(t, d, "", "cp", id+":../etc/passwd", dst); code == 0 || !strings.Contains(errs, "absolute") {
 			t.Fatalf("cp of a relative path: code %d %q", code, errs)
 		}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -287,7 +288,20 @@ func cmdCopy(ctx context.Context, c *sdk.Client, args []string) error {
 		if err != nil {
 			return err
 		}
-		return tarx.ExtractTo(abs, rc, tarx.Options{})
+		// What the copy makes: DST, or the source's base name inside an
+		// existing directory DST. A failed copy removes it if it is new.
+		made := abs
+		if fi, err := os.Stat(abs); err == nil && fi.IsDir() {
+			made = filepath.Join(abs, path.Base(spath))
+		}
+		_, existed := os.Lstat(made)
+		if err := tarx.ExtractTo(abs, rc, tarx.Options{}); err != nil {
+			if existed != nil {
+				err = errors.Join(err, os.RemoveAll(made))
+			}
+			return err
+		}
+		return nil
 	}
 }
 

@@ -1,5 +1,5 @@
-// Package agent is clade's in-sandbox agent and the host side of its
-// protocol. The agent runs as PID 1 of every sandbox: it reaps zombies, owns
+// Package agent is clade's in-sandbox agent (the host side of its protocol
+// is package guest). The agent runs as PID 1 of every sandbox: it reaps zombies, owns
 // every process it starts, and serves exec and file transfer to the host over
 // one long-lived multiplexed connection (see package wire). The agent dials
 // out to a host socket rather than listening, because a socket bound inside
@@ -18,9 +18,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/clade-sandbox/clade/api/stream"
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 )
 
@@ -59,6 +62,7 @@ func New(cfg Config) *Agent {
 // reconnecting whenever it breaks (daemon restart, sandbox restore).
 func (a *Agent) Run(ctx context.Context) error {
 	go a.reaper.run(ctx)
+	ignoreInitSignals(ctx)
 	backoff := time.Millisecond
 	for ctx.Err() == nil {
 		nc, err := (&net.Dialer{}).DialContext(ctx, "unix", a.cfg.Socket)
@@ -82,6 +86,31 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.cfg.Log.Info("host connection ended", "err", err)
 	}
 	return ctx.Err()
+}
+
+// initIgnored are the signals the agent, as init, must survive when a
+// process in the sandbox sends them (`kill -TERM 1`). Linux spares a
+// namespace's init the signals it has no handler for, but the Go runtime
+// handles these and exits on them. They are caught and dropped rather than
+// set to SIG_IGN, which every process the agent starts would inherit.
+var initIgnored = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
+	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGVTALRM,
+	syscall.SIGPROF, syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGTSTP, syscall.SIGTTIN,
+	syscall.SIGTTOU, syscall.SIGPWR, syscall.SIGIO, syscall.SIGWINCH}
+
+func ignoreInitSignals(ctx context.Context) {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, initIgnored...)
+	go func() {
+		defer signal.Stop(sigs)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-sigs:
+			}
+		}
+	}()
 }
 
 // session is one connection to the host and the channels open on it.
@@ -166,8 +195,8 @@ func (s *session) handle(ctx context.Context, f wire.Frame) error {
 			ch.stderr.Grant(n)
 		}
 	case wire.Signal:
-		if len(f.Payload) == 4 {
-			ch.signal(int(uint32(f.Payload[0])<<24 | uint32(f.Payload[1])<<16 | uint32(f.Payload[2])<<8 | uint32(f.Payload[3])))
+		if sig, ok := stream.ParseSignal(f.Payload); ok {
+			ch.signal(sig)
 		}
 	case wire.Close:
 		ch.abort()

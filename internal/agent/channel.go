@@ -1,8 +1,8 @@
 package agent
 
 import (
+	"archive/tar"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,12 +80,12 @@ func errExit(err error) wire.ExitMsg {
 	return wire.ExitMsg{Code: -1, Error: err.Error(), ErrorClass: string(errdefs.ClassOf(err))}
 }
 
-func (ch *channel) signal(sig int) {
+func (ch *channel) signal(sig syscall.Signal) {
 	ch.mu.Lock()
 	p := ch.proc
 	ch.mu.Unlock()
 	if p != nil {
-		_ = p.Signal(syscall.Signal(sig))
+		_ = p.Signal(sig)
 	}
 }
 
@@ -128,7 +129,7 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	// Built by hand, not with exec.Command, which would search the agent's
 	// PATH: the exec's own PATH counts, and every stat is a round trip to
 	// the sandbox's file server.
-	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: MergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env), Dir: ch.req.Dir}
+	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: wire.MergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env), Dir: ch.req.Dir}
 	if !strings.Contains(cmd.Path, "/") {
 		p, err := lookPath(cmd.Path, envValue(cmd.Env, "PATH"))
 		if err != nil {
@@ -282,25 +283,6 @@ func pump(wg *sync.WaitGroup, w io.Writer, r *os.File) {
 	}
 }
 
-// MergeEnv joins KEY=VALUE lists in order: a later value of a key replaces
-// an earlier one in its place.
-func MergeEnv(lists ...[]string) []string {
-	var env []string
-	idx := map[string]int{}
-	for _, l := range lists {
-		for _, kv := range l {
-			k, _, _ := strings.Cut(kv, "=")
-			if i, ok := idx[k]; ok {
-				env[i] = kv
-				continue
-			}
-			idx[k] = len(env)
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
 func envValue(env []string, key string) string {
 	for i := len(env) - 1; i >= 0; i-- {
 		if k, v, ok := strings.Cut(env[i], "="); ok && k == key {
@@ -336,35 +318,173 @@ func (ch *channel) tarGet() wire.ExitMsg {
 			return false
 		}
 	}
+	if ok, err := ch.tarGeneratedFile(); ok || err != nil {
+		if err != nil {
+			return errExit(err)
+		}
+		return wire.ExitMsg{}
+	}
 	if err := tarx.CreateFiltered(ch.stdout, ch.req.Path, filepath.Base(ch.req.Path), skip); err != nil {
 		return errExit(err)
 	}
 	return wire.ExitMsg{}
 }
 
+// maxGenerated bounds the content read of a file whose size the kernel
+// reports as 0 (a /proc or /sys file).
+const maxGenerated = 4 << 20
+
+// tarGeneratedFile sends a regular file whose stat size is 0 (a /proc or
+// /sys file, made when read) with the content it reads, which a tar of its
+// stat size would lose. It reports false for any other path.
+func (ch *channel) tarGeneratedFile() (bool, error) {
+	fi, err := os.Lstat(ch.req.Path)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != 0 {
+		return false, nil
+	}
+	f, err := os.Open(ch.req.Path)
+	if err != nil {
+		return false, nil // let the tar walker report it
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxGenerated+1))
+	if err != nil {
+		return true, fmt.Errorf("read %s: %w", ch.req.Path, err)
+	}
+	if len(b) > maxGenerated {
+		return true, errdefs.New(errdefs.ResourceExhausted, "%s: a generated file over %d MiB", ch.req.Path, maxGenerated>>20)
+	}
+	hdr, err := tar.FileInfoHeader(fi, "")
+	if err != nil {
+		return true, err
+	}
+	hdr.Name, hdr.Size = filepath.Base(ch.req.Path), int64(len(b))
+	tw := tar.NewWriter(ch.stdout)
+	if err := tw.WriteHeader(hdr); err != nil {
+		return true, err
+	}
+	if _, err := tw.Write(b); err != nil {
+		return true, err
+	}
+	return true, tw.Close()
+}
+
 func (ch *channel) tarPut() wire.ExitMsg {
 	if ch.stdin == nil {
 		return errExit(errdefs.New(errdefs.InvalidArgument, "tar-put needs stdin"))
 	}
-	err := tarx.ExtractTo(ch.req.Path, ch.stdin, tarx.Options{Chown: true})
+	total := memTotal("/proc/meminfo")
+	lim := newEntryLimit(ch.stdin, maxUploadEntries(total))
+	err := tarx.ExtractTo(ch.req.Path, lim, tarx.Options{Chown: true})
 	// Drain what the host still sends so it does not block on its window.
-	_, _ = io.Copy(io.Discard, ch.stdin)
+	_, _ = io.Copy(io.Discard, lim)
+	lim.stop()
+	if lerr := lim.exceeded(); lerr != nil {
+		err = lerr // the extraction failed because the limit stopped it
+	}
 	if err != nil {
 		return errExit(err)
 	}
 	return wire.ExitMsg{}
 }
 
-// StatInfo is the Info of an OpStatFS exit.
-type StatInfo struct {
-	Exists bool `json:"exists"`
-	IsDir  bool `json:"is_dir"`
+// bytesPerEntry is what one extracted file is allowed to cost the sandbox:
+// each costs the sandbox kernel memory that its own /proc/meminfo does not
+// show (60,000 empty files exhaust 128 MiB under gVisor), so an upload's
+// entries are bounded by the sandbox's size instead.
+const bytesPerEntry = 16 << 10
+
+// maxUploadEntries is how many entries one upload may hold in a sandbox of
+// total bytes of memory (16,384 per 256 MiB).
+func maxUploadEntries(total int64) int {
+	if total <= 0 {
+		total = 128 << 20
+	}
+	return int(total / bytesPerEntry)
+}
+
+// entryLimit passes an upload through while a tar reader counts its entries
+// on the side, and fails the upload with a ResourceExhausted error at the
+// first entry over the limit, before it is extracted.
+type entryLimit struct {
+	r     io.Reader
+	pw    *io.PipeWriter
+	limit int
+	err   atomic.Pointer[error]
+	done  chan struct{}
+}
+
+func newEntryLimit(r io.Reader, limit int) *entryLimit {
+	pr, pw := io.Pipe()
+	l := &entryLimit{r: r, pw: pw, limit: limit, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		tr := tar.NewReader(pr)
+		for n := 0; ; n++ {
+			if _, err := tr.Next(); err != nil {
+				break // the end, or a malformed archive the extractor reports
+			}
+			if n >= l.limit {
+				err := errdefs.New(errdefs.ResourceExhausted,
+					"upload stopped at entry %d: a sandbox of %d MiB takes at most %d files per copy, as each costs it memory (what was extracted so far stays); copy an archive and unpack it with tar inside, copy in parts, or give the sandbox more memory",
+					n+1, int64(l.limit)*bytesPerEntry>>20, l.limit)
+				l.err.Store(&err)
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	return l
+}
+
+func (l *entryLimit) Read(p []byte) (int, error) {
+	if err := l.exceeded(); err != nil {
+		return 0, err
+	}
+	n, err := l.r.Read(p)
+	if n > 0 {
+		// Returns once the counter has taken it all in: the count is
+		// current before the extractor sees these bytes.
+		_, _ = l.pw.Write(p[:n])
+	}
+	if lerr := l.exceeded(); lerr != nil {
+		return 0, lerr
+	}
+	return n, err
+}
+
+// stop ends the counter.
+func (l *entryLimit) stop() {
+	l.pw.Close()
+	<-l.done
+}
+
+func (l *entryLimit) exceeded() error {
+	if e := l.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// memTotal returns the sandbox's MemTotal in bytes, or 0.
+func memTotal(path string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			return v << 10
+		}
+	}
+	return 0
 }
 
 func (ch *channel) stat() wire.ExitMsg {
-	var st StatInfo
+	var st wire.StatInfo
 	if fi, err := os.Lstat(ch.req.Path); err == nil {
-		st = StatInfo{Exists: true, IsDir: fi.IsDir()}
+		st = wire.StatInfo{Exists: true, IsDir: fi.IsDir()}
 	}
 	b, _ := json.Marshal(st)
 	return wire.ExitMsg{Info: b}
@@ -376,9 +496,6 @@ func (ch *channel) identity() wire.ExitMsg {
 	}
 	return wire.ExitMsg{}
 }
-
-// putUint32 is used by the host to encode Signal payloads.
-func putUint32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 
 // lookupUser resolves an image's User ("uid", "uid:gid", "name" or
 // "name:group") against the sandbox's own /etc/passwd and /etc/group.

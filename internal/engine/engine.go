@@ -7,7 +7,7 @@ package engine
 import (
 	"context"
 
-	"github.com/clade-sandbox/clade/internal/agent"
+	"github.com/clade-sandbox/clade/internal/guest"
 )
 
 // Spec describes a sandbox to create.
@@ -41,8 +41,10 @@ type Spec struct {
 type Sandbox interface {
 	// ID returns the sandbox id.
 	ID() string
-	// Agent returns the client of the sandbox's agent.
-	Agent() *agent.Client
+	// Guest returns the connection to the sandbox's agent: the same Conn for
+	// the sandbox's whole life in this engine (it survives the agent
+	// reconnecting). The engine closes it when it lets go of the sandbox.
+	Guest() *guest.Conn
 	// PID returns the host pid of the sandbox's main process, or 0.
 	PID() int
 	// Exited is closed when the engine lets go of the sandbox: it stopped by
@@ -85,16 +87,18 @@ type Snapshotter interface {
 	// only Destroy is left to do. An error leaves a running sandbox running.
 	Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error
 	// Restore creates a new sandbox from a checkpoint in dir and returns once
-	// its agent is connected. spec gives the new sandbox's id and hostname;
-	// its resources must match the checkpointed sandbox's. On error nothing of
-	// it is left behind.
+	// its agent is connected. spec gives the new sandbox's id; its resources
+	// must match the checkpointed sandbox's. The guest still has the
+	// checkpointed sandbox's setup (hostname): the caller applies the new
+	// one with guest.Conn.Reconfigure. On error nothing of it is left behind.
 	Restore(ctx context.Context, spec Spec, dir string) (Sandbox, error)
 }
 
 // Preparer is an engine that can do the slow part of making a sandbox
 // ahead of time. A later Create or Restore with the same spec ID (and the
-// same resources) finishes faster; Destroy removes a prepared sandbox that
-// was never used.
+// same resources) finishes faster, but its guest may keep the hostname it
+// was prepared with: the caller applies spec's with guest.Conn.Reconfigure.
+// Destroy removes a prepared sandbox that was never used.
 type Preparer interface {
 	Prepare(ctx context.Context, spec Spec) error
 }

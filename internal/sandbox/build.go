@@ -8,9 +8,8 @@ import (
 	"path"
 	"time"
 
-	"github.com/clade-sandbox/clade/internal/agent"
-	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -39,10 +38,8 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 	if !image.ValidName(req.Name) {
 		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "bad image name %q: use at most 64 lower-case letters, digits, '.', '_' and '-'", req.Name)
 	}
-	for _, kv := range req.Env {
-		if err := ValidEnv(kv); err != nil {
-			return image.Image{}, err
-		}
+	if err := guest.CheckEnv(req.Env); err != nil {
+		return image.Image{}, err
 	}
 	if req.Workdir != "" && !path.IsAbs(req.Workdir) {
 		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "workdir %q must be an absolute path", req.Workdir)
@@ -59,17 +56,22 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 		return image.Image{}, err
 	}
 	cfg := base.Config
-	cfg.Env = agent.MergeEnv(cfg.Env, rec.Env, req.Env)
+	cfg.Env = guest.MergeEnv(cfg.Env, rec.Env, req.Env)
 	if req.Workdir != "" {
 		cfg.WorkingDir = req.Workdir
 	}
-	ch, err := m.Open(ctx, rec.ID, wire.Request{Op: wire.OpTarGet, Path: "/", Exclude: notInImage})
+	g, err := m.Guest(ctx, rec.ID)
 	if err != nil {
 		return image.Image{}, err
 	}
-	defer ch.Close()
-	img, err := m.images.files.InstallTar(ctx, image.Image{Name: req.Name, Source: fmt.Sprintf("built from %s in sandbox %s", base.Name, rec.ID), Config: cfg},
-		&checkedReader{r: ch.Stdout, ch: ch, ctx: ctx})
+	// The reader ends with the agent's verdict: a tar the agent could not
+	// finish must not pass for a short, complete one.
+	tr, err := g.CopyOut(ctx, "/", notInImage)
+	if err != nil {
+		return image.Image{}, err
+	}
+	defer tr.Close()
+	img, err := m.images.files.InstallTar(ctx, image.Image{Name: req.Name, Source: fmt.Sprintf("built from %s in sandbox %s", base.Name, rec.ID), Config: cfg}, tr)
 	if err == nil {
 		img, err = m.install(ctx, img)
 	}
@@ -81,28 +83,6 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 		return img, nil
 	}
 	return m.makeTemplate(ctx, img, req)
-}
-
-// checkedReader ends an archive stream with the agent's verdict: a tar that
-// the agent could not finish must not pass for a short, complete one.
-type checkedReader struct {
-	r   io.Reader
-	ch  *agent.Channel
-	ctx context.Context
-}
-
-func (c *checkedReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	if err == io.EOF {
-		exit, werr := c.ch.Wait(c.ctx)
-		if werr == nil {
-			werr = agent.ExitError(exit)
-		}
-		if werr != nil {
-			return n, werr
-		}
-	}
-	return n, err
 }
 
 // makeTemplate starts req.Start in a sandbox of img, waits until it is
@@ -117,13 +97,18 @@ func (m *Manager) makeTemplate(ctx context.Context, img image.Image, req CommitR
 			err = errors.Join(err, derr)
 		}
 	}()
-	run := func(cmd string, env ...string) (wire.ExitMsg, string, error) {
-		ch, err := m.Open(ctx, sb.ID, wire.Request{Op: wire.OpExec, Argv: []string{"sh", "-c", cmd}, Env: env, TimeoutMS: 30000})
+	run := func(cmd string, env ...string) (guest.ExitStatus, string, error) {
+		g, err := m.Guest(ctx, sb.ID)
 		if err != nil {
-			return wire.ExitMsg{}, "", err
+			return guest.ExitStatus{}, "", err
 		}
-		out, _ := io.ReadAll(io.MultiReader(ch.Stdout, ch.Stderr))
-		exit, err := ch.Wait(ctx)
+		p, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"sh", "-c", cmd}, Env: env, Timeout: 30 * time.Second})
+		if err != nil {
+			return guest.ExitStatus{}, "", err
+		}
+		defer p.Close()
+		out, _ := io.ReadAll(io.MultiReader(p.Stdout, p.Stderr))
+		exit, err := p.Wait(ctx)
 		return exit, string(out), err
 	}
 	const startLog = "/tmp/.clade-start.log"

@@ -142,7 +142,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 
 // restoreChildLocked restores one recorded child. Guarded by rec's lock.
 func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, spec engine.Spec, path string) ForkChild {
-	sb, err := m.startLocked(ctx, rec, spec, func(spec engine.Spec) (engine.Sandbox, error) {
+	sb, err := m.startLocked(ctx, rec, spec, true, func(spec engine.Spec) (engine.Sandbox, error) {
 		return snapper.Restore(ctx, spec, path)
 	})
 	if err == nil {

@@ -9,10 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/clade-sandbox/clade/internal/agent"
-	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -69,10 +68,8 @@ func (m *Manager) validate(req *CreateRequest) error {
 	if req.CPUs < 0.01 || req.CPUs > m.cfg.MaxCPUs {
 		return errdefs.New(errdefs.InvalidArgument, "cpus %g is out of range: use 0.01 to %g", req.CPUs, m.cfg.MaxCPUs)
 	}
-	for _, kv := range req.Env {
-		if err := ValidEnv(kv); err != nil {
-			return err
-		}
+	if err := guest.CheckEnv(req.Env); err != nil {
+		return err
 	}
 	if req.Opts.DiskMiB == 0 {
 		req.Opts.DiskMiB = m.cfg.DefaultDiskMiB
@@ -100,15 +97,6 @@ func validLabels(labels map[string]string) error {
 		if len(v) > 255 || strings.ContainsAny(v, "\x00\n") {
 			return errdefs.New(errdefs.InvalidArgument, "bad value for label %q: at most 255 bytes, no NUL or newline", k)
 		}
-	}
-	return nil
-}
-
-// ValidEnv checks one KEY=VALUE pair.
-func ValidEnv(kv string) error {
-	k, _, ok := strings.Cut(kv, "=")
-	if !ok || k == "" || strings.ContainsAny(k, "\x00") || strings.Contains(kv, "\x00") {
-		return errdefs.New(errdefs.InvalidArgument, "bad environment variable %q: use KEY=VALUE", kv)
 	}
 	return nil
 }
@@ -170,7 +158,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	// A half-made sandbox would only have to be cleaned up again.
 	ctx = context.WithoutCancel(ctx)
 	m.crashPoint("create-before-engine")
-	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), func(spec engine.Spec) (engine.Sandbox, error) {
+	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
 		sb, err := m.eng.Create(ctx, spec)
 		m.crashPoint("create-after-engine")
 		return sb, err
@@ -192,14 +180,22 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 }
 
 // startLocked runs the hooks around start, which creates or restores the
-// engine sandbox of rec from spec (the hooks may add to it). On error nothing of this run is left:
+// engine sandbox of rec from spec (the hooks may add to it). With reconf,
+// the guest gets its own setup afterwards: a restored or prepared guest
+// boots with the checkpoint's or the preparation's. On error nothing of
+// this run is left:
 // the engine sandbox is destroyed and the hooks' AfterStop has run.
 // Guarded by rec's lock.
-func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engine.Spec, start func(engine.Spec) (engine.Sandbox, error)) (engine.Sandbox, error) {
+func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engine.Spec, reconf bool, start func(engine.Spec) (engine.Sandbox, error)) (engine.Sandbox, error) {
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
 		return nil, err
 	}
 	sb, err := start(spec)
+	if err == nil && reconf {
+		if err = sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname}); err != nil {
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+		}
+	}
 	if err == nil {
 		if err = m.afterStart(ctx, rec, sb); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
@@ -325,16 +321,24 @@ func (m *Manager) running(ctx context.Context, ref string) (engine.Sandbox, erro
 	return sb, nil
 }
 
-// Open starts a request (exec or file transfer) in a running sandbox.
-func (m *Manager) Open(ctx context.Context, ref string, req wire.Request) (*agent.Channel, error) {
+// Guest returns the guest connection of a running sandbox, waking a
+// sleeping one first (one being put to sleep is waited for), and waiting a
+// moment for an agent that is reconnecting (after a snapshot). It returns
+// NotFound for an unknown sandbox, Conflict for one that is neither running
+// nor sleeping, the wake's error for a failed wake, and Unavailable when the
+// agent does not connect.
+func (m *Manager) Guest(ctx context.Context, ref string) (*guest.Conn, error) {
 	sb, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	// A sandbox whose agent is reconnecting gets a moment to come back.
-	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	g := sb.Guest()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return sb.Agent().Open(octx, req)
+	if err := g.Ready(rctx); err != nil {
+		return nil, err
+	}
+	return g, nil
 }
 
 // Destroy removes a sandbox and everything it holds. It waits for an
@@ -347,7 +351,10 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	}
 	defer unlock()
 	ctx = context.WithoutCancel(ctx)
-	m.dropLive(rec.ID)
+	if live := m.dropLive(rec.ID); live != nil {
+		// Calls in flight (an exec) learn why they end.
+		live.Guest().Close(errdefs.New(errdefs.NotFound, "sandbox %s was removed", ref))
+	}
 	if err := m.destroyLocked(ctx, rec); err != nil {
 		return err
 	}
@@ -418,6 +425,8 @@ func (m *Manager) track(id string, sb engine.Sandbox) {
 		if !current {
 			return // slept, removed or replaced meanwhile
 		}
+		// Calls in flight (an exec) learn why they end.
+		sb.Guest().Close(errdefs.New(errdefs.Unavailable, "sandbox %s stopped: %s", id, reason))
 		rec, err := m.store.GetSandbox(context.Background(), id)
 		if err != nil || rec.State != store.StateRunning {
 			return

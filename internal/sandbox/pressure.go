@@ -64,7 +64,7 @@ func (m *Manager) idleLRU() []string {
 	var cs []cand
 	for id, sb := range m.live {
 		last := m.lastUsed[id]
-		if now.Sub(last) < idleAfter || sb.Agent().Active() > 0 {
+		if now.Sub(last) < idleAfter || sb.Guest().Active() > 0 {
 			continue
 		}
 		cs = append(cs, cand{id, last})

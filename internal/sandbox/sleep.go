@@ -139,7 +139,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return err
 	}
 	m.crashPoint("wake-before-engine")
-	sb, err := m.startLocked(ctx, *rec, m.spec(*rec, img), func(spec engine.Spec) (engine.Sandbox, error) {
+	sb, err := m.startLocked(ctx, *rec, m.spec(*rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
 		return snapper.Restore(ctx, spec, dir)
 	})
 	if err == nil {

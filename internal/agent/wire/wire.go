@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Version is bumped on any incompatible change to frames or their payloads.
@@ -44,7 +45,8 @@ const (
 	// Window (either way): 1 byte stream type + uint32 bytes consumed; grants
 	// the sender that much more credit on that stream.
 	Window
-	// Signal (host -> agent): uint32 signal number for the channel's process.
+	// Signal (host -> agent): the channel's process gets the signal encoded
+	// by stream.SignalPayload (clade's one signal encoding).
 	Signal
 	// Exit (agent -> host): JSON ExitMsg; the last frame of a channel.
 	Exit
@@ -158,11 +160,14 @@ type HelloMsg struct {
 type Op string
 
 const (
-	OpExec     Op = "exec"     // run a process
-	OpTarGet   Op = "tar-get"  // stream Path as a tar archive on stdout
-	OpTarPut   Op = "tar-put"  // extract the tar archive read from stdin into Path
-	OpStatFS   Op = "stat"     // report whether Path exists and is a directory
-	OpIdentity Op = "identity" // set the hostname (a restored copy's own)
+	OpExec   Op = "exec"    // run a process
+	OpTarGet Op = "tar-get" // stream Path as a tar archive on stdout
+	OpTarPut Op = "tar-put" // extract the tar archive read from stdin into Path
+	OpStatFS Op = "stat"    // report whether Path exists and is a directory
+	// OpIdentity applies the host's guest configuration (today the
+	// hostname). Its name predates that; it stays for the agents inside
+	// existing snapshots.
+	OpIdentity Op = "identity"
 )
 
 // Request opens a channel.
@@ -205,3 +210,28 @@ type ExitMsg struct {
 // InitialWindow is the credit each stream starts with: how many bytes a
 // sender may have in flight before the receiver acknowledges them.
 const InitialWindow = 1 << 20
+
+// StatInfo is the Info of an OpStatFS exit.
+type StatInfo struct {
+	Exists bool `json:"exists"`
+	IsDir  bool `json:"is_dir"`
+}
+
+// MergeEnv joins KEY=VALUE lists in order: a later value of a key replaces
+// an earlier one in its place.
+func MergeEnv(lists ...[]string) []string {
+	var env []string
+	idx := map[string]int{}
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := idx[k]; ok {
+				env[i] = kv
+				continue
+			}
+			idx[k] = len(env)
+			env = append(env, kv)
+		}
+	}
+	return env
+}

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,7 +46,7 @@ func newID() string {
 // Result is the outcome of one exec.
 type Result struct {
 	Stdout, Stderr string
-	Exit           wire.ExitMsg
+	Exit           guest.ExitStatus
 }
 
 // Exec runs argv in sb and collects its output.
@@ -54,17 +54,17 @@ func Exec(t testing.TB, sb engine.Sandbox, argv ...string) Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ch, err := sb.Agent().Open(ctx, wire.Request{Op: wire.OpExec, Argv: argv})
+	p, err := sb.Guest().Exec(ctx, guest.ExecRequest{Argv: argv})
 	if err != nil {
 		t.Fatalf("exec %v: %v", argv, err)
 	}
 	var out, errb bytes.Buffer
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _, _ = io.Copy(&out, ch.Stdout) }()
-	go func() { defer wg.Done(); _, _ = io.Copy(&errb, ch.Stderr) }()
+	go func() { defer wg.Done(); _, _ = io.Copy(&out, p.Stdout) }()
+	go func() { defer wg.Done(); _, _ = io.Copy(&errb, p.Stderr) }()
 	wg.Wait()
-	exit, err := ch.Wait(ctx)
+	exit, err := p.Wait(ctx)
 	if err != nil {
 		t.Fatalf("exec %v: %v", argv, err)
 	}
@@ -86,6 +86,15 @@ func smallFS(t *testing.T, mib int) string {
 		}
 	})
 	return dir
+}
+
+// Reconfigure applies spec's guest setup to sb, as the lifecycle does after
+// a restore or a prepared create.
+func Reconfigure(t testing.TB, sb engine.Sandbox, spec engine.Spec) {
+	t.Helper()
+	if err := sb.Guest().Reconfigure(t.Context(), guest.Config{Hostname: spec.Hostname}); err != nil {
+		t.Fatalf("reconfigure %s: %v", sb.ID(), err)
+	}
 }
 
 // Run runs the conformance suite.
@@ -212,13 +221,13 @@ c = socket.create_connection(srv.getsockname()); print("loopback ok")
 		// succeed, and a killed sandbox must say so.
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
-		ch, err := sb.Agent().Open(ctx, wire.Request{Op: wire.OpExec, Argv: []string{"python3", "-c",
+		p, err := sb.Guest().Exec(ctx, guest.ExecRequest{Argv: []string{"python3", "-c",
 			"b = bytearray(400 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, _ := io.ReadAll(ch.Stdout)
-		exit, err := ch.Wait(ctx)
+		out, _ := io.ReadAll(p.Stdout)
+		exit, err := p.Wait(ctx)
 		if strings.Contains(string(out), "survived") || (err == nil && exit.Code == 0) {
 			t.Fatalf("a 400 MiB allocation in a 128 MiB sandbox succeeded: %q %+v", out, exit)
 		}
@@ -249,6 +258,7 @@ c = socket.create_connection(srv.getsockname()); print("loopback ok")
 				t.Fatalf("restore %s: %v", spec.ID, err)
 			}
 			t.Cleanup(func() { _ = e.Destroy(context.Background(), spec.ID) })
+			Reconfigure(t, sb, spec)
 			return sb
 		}
 		parent := create(t, e, engine.Spec{Hostname: "parent"})
@@ -472,6 +482,7 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 		}
 		s1.Hostname = "booted"
 		sb := create(t, e, s1)
+		Reconfigure(t, sb, s1)
 		if r := Exec(t, sb, "hostname"); r.Stdout != "booted\n" {
 			t.Fatalf("prepared then created: %+v", r)
 		}
@@ -505,6 +516,7 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 			t.Fatalf("restore into a prepared sandbox: %v", err)
 		}
 		t.Cleanup(func() { _ = e.Destroy(context.Background(), s3.ID) })
+		Reconfigure(t, kid, s3)
 		if r := Exec(t, kid, "sh", "-c", "cat /root/f; hostname"); r.Stdout != "from-source\nrestored\n" {
 			t.Fatalf("restored into a prepared sandbox: %+v", r)
 		}

@@ -14,9 +14,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/clade-sandbox/clade/internal/agent"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 )
 
 var (
@@ -49,14 +49,14 @@ func New() *Engine {
 // Sandbox is a fake running sandbox.
 type Sandbox struct {
 	id     string
-	client *agent.Client
+	client *guest.Conn
 	exited chan struct{}
 	once   sync.Once
 	reason string
 }
 
 func (s *Sandbox) ID() string              { return s.id }
-func (s *Sandbox) Agent() *agent.Client    { return s.client }
+func (s *Sandbox) Guest() *guest.Conn      { return s.client }
 func (s *Sandbox) PID() int                { return 0 }
 func (s *Sandbox) Exited() <-chan struct{} { return s.exited }
 func (s *Sandbox) ExitReason() string      { return s.reason }
@@ -75,7 +75,7 @@ func (e *Engine) start(spec engine.Spec) (*Sandbox, error) {
 		return nil, errdefs.New(errdefs.AlreadyExists, "fake: sandbox %s already runs", spec.ID)
 	}
 	delete(e.prepared, spec.ID)
-	sb := &Sandbox{id: spec.ID, client: agent.NewClient(), exited: make(chan struct{})}
+	sb := &Sandbox{id: spec.ID, client: newGuest(), exited: make(chan struct{})}
 	e.running[spec.ID] = sb
 	e.specs[spec.ID] = spec
 	return sb, nil
@@ -107,7 +107,7 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	defer e.mu.Unlock()
 	if sb := e.running[spec.ID]; sb != nil {
 		// A new handle, as a restarted daemon would get.
-		nsb := &Sandbox{id: spec.ID, client: agent.NewClient(), exited: make(chan struct{})}
+		nsb := &Sandbox{id: spec.ID, client: newGuest(), exited: make(chan struct{})}
 		e.running[spec.ID] = nsb
 		return nsb, nil
 	}
@@ -123,6 +123,7 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	delete(e.specs, id)
 	e.mu.Unlock()
 	if sb != nil {
+		sb.client.Close(nil)
 		sb.stop("")
 	}
 	return nil

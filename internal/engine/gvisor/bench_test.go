@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/engine/gvisor"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/testenv"
 )
 
@@ -32,7 +32,7 @@ func BenchmarkAgent(b *testing.B) {
 	b.Cleanup(func() { _ = e.Destroy(context.Background(), sb.ID()) })
 	b.Run("ping", func(b *testing.B) {
 		for b.Loop() {
-			if err := sb.Agent().Ping(context.Background()); err != nil {
+			if err := sb.Guest().Ping(context.Background()); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -40,13 +40,13 @@ func BenchmarkAgent(b *testing.B) {
 	for _, argv := range [][]string{{"no-such-command"}, {"/bin/true"}} {
 		b.Run(argv[0], func(b *testing.B) {
 			for b.Loop() {
-				ch, err := sb.Agent().Open(context.Background(), wire.Request{Op: wire.OpExec, Argv: argv})
+				p, err := sb.Guest().Exec(context.Background(), guest.ExecRequest{Argv: argv})
 				if err != nil {
 					b.Fatal(err)
 				}
-				_, _ = io.Copy(io.Discard, ch.Stdout)
-				_, _ = io.Copy(io.Discard, ch.Stderr)
-				if _, err := ch.Wait(context.Background()); err != nil {
+				_, _ = io.Copy(io.Discard, p.Stdout)
+				_, _ = io.Copy(io.Discard, p.Stderr)
+				if _, err := p.Wait(context.Background()); err != nil {
 					b.Fatal(err)
 				}
 			}

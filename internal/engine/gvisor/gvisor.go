@@ -25,11 +25,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/clade-sandbox/clade/internal/agent"
-	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/engine/gvisor/bundle"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"golang.org/x/sys/unix"
 )
 
@@ -168,7 +167,7 @@ type sandbox struct {
 	id     string
 	dir    string
 	pid    int
-	client *agent.Client
+	client *guest.Conn
 	mu     sync.Mutex
 	ln     net.Listener
 	// expectExit marks an exit we caused (a checkpoint that stops it).
@@ -220,7 +219,7 @@ func (e *Engine) watch(s *sandbox) {
 }
 
 func (s *sandbox) ID() string            { return s.id }
-func (s *sandbox) Agent() *agent.Client  { return s.client }
+func (s *sandbox) Guest() *guest.Conn    { return s.client }
 func (s *sandbox) PID() int              { return s.pid }
 func (e *Engine) dir(id string) string   { return filepath.Join(e.sbRoot, id) }
 func (e *Engine) upper(id string) string { return filepath.Join(e.dir(id), "upper") }
@@ -350,18 +349,6 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) (err error) {
 	return nil
 }
 
-func (e *Engine) setIdentity(ctx context.Context, sb engine.Sandbox, hostname string) error {
-	ch, err := sb.Agent().Open(ctx, wire.Request{Op: wire.OpIdentity, Hostname: hostname})
-	if err != nil {
-		return err
-	}
-	exit, err := ch.Wait(ctx)
-	if err == nil {
-		err = agent.ExitError(exit)
-	}
-	return err
-}
-
 // layout makes a sandbox's directory, bundle and agent socket.
 func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err error) {
 	if len(spec.ID) == 0 || strings.ContainsAny(spec.ID, "/.") {
@@ -403,7 +390,7 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 // or not, and waits for its agent.
 func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot func(dir string, prepared bool) error) (_ engine.Sandbox, err error) {
 	e.mu.Lock()
-	hostname, prepared := e.prepared[spec.ID]
+	_, prepared := e.prepared[spec.ID]
 	delete(e.prepared, spec.ID)
 	sb := e.live[spec.ID]
 	e.mu.Unlock()
@@ -445,17 +432,8 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot
 	}
 	e.watch(sb)
 	t3 := time.Now()
-	defer func() {
-		e.cfg.Log.Debug("sandbox started", "sandbox", spec.ID, "prepared", prepared, "restore", restore,
-			"boot", t1.Sub(t0), "agent", t2.Sub(t1), "state", t3.Sub(t2), "identity", time.Since(t3))
-	}()
-	// A restored copy still has its checkpoint's hostname, a prepared one
-	// the hostname it was prepared with.
-	if restore || (prepared && hostname != spec.Hostname) {
-		if err := e.setIdentity(ctx, sb, spec.Hostname); err != nil {
-			return nil, fmt.Errorf("set hostname: %w", err)
-		}
-	}
+	e.cfg.Log.Debug("sandbox started", "sandbox", spec.ID, "prepared", prepared, "restore", restore,
+		"boot", t1.Sub(t0), "agent", t2.Sub(t1), "state", t3.Sub(t2))
 	return sb, nil
 }
 
@@ -549,7 +527,7 @@ func (e *Engine) waitReady(ctx context.Context, sb *sandbox) error {
 // it for as long as the sandbox lives.
 func (e *Engine) listen(id string) (*sandbox, error) {
 	dir := e.dir(id)
-	sb := &sandbox{id: id, dir: dir, client: agent.NewClient(), exited: make(chan struct{}), stopped: make(chan struct{})}
+	sb := &sandbox{id: id, dir: dir, client: guest.NewConn(), exited: make(chan struct{}), stopped: make(chan struct{})}
 	if err := e.accept(sb); err != nil {
 		return nil, err
 	}
@@ -610,7 +588,7 @@ func (s *sandbox) stop() {
 		s.ln.Close()
 	}
 	s.mu.Unlock()
-	s.client.Close()
+	s.client.Close(nil)
 }
 
 func (e *Engine) writeBundle(spec engine.Spec) error {

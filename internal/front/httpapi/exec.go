@@ -3,27 +3,30 @@ package httpapi
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
-	"github.com/clade-sandbox/clade/internal/agent"
-	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/api/stream"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/guest"
 )
 
-// exec runs a command and streams its output as wire frames on channel 0:
-// stdout and stderr data as they come, then exit. With an
-// `Upgrade: clade-stream` request the connection becomes two-way and the
-// client sends stdin, signal and close frames.
+// exec runs a command and streams its output as api/stream frames: stdout
+// and stderr data as they come, then exit. With an `Upgrade: clade-stream`
+// request the connection becomes two-way and the client sends stdin, signal
+// and close frames.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
+	if v := r.Header.Get(stream.VersionHeader); v != "" && v != strconv.Itoa(stream.Version) {
+		return errdefs.New(errdefs.InvalidArgument, "exec stream version %q is not supported: this daemon speaks version %d; upgrade the client or the daemon", v, stream.Version)
+	}
 	var req api.ExecRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -31,97 +34,104 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return errdefs.New(errdefs.InvalidArgument, "cmd is empty: give the command and its arguments")
 	}
-	for _, kv := range req.Env {
-		if err := sandbox.ValidEnv(kv); err != nil {
-			return err
-		}
+	if err := guest.CheckArgv(req.Cmd); err != nil {
+		return err
+	}
+	if err := guest.CheckEnv(req.Env); err != nil {
+		return err
 	}
 	if req.Workdir != "" && !path.IsAbs(req.Workdir) {
 		return errdefs.New(errdefs.InvalidArgument, "workdir %q must be an absolute path", req.Workdir)
 	}
-	if req.TimeoutMS < 0 {
-		return errdefs.New(errdefs.InvalidArgument, "timeout_ms must not be negative")
+	timeout, err := guest.TimeoutFromMS(req.TimeoutMS)
+	if err != nil {
+		return err
 	}
 	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.UpgradeProtocol)
 	if req.Stdin && !upgrade {
 		return errdefs.New(errdefs.InvalidArgument, "stdin needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.UpgradeProtocol)
 	}
-	ch, err := s.mgr.Open(r.Context(), r.PathValue("id"), wire.Request{Op: wire.OpExec, Argv: req.Cmd, Env: req.Env,
-		Dir: req.Workdir, TimeoutMS: req.TimeoutMS, Stdin: req.Stdin})
+	g, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	defer ch.Close()
+	p, err := g.Exec(r.Context(), guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
 
-	var out *frameWriter
+	var out *stream.Writer
 	if upgrade {
 		conn, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
-		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + api.UpgradeProtocol + "\r\n\r\n")
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + api.UpgradeProtocol +
+			"\r\n" + stream.VersionHeader + ": " + strconv.Itoa(stream.Version) + "\r\n\r\n")
 		if err := brw.Flush(); err != nil {
 			return nil
 		}
-		out = &frameWriter{w: conn}
-		go readClientFrames(brw.Reader, ch)
+		out = stream.NewWriter(conn, nil)
+		go readClientFrames(brw.Reader, p)
 	} else {
 		w.Header().Set("Content-Type", api.StreamContentType)
+		w.Header().Set(stream.VersionHeader, strconv.Itoa(stream.Version))
 		w.WriteHeader(http.StatusOK)
-		rc := http.NewResponseController(w)
-		out = &frameWriter{w: w, flush: rc.Flush}
+		out = stream.NewWriter(w, http.NewResponseController(w).Flush)
 	}
-	streamChannel(r, ch, out)
+	streamProcess(r, p, out)
 	return nil
 }
 
-// streamChannel copies a channel's output to the client as frames and ends
+// streamProcess copies a process's output to the client as frames and ends
 // with its exit frame.
-func streamChannel(r *http.Request, ch *agent.Channel, out *frameWriter) {
+func streamProcess(r *http.Request, p *guest.Process, out *stream.Writer) {
 	// A client that goes away takes its command with it.
-	stop := context.AfterFunc(r.Context(), ch.Close)
+	stop := context.AfterFunc(r.Context(), p.Close)
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go out.copy(&wg, wire.Stdout, ch.Stdout)
-	go out.copy(&wg, wire.Stderr, ch.Stderr)
+	go func() { defer wg.Done(); _ = out.Copy(stream.Stdout, p.Stdout) }()
+	go func() { defer wg.Done(); _ = out.Copy(stream.Stderr, p.Stderr) }()
 	wg.Wait()
-	exit, err := ch.Wait(r.Context())
-	st := api.ExitStatus{Code: exit.Code, Signal: exit.Signal, TimedOut: exit.TimedOut, Error: exit.Error, ErrorClass: exit.ErrorClass}
+	exit, err := p.Wait(r.Context())
+	st := api.ExitStatus{Code: exit.Code, Signal: exit.Signal, TimedOut: exit.TimedOut, Error: exit.Error, ErrorClass: string(exit.ErrorClass)}
 	if err != nil {
 		st = api.ExitStatus{Code: -1, Error: err.Error(), ErrorClass: string(errdefs.ClassOf(err))}
 	}
 	b, _ := json.Marshal(st)
-	_ = out.write(wire.Exit, b)
+	_ = out.Write(stream.Exit, b)
 }
 
 // readClientFrames forwards stdin and signals from an upgraded connection
-// to the channel. A client that goes away takes its process with it.
-func readClientFrames(br *bufio.Reader, ch *agent.Channel) {
+// to the process; frame types it does not know are ignored. A client that
+// goes away takes its process with it.
+func readClientFrames(br *bufio.Reader, p *guest.Process) {
 	// Stdin goes through a pipe so that a write waiting for the agent's
 	// window never holds up a signal or close frame behind it.
 	var stdin *io.PipeWriter
-	if ch.Stdin != nil {
+	if p.Stdin != nil {
 		pr, pw := io.Pipe()
 		stdin = pw
 		go func() {
-			if _, err := io.Copy(ch.Stdin, pr); err == nil {
-				_ = ch.Stdin.Close()
+			if _, err := io.Copy(p.Stdin, pr); err == nil {
+				_ = p.Stdin.Close()
 			}
 			_, _ = io.Copy(io.Discard, pr) // the process is gone; drain
 		}()
 		defer pw.Close()
 	}
-	r := wire.NewReader(br)
+	r := stream.NewReader(br)
 	for {
 		f, err := r.Read()
 		if err != nil {
-			ch.Close()
+			p.Close()
 			return
 		}
 		switch f.Type {
-		case wire.Stdin:
+		case stream.Stdin:
 			if stdin == nil {
 				continue
 			}
@@ -130,59 +140,12 @@ func readClientFrames(br *bufio.Reader, ch *agent.Channel) {
 			} else if _, err := stdin.Write(f.Payload); err != nil {
 				continue
 			}
-		case wire.Signal:
-			if len(f.Payload) == 4 {
-				_ = ch.Signal(int(binary.BigEndian.Uint32(f.Payload)))
+		case stream.Signal:
+			if sig, ok := stream.ParseSignal(f.Payload); ok {
+				_ = p.Signal(sig)
 			}
-		case wire.Close:
-			ch.Close()
-		}
-	}
-}
-
-// frameWriter serializes frames from several goroutines onto one response.
-type frameWriter struct {
-	mu    sync.Mutex
-	w     io.Writer
-	flush func() error
-	buf   []byte
-	err   error
-}
-
-func (f *frameWriter) write(t wire.Type, p []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.err != nil {
-		return f.err
-	}
-	f.buf = wire.AppendFrame(f.buf[:0], t, 0, p)
-	if _, err := f.w.Write(f.buf); err != nil {
-		f.err = err
-		return err
-	}
-	if f.flush != nil {
-		if err := f.flush(); err != nil {
-			f.err = err
-		}
-	}
-	return f.err
-}
-
-func (f *frameWriter) copy(wg *sync.WaitGroup, t wire.Type, r io.Reader) {
-	defer wg.Done()
-	buf := make([]byte, wire.ChunkSize)
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			if werr := f.write(t, buf[:n]); werr != nil {
-				// The client is gone: keep reading so the agent is not
-				// blocked, the request context ends the channel.
-				_, _ = io.Copy(io.Discard, r)
-				return
-			}
-		}
-		if err != nil {
-			return
+		case stream.Close:
+			p.Close()
 		}
 	}
 }
@@ -214,45 +177,28 @@ func (s *Server) getFiles(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	id := r.PathValue("id")
-	if err := s.stat(r, id, p); err != nil {
-		return err
-	}
-	ch, err := s.mgr.Open(r.Context(), id, wire.Request{Op: wire.OpTarGet, Path: p})
+	g, err := s.mgr.Guest(r.Context(), id)
 	if err != nil {
 		return err
 	}
-	defer ch.Close()
+	if _, err := g.Stat(r.Context(), p); err != nil {
+		if errdefs.IsNotFound(err) {
+			return errdefs.New(errdefs.NotFound, "%s: no such file or directory in sandbox %s", p, id)
+		}
+		return err
+	}
+	tr, err := g.CopyOut(r.Context(), p, nil)
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
 	w.Header().Set("Content-Type", "application/x-tar")
 	w.WriteHeader(http.StatusOK)
-	if _, err := io.Copy(w, ch.Stdout); err != nil {
-		panic(http.ErrAbortHandler)
-	}
-	exit, err := ch.Wait(r.Context())
-	if err == nil {
-		err = agent.ExitError(exit)
-	}
-	if err != nil {
+	if _, err := io.Copy(w, tr); err != nil {
 		// Too late for a status code: break the stream so the client sees
 		// a truncated archive fail instead of a short one succeed.
 		s.log.Warn("file transfer failed", "sandbox", id, "path", p, "err", err)
 		panic(http.ErrAbortHandler)
-	}
-	return nil
-}
-
-func (s *Server) stat(r *http.Request, id, p string) error {
-	ch, err := s.mgr.Open(r.Context(), id, wire.Request{Op: wire.OpStatFS, Path: p})
-	if err != nil {
-		return err
-	}
-	exit, err := ch.Wait(r.Context())
-	if err != nil {
-		return err
-	}
-	var st agent.StatInfo
-	_ = json.Unmarshal(exit.Info, &st)
-	if !st.Exists {
-		return errdefs.New(errdefs.NotFound, "%s: no such file or directory in sandbox %s", p, id)
 	}
 	return nil
 }
@@ -264,23 +210,25 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ch, err := s.mgr.Open(r.Context(), r.PathValue("id"), wire.Request{Op: wire.OpTarPut, Path: p, Stdin: true})
+	g, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	defer ch.Close()
+	// The body goes through a pipe, so that the copy into the sandbox can
+	// be cut off (closing the pipe) when the extraction ends early.
+	pr, pw := io.Pipe()
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
-		_, _ = io.Copy(ch.Stdin, r.Body)
-		_ = ch.Stdin.Close()
+		_, err := io.Copy(pw, r.Body)
+		pw.CloseWithError(err)
 	}()
 	// The handler may not return while the body is still being read. Only
 	// a copy still blocked on the client (the extraction failed early) is
 	// cut off with a read deadline: set on a body read to its end, the
 	// deadline would break the kept-alive connection for the next request.
 	defer func() {
-		ch.Close()
+		pr.CloseWithError(errors.New("extraction ended"))
 		select {
 		case <-copied:
 		case <-time.After(time.Second):
@@ -288,11 +236,7 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 			<-copied
 		}
 	}()
-	exit, err := ch.Wait(r.Context())
-	if err != nil {
-		return err
-	}
-	if err := agent.ExitError(exit); err != nil {
+	if err := g.CopyIn(r.Context(), p, pr); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -1,0 +1,508 @@
+// Package guest is the host side of clade's agent protocol: the one seam
+// between the host and what runs inside a sandbox. An engine hands the
+// lifecycle a *Conn per sandbox; fronts (the HTTP API, image builds) use its
+// typed operations (Exec, CopyIn, CopyOut, Stat, Reconfigure) and never see
+// the agent's wire frames (package internal/agent/wire), which only this
+// package and the agent share.
+package guest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// Conn is the host side of one sandbox's agent. The agent may reconnect at
+// any time (daemon restart, restore); Serve takes each new connection, and
+// the calls in flight on the old one fail with an Unavailable error (or the
+// reason given to Close).
+type Conn struct {
+	mu      sync.Mutex
+	cur     *session
+	changed chan struct{} // closed and replaced whenever cur changes
+	closed  bool
+	reason  error         // why Close was called; set with closed
+	closing chan struct{} // closed by the first Close
+	hello   wire.HelloMsg
+	// pending holds connections still in their hello: Quiesce must close
+	// them too, or a checkpoint could catch one.
+	pending map[net.Conn]struct{}
+}
+
+// NewConn returns a Conn with no connection yet.
+func NewConn() *Conn {
+	return &Conn{changed: make(chan struct{}), closing: make(chan struct{}), pending: map[net.Conn]struct{}{}}
+}
+
+// ErrClosed is what calls fail with after Close without a reason.
+var ErrClosed = errdefs.New(errdefs.Unavailable, "agent connection closed")
+
+// lostGrace is how long calls in flight on a connection that broke by
+// surprise wait for the lifecycle to say why (Close with a reason: the
+// sandbox was memory-killed or removed) before they fail with a bare
+// "connection lost". It only delays failures that are happening anyway.
+const lostGrace = 2 * time.Second
+
+// helloTimeout bounds the wait for a new connection's hello.
+const helloTimeout = 10 * time.Second
+
+// session is one agent connection and the calls open on it.
+type session struct {
+	conn      *wire.Conn
+	quiescing atomic.Bool
+	// frozen is set when the agent stopped answering pings while connected
+	// (e.g. `kill -STOP 1`): calls then fail fast until it answers again.
+	frozen atomic.Bool
+
+	mu     sync.Mutex
+	next   uint32
+	calls  map[uint32]*call
+	err    error
+	pongs  map[string]chan struct{}
+	closed chan struct{}
+}
+
+// Serve reads the agent's hello from nc, makes it the current connection
+// and serves it until it breaks; it returns then, with the error that ended
+// it. It closes nc.
+func (c *Conn) Serve(nc net.Conn) error {
+	c.mu.Lock()
+	c.pending[nc] = struct{}{}
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, nc)
+		c.mu.Unlock()
+	}()
+	r := wire.NewReader(bufio.NewReaderSize(nc, 64<<10))
+	_ = nc.SetReadDeadline(time.Now().Add(helloTimeout))
+	f, err := r.Read()
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("read hello: %w", err)
+	}
+	_ = nc.SetReadDeadline(time.Time{})
+	var h wire.HelloMsg
+	if f.Type != wire.Hello || json.Unmarshal(f.Payload, &h) != nil {
+		nc.Close()
+		return fmt.Errorf("agent did not say hello (got %v)", f.Type)
+	}
+	if h.Version != wire.Version {
+		nc.Close()
+		return fmt.Errorf("agent speaks protocol %d, host %d: rebuild the agent", h.Version, wire.Version)
+	}
+	s := &session{conn: wire.NewConn(nc), next: 1, calls: map[uint32]*call{}, pongs: map[string]chan struct{}{}, closed: make(chan struct{})}
+	c.mu.Lock()
+	delete(c.pending, nc)
+	if c.closed {
+		c.mu.Unlock()
+		nc.Close()
+		return c.reason
+	}
+	old := c.cur
+	c.cur = s
+	c.hello = h
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	if old != nil {
+		old.conn.Close()
+	}
+	stopWatch := make(chan struct{})
+	go s.watchdog(stopWatch)
+	err = s.readLoop(r)
+	close(stopWatch)
+	s.conn.Close()
+	lost := errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("agent connection lost: %w", err))
+	if !s.quiescing.Load() && s.busy() {
+		// Calls in flight: wait briefly for the reason (Close with one).
+		t := time.NewTimer(lostGrace)
+		select {
+		case <-c.closing:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	c.mu.Lock()
+	if c.closed {
+		lost = c.reason
+	}
+	if c.cur == s {
+		c.cur = nil
+		close(c.changed)
+		c.changed = make(chan struct{})
+	}
+	c.mu.Unlock()
+	s.fail(lost)
+	return err
+}
+
+// Close drops the current connection and refuses new ones. Calls in flight
+// and later calls fail with reason, which should say why (e.g. "sandbox X
+// was removed"); a nil reason means ErrClosed. Only the first Close's reason
+// counts; Close is idempotent.
+func (c *Conn) Close(reason error) {
+	if reason == nil {
+		reason = ErrClosed
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.reason = reason
+	close(c.closing)
+	s := c.cur
+	c.mu.Unlock()
+	if s != nil {
+		s.conn.Close()
+	}
+}
+
+// Boot returns how many times the agent had (re)connected since it started,
+// as of its last hello: a restored sandbox reconnects with a higher count.
+func (c *Conn) Boot() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hello.Boot
+}
+
+// Ready waits until an agent connection is up. It returns an Unavailable
+// error when ctx ends first, and the Close reason after Close.
+func (c *Conn) Ready(ctx context.Context) error {
+	_, err := c.session(ctx)
+	return err
+}
+
+// session returns the current connection, waiting for one while there is
+// none (e.g. while a restored agent redials).
+func (c *Conn) session(ctx context.Context) (*session, error) {
+	for {
+		c.mu.Lock()
+		s, changed, closed, reason := c.cur, c.changed, c.closed, c.reason
+		c.mu.Unlock()
+		if closed {
+			return nil, reason
+		}
+		if s != nil {
+			return s, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("agent not connected: %w", ctx.Err()))
+		case <-changed:
+		}
+	}
+}
+
+// Quiesce asks the agent to drop its connection before a snapshot and waits
+// until it has. The caller must have stopped accepting new connections, or
+// the agent reconnects at once. Calls in flight fail; their processes keep
+// running in the sandbox. Quiescing a Conn with no connection returns nil;
+// a timeout returns an Unavailable error.
+func (c *Conn) Quiesce(ctx context.Context) error {
+	c.mu.Lock()
+	s := c.cur
+	for nc := range c.pending {
+		nc.Close() // mid-hello: the agent sees it fail and redials
+	}
+	c.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.quiescing.Store(true)
+	if err := s.conn.Write(wire.Quiesce, 0, nil); err != nil {
+		s.conn.Close()
+		return nil // the connection is gone either way
+	}
+	select {
+	case <-s.closed:
+		return nil
+	case <-ctx.Done():
+		s.conn.Close()
+		return errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("agent did not quiesce: %w", ctx.Err()))
+	}
+}
+
+// errNotResponding is the message of a failed liveness check.
+const errNotResponding = "agent is not responding (stopped? `kill -STOP 1` inside the sandbox freezes it)"
+
+// Ping round-trips a ping frame on the current connection, waiting for one
+// while there is none. It returns an Unavailable error when the connection
+// breaks or ctx ends before the answer: an agent that is connected but does
+// not answer in time is frozen.
+func (c *Conn) Ping(ctx context.Context) error {
+	s, err := c.session(ctx)
+	if err != nil {
+		return err
+	}
+	return s.ping(ctx)
+}
+
+func (s *session) ping(ctx context.Context) error {
+	key := fmt.Sprint(time.Now().UnixNano())
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.pongs[key] = ch
+	s.mu.Unlock()
+	defer func() { s.mu.Lock(); delete(s.pongs, key); s.mu.Unlock() }()
+	if err := s.conn.Write(wire.Ping, 0, []byte(key)); err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err)
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-s.closed:
+		return s.err
+	case <-ctx.Done():
+		return errdefs.New(errdefs.Unavailable, "%s: no answer to a ping: %v", errNotResponding, ctx.Err())
+	}
+}
+
+// watchdogEvery is how often a connection with calls in flight checks
+// that the agent still answers; a check waits pingTimeout.
+const watchdogEvery = 5 * time.Second
+
+// watchdog fails the calls in flight when the agent stops answering pings
+// while its connection stays up: a frozen agent would leave them hanging
+// forever.
+func (s *session) watchdog(stop <-chan struct{}) {
+	t := time.NewTicker(watchdogEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if !s.busy() || s.quiescing.Load() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+		err := s.ping(ctx)
+		cancel()
+		if err != nil && errdefs.IsUnavailable(err) && strings.Contains(err.Error(), errNotResponding) {
+			s.frozen.Store(true)
+			s.failCalls(err)
+		}
+	}
+}
+
+// open starts a request on a new channel of the current connection.
+func (c *Conn) open(ctx context.Context, req wire.Request) (*call, error) {
+	s, err := c.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.frozen.Load() {
+		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		err := s.ping(pctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		s.frozen.Store(false)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return nil, s.err
+	}
+	id := s.next
+	s.next++
+	ch := &call{s: s, id: id, started: make(chan struct{}), done: make(chan struct{}),
+		stdout: wire.NewReceiver(s.conn, id, wire.Stdout),
+		stderr: wire.NewReceiver(s.conn, id, wire.Stderr)}
+	if req.Stdin {
+		ch.stdin = wire.NewSender(s.conn, id, wire.Stdin)
+	}
+	s.calls[id] = ch
+	s.mu.Unlock()
+	if err := s.conn.Write(wire.Open, id, body); err != nil {
+		s.conn.Close()
+		return nil, errdefs.Wrap(errdefs.Unavailable, err)
+	}
+	return ch, nil
+}
+
+func (s *session) busy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.calls) > 0
+}
+
+func (s *session) readLoop(r *wire.Reader) error {
+	for {
+		f, err := r.Read()
+		if err != nil {
+			return err
+		}
+		if f.Type == wire.Pong {
+			s.mu.Lock()
+			if ch, ok := s.pongs[string(f.Payload)]; ok {
+				delete(s.pongs, string(f.Payload))
+				close(ch)
+			}
+			s.mu.Unlock()
+			continue
+		}
+		s.mu.Lock()
+		ch := s.calls[f.Channel]
+		s.mu.Unlock()
+		if ch == nil {
+			continue
+		}
+		switch f.Type {
+		case wire.Started:
+			var st wire.StartedMsg
+			_ = json.Unmarshal(f.Payload, &st)
+			ch.pid = st.PID
+			close(ch.started)
+		case wire.Stdout:
+			if err := ch.stdout.Push(f.Payload); err != nil {
+				return err
+			}
+		case wire.Stderr:
+			if err := ch.stderr.Push(f.Payload); err != nil {
+				return err
+			}
+		case wire.Window:
+			st, n, err := wire.ParseWindow(f.Payload)
+			if err != nil {
+				return err
+			}
+			if st == wire.Stdin && ch.stdin != nil {
+				ch.stdin.Grant(n)
+			}
+		case wire.Exit:
+			var exit wire.ExitMsg
+			if err := json.Unmarshal(f.Payload, &exit); err != nil {
+				return fmt.Errorf("exit frame: %w", err)
+			}
+			s.mu.Lock()
+			_, ok := s.calls[f.Channel]
+			delete(s.calls, f.Channel)
+			s.mu.Unlock()
+			if !ok {
+				continue // failed meanwhile (failCalls)
+			}
+			ch.exit = exit
+			// The agent sends both streams' EOF before Exit; these are no-ops
+			// then, and unblock readers if it did not.
+			ch.stdout.Push(nil)
+			ch.stderr.Push(nil)
+			if ch.stdin != nil {
+				ch.stdin.Abort(io.ErrClosedPipe)
+			}
+			close(ch.done)
+		default:
+			return fmt.Errorf("unexpected %v frame from agent", f.Type)
+		}
+	}
+}
+
+// fail ends the session for good: calls in flight and later ones fail with
+// err.
+func (s *session) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+		close(s.closed)
+	}
+	s.mu.Unlock()
+	s.failCalls(err)
+}
+
+// failCalls fails the calls in flight with err.
+func (s *session) failCalls(err error) {
+	s.mu.Lock()
+	calls := s.calls
+	s.calls = map[uint32]*call{}
+	s.mu.Unlock()
+	for _, ch := range calls {
+		ch.err = err
+		ch.stdout.CloseWithError(err)
+		ch.stderr.CloseWithError(err)
+		if ch.stdin != nil {
+			ch.stdin.Abort(err)
+		}
+		close(ch.done)
+	}
+}
+
+// call is one request in flight on a channel.
+type call struct {
+	s       *session
+	id      uint32
+	stdin   *wire.Sender // nil unless the request set Stdin
+	stdout  *wire.Receiver
+	stderr  *wire.Receiver
+	pid     int
+	started chan struct{}
+	done    chan struct{}
+	exit    wire.ExitMsg
+	err     error
+}
+
+// wait returns the call's exit, or the error that lost it. A ctx that ends
+// first closes the call.
+func (ch *call) wait(ctx context.Context) (wire.ExitMsg, error) {
+	select {
+	case <-ch.done:
+		return ch.exit, ch.err
+	case <-ctx.Done():
+		ch.close()
+		return wire.ExitMsg{}, ctx.Err()
+	}
+}
+
+// close tells the agent to kill what runs on the channel and forget it. It
+// is safe after the call ended.
+func (ch *call) close() {
+	select {
+	case <-ch.done:
+		return
+	default:
+	}
+	_ = ch.s.conn.Write(wire.Close, ch.id, nil)
+	ch.stdout.CloseWithError(errors.New("channel closed"))
+	ch.stderr.CloseWithError(errors.New("channel closed"))
+}
+
+// exitError turns a failed exit of a non-exec op into a classed error.
+func exitError(e wire.ExitMsg) error {
+	if e.Error == "" {
+		return nil
+	}
+	return errdefs.New(errdefs.Class(e.ErrorClass), "%s", e.Error)
+}
+
+// Active returns how many calls (execs, file transfers) are open on the
+// current connection.
+func (c *Conn) Active() int {
+	c.mu.Lock()
+	s := c.cur
+	c.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.calls)
+}

@@ -1,0 +1,308 @@
+package guest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"syscall"
+	"time"
+
+	"github.com/clade-sandbox/clade/api/stream"
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// ExecRequest describes a process to run in the sandbox.
+type ExecRequest struct {
+	// Argv is the command and its arguments; Argv[0] is looked up in the
+	// PATH of the process's environment unless it contains a slash.
+	Argv []string
+	// Env is KEY=VALUE entries on top of the sandbox's environment.
+	Env []string
+	// Dir is the working directory (absolute); empty means the image's.
+	Dir string
+	// Timeout kills the process group after this long; 0 means none. It
+	// must be 0 or a whole number of milliseconds of at least 1 ms (see
+	// CheckTimeout).
+	Timeout time.Duration
+	// Stdin makes Process.Stdin a writer to the process's stdin; without it
+	// stdin is empty.
+	Stdin bool
+}
+
+// ExitStatus is how a process ended.
+type ExitStatus struct {
+	// Code is the exit status: 128+signal for a signalled process, 127 for
+	// a command not found, -1 when the process never ran (see Error).
+	Code     int
+	Signal   int
+	TimedOut bool
+	// Error and ErrorClass (an errdefs class) say why a process did not run.
+	Error      string
+	ErrorClass errdefs.Class
+}
+
+// Process is a process started by Exec.
+type Process struct {
+	ch *call
+	// Stdin is nil unless the request set Stdin; Close sends EOF.
+	Stdin io.WriteCloser
+	// Stdout and Stderr yield the process's output; both must be read to
+	// their end (or the process closed), or the process blocks on a full
+	// pipe.
+	Stdout, Stderr io.Reader
+}
+
+// startPatience is how long Exec waits for the agent to say the process
+// started before it checks, with a ping, that the agent is alive at all.
+const startPatience = 2 * time.Second
+
+// pingTimeout bounds a liveness check: an agent that answers nothing in this
+// long while connected is frozen (e.g. SIGSTOPped).
+const pingTimeout = 3 * time.Second
+
+// MaxTimeout is the longest exec timeout: far beyond any use, and far from
+// overflowing a time.Duration.
+const MaxTimeout = 366 * 24 * time.Hour
+
+// CheckTimeout checks an exec timeout: 0 (none) or between 1 ms and
+// MaxTimeout, in whole milliseconds (the unit of the API). It returns an
+// InvalidArgument error naming the bounds.
+func CheckTimeout(d time.Duration) error {
+	switch {
+	case d == 0:
+		return nil
+	case d < 0:
+		return errdefs.New(errdefs.InvalidArgument, "timeout %s is negative: give 0 for none or at least 1ms", d)
+	case d < time.Millisecond:
+		return errdefs.New(errdefs.InvalidArgument, "timeout %s is under 1ms, the smallest timeout: give 0 for none or at least 1ms", d)
+	case d > MaxTimeout:
+		return errdefs.New(errdefs.InvalidArgument, "timeout %s is over the longest timeout, %s", d, MaxTimeout)
+	case d%time.Millisecond != 0:
+		return errdefs.New(errdefs.InvalidArgument, "timeout %s is not a whole number of milliseconds", d)
+	}
+	return nil
+}
+
+// TimeoutFromMS converts an API timeout_ms into a Duration, refusing what
+// CheckTimeout refuses and what would overflow.
+func TimeoutFromMS(ms int64) (time.Duration, error) {
+	if ms < 0 || ms > int64(MaxTimeout/time.Millisecond) || ms > math.MaxInt64/int64(time.Millisecond) {
+		return 0, errdefs.New(errdefs.InvalidArgument, "timeout_ms %d is out of range: give 0 for none, or 1 to %d", ms, int64(MaxTimeout/time.Millisecond))
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// Exec starts a process and returns once it runs, or once it failed to
+// start: then Wait gives the exit status that says why (code 126 or 127,
+// Error set). It returns an InvalidArgument error for a bad request, and
+// an Unavailable error when the agent is not connected or does not answer
+// (e.g. it was stopped with SIGSTOP).
+func (c *Conn) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, errdefs.New(errdefs.InvalidArgument, "empty command")
+	}
+	if err := CheckTimeout(req.Timeout); err != nil {
+		return nil, err
+	}
+	if err := CheckEnv(req.Env); err != nil {
+		return nil, err
+	}
+	if err := CheckArgv(req.Argv); err != nil {
+		return nil, err
+	}
+	ch, err := c.open(ctx, wire.Request{Op: wire.OpExec, Argv: req.Argv, Env: req.Env, Dir: req.Dir,
+		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin})
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.waitStarted(ctx); err != nil {
+		ch.close()
+		return nil, err
+	}
+	p := &Process{ch: ch, Stdout: ch.stdout, Stderr: ch.stderr}
+	if ch.stdin != nil {
+		p.Stdin = ch.stdin
+	}
+	return p, nil
+}
+
+// waitStarted waits for the process to start (or fail to), checking that
+// the agent is alive when that takes long.
+func (ch *call) waitStarted(ctx context.Context) error {
+	t := time.NewTimer(startPatience)
+	defer t.Stop()
+	for {
+		select {
+		case <-ch.started:
+			return nil
+		case <-ch.done:
+			return nil // Wait has the exit, or the error that lost it
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+			err := ch.s.ping(pctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				select {
+				case <-ch.started:
+					return nil
+				case <-ch.done:
+					return nil
+				default:
+				}
+				return err
+			}
+			t.Reset(startPatience)
+		}
+	}
+}
+
+// PID returns the process's pid inside the sandbox, or 0 if it never ran.
+func (p *Process) PID() int {
+	select {
+	case <-p.ch.started:
+		return p.ch.pid
+	default:
+		return 0
+	}
+}
+
+// Signal delivers sig to the process. It returns an Unavailable error when
+// the connection is gone; signalling a process that already exited is a
+// no-op.
+func (p *Process) Signal(sig syscall.Signal) error {
+	return errdefs.Wrap(errdefs.Unavailable, p.ch.s.conn.Write(wire.Signal, p.ch.id, stream.SignalPayload(sig)))
+}
+
+// Wait waits for the process to exit and returns its status. The error is
+// for a process lost (the connection broke: an Unavailable error, or the
+// reason the sandbox went away) or ctx ending, which kills the process.
+func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
+	e, err := p.ch.wait(ctx)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	return ExitStatus{Code: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, Error: e.Error, ErrorClass: errdefs.Class(e.ErrorClass)}, nil
+}
+
+// Close kills the process group and forgets the process. It is safe to call
+// more than once and after the process exited.
+func (p *Process) Close() { p.ch.close() }
+
+// CopyIn extracts the tar archive read from r at path inside the sandbox
+// (docker cp semantics: into path if it is a directory, else as path). It
+// returns once the agent has finished; a Read of r still blocked then is
+// left to the caller to end (close r). An upload too big for the sandbox's
+// memory fails with a ResourceExhausted error.
+func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
+	ch, err := c.open(ctx, wire.Request{Op: wire.OpTarPut, Path: path, Stdin: true})
+	if err != nil {
+		return err
+	}
+	defer ch.close()
+	go func() {
+		if _, err := io.Copy(ch.stdin, r); err == nil {
+			_ = ch.stdin.Close()
+		}
+	}()
+	exit, err := ch.wait(ctx)
+	if err != nil {
+		return err
+	}
+	return exitError(exit)
+}
+
+// CopyOut streams path inside the sandbox as a tar archive whose top-level
+// entry is path's base name, leaving out the absolute paths in exclude (with
+// what is below them). The reader ends with io.EOF only when the whole
+// archive was sent; a failure part way ends it with the error. Close it.
+func (c *Conn) CopyOut(ctx context.Context, path string, exclude []string) (io.ReadCloser, error) {
+	ch, err := c.open(ctx, wire.Request{Op: wire.OpTarGet, Path: path, Exclude: exclude})
+	if err != nil {
+		return nil, err
+	}
+	return &copyOut{ctx: ctx, ch: ch}, nil
+}
+
+type copyOut struct {
+	ctx context.Context
+	ch  *call
+}
+
+func (o *copyOut) Read(p []byte) (int, error) {
+	n, err := o.ch.stdout.Read(p)
+	if err == io.EOF {
+		exit, werr := o.ch.wait(o.ctx)
+		if werr == nil {
+			werr = exitError(exit)
+		}
+		if werr != nil {
+			return n, werr
+		}
+	}
+	return n, err
+}
+
+func (o *copyOut) Close() error { o.ch.close(); return nil }
+
+// FileInfo describes a path inside the sandbox.
+type FileInfo struct {
+	IsDir bool
+}
+
+// Stat describes path inside the sandbox (without following a final
+// symlink). A missing path is a NotFound error.
+func (c *Conn) Stat(ctx context.Context, path string) (FileInfo, error) {
+	ch, err := c.open(ctx, wire.Request{Op: wire.OpStatFS, Path: path})
+	if err != nil {
+		return FileInfo{}, err
+	}
+	exit, err := ch.wait(ctx)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	if err := exitError(exit); err != nil {
+		return FileInfo{}, err
+	}
+	var st wire.StatInfo
+	if err := json.Unmarshal(exit.Info, &st); err != nil {
+		return FileInfo{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if !st.Exists {
+		return FileInfo{}, errdefs.New(errdefs.NotFound, "%s: no such file or directory", path)
+	}
+	return FileInfo{IsDir: st.IsDir}, nil
+}
+
+// Config is the part of a guest's setup the host may change while it runs:
+// after a restore a copy still has its checkpoint's. A zero field leaves
+// that setting as it is; new settings (addresses, routes) are added as
+// fields.
+type Config struct {
+	// Hostname is the sandbox's hostname.
+	Hostname string
+}
+
+// Reconfigure applies cfg's non-zero fields. It is idempotent; the error is
+// classed by the agent's answer, or Unavailable when it is not connected.
+func (c *Conn) Reconfigure(ctx context.Context, cfg Config) error {
+	if cfg.Hostname == "" {
+		return nil
+	}
+	ch, err := c.open(ctx, wire.Request{Op: wire.OpIdentity, Hostname: cfg.Hostname})
+	if err != nil {
+		return err
+	}
+	exit, err := ch.wait(ctx)
+	if err != nil {
+		return err
+	}
+	if err := exitError(exit); err != nil {
+		return fmt.Errorf("set hostname: %w", err)
+	}
+	return nil
+}
