@@ -426,7 +426,11 @@ func (m *Manager) track(id string, sb engine.Sandbox) {
 			return // slept, removed or replaced meanwhile
 		}
 		// Calls in flight (an exec) learn why they end.
-		sb.Guest().Close(errdefs.New(errdefs.Unavailable, "sandbox %s stopped: %s", id, reason))
+		class := errdefs.Unavailable
+		if strings.Contains(reason, "memory") {
+			class = errdefs.ResourceExhausted
+		}
+		sb.Guest().Close(errdefs.New(class, "sandbox %s stopped: %s", id, reason))
 		rec, err := m.store.GetSandbox(context.Background(), id)
 		if err != nil || rec.State != store.StateRunning {
 			return
