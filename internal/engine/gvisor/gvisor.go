@@ -74,6 +74,9 @@ type Engine struct {
 	// prepared maps ids of created-not-started containers to the hostname
 	// they were created with.
 	prepared map[string]string
+	// preparedNS holds the network namespace a prepared container was
+	// created in: runsc takes the network when it creates the sandbox.
+	preparedNS map[string]string
 }
 
 // New checks the configuration and prepares the state directory.
@@ -93,7 +96,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	cfg.Runsc = runsc
 	e := &Engine{cfg: cfg, runRoot: filepath.Join(cfg.StateDir, "runsc"), sbRoot: filepath.Join(cfg.StateDir, "sandboxes"),
-		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}, prepared: map[string]string{}}
+		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}, prepared: map[string]string{}, preparedNS: map[string]string{}}
 	for _, d := range []string{e.runRoot, e.sbRoot, e.binDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -224,10 +227,16 @@ func (e *Engine) upper(id string) string { return filepath.Join(e.dir(id), "uppe
 
 // globalFlags are the same for every call about one id.
 func (e *Engine) globalFlags(id string) []string {
+	// A sandbox with a namespace of its own runs gVisor's network stack
+	// over the veth it finds there; without, a loopback-only stack.
+	network := "none"
+	if fileExists(filepath.Join(e.dir(id), netnsFile)) {
+		network = "sandbox"
+	}
 	return []string{
 		"--root", e.runRoot,
 		"--platform", e.cfg.Platform,
-		"--network", "none",
+		"--network", network,
 		"--host-uds", "open",
 		"--overlay2", "root:dir=" + e.upper(id),
 		"--log-format", "text",
@@ -306,6 +315,7 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) (err error) {
 	}
 	e.mu.Lock()
 	e.prepared[spec.ID] = spec.Hostname
+	e.preparedNS[spec.ID] = spec.NetNS
 	e.mu.Unlock()
 	return nil
 }
@@ -355,9 +365,18 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot func(dir string, prepared bool) error) (_ engine.Sandbox, err error) {
 	e.mu.Lock()
 	hostname, prepared := e.prepared[spec.ID]
+	preparedNS := e.preparedNS[spec.ID]
 	delete(e.prepared, spec.ID)
+	delete(e.preparedNS, spec.ID)
 	sb := e.live[spec.ID]
 	e.mu.Unlock()
+	if prepared && preparedNS != spec.NetNS {
+		// Prepared in another network: of no use.
+		if err := e.Destroy(ctx, spec.ID); err != nil {
+			return nil, err
+		}
+		prepared = false
+	}
 	if !prepared {
 		if sb, err = e.layout(ctx, spec); err != nil {
 			return nil, err
@@ -544,6 +563,10 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 		// For the agent only: it drops this from the bounding set at start.
 		"CAP_SYS_ADMIN"}
+	netns, mounts, err := e.networkBundle(spec)
+	if err != nil {
+		return err
+	}
 	resources := map[string]any{"pids": map[string]any{"limit": 32768}}
 	if memory > 0 {
 		resources["memory"] = map[string]any{"limit": memory}
@@ -565,18 +588,18 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 		},
 		"root":     map[string]any{"path": spec.RootFS, "readonly": false},
 		"hostname": spec.Hostname,
-		"mounts": []map[string]any{
+		"mounts": append([]map[string]any{
 			{"destination": "/proc", "type": "proc", "source": "proc"},
 			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755"}},
 			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
 			{"destination": guestBinDir, "type": "bind", "source": e.binDir, "options": []string{"rbind", "ro"}},
 			{"destination": guestRunDir, "type": "bind", "source": filepath.Join(e.dir(spec.ID), "run"), "options": []string{"rbind", "rw"}},
-		},
+		}, mounts...),
 		"linux": map[string]any{
 			"cgroupsPath": "/clade/" + spec.ID,
 			"resources":   resources,
 			"namespaces": []map[string]any{
-				{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"},
+				{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, netns,
 			},
 		},
 	}
@@ -585,6 +608,38 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(e.dir(spec.ID), "config.json"), b, 0o600)
+}
+
+// netnsFile in a sandbox's directory names the network namespace it runs
+// in; runsc calls for the sandbox then use --network=sandbox.
+const netnsFile = "netns"
+
+// networkBundle returns the bundle's network namespace entry and the
+// mounts the network needs (/etc/resolv.conf naming spec.DNS), and records
+// the namespace for globalFlags.
+func (e *Engine) networkBundle(spec engine.Spec) (map[string]any, []map[string]any, error) {
+	if spec.NetNS == "" {
+		return map[string]any{"type": "network"}, nil, nil
+	}
+	dir := e.dir(spec.ID)
+	if err := os.WriteFile(filepath.Join(dir, netnsFile), []byte(spec.NetNS), 0o600); err != nil {
+		return nil, nil, err
+	}
+	var mounts []map[string]any
+	if len(spec.DNS) > 0 {
+		var b strings.Builder
+		for _, ns := range spec.DNS {
+			fmt.Fprintf(&b, "nameserver %s\n", ns)
+		}
+		// Same bytes in every sandbox of one network: a restored copy's
+		// page cache of it stays true.
+		p := filepath.Join(dir, "resolv.conf")
+		if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
+			return nil, nil, err
+		}
+		mounts = append(mounts, map[string]any{"destination": "/etc/resolv.conf", "type": "bind", "source": p, "options": []string{"bind", "ro"}})
+	}
+	return map[string]any{"type": "network", "path": spec.NetNS}, mounts, nil
 }
 
 type runscState struct {
@@ -647,6 +702,7 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	sb := e.live[id]
 	delete(e.live, id)
 	delete(e.prepared, id)
+	delete(e.preparedNS, id)
 	e.mu.Unlock()
 	if sb != nil {
 		sb.stop()
