@@ -133,6 +133,9 @@ type CreateRequest struct {
 	Env       []string
 	// FromSnapshot restores the sandbox from a snapshot instead of booting.
 	FromSnapshot string
+	// Network is the network mode and egress policy; nil takes the
+	// daemon's default.
+	Network *store.NetworkOptions
 }
 
 // MinMemoryMiB is the smallest memory limit a sandbox can boot with.
@@ -187,6 +190,11 @@ func (m *Manager) validate(req *CreateRequest) error {
 			return err
 		}
 	}
+	opts := store.Options{Network: req.Network}
+	if err := m.completeOptions(&opts); err != nil {
+		return err
+	}
+	req.Network = opts.Network
 	return nil
 }
 
@@ -227,21 +235,22 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if img.Snapshot != "" && len(req.Env) == 0 {
 		// A template: restore its ready snapshot (start command already
 		// running) when the sandbox asks for the snapshot's resources.
-		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs {
+		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs &&
+			shapeOf("", 0, 0, nil, sn.Opts.Network) == shapeOf("", 0, 0, nil, req.Network) {
 			m.imageMu.Unlock()
 			imageLocked = false
 			release()
-			return m.createFromSnapshot(ctx, sn.ID, req.Name)
+			return m.createFromSnapshot(ctx, sn.ID, req.Name, req.Network)
 		}
 	}
-	sh := shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env)
+	sh := shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Network)
 	id, ok := m.pool.take(sh)
 	if !ok {
 		id = newID()
 	}
 	defer m.pool.want(sh, 0, 0) // refill what was taken
 	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
-		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS}
+		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: store.Options{Network: req.Network}}
 	defer m.markBusy(rec.ID)()
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
 		return store.Sandbox{}, err
@@ -297,19 +306,21 @@ func (m *Manager) markBusy(id string) func() {
 
 // createFrom makes one sandbox restored from a snapshot: a fork of one.
 func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
-	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 {
-		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus and env: give only a name")
+	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 || req.Network != nil {
+		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus, env and network: give only a name")
 	}
 	if req.Name != "" {
 		if err := m.validate(&CreateRequest{Name: req.Name}); err != nil {
 			return store.Sandbox{}, err
 		}
 	}
-	return m.createFromSnapshot(ctx, req.FromSnapshot, req.Name)
+	return m.createFromSnapshot(ctx, req.FromSnapshot, req.Name, nil)
 }
 
-func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string) (store.Sandbox, error) {
-	res, err := m.fork(ctx, snapshot, []store.Sandbox{{Name: name}})
+// createFromSnapshot restores one sandbox; network, when set, replaces the
+// snapshot's network options (same mode).
+func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string, network *store.NetworkOptions) (store.Sandbox, error) {
+	res, err := m.fork(ctx, snapshot, []store.Sandbox{{Name: name, Opts: store.Options{Network: network}}})
 	if err != nil {
 		return store.Sandbox{}, err
 	}

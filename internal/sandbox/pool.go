@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -18,10 +19,17 @@ type shape struct {
 	memoryMiB int
 	cpus      float64
 	env       string
+	// network is the network mode: a prepared sandbox is made in its
+	// network (runsc takes it at create).
+	network string
 }
 
-func shapeOf(image string, memoryMiB int, cpus float64, env []string) shape {
-	return shape{image: image, memoryMiB: memoryMiB, cpus: cpus, env: strings.Join(env, "\x00")}
+func shapeOf(image string, memoryMiB int, cpus float64, env []string, network *store.NetworkOptions) shape {
+	sh := shape{image: image, memoryMiB: memoryMiB, cpus: cpus, env: strings.Join(env, "\x00")}
+	if network != nil {
+		sh.network = network.Mode
+	}
+	return sh
 }
 
 // warmPool keeps prepared sandboxes (created, not started) per shape, so a
@@ -86,7 +94,7 @@ func (m *Manager) StartPool(ctx context.Context) {
 	}
 	def := CreateRequest{}
 	if err := m.validate(&def); err == nil {
-		m.pool.want(shapeOf(def.Image, def.MemoryMiB, def.CPUs, nil), m.cfg.WarmCreate, m.cfg.WarmPool)
+		m.pool.want(shapeOf(def.Image, def.MemoryMiB, def.CPUs, nil, def.Network), m.cfg.WarmCreate, m.cfg.WarmPool)
 	}
 	go func() {
 		for {
@@ -130,9 +138,18 @@ func (m *Manager) prepareOne(ctx context.Context, prep engine.Preparer, sh shape
 	if sh.env != "" {
 		env = strings.Split(sh.env, "\x00")
 	}
-	spec := m.spec(store.Sandbox{ID: id, MemoryMiB: sh.memoryMiB, CPUs: sh.cpus, Env: env}, img)
-	if err := prep.Prepare(ctx, spec); err != nil {
+	rec := store.Sandbox{ID: id, MemoryMiB: sh.memoryMiB, CPUs: sh.cpus, Env: env}
+	if sh.network != "" {
+		rec.Opts.Network = &store.NetworkOptions{Mode: sh.network, Egress: "deny"}
+	}
+	spec := m.spec(rec, img)
+	// The hooks set it up as for a start (e.g. its network slot, which
+	// the start it is taken for keeps, with that sandbox's policy).
+	if err := m.beforeStart(ctx, rec, &spec); err != nil {
 		return err
+	}
+	if err := prep.Prepare(ctx, spec); err != nil {
+		return errors.Join(err, m.afterStop(ctx, rec))
 	}
 	m.pool.mu.Lock()
 	m.pool.slots[sh] = append(m.pool.slots[sh], id)
@@ -153,6 +170,7 @@ func (m *Manager) drainPool(ctx context.Context) {
 	slices.Sort(ids)
 	for _, id := range ids {
 		_ = m.eng.Destroy(ctx, id)
+		_ = m.afterStop(ctx, store.Sandbox{ID: id})
 	}
 }
 

@@ -228,7 +228,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	}
 	ctx = context.WithoutCancel(ctx) // children are made whole or not at all
 	res := ForkResult{Snapshot: sn.ID, Children: make([]ForkChild, len(recs))}
-	sh := shapeOf(sn.Image, sn.MemoryMiB, sn.CPUs, sn.Env)
+	sh := shapeOf(sn.Image, sn.MemoryMiB, sn.CPUs, sn.Env, sn.Opts.Network)
 	// Keep as many prepared for the next fork of this shape.
 	defer m.pool.want(sh, len(recs), m.cfg.WarmPool)
 	for i := range recs {
@@ -236,8 +236,12 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		if !ok {
 			id = newID()
 		}
+		opts := sn.Opts
+		if recs[i].Opts.Network != nil { // a template sandbox's own policy
+			opts.Network = recs[i].Opts.Network
+		}
 		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
-			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: sn.Opts}
+			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: opts}
 		if err := m.store.InsertSandbox(ctx, recs[i]); err != nil {
 			res.Children[i].Err = err
 			recs[i].ID = ""
@@ -419,13 +423,13 @@ func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
 	ctx = context.WithoutCancel(ctx)
 	// Wake into a prepared engine sandbox of the same shape when there is
 	// one: the sandbox keeps its id, the engine's id may change.
-	if engID, ok := m.pool.take(shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env)); ok {
+	if engID, ok := m.pool.take(shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts.Network)); ok {
 		if err := m.store.SetEngineID(ctx, rec.ID, engID); err != nil {
 			return store.Sandbox{}, errors.Join(err, m.eng.Destroy(ctx, engID))
 		}
 		rec.EngineID = engID
 	}
-	defer m.pool.want(shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env), 1, m.cfg.WarmPool)
+	defer m.pool.want(shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts.Network), 1, m.cfg.WarmPool)
 	if err := m.store.SetState(ctx, rec.ID, store.StateWaking, ""); err != nil {
 		return store.Sandbox{}, err
 	}
