@@ -63,6 +63,7 @@ type Pool struct {
 	slots  map[Shape][]string  // guarded by mu
 	target map[Shape]int       // guarded by mu
 	failed map[Shape]time.Time // guarded by mu: shapes whose prepare failed, until when to leave them
+	closed bool                // guarded by mu: drained; a prepare that finishes now is destroyed
 }
 
 // New returns an empty pool; call Run to fill it.
@@ -126,11 +127,18 @@ func (p *Pool) missing() (Shape, bool, time.Duration) {
 	return Shape{}, false, retry
 }
 
-func (p *Pool) add(sh Shape, id string) {
+func (p *Pool) add(ctx context.Context, sh Shape, id string) {
 	p.mu.Lock()
-	delete(p.failed, sh)
-	p.slots[sh] = append(p.slots[sh], id)
+	closed := p.closed
+	if !closed {
+		delete(p.failed, sh)
+		p.slots[sh] = append(p.slots[sh], id)
+	}
 	p.mu.Unlock()
+	if closed && p.cfg.Destroy != nil {
+		// Prepared after Drain: nobody will take it.
+		_ = p.cfg.Destroy(context.WithoutCancel(ctx), id)
+	}
 }
 
 // Run refills the pool one sandbox at a time until ctx ends. A pool with a
@@ -156,7 +164,7 @@ func (p *Pool) Run(ctx context.Context) {
 		}
 		id, err := p.cfg.Prepare(ctx, sh)
 		if err == nil {
-			p.add(sh, id)
+			p.add(ctx, sh, id)
 			continue
 		}
 		if ctx.Err() != nil {
@@ -180,6 +188,7 @@ func (p *Pool) Drain(ctx context.Context) {
 	}
 	p.slots = map[Shape][]string{}
 	p.target = map[Shape]int{}
+	p.closed = true
 	p.mu.Unlock()
 	slices.Sort(ids)
 	for _, id := range ids {

@@ -127,3 +127,27 @@ func TestAFailingShapeDoesNotHoldUpOthers(t *testing.T) {
 	p.Want(ShapeOf("good", 1, 1, nil, 0, ""), 2)
 	waitLen(t, p, 2)
 }
+
+func TestPrepareFinishingAfterDrainIsDestroyed(t *testing.T) {
+	f := &fakePrep{made: make(chan string, 1)}
+	release := make(chan struct{})
+	started := make(chan struct{})
+	prepare := func(ctx context.Context, sh Shape) (string, error) {
+		close(started)
+		<-release
+		return f.prepare(ctx, sh)
+	}
+	p := New(Config{Limit: 1, Prepare: prepare, Destroy: f.destroy})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	p.Want(ShapeOf("a", 1, 1, nil, 0, ""), 1)
+	<-started
+	cancel()
+	p.Drain(t.Context())
+	close(release)
+	<-done
+	if p.Len() != 0 || len(f.destroyed) != 1 {
+		t.Fatalf("a prepare that finished after Drain: %d kept, %d destroyed", p.Len(), len(f.destroyed))
+	}
+}
