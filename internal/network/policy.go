@@ -1,0 +1,148 @@
+package network
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// Egress modes: what happens to destinations no rule names.
+const (
+	EgressAllow = "allow"
+	EgressDeny  = "deny"
+)
+
+// Policy is a sandbox's egress policy as the user states it.
+type Policy struct {
+	// Egress is EgressAllow (the default) or EgressDeny.
+	Egress string
+	// Allow lists HOST, *.DOMAIN or CIDR (or a bare IPv4 address) rules.
+	// Any entry makes the policy an allowlist, whatever Egress says.
+	Allow []string
+	// Deny lists CIDRs (or bare IPv4 addresses) that are always refused.
+	Deny []string
+}
+
+// rules is a checked Policy.
+type rules struct {
+	allowAll   bool // egress allow and no allowlist
+	allowCIDRs []netip.Prefix
+	hosts      []string // exact names, lower case, no trailing dot
+	domains    []string // "*.example.com" as ".example.com"
+	denyCIDRs  []netip.Prefix
+}
+
+// allowlist reports whether only what the rules name is allowed.
+func (r *rules) allowlist() bool { return !r.allowAll }
+
+// names reports whether the resolver may forward queries at all.
+func (r *rules) resolves() bool { return r.allowAll || len(r.hosts) > 0 || len(r.domains) > 0 }
+
+// allowsName reports whether a lookup of name may be forwarded, and its
+// answers allowed.
+func (r *rules) allowsName(name string) bool {
+	if r.allowAll {
+		return true
+	}
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	if slices.Contains(r.hosts, name) {
+		return true
+	}
+	for _, d := range r.domains {
+		if strings.HasSuffix(name, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// Check validates p and returns it in canonical form (lower-case names,
+// masked CIDRs, the default egress filled in). Errors are InvalidArgument.
+func (p Policy) Check() (Policy, error) {
+	_, c, err := p.compile()
+	return c, err
+}
+
+func (p Policy) compile() (*rules, Policy, error) {
+	out := Policy{Egress: p.Egress}
+	switch p.Egress {
+	case "":
+		out.Egress = EgressAllow
+	case EgressAllow, EgressDeny:
+	default:
+		return nil, Policy{}, errdefs.New(errdefs.InvalidArgument, "bad egress %q: use allow or deny", p.Egress)
+	}
+	r := &rules{}
+	for _, a := range p.Allow {
+		a = strings.ToLower(strings.TrimSpace(a))
+		if pfx, ok := parseCIDR(a); ok {
+			if !pfx.Addr().Is4() {
+				return nil, Policy{}, errdefs.New(errdefs.InvalidArgument, "bad allow rule %q: sandboxes have no IPv6; use an IPv4 CIDR, HOST or *.DOMAIN", a)
+			}
+			r.allowCIDRs = append(r.allowCIDRs, pfx)
+			out.Allow = append(out.Allow, pfx.String())
+			continue
+		}
+		name := strings.TrimSuffix(a, ".")
+		wild := false
+		if rest, ok := strings.CutPrefix(name, "*."); ok {
+			name, wild = rest, true
+		}
+		if !validHostname(name) {
+			return nil, Policy{}, errdefs.New(errdefs.InvalidArgument, "bad allow rule %q: use HOST, *.DOMAIN or an IPv4 CIDR", a)
+		}
+		if wild {
+			r.domains = append(r.domains, "."+name)
+			out.Allow = append(out.Allow, "*."+name)
+		} else {
+			r.hosts = append(r.hosts, name)
+			out.Allow = append(out.Allow, name)
+		}
+	}
+	for _, d := range p.Deny {
+		d = strings.TrimSpace(d)
+		pfx, ok := parseCIDR(d)
+		if !ok || !pfx.Addr().Is4() {
+			return nil, Policy{}, errdefs.New(errdefs.InvalidArgument, "bad deny rule %q: use an IPv4 CIDR such as 203.0.113.0/24", d)
+		}
+		r.denyCIDRs = append(r.denyCIDRs, pfx)
+		out.Deny = append(out.Deny, pfx.String())
+	}
+	r.allowAll = out.Egress == EgressAllow && len(p.Allow) == 0
+	return r, out, nil
+}
+
+// parseCIDR parses a CIDR or a bare address (as a single-address prefix).
+func parseCIDR(s string) (netip.Prefix, bool) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, false
+		}
+		return p.Masked(), true
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, a.BitLen()), true
+}
+
+func validHostname(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
