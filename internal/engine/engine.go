@@ -29,6 +29,10 @@ type Spec struct {
 	// address and routes, set up by the network hook); empty means a
 	// loopback-only network stack.
 	NetNS string
+	// DNS lists the nameservers the sandbox uses: the engine makes its
+	// /etc/resolv.conf name them (a file it mounts over the image's).
+	// Empty keeps the image's file.
+	DNS []string
 	// Env is the base environment of every process in the sandbox.
 	Env []string
 	// Workdir and User are the defaults of every exec (the image's

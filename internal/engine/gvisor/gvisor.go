@@ -76,6 +76,9 @@ type Engine struct {
 	prepared map[string]string
 	// disk caches each sandbox's disk cap (see diskMiB).
 	disk map[string]int
+	// preparedNS holds the network namespace a prepared container was
+	// created in: runsc takes the network when it creates the sandbox.
+	preparedNS map[string]string
 }
 
 // New checks the configuration and prepares the state directory.
@@ -95,7 +98,8 @@ func New(cfg Config) (*Engine, error) {
 	}
 	cfg.Runsc = runsc
 	e := &Engine{cfg: cfg, runRoot: filepath.Join(cfg.StateDir, "runsc"), sbRoot: filepath.Join(cfg.StateDir, "sandboxes"),
-		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}, prepared: map[string]string{}, disk: map[string]int{}}
+		binDir: filepath.Join(cfg.StateDir, "bin"), live: map[string]*sandbox{}, prepared: map[string]string{}, disk: map[string]int{},
+		preparedNS: map[string]string{}}
 	for _, d := range []string{e.runRoot, e.sbRoot, e.binDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -226,10 +230,16 @@ func (e *Engine) upper(id string) string { return filepath.Join(e.dir(id), "uppe
 
 // globalFlags are the same for every call about one id.
 func (e *Engine) globalFlags(id string) []string {
+	// A sandbox with a namespace of its own runs gVisor's network stack
+	// over the veth it finds there; without, a loopback-only stack.
+	network := "none"
+	if fileExists(filepath.Join(e.dir(id), netnsFile)) {
+		network = "sandbox"
+	}
 	return []string{
 		"--root", e.runRoot,
 		"--platform", e.cfg.Platform,
-		"--network", "none",
+		"--network", network,
 		"--host-uds", "open",
 		"--overlay2", e.overlay(id),
 		"--log-format", "text",
@@ -345,6 +355,7 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) (err error) {
 	}
 	e.mu.Lock()
 	e.prepared[spec.ID] = spec.Hostname
+	e.preparedNS[spec.ID] = spec.NetNS
 	e.mu.Unlock()
 	return nil
 }
@@ -391,12 +402,14 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot func(dir string, prepared bool) error) (_ engine.Sandbox, err error) {
 	e.mu.Lock()
 	_, prepared := e.prepared[spec.ID]
+	preparedNS := e.preparedNS[spec.ID]
 	delete(e.prepared, spec.ID)
+	delete(e.preparedNS, spec.ID)
 	sb := e.live[spec.ID]
 	e.mu.Unlock()
-	if prepared && e.diskMiB(spec.ID) != spec.DiskMiB {
-		// runsc fixed the disk cap when it created the container: start
-		// afresh rather than with the wrong one.
+	if prepared && (e.diskMiB(spec.ID) != spec.DiskMiB || preparedNS != spec.NetNS) {
+		// runsc fixed the disk cap and the network when it created the
+		// container: start afresh rather than with the wrong ones.
 		if err := e.Destroy(ctx, spec.ID); err != nil {
 			return nil, err
 		}
@@ -599,6 +612,10 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 	if spec.User != "" {
 		env = append(env, "CLADE_AGENT_USER="+spec.User)
 	}
+	mounts, err := e.networkBundle(spec)
+	if err != nil {
+		return err
+	}
 	return bundle.Write(e.dir(spec.ID), bundle.Spec{
 		Args:      []string{guestAgent},
 		Env:       env,
@@ -609,13 +626,45 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 		CPUs:      spec.CPUs,
 		// For the agent only: it drops this from the bounding set at start.
 		ExtraCaps: []string{"CAP_SYS_ADMIN"},
-		Mounts: []bundle.Mount{
+		Mounts: append([]bundle.Mount{
 			{Source: e.binDir, Destination: guestBinDir, ReadOnly: true},
 			// Read-only too: the agent only dials the host's socket there,
 			// and a writable host directory would bypass the disk cap.
 			{Source: filepath.Join(e.dir(spec.ID), "run"), Destination: guestRunDir, ReadOnly: true},
-		},
+		}, mounts...),
+		NetNS: spec.NetNS,
 	})
+}
+
+// netnsFile in a sandbox's directory names the network namespace it runs
+// in; runsc calls for the sandbox then use --network=sandbox.
+const netnsFile = "netns"
+
+// networkBundle records the sandbox's network namespace for globalFlags
+// and returns the mounts the network needs (/etc/resolv.conf naming
+// spec.DNS).
+func (e *Engine) networkBundle(spec engine.Spec) ([]bundle.Mount, error) {
+	if spec.NetNS == "" {
+		return nil, nil
+	}
+	dir := e.dir(spec.ID)
+	if err := os.WriteFile(filepath.Join(dir, netnsFile), []byte(spec.NetNS), 0o600); err != nil {
+		return nil, err
+	}
+	if len(spec.DNS) == 0 {
+		return nil, nil
+	}
+	var b strings.Builder
+	for _, ns := range spec.DNS {
+		fmt.Fprintf(&b, "nameserver %s\n", ns)
+	}
+	// Same bytes in every sandbox of one network: a restored copy's page
+	// cache of it stays true.
+	p := filepath.Join(dir, "resolv.conf")
+	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
+		return nil, err
+	}
+	return []bundle.Mount{{Source: p, Destination: "/etc/resolv.conf", ReadOnly: true}}, nil
 }
 
 type runscState struct {
@@ -678,6 +727,7 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	sb := e.live[id]
 	delete(e.live, id)
 	delete(e.prepared, id)
+	delete(e.preparedNS, id)
 	e.mu.Unlock()
 	if sb != nil {
 		sb.stop()
