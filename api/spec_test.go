@@ -97,7 +97,7 @@ func TestSpecSchemas(t *testing.T) {
 	for _, v := range []any{api.Sandbox{}, api.CreateSandboxRequest{}, api.ExecRequest{}, api.ExitStatus{},
 		api.Image{}, api.Health{}, api.Error{},
 		api.Snapshot{}, api.SnapshotRequest{}, api.ForkRequest{}, api.ForkChild{}, api.ForkResult{},
-		api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}, api.CommitRequest{},
+		api.Network{}, api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}, api.CommitRequest{},
 		api.BuildSandboxRequest{}, api.BuildEvent{}} {
 		typ := reflect.TypeOf(v)
 		t.Run(typ.Name(), func(t *testing.T) {

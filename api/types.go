@@ -25,6 +25,26 @@ type Sandbox struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	Error     string            `json:"error,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
+	// Network is the sandbox's network mode, egress policy and address.
+	Network *Network `json:"network,omitempty"`
+}
+
+// Network is a sandbox's network: its mode, its egress policy and, while
+// it runs with a network of its own, its address. It is also the body of
+// PUT /v1/sandboxes/{id}/network, which replaces the policy.
+type Network struct {
+	// Mode is "internet" (an address of its own, egress under the policy)
+	// or "none" (loopback only).
+	Mode string `json:"mode,omitempty"`
+	// Egress is "allow" or "deny": what happens to destinations no rule
+	// names.
+	Egress string `json:"egress,omitempty"`
+	// Allow lists HOST, *.DOMAIN or IPv4 CIDR rules; any entry makes the
+	// policy an allowlist. Deny lists IPv4 CIDRs that are always refused.
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+	// Address is the sandbox's own IPv4 address (read only).
+	Address string `json:"address,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
@@ -42,6 +62,9 @@ type CreateSandboxRequest struct {
 	// FromSnapshot restores the new sandbox from a snapshot (id or name)
 	// instead of booting the image: a fork of one child.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Network sets the network mode and egress policy; omitted, the
+	// daemon's default mode with egress allow.
+	Network *Network `json:"network,omitempty"`
 }
 
 // Snapshot is a sandbox's state frozen on disk: memory, processes, files.

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/system"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -34,9 +36,33 @@ func cmdDaemon(ctx context.Context, args []string) error {
 	fs.BoolVar(&o.Sandbox.DestroyUnrecorded, "destroy-unrecorded", false, "at start, destroy running engine sandboxes the database does not record (by default they are kept and logged: a lost database must not take them with it)")
 	fs.IntVar(&o.Sandbox.RestoreParallel, "restore-parallel", 0, "restores of one fork run at once (default: twice the core count)")
 	fs.IntVar(&o.Sandbox.WarmPool, "warm-pool", 16, "prepared (created, not started) sandboxes kept per shape for fast creates and forks; 0 turns the pool off")
+	fs.StringVar(&o.DefaultNetwork, "default-network", "internet", "network of sandboxes that ask for none: internet (own address, egress under a policy) or none (loopback only)")
+	netRange := fs.String("network-range", network.DefaultRange.String(), "IPv4 range sandbox addresses come from, one /30 each")
+	fs.StringVar(&o.Network.Prefix, "network-prefix", "clade", "name of the nftables table and prefix of netns and veth names")
+	fs.IntVar(&o.Network.PoolSize, "network-pool", 8, "sandbox networks kept built ahead")
+	dnsUp := fs.String("dns-upstream", "", "comma-separated DNS servers (IP or IP:PORT) the sandboxes' resolver forwards to (default: the host's /etc/resolv.conf); none answers SERVFAIL")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	rng, err := netip.ParsePrefix(*netRange)
+	if err != nil {
+		return fmt.Errorf("bad --network-range %q: use an IPv4 CIDR such as %s", *netRange, network.DefaultRange)
+	}
+	o.Network.Range = rng
+	switch *dnsUp {
+	case "":
+	case "none":
+		o.Network.NoUpstream = true
+	default:
+		for _, u := range strings.Split(*dnsUp, ",") {
+			if a, err := netip.ParseAddr(u); err == nil {
+				u = netip.AddrPortFrom(a, 53).String()
+			} else if _, err := netip.ParseAddrPort(u); err != nil {
+				return fmt.Errorf("bad --dns-upstream %q: use IP or IP:PORT", u)
+			}
+			o.Network.Upstreams = append(o.Network.Upstreams, u)
+		}
 	}
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)

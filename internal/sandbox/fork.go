@@ -96,8 +96,17 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			id = newID()
 		}
 		unlocks[i] = m.locks.lock(id)
+		opts := sn.Opts
+		if o := recs[i].Opts; o.Network != nil || o.Labels != nil { // a template sandbox's own (same network mode)
+			if o.Network != nil {
+				opts.Network = o.Network
+			}
+			if o.Labels != nil {
+				opts.Labels = o.Labels
+			}
+		}
 		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
-			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: sn.Opts, CreatedAt: time.Now()}
+			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: opts, CreatedAt: time.Now()}
 	}
 	// The children are recorded as the snapshot's users under its lock, so
 	// a removal of the snapshot cannot slip in between.
@@ -105,7 +114,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	if _, err := m.store.GetSnapshot(ctx, sn.ID); err != nil {
 		unlockSnap()
 		for i := range recs {
-			_ = m.eng.Destroy(ctx, recs[i].ID) // a prepared sandbox from the pool, if any
+			_ = m.destroyPrepared(ctx, recs[i].ID) // a prepared sandbox from the pool, if any
 			unlocks[i]()
 		}
 		return ForkResult{}, err
@@ -113,7 +122,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	for i := range recs {
 		if err := m.store.InsertSandbox(ctx, recs[i]); err != nil {
 			res.Children[i].Err = err
-			_ = m.eng.Destroy(ctx, recs[i].ID)
+			_ = m.destroyPrepared(ctx, recs[i].ID)
 			recs[i].ID = ""
 			unlocks[i]()
 		}

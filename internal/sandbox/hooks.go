@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -35,6 +36,57 @@ type Hook interface {
 	// frees whatever it holds for sandboxes not in all, and for those in
 	// all but not running, what a run holds.
 	Reconcile(ctx context.Context, running, all []store.Sandbox) error
+}
+
+// OptionsHook is a hook with a say in a sandbox's options: it checks and
+// completes a new sandbox's options before the sandbox is recorded (e.g.
+// fills in the daemon's default network), and applies changed options to
+// an existing sandbox. Errors are InvalidArgument.
+type OptionsHook interface {
+	CompleteOptions(o *store.Options) error
+	UpdateOptions(ctx context.Context, rec store.Sandbox, o *store.Options) error
+}
+
+func (m *Manager) completeOptions(o *store.Options) error {
+	for _, h := range m.cfg.Hooks {
+		if oh, ok := h.(OptionsHook); ok {
+			if err := oh.CompleteOptions(o); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// SetNetwork replaces the network options (egress policy) of a sandbox;
+// a running one follows them at once, a sleeping one when it wakes.
+// Errors: NotFound, InvalidArgument (a bad policy, a mode change, or a
+// sandbox without a network of its own).
+func (m *Manager) SetNetwork(ctx context.Context, ref string, n store.NetworkOptions) (store.Sandbox, error) {
+	rec, unlock, err := m.lockSandbox(ctx, ref)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer unlock()
+	opts := rec.Opts
+	opts.Network = &n
+	found := false
+	for _, h := range m.cfg.Hooks {
+		if oh, ok := h.(OptionsHook); ok {
+			found = true
+			if err := oh.UpdateOptions(ctx, rec, &opts); err != nil {
+				return store.Sandbox{}, err
+			}
+		}
+	}
+	if !found {
+		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "this daemon has no networking")
+	}
+	if err := m.store.SetOptions(ctx, rec.ID, opts); err != nil {
+		return store.Sandbox{}, err
+	}
+	rec.Opts = opts
+	return rec, nil
 }
 
 func (m *Manager) beforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error {

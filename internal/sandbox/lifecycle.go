@@ -77,7 +77,10 @@ func (m *Manager) validate(req *CreateRequest) error {
 	if req.Opts.DiskMiB != 0 && (req.Opts.DiskMiB < MinDiskMiB || req.Opts.DiskMiB > maxDiskMiB) {
 		return errdefs.New(errdefs.InvalidArgument, "disk %d MiB is out of range: use %d MiB to %d TiB", req.Opts.DiskMiB, MinDiskMiB, maxDiskMiB>>20)
 	}
-	return validLabels(req.Opts.Labels)
+	if err := validLabels(req.Opts.Labels); err != nil {
+		return err
+	}
+	return m.completeOptions(&req.Opts)
 }
 
 // MinDiskMiB is the smallest disk cap a sandbox can have.
@@ -130,11 +133,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if img.Snapshot != "" && len(req.Env) == 0 {
 		// A template: restore its ready snapshot (start command already
 		// running) when the sandbox asks for the snapshot's resources.
-		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs {
+		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs &&
+			sn.Opts.DiskMiB == req.Opts.DiskMiB && networkMode(sn.Opts) == networkMode(req.Opts) {
 			m.imageMu.Unlock()
 			imageLocked = false
 			release()
-			return m.createFromSnapshot(ctx, sn.ID, req.Name)
+			return m.createFromSnapshot(ctx, sn.ID, req.Name, req.Opts)
 		}
 	}
 	sh := m.shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
@@ -149,7 +153,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	defer unlock()
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
 		if ok {
-			_ = m.eng.Destroy(context.WithoutCancel(ctx), id)
+			_ = m.destroyPrepared(context.WithoutCancel(ctx), id)
 		}
 		return store.Sandbox{}, err
 	}
@@ -217,11 +221,14 @@ func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sand
 			return store.Sandbox{}, err
 		}
 	}
-	return m.createFromSnapshot(ctx, req.FromSnapshot, req.Name)
+	return m.createFromSnapshot(ctx, req.FromSnapshot, req.Name, store.Options{})
 }
 
-func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string) (store.Sandbox, error) {
-	res, err := m.fork(ctx, snapshot, []store.Sandbox{{Name: name}})
+// createFromSnapshot restores one sandbox from snapshot. The child takes
+// the snapshot's options except the network policy and labels of opts,
+// when given (a template's sandbox asks for its own).
+func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string, opts store.Options) (store.Sandbox, error) {
+	res, err := m.fork(ctx, snapshot, []store.Sandbox{{Name: name, Opts: opts}})
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -233,11 +240,15 @@ func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string)
 
 // shapeOf is the warm-pool shape of a sandbox.
 func (m *Manager) shapeOf(image string, memoryMiB int, cpus float64, env []string, o store.Options) pool.Shape {
-	network := ""
-	if o.Network != nil {
-		network = o.Network.Mode
+	return pool.ShapeOf(image, memoryMiB, cpus, env, o.DiskMiB, networkMode(o))
+}
+
+// networkMode is o's network mode, "" when it has none recorded.
+func networkMode(o store.Options) string {
+	if o.Network == nil {
+		return ""
 	}
-	return pool.ShapeOf(image, memoryMiB, cpus, env, o.DiskMiB, network)
+	return o.Network.Mode
 }
 
 // spec is the engine's view of a sandbox of img: the image's environment

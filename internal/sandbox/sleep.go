@@ -130,7 +130,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	sh := m.shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
 	if engID, ok := m.pool.Take(sh); ok {
 		if err := m.store.SetEngineID(ctx, rec.ID, engID); err != nil {
-			return errors.Join(err, m.eng.Destroy(ctx, engID))
+			return errors.Join(err, m.destroyPrepared(ctx, engID))
 		}
 		rec.EngineID = engID
 	}

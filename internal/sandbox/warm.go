@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
@@ -34,18 +35,28 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	id := newID()
-	spec := m.spec(store.Sandbox{ID: id, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB}}, img)
-	if err := prep.Prepare(ctx, spec); err != nil {
+	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB}}
+	if sh.Network != "" {
+		// The policy is the taker's: the start it is taken for applies it.
+		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network, Egress: "deny"}
+	}
+	spec := m.spec(rec, img)
+	// The hooks set it up as for a start (e.g. its network slot: runsc
+	// takes the network namespace when it creates the container).
+	if err := m.beforeStart(ctx, rec, &spec); err != nil {
 		return "", err
 	}
-	return id, nil
+	if err := prep.Prepare(ctx, spec); err != nil {
+		return "", errors.Join(err, m.afterStop(ctx, rec))
+	}
+	return rec.ID, nil
 }
 
 // Warm returns how many prepared sandboxes wait in the pool.
 func (m *Manager) Warm() int { return m.pool.Len() }
 
-// destroyPrepared removes a prepared sandbox nobody took.
+// destroyPrepared removes a prepared sandbox nobody took, and what the
+// hooks set up for it.
 func (m *Manager) destroyPrepared(ctx context.Context, id string) error {
-	return m.eng.Destroy(ctx, id)
+	return errors.Join(m.eng.Destroy(ctx, id), m.afterStop(ctx, store.Sandbox{ID: id}))
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,7 +39,12 @@ type Options struct {
 	// BuildDefaultImage builds the default image at start if it is missing.
 	BuildDefaultImage bool
 	Sandbox           sandbox.Config
-	Log               *slog.Logger
+	// DefaultNetwork is the network mode of sandboxes that ask for none:
+	// "internet" (the default when empty) or "none". Network configures the
+	// sandbox networks (its StateDir and Log are set here).
+	DefaultNetwork string
+	Network        network.Config
+	Log            *slog.Logger
 	// Ready, if set, is called once the daemon serves.
 	Ready func()
 }
@@ -80,6 +86,20 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	hook, err := startNetwork(ctx, &o, log)
+	if err != nil {
+		return err
+	}
+	// Deferred before the manager's Close, so it runs after it: the
+	// manager's drain hands prepared slots back first.
+	defer func() {
+		if n := hook.Network(); n != nil {
+			if err := n.Close(); err != nil {
+				log.Warn("network close", "err", err)
+			}
+		}
+	}()
+	o.Sandbox.Hooks = append(o.Sandbox.Hooks, hook)
 	o.Sandbox.Log = log
 	o.Sandbox.SnapshotDir = filepath.Join(o.DataDir, "snapshots")
 	o.Sandbox.SleepDir = filepath.Join(o.DataDir, "sleep")
@@ -110,7 +130,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	registerCounters(reg, mgr.Counters())
-	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp}, mgr, reg)
+	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr}, mgr, reg)
 
 	var lns []net.Listener
 	defer func() {
@@ -214,4 +234,32 @@ func registerCounters(reg *prometheus.Registry, c *sandbox.Counters) {
 			Help: strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(name, "clade_"), "_total"), "_", " ")},
 			func() float64 { return float64(v.Load()) }))
 	}
+}
+
+// startNetwork sets up sandbox networking. When it cannot (no nftables,
+// not root) and the default mode is none, the daemon runs on without it and
+// only sandboxes that ask for internet are refused.
+func startNetwork(ctx context.Context, o *Options, log *slog.Logger) (*network.Hook, error) {
+	if o.DefaultNetwork == "" {
+		o.DefaultNetwork = network.ModeInternet
+	}
+	cfg := o.Network
+	cfg.StateDir = filepath.Join(o.DataDir, "network")
+	cfg.Log = log
+	n, nerr := network.New(ctx, cfg)
+	if nerr != nil {
+		if o.DefaultNetwork == network.ModeInternet {
+			return nil, fmt.Errorf("sandbox networking: %w (run as root on a kernel with nftables, or use --default-network none)", nerr)
+		}
+		log.Warn("sandbox networking is unavailable; sandboxes get loopback only", "err", nerr)
+		n = nil
+	}
+	hook, err := network.NewHook(n, o.DefaultNetwork, nerr)
+	if err != nil {
+		if n != nil {
+			_ = n.Close()
+		}
+		return nil, err
+	}
+	return hook, nil
 }

@@ -163,6 +163,8 @@ type Daemon struct {
 	DataDir string
 	Socket  string
 	Client  *sdk.Client
+	// Net is the daemon's own network share (prefix and range).
+	Net     NetPlan
 	args    []string
 	env     []string
 	cmd     *exec.Cmd
@@ -179,12 +181,16 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	images := ImagesDir(t)
 	clade, agent := Binaries(t)
 	dir := TempDir(t)
-	d := &Daemon{t: t, Bin: clade, DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "clade.sock"), logPath: filepath.Join(dir, "daemon.log")}
+	d := &Daemon{t: t, Bin: clade, DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "clade.sock"), logPath: filepath.Join(dir, "daemon.log"),
+		Net: ReserveNet(t)}
 	d.args = append([]string{"daemon", "--data-dir", d.DataDir, "--images-dir", images, "--socket", d.Socket,
 		"--runsc", runsc, "--agent", agent, "--build-default-image=false", "--log-level", "debug",
 		// No background work unless a test asks for it: the pool's prepared
 		// sandboxes would show in the leak census taken mid-test.
-		"--warm-pool", "0"}, extraArgs...)
+		"--warm-pool", "0",
+		// A network share of its own; no DNS leaves the machine unless a
+		// test points --dns-upstream at its test host.
+		"--network-prefix", d.Net.Prefix, "--network-range", d.Net.Range.String(), "--network-pool", "2", "--dns-upstream", "none"}, extraArgs...)
 	c, err := sdk.New(d.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +284,8 @@ func (d *Daemon) cleanup() {
 		_ = d.cmd.Process.Signal(syscall.SIGTERM)
 		_ = d.Wait()
 	}
-	if leaks := Leaks(d.DataDir); len(leaks) > 0 {
+	leaks := append(Leaks(d.DataDir), d.Net.NetLeaks()...)
+	if len(leaks) > 0 {
 		d.t.Errorf("leaked after the test:\n  %s\ndaemon log:\n%s", strings.Join(leaks, "\n  "), tailString(d.Log(), 4000))
 	}
 }
@@ -291,8 +298,9 @@ func tailString(s string, n int) string {
 }
 
 // Leaks lists what sandboxes of a data dir still hold: runsc processes,
-// mounts (other than runsc's shared null netns), sandbox directories and
-// cgroups.
+// mounts (other than runsc's shared null netns), sandbox directories,
+// cgroups and network slots (a running daemon's pool of unowned slots is
+// not a leak; NetPlan.NetLeaks finds everything once it stopped).
 func Leaks(dataDir string) []string {
 	var leaks []string
 	for _, p := range ProcessesMentioning(dataDir) {
@@ -314,6 +322,12 @@ func Leaks(dataDir string) []string {
 		for _, e := range ents {
 			leaks = append(leaks, sub+": "+e.Name())
 		}
+	}
+	// A held network slot is recorded by its index, holding its owner.
+	slots, _ := os.ReadDir(filepath.Join(dataDir, "network"))
+	for _, e := range slots {
+		owner, _ := os.ReadFile(filepath.Join(dataDir, "network", e.Name()))
+		leaks = append(leaks, "network slot: "+e.Name()+" held by "+string(owner))
 	}
 	ents, _ := os.ReadDir(filepath.Join(dataDir, "gvisor", "sandboxes"))
 	for _, e := range ents {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ type Config struct {
 	TmpDir string
 	// EngineVersion is reported by /v1/health.
 	EngineVersion string
+	// Addr returns a running sandbox's own network address, if it has
+	// one; nil when the daemon has no networking.
+	Addr func(store.Sandbox) (netip.Addr, bool)
 }
 
 // Server is the HTTP API.
@@ -55,6 +59,7 @@ func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
 	s.route("GET /v1/sandboxes", "sandbox_list", s.listSandboxes)
 	s.route("GET /v1/sandboxes/{id}", "sandbox_inspect", s.getSandbox)
 	s.route("DELETE /v1/sandboxes/{id}", "sandbox_remove", s.deleteSandbox)
+	s.route("PUT /v1/sandboxes/{id}/network", "sandbox_network", s.setNetwork)
 	s.route("POST /v1/sandboxes/{id}/exec", "exec", s.exec)
 	s.route("GET /v1/sandboxes/{id}/files", "files_get", s.getFiles)
 	s.route("PUT /v1/sandboxes/{id}/files", "files_put", s.putFiles)
@@ -226,8 +231,37 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 }
 
 func toAPI(sb store.Sandbox) api.Sandbox {
-	return api.Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
+	out := api.Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
 		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC()}
+	if n := sb.Opts.Network; n != nil {
+		out.Network = &api.Network{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
+	}
+	return out
+}
+
+// toAPILive is toAPI with what only the running daemon knows (the
+// sandbox's address).
+func (s *Server) toAPILive(sb store.Sandbox) api.Sandbox {
+	out := toAPI(sb)
+	if out.Network != nil && s.cfg.Addr != nil {
+		if a, ok := s.cfg.Addr(sb); ok {
+			out.Network.Address = a.String()
+		}
+	}
+	return out
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
+	var req api.Network
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	sb, err := s.mgr.SetNetwork(r.Context(), r.PathValue("id"), store.NetworkOptions{Mode: req.Mode, Egress: req.Egress, Allow: req.Allow, Deny: req.Deny})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.toAPILive(sb))
+	return nil
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -235,12 +269,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	sb, err := s.mgr.Create(r.Context(), sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
-		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels}})
+	creq := sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
+		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels}}
+	if n := req.Network; n != nil {
+		creq.Opts.Network = &store.NetworkOptions{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
+	}
+	sb, err := s.mgr.Create(r.Context(), creq)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toAPI(sb))
+	writeJSON(w, http.StatusCreated, s.toAPILive(sb))
 	return nil
 }
 
@@ -251,7 +289,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, sb := range sbs {
-		out = append(out, toAPI(sb))
+		out = append(out, s.toAPILive(sb))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -262,7 +300,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
+	writeJSON(w, http.StatusOK, s.toAPILive(sb))
 	return nil
 }
 
