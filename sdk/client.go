@@ -34,6 +34,7 @@ type (
 	Snapshot             = api.Snapshot
 	ForkResult           = api.ForkResult
 	ForkChild            = api.ForkChild
+	Network              = api.Network
 )
 
 // DefaultSocket is where the daemon listens by default.
@@ -228,6 +229,14 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (S
 func (c *Client) GetSandbox(ctx context.Context, ref string) (Sandbox, error) {
 	var sb Sandbox
 	return sb, c.call(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(ref), nil, &sb)
+}
+
+// SetNetwork replaces a sandbox's egress policy (n's Egress, Allow and
+// Deny; the mode cannot change) and returns the sandbox. A running sandbox
+// follows it at once for new connections.
+func (c *Client) SetNetwork(ctx context.Context, ref string, n Network) (Sandbox, error) {
+	var sb Sandbox
+	return sb, c.call(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(ref)+"/network", n, &sb)
 }
 
 // ListSandboxes returns every sandbox.

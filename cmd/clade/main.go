@@ -34,6 +34,8 @@ const usage = `clade runs untrusted code in gVisor sandboxes.
 Usage:
   clade daemon [--data-dir DIR] [--socket PATH] [--listen ADDR --token-file FILE]
   clade create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]
+               [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...
+  clade network ID [--egress allow|deny] [--allow RULE]... [--deny CIDR]...   show or replace the egress policy
   clade exec [-i] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]
   clade ls [--json]
   clade inspect ID...
@@ -112,6 +114,8 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdSnapshot)
 	case "fork":
 		err = withClient(ctx, host, rest, cmdFork)
+	case "network":
+		err = withClient(ctx, host, rest, cmdNetwork)
 	case "sleep":
 		err = withClient(ctx, host, rest, cmdSleep)
 	case "wake":

@@ -66,6 +66,8 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.Var(&env, "env", "environment variable K=V for every process (repeatable)")
 	fs.StringVar(&req.Name, "name", "", "unique name, usable wherever an id is")
 	fs.StringVar(&req.FromSnapshot, "from", "", "restore from this snapshot instead of booting the image")
+	mode := fs.String("network", "", "internet (own address, egress under the policy) or none (loopback only); default: the daemon's --default-network")
+	pol := policyFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -90,6 +92,11 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 			req.Labels = map[string]string{}
 		}
 		req.Labels[k] = v
+	}
+	if *mode != "" || pol.set() {
+		n := pol.network()
+		n.Mode = *mode
+		req.Network = &n
 	}
 	sb, err := c.CreateSandbox(ctx, req)
 	if err != nil {
@@ -145,6 +152,51 @@ func cmdExec(ctx context.Context, c *sdk.Client, args []string) error {
 		fmt.Fprintln(os.Stderr, "clade:", st.Error)
 	}
 	return exitError{st.Code}
+}
+
+// policyFlagSet holds are the egress policy flags of create and network.
+type policyFlagSet struct {
+	egress      *string
+	allow, deny multi
+}
+
+func policyFlags(fs *flag.FlagSet) *policyFlagSet {
+	p := &policyFlagSet{egress: fs.String("egress", "", "allow or deny: what happens to destinations no rule names (default allow)")}
+	fs.Var(&p.allow, "allow", "allow HOST, *.DOMAIN or IPv4 CIDR (repeatable); any makes the policy an allowlist")
+	fs.Var(&p.deny, "deny", "refuse this IPv4 CIDR (repeatable)")
+	return p
+}
+
+func (p *policyFlagSet) set() bool { return *p.egress != "" || len(p.allow) > 0 || len(p.deny) > 0 }
+
+func (p *policyFlagSet) network() sdk.Network {
+	return sdk.Network{Egress: *p.egress, Allow: p.allow, Deny: p.deny}
+}
+
+func cmdNetwork(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("network", "network ID [--egress allow|deny] [--allow RULE]... [--deny CIDR]...\n\nWithout flags prints the sandbox's network (mode, policy, address) as JSON.\nWith flags replaces its egress policy: what is not given takes the default\n(egress allow, no rules). A running sandbox follows it at once.")
+	pol := policyFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	var sb sdk.Sandbox
+	var err error
+	if pol.set() {
+		sb, err = c.SetNetwork(ctx, fs.Arg(0), pol.network())
+	} else {
+		sb, err = c.GetSandbox(ctx, fs.Arg(0))
+	}
+	if err != nil {
+		return err
+	}
+	if sb.Network == nil {
+		return printJSON(sdk.Network{Mode: "none"})
+	}
+	return printJSON(sb.Network)
 }
 
 func cmdList(ctx context.Context, c *sdk.Client, args []string) error {

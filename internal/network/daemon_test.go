@@ -1,0 +1,261 @@
+package network_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// fetchPy prints the body at URL argv[1], or ERR and why.
+const fetchPy = `import sys, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())
+except Exception as e:
+    print("ERR", type(e).__name__, e)
+`
+
+// servePy starts a web server on port 8000 in the background and returns
+// once it accepts.
+const serveSh = `python3 -m http.server 8000 >/dev/null 2>&1 &
+python3 -c '
+import socket, time
+for i in range(400):
+    try:
+        socket.create_connection(("127.0.0.1", 8000)).close()
+        break
+    except OSError:
+        time.sleep(0.025)
+'`
+
+func execOut(t *testing.T, c *sdk.Client, id string, cmd ...string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	st, err := c.Exec(t.Context(), id, sdk.ExecRequest{Cmd: cmd, Stdout: &out, Stderr: &errb})
+	if err != nil || st.Code != 0 {
+		t.Fatalf("exec %v in %s: %v %+v %s", cmd, id, err, st, errb.String())
+	}
+	return strings.TrimSpace(out.String())
+}
+
+func fetch(t *testing.T, c *sdk.Client, id, url string) string {
+	t.Helper()
+	return execOut(t, c, id, "python3", "-c", fetchPy, url)
+}
+
+// hostGet fetches http://addr:port/ from the host.
+func hostGet(t *testing.T, addr string, port int) (string, error) {
+	t.Helper()
+	cl := &http.Client{Timeout: 10 * time.Second}
+	resp, err := cl.Get("http://" + net.JoinHostPort(addr, strconv.Itoa(port)) + "/")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func create(t *testing.T, c *sdk.Client, n *sdk.Network) sdk.Sandbox {
+	t.Helper()
+	sb, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Network: n})
+	if err != nil {
+		t.Fatalf("create %+v: %v", n, err)
+	}
+	return sb
+}
+
+// TestDaemonNetwork drives sandbox networks through the API: egress to a
+// test host under each kind of rule, what is always closed, policy
+// changes on a running sandbox, fork children, sleep and wake, and mode
+// none.
+func TestDaemonNetwork(t *testing.T) {
+	hp := testenv.ReserveNet(t)
+	host := testenv.StartTestHost(t, hp)
+	d := testenv.StartDaemon(t, "--dns-upstream", host.DNS)
+	c := d.Client
+	ctx := t.Context()
+	hostURL := "http://" + host.Addr.String() + "/"
+	want := "hello from " + host.Addr.String()
+
+	byCIDR := create(t, c, &sdk.Network{Allow: []string{hp.HostNet.String()}})
+	if byCIDR.Network == nil || byCIDR.Network.Mode != "internet" || byCIDR.Network.Address == "" {
+		t.Fatalf("created sandbox's network: %+v", byCIDR.Network)
+	}
+	if a := netip.MustParseAddr(byCIDR.Network.Address); !d.Net.Range.Contains(a) {
+		t.Fatalf("address %s outside the daemon's range %s", a, d.Net.Range)
+	}
+	if got := fetch(t, c, byCIDR.ID, hostURL); got != want {
+		t.Fatalf("egress allowed by CIDR: %q", got)
+	}
+
+	// The daemon's default: egress allow, private ranges closed.
+	def := create(t, c, nil)
+	if def.Network == nil || def.Network.Mode != "internet" || def.Network.Egress != "allow" {
+		t.Fatalf("default network: %+v", def.Network)
+	}
+	if got := fetch(t, c, def.ID, hostURL); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("private test host reachable without an allow rule: %q", got)
+	}
+
+	// Always closed, even for a sandbox whose policy allows the test
+	// network: the host (a listener on every host address stands for the
+	// daemon's TCP port; 127.0.0.1 is the sandbox's own loopback),
+	// link-local metadata, and a sibling whose server the host reaches.
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "host") }))
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	gw := netip.MustParseAddr(byCIDR.Network.Address).Prev()
+	execOut(t, c, def.ID, "sh", "-c", serveSh)
+	if body, err := hostGet(t, def.Network.Address, 8000); err != nil || !strings.Contains(body, "Directory listing") {
+		t.Fatalf("the sibling's server does not answer the host: %q %v", body, err)
+	}
+	for _, url := range []string{
+		"http://" + gw.String() + ":" + port + "/",
+		"http://" + host.HostSide.String() + ":" + port + "/",
+		"http://127.0.0.1:" + port + "/",
+		"http://169.254.169.254/",
+		"http://" + def.Network.Address + ":8000/",
+	} {
+		if got := fetch(t, c, byCIDR.ID, url); !strings.HasPrefix(got, "ERR") {
+			t.Errorf("%s reachable from a sandbox: %q", url, got)
+		}
+	}
+
+	// Hostname allowlist: the name resolves and its address is reachable;
+	// the host's other address, named only by bad.test, is refused, and
+	// bad.test does not resolve.
+	byName := create(t, c, &sdk.Network{Allow: []string{"good.test"}})
+	if got := fetch(t, c, byName.ID, "http://"+host.Addr2.String()+"/"); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("direct IP of a host only bad.test names: %q", got)
+	}
+	if got := fetch(t, c, byName.ID, "http://good.test/"); got != want {
+		t.Fatalf("allowed name: %q", got)
+	}
+	if got := fetch(t, c, byName.ID, "http://bad.test/"); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("name not allowed: %q", got)
+	}
+
+	// A running sandbox's policy changes at once.
+	sb, err := c.SetNetwork(ctx, byCIDR.ID, sdk.Network{Egress: "deny"})
+	if err != nil || sb.Network.Egress != "deny" || len(sb.Network.Allow) != 0 {
+		t.Fatalf("set network: %+v %v", sb.Network, err)
+	}
+	if got := fetch(t, c, byCIDR.ID, hostURL); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("egress deny: %q", got)
+	}
+	if got, _ := c.GetSandbox(ctx, byCIDR.ID); got.Network.Egress != "deny" {
+		t.Fatalf("inspect after the change: %+v", got.Network)
+	}
+
+	// Fork: each child has its own address, the parent's policy and the
+	// parent's server, answering on the child's address.
+	execOut(t, c, byName.ID, "sh", "-c", serveSh)
+	res, err := c.Fork(ctx, byName.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{byName.Network.Address: true}
+	for _, ch := range res.Children {
+		if ch.Error != "" {
+			t.Fatalf("fork child: %+v", ch)
+		}
+		t.Cleanup(func() { _ = c.DeleteSandbox(context.Background(), ch.ID) })
+		got, err := c.GetSandbox(ctx, ch.ID)
+		if err != nil || got.Network == nil || got.Network.Address == "" || seen[got.Network.Address] {
+			t.Fatalf("child network: %+v %v (seen %v)", got.Network, err, seen)
+		}
+		seen[got.Network.Address] = true
+		if body, err := hostGet(t, got.Network.Address, 8000); err != nil || !strings.Contains(body, "Directory listing") {
+			t.Fatalf("parent's server in child %s at %s: %q %v", ch.ID, got.Network.Address, body, err)
+		}
+		if got := fetch(t, c, ch.ID, "http://good.test/"); got != want {
+			t.Fatalf("child egress by name: %q", got)
+		}
+	}
+
+	// Sleep and wake: a fresh slot, same policy, egress works.
+	child := res.Children[0].ID
+	if _, err := c.Sleep(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	if slept, _ := c.GetSandbox(ctx, child); slept.Network.Address != "" {
+		t.Fatalf("a sleeping sandbox holds an address: %+v", slept.Network)
+	}
+	woke, err := c.Wake(ctx, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if woke.Network.Address == "" {
+		t.Fatalf("woken sandbox has no address: %+v", woke.Network)
+	}
+	if got := fetch(t, c, child, "http://good.test/"); got != want {
+		t.Fatalf("woken sandbox egress: %q", got)
+	}
+
+	// Mode none: loopback only, and its policy cannot be set.
+	none := create(t, c, &sdk.Network{Mode: "none"})
+	if none.Network == nil || none.Network.Mode != "none" || none.Network.Address != "" {
+		t.Fatalf("mode none: %+v", none.Network)
+	}
+	if got := fetch(t, c, none.ID, hostURL); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("mode none reaches out: %q", got)
+	}
+	if _, err := c.SetNetwork(ctx, none.ID, sdk.Network{Egress: "deny"}); !sdk.IsInvalidArgument(err) {
+		t.Fatalf("policy of a mode none sandbox: %v", err)
+	}
+	for _, bad := range []sdk.Network{{Mode: "wifi"}, {Egress: "maybe"}, {Allow: []string{"no spaces"}}, {Deny: []string{"example.com"}}, {Allow: []string{"fd00::/8"}}} {
+		if _, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Network: &bad}); !sdk.IsInvalidArgument(err) {
+			t.Errorf("create with %+v: %v, want invalid argument", bad, err)
+		}
+	}
+}
+
+// TestDaemonNetworkRestart: after a SIGKILL the next daemon keeps running
+// sandboxes' slots (egress still works) and frees what a create killed
+// half way held; the cleanup's census then finds no netns, veth or table.
+func TestDaemonNetworkRestart(t *testing.T) {
+	hp := testenv.ReserveNet(t)
+	host := testenv.StartTestHost(t, hp)
+	d := testenv.StartDaemon(t, "--dns-upstream", host.DNS)
+	c := d.Client
+	sb := create(t, c, &sdk.Network{Allow: []string{"good.test"}})
+	want := "hello from " + host.Addr.String()
+	if got := fetch(t, c, sb.ID, "http://good.test/"); got != want {
+		t.Fatalf("before: %q", got)
+	}
+	d.Kill()
+	d.Start([]string{"CLADE_CRASH_AT=create-after-engine"})
+	if _, err := c.CreateSandbox(context.Background(), sdk.CreateSandboxRequest{}); err == nil {
+		t.Fatal("the create succeeded; the daemon should have crashed in it")
+	}
+	_ = d.Wait()
+	d.Start(nil)
+	got, err := c.GetSandbox(t.Context(), sb.ID)
+	if err != nil || got.Network == nil || got.Network.Address != sb.Network.Address {
+		t.Fatalf("after restart: %+v %v, want address %s", got.Network, err, sb.Network.Address)
+	}
+	if got := fetch(t, c, sb.ID, "http://good.test/"); got != want {
+		t.Fatalf("after restart: %q", got)
+	}
+	// One slot is held: the survivor's.
+	ents, _ := os.ReadDir(filepath.Join(d.DataDir, "network"))
+	if len(ents) != 1 {
+		t.Fatalf("held slots after reconcile: %d, want 1", len(ents))
+	}
+}
