@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -257,5 +258,54 @@ func TestDaemonNetworkRestart(t *testing.T) {
 	ents, _ := os.ReadDir(filepath.Join(d.DataDir, "network"))
 	if len(ents) != 1 {
 		t.Fatalf("held slots after reconcile: %d, want 1", len(ents))
+	}
+}
+
+// BenchmarkCreateNetwork compares creates on two daemons, one with
+// --default-network internet and one with none, interleaved, warm pools on
+// (as in production: the pool prepares the default shape). It reports each
+// mode's p50; the target is internet <= none + 10 ms.
+func BenchmarkCreateNetwork(b *testing.B) {
+	daemons := map[string]*testenv.Daemon{}
+	for _, mode := range []string{"none", "internet"} {
+		daemons[mode] = testenv.StartDaemon(b, "--warm-pool", "2", "--default-network", mode)
+	}
+	lat := map[string][]time.Duration{}
+	for b.Loop() {
+		for _, mode := range []string{"none", "internet"} {
+			c := daemons[mode].Client
+			// The pool refills in the background: wait for it, untimed, as
+			// a daemon between creates would have.
+			b.StopTimer()
+			for {
+				h, err := c.Health(b.Context())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if h.Warm >= 2 {
+					break
+				}
+				time.Sleep(20 * time.Millisecond) // polling the pool's size
+			}
+			b.StartTimer()
+			t0 := time.Now()
+			sb, err := c.CreateSandbox(b.Context(), sdk.CreateSandboxRequest{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			lat[mode] = append(lat[mode], time.Since(t0))
+			b.StopTimer()
+			if sb.Network == nil || sb.Network.Mode != mode {
+				b.Fatalf("created %+v on the %s daemon", sb.Network, mode)
+			}
+			if err := c.DeleteSandbox(b.Context(), sb.ID); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	}
+	for mode, l := range lat {
+		slices.Sort(l)
+		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, mode+"-p50-ms")
 	}
 }
