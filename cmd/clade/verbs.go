@@ -55,7 +55,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 }
 
 func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("create", "create [--image REF] [--memory MIB] [--cpus N] [--disk SIZE] [--env K=V]... [--label K=V]... [--name NAME]\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
+	fs := newFlags("create", "create [--image REF] [--memory MIB] [--cpus N] [--disk SIZE] [--env K=V]... [--label K=V]... [--name NAME]\n       [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
 	var req sdk.CreateSandboxRequest
 	var env, labels multi
 	disk := fs.String("disk", "", "cap on what the sandbox may write, e.g. 2GiB or 512MiB (default: the daemon's --default-disk)")
@@ -176,19 +176,15 @@ func (p *policyFlagSet) network() sdk.Network {
 func cmdNetwork(ctx context.Context, c *sdk.Client, args []string) error {
 	fs := newFlags("network", "network ID [--egress allow|deny] [--allow RULE]... [--deny CIDR]...\n\nWithout flags prints the sandbox's network (mode, policy, address) as JSON.\nWith flags replaces its egress policy: what is not given takes the default\n(egress allow, no rules). A running sandbox follows it at once.")
 	pol := policyFlags(fs)
-	if err := parse(fs, args); err != nil {
+	ref, err := parseOneArg(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return errUsage
-	}
 	var sb sdk.Sandbox
-	var err error
 	if pol.set() {
-		sb, err = c.SetNetwork(ctx, fs.Arg(0), pol.network())
+		sb, err = c.SetNetwork(ctx, ref, pol.network())
 	} else {
-		sb, err = c.GetSandbox(ctx, fs.Arg(0))
+		sb, err = c.GetSandbox(ctx, ref)
 	}
 	if err != nil {
 		return err
