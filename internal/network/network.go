@@ -86,7 +86,7 @@ type held struct {
 
 var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,8}$`)
 
-// New checks cfg, enables IPv4 forwarding, takes stock of what a previous
+// New checks cfg, enables IPv4 forwarding (see forward.go), takes stock of what a previous
 // daemon left (slots with a recorded owner stay held, unowned ones are
 // removed), rebuilds the nftables table (held slots closed until Reclaim
 // or SetPolicy gives them their policy) and starts filling the pool.
@@ -119,8 +119,8 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
-		return nil, fmt.Errorf("enable IPv4 forwarding: %w", err)
+	if err := enableForwarding(cfg.Prefix); err != nil {
+		return nil, err
 	}
 	p := plan{prefix: cfg.Prefix, rng: cfg.Range}
 	n := &Network{cfg: cfg, plan: p, held: map[string]*held{}, used: map[int]bool{},
@@ -535,12 +535,16 @@ func (n *Network) Close() error {
 	}
 	n.dns.shutdown()
 	if nheld == 0 {
-		errs = append(errs, n.flush(func(c *nftables.Conn) error {
+		err := n.flush(func(c *nftables.Conn) error {
 			if t, _ := c.ListTableOfFamily(n.rs.table.Name, n.rs.table.Family); t != nil {
 				c.DelTable(n.rs.table)
 			}
 			return nil
-		}))
+		})
+		if err == nil {
+			err = releaseForwarding(n.cfg.Prefix)
+		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
