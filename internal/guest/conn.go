@@ -281,6 +281,7 @@ const watchdogEvery = 5 * time.Second
 func (s *session) watchdog(stop <-chan struct{}) {
 	t := time.NewTicker(watchdogEvery)
 	defer t.Stop()
+	misses := 0
 	for {
 		select {
 		case <-stop:
@@ -288,12 +289,19 @@ func (s *session) watchdog(stop <-chan struct{}) {
 		case <-t.C:
 		}
 		if !s.busy() || s.quiescing.Load() {
+			misses = 0
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
 		err := s.ping(ctx)
 		cancel()
-		if err != nil && errdefs.IsUnavailable(err) && strings.Contains(err.Error(), errNotResponding) {
+		if err == nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), errNotResponding) {
+			misses = 0
+			continue
+		}
+		// Calls in flight are failed only after two misses in a row: one
+		// can be a host too loaded to schedule the agent.
+		if misses++; misses >= 2 {
 			s.frozen.Store(true)
 			s.failCalls(err)
 		}

@@ -60,8 +60,9 @@ type Process struct {
 const startPatience = 2 * time.Second
 
 // pingTimeout bounds a liveness check: an agent that answers nothing in this
-// long while connected is frozen (e.g. SIGSTOPped).
-const pingTimeout = 3 * time.Second
+// long while connected is frozen (e.g. SIGSTOPped). Generous: on a host
+// loaded far past its cores a healthy agent was seen to miss 3 s.
+const pingTimeout = 8 * time.Second
 
 // MaxTimeout is the longest exec timeout: far beyond any use, and far from
 // overflowing a time.Duration.

@@ -6,7 +6,7 @@
 // sandbox's lookups and lets hostname allow rules hold for the addresses
 // the names resolved to.
 //
-// Every resource is named from Config.Prefix (namespaces /run/netns/<prefix>-<k>,
+// Every resource is named from Config.Prefix (namespaces /run/clade-netns/<prefix>-<k>,
 // host veths <prefix>-<k>, the nftables table <prefix>), so Reclaim can find
 // and free whatever a killed daemon left.
 package network
@@ -150,7 +150,8 @@ func (n *Network) ownerFile(k int) string {
 }
 
 // adopt takes stock of the slots on the machine: recorded owners keep
-// theirs, the rest are removed.
+// theirs, the rest are removed. A slot that cannot be removed is left
+// alone and its index never used, so the daemon still starts.
 func (n *Network) adopt() error {
 	found := map[int]bool{}
 	if ents, err := os.ReadDir(NetNSDir); err == nil {
@@ -180,7 +181,6 @@ func (n *Network) adopt() error {
 		}
 		owners[k] = strings.TrimSpace(string(b))
 	}
-	var errs []error
 	for k := range found {
 		s := n.plan.slot(k)
 		owner, ok := owners[k]
@@ -193,9 +193,12 @@ func (n *Network) adopt() error {
 		}
 		n.cfg.Log.Info("network: removing a slot nobody owns", "slot", k)
 		os.Remove(n.ownerFile(k))
-		errs = append(errs, teardown(s))
+		if err := teardown(s); err != nil {
+			n.cfg.Log.Warn("network: cannot remove a slot nobody owns; its index stays unused until it can", "slot", k, "err", err)
+			n.used[k] = true
+		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // isWhole reports whether slot s's namespace and host veth (with its

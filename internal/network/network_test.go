@@ -346,3 +346,25 @@ func BenchmarkAcquire(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 }
+
+// TestSlotsSurviveIPNetnsAdd: an operator's `ip netns add` beside a daemon
+// bind-mounts /run/netns over itself (when it is not a mount point yet);
+// slots made before must still be released and nothing leak.
+func TestSlotsSurviveIPNetnsAdd(t *testing.T) {
+	f := newFixture(t, 1)
+	s, err := f.n.Acquire(t.Context(), "op", network.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := f.p.Prefix + "-ipnetns"
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	if _, err := os.Stat(s.NetNS); err != nil {
+		t.Fatalf("the slot's namespace is hidden after ip netns add: %v", err)
+	}
+	if err := f.n.Release(t.Context(), "op"); err != nil {
+		t.Fatalf("release after ip netns add: %v", err)
+	}
+}

@@ -16,9 +16,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// NetNSDir is where named network namespaces live (as `ip netns` keeps
-// them, so `ip netns list` shows clade's).
-const NetNSDir = "/run/netns"
+// NetNSDir is where clade pins its network namespaces (enter one with
+// `nsenter --net=/run/clade-netns/NAME`). Not /run/netns: `ip netns add`
+// bind-mounts /run/netns over itself when it is not a mount point yet,
+// which hides the namespace mounts already there; hidden, they can be
+// neither used nor removed, and a daemon could not clean up after itself
+// (seen when an operator ran `ip netns add` beside a running daemon).
+const NetNSDir = "/run/clade-netns"
 
 // guestIface is the sandbox-side veth's name inside its namespace.
 const guestIface = "eth0"
