@@ -97,7 +97,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		}
 		unlocks[i] = m.locks.lock(id)
 		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
-			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: sn.Opts, CreatedAt: time.Now()}
+			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: freshOptions(sn.Opts, time.Now()), CreatedAt: time.Now()}
 	}
 	// The children are recorded as the snapshot's users under its lock, so
 	// a removal of the snapshot cannot slip in between.
