@@ -30,6 +30,9 @@ type Config struct {
 	TmpDir string
 	// EngineVersion is reported by /v1/health.
 	EngineVersion string
+	// IngressURL, when the daemon serves an ingress, returns the URL
+	// template (with {port}) of a sandbox's ports.
+	IngressURL func(id string) string
 }
 
 // Server is the HTTP API.
@@ -72,6 +75,8 @@ func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
 	s.route("POST /v1/fork", "fork", s.fork)
 	s.route("POST /v1/sandboxes/{id}/sleep", "sleep", s.sleep)
 	s.route("POST /v1/sandboxes/{id}/wake", "wake", s.wake)
+	s.route("POST /v1/sandboxes/{id}/timeout", "timeout", s.setTimeout)
+	s.route("GET /v1/sandboxes/{id}/ports/{port}", "port_forward", s.portForward)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))
@@ -227,7 +232,8 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 
 func toAPI(sb store.Sandbox) api.Sandbox {
 	return api.Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
-		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC()}
+		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC(),
+		Public: sb.Opts.Public, IdleSleepMS: sb.Opts.IdleSleepMS, TimeoutMS: sb.Opts.TimeoutMS, ExpiresAt: sb.Opts.ExpiresAt, OnTimeout: sb.Opts.OnTimeout}
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -236,22 +242,29 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	sb, err := s.mgr.Create(r.Context(), sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
-		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels}})
+		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels,
+			Public: req.Public, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout}})
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toAPI(sb))
+	writeJSON(w, http.StatusCreated, s.sandboxAPI(sb))
 	return nil
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	want, err := labelFilter(r)
+	if err != nil {
+		return err
+	}
 	sbs, err := s.mgr.List(r.Context())
 	if err != nil {
 		return err
 	}
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, sb := range sbs {
-		out = append(out, toAPI(sb))
+		if hasLabels(sb.Opts.Labels, want) {
+			out = append(out, s.sandboxAPI(sb))
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -262,7 +275,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toAPI(sb))
+	writeJSON(w, http.StatusOK, s.sandboxAPI(sb))
 	return nil
 }
 
