@@ -34,6 +34,7 @@ const usage = `clade runs untrusted code in gVisor sandboxes.
 Usage:
   clade daemon [--data-dir DIR] [--socket PATH] [--listen ADDR --token-file FILE]
   clade create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]
+               [--public] [--idle-sleep DUR] [--timeout DUR [--on-timeout rm|sleep]]
   clade exec [-i] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]
   clade ls [--json]
   clade inspect ID...
@@ -46,7 +47,9 @@ Usage:
   clade snapshot ID [--name NAME]       freeze a running sandbox; it keeps running
   clade snapshot ls [--json] | clade snapshot rm SNAP...
   clade fork SNAP|ID -n N [--json]      N children in one call
-  clade sleep ID | clade wake ID        to disk at zero RAM, and back
+  clade sleep ID | --all | --label K=V  to disk at zero RAM; clade wake ID: back
+  clade timeout ID DUR [--on-timeout rm|sleep]   renew a sandbox's lifetime
+  clade port-forward ID [LOCAL:]REMOTE  forward local TCP port LOCAL to REMOTE in the sandbox
   clade create --from SNAP [--name NAME]
   clade version
 
@@ -116,6 +119,10 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdSleep)
 	case "wake":
 		err = withClient(ctx, host, rest, cmdWake)
+	case "timeout":
+		err = withClient(ctx, host, rest, cmdTimeout)
+	case "port-forward":
+		err = withClient(ctx, host, rest, cmdPortForward)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":
