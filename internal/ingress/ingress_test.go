@@ -509,4 +509,3 @@ func TestIngressMemoryFloor(t *testing.T) {
 		t.Fatalf("retry once memory is free: %q, want 1", body)
 	}
 }
-
