@@ -78,7 +78,20 @@ func cmdSleep(ctx context.Context, c *sdk.Client, args []string) error {
 			}
 		}
 	}
-	return removeEach(refs, false, func(ref string) error { _, err := c.Sleep(ctx, ref); return err })
+	failed := false
+	for _, ref := range refs {
+		sb, err := c.Sleep(ctx, ref)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "clade:", err)
+			failed = true
+			continue
+		}
+		fmt.Println(sb.ID)
+	}
+	if failed {
+		return exitError{1}
+	}
+	return nil
 }
 
 func cmdTimeout(ctx context.Context, c *sdk.Client, args []string) error {
