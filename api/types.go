@@ -27,6 +27,20 @@ type Sandbox struct {
 	CreatedAt time.Time         `json:"created_at"`
 	// Network is the sandbox's network mode, egress policy and address.
 	Network *Network `json:"network,omitempty"`
+	// Public sandboxes' ports are served by the ingress without a traffic
+	// token.
+	Public bool `json:"public,omitempty"`
+	// Ingress says how to reach the sandbox's ports through the daemon's
+	// ingress; absent when the daemon serves none.
+	Ingress *Ingress `json:"ingress,omitempty"`
+	// IdleSleepMS: the sandbox sleeps after this long without an exec, a
+	// file transfer or ingress/port-forward traffic.
+	IdleSleepMS int64 `json:"idle_sleep_ms,omitempty"`
+	// TimeoutMS is the sandbox's renewable lifetime, ExpiresAt when the
+	// current one ends and OnTimeout ("rm" or "sleep") what happens then.
+	TimeoutMS int64      `json:"timeout_ms,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	OnTimeout string     `json:"on_timeout,omitempty"`
 }
 
 // Network is a sandbox's network: its mode, its egress policy and, while
@@ -47,6 +61,26 @@ type Network struct {
 	Address string `json:"address,omitempty"`
 }
 
+// Ingress is how a sandbox's ports are reached through the daemon's
+// ingress proxy.
+type Ingress struct {
+	// URL is a template: replace {port} with a port inside the sandbox.
+	URL string `json:"url"`
+	// TokenHeader is the request header that must carry TrafficToken,
+	// unless the sandbox is public.
+	TokenHeader  string `json:"token_header"`
+	TrafficToken string `json:"traffic_token,omitempty"`
+}
+
+// TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
+type TimeoutRequest struct {
+	// TimeoutMS is the new lifetime from now; 0 removes the timeout.
+	TimeoutMS int64 `json:"timeout_ms"`
+	// OnTimeout ("rm" or "sleep") replaces what happens at the timeout;
+	// empty keeps it (or, for a new timeout, means rm).
+	OnTimeout string `json:"on_timeout,omitempty"`
+}
+
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
 	Name      string   `json:"name,omitempty"`
@@ -65,6 +99,18 @@ type CreateSandboxRequest struct {
 	// Network sets the network mode and egress policy; omitted, the
 	// daemon's default mode with egress allow.
 	Network *Network `json:"network,omitempty"`
+	// Public lets the ingress serve the sandbox's ports without its
+	// traffic token.
+	Public bool `json:"public,omitempty"`
+	// IdleSleepMS puts the sandbox to sleep after this long without an
+	// exec, a file transfer or ingress/port-forward traffic (0: never);
+	// the next request wakes it.
+	IdleSleepMS int64 `json:"idle_sleep_ms,omitempty"`
+	// TimeoutMS ends the sandbox's life this long after its creation
+	// (renewable: POST /v1/sandboxes/{id}/timeout); OnTimeout says how:
+	// "rm" (the default) removes it, "sleep" puts it to sleep.
+	TimeoutMS int64  `json:"timeout_ms,omitempty"`
+	OnTimeout string `json:"on_timeout,omitempty"`
 }
 
 // Snapshot is a sandbox's state frozen on disk: memory, processes, files.
@@ -227,6 +273,11 @@ const StreamContentType = stream.ContentType
 
 // UpgradeProtocol is the Upgrade token for a two-way exec stream.
 const UpgradeProtocol = stream.UpgradeProtocol
+
+// TCPUpgradeProtocol is the Upgrade token of GET
+// /v1/sandboxes/{id}/ports/{port}: after 101 the connection carries the raw
+// bytes of a TCP connection to that port inside the sandbox.
+const TCPUpgradeProtocol = "clade-tcp"
 
 // CommitRequest is the body of POST /v1/sandboxes/{id}/commit: the
 // sandbox's filesystem becomes an image (the last step of an image build).

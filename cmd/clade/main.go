@@ -35,6 +35,7 @@ Usage:
   clade daemon [--data-dir DIR] [--socket PATH] [--listen ADDR --token-file FILE]
   clade create [--image NAME] [--memory MIB] [--cpus N] [--env K=V]... [--name NAME]
                [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...
+               [--public] [--idle-sleep DUR] [--timeout DUR [--on-timeout rm|sleep]]
   clade network ID [--egress allow|deny] [--allow RULE]... [--deny CIDR]...   show or replace the egress policy
   clade exec [-i] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]
   clade ls [--json]
@@ -48,7 +49,9 @@ Usage:
   clade snapshot ID [--name NAME]       freeze a running sandbox; it keeps running
   clade snapshot ls [--json] | clade snapshot rm SNAP...
   clade fork SNAP|ID -n N [--json]      N children in one call
-  clade sleep ID | clade wake ID        to disk at zero RAM, and back
+  clade sleep ID | --all | --label K=V  to disk at zero RAM; clade wake ID: back
+  clade timeout ID DUR [--on-timeout rm|sleep]   renew a sandbox's lifetime
+  clade port-forward ID [LOCAL:]REMOTE  forward local TCP port LOCAL to REMOTE in the sandbox
   clade create --from SNAP [--name NAME]
   clade version
 
@@ -120,6 +123,10 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdSleep)
 	case "wake":
 		err = withClient(ctx, host, rest, cmdWake)
+	case "timeout":
+		err = withClient(ctx, host, rest, cmdTimeout)
+	case "port-forward":
+		err = withClient(ctx, host, rest, cmdPortForward)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":

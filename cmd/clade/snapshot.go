@@ -134,20 +134,6 @@ func cmdFork(ctx context.Context, c *sdk.Client, args []string) error {
 	return nil
 }
 
-func cmdSleep(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("sleep", "sleep ID\n\nSnapshots the sandbox to disk and stops it: it keeps its id and uses no memory\nuntil `clade wake` or the next exec.")
-	ref, err := parseOneArg(fs, args)
-	if err != nil {
-		return err
-	}
-	sb, err := c.Sleep(ctx, ref)
-	if err != nil {
-		return err
-	}
-	fmt.Println(sb.ID)
-	return nil
-}
-
 func cmdWake(ctx context.Context, c *sdk.Client, args []string) error {
 	fs := newFlags("wake", "wake ID\n\nRestores a sleeping sandbox in place: same id, files and running processes.")
 	ref, err := parseOneArg(fs, args)

@@ -55,7 +55,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 }
 
 func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("create", "create [--image REF] [--memory MIB] [--cpus N] [--disk SIZE] [--env K=V]... [--label K=V]... [--name NAME]\n       [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
+	fs := newFlags("create", "create [--image REF] [--memory MIB] [--cpus N] [--disk SIZE] [--env K=V]... [--label K=V]... [--name NAME]\n       [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...\n              [--public] [--idle-sleep DUR] [--timeout DUR [--on-timeout rm|sleep]]\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
 	var req sdk.CreateSandboxRequest
 	var env, labels multi
 	disk := fs.String("disk", "", "cap on what the sandbox may write, e.g. 2GiB or 512MiB (default: the daemon's --default-disk)")
@@ -68,9 +68,17 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.StringVar(&req.FromSnapshot, "from", "", "restore from this snapshot instead of booting the image")
 	mode := fs.String("network", "", "internet (own address, egress under the policy) or none (loopback only); default: the daemon's --default-network")
 	pol := policyFlags(fs)
+	fs.BoolVar(&req.Public, "public", false, "serve the sandbox's ports through the daemon's ingress without its traffic token (by default requests need header X-Clade-Traffic-Token, shown by clade inspect)")
+	idle := fs.Duration("idle-sleep", 0, "put the sandbox to sleep (zero RAM) after this long with no exec, file copy, ingress request or open ingress/port-forward connection, e.g. 5m; the next request wakes it (default: never)")
+	timeout := fs.Duration("timeout", 0, "end the sandbox this long after its creation, e.g. 1h; renewable with: clade timeout ID DUR (default: never)")
+	fs.StringVar(&req.OnTimeout, "on-timeout", "", "what --timeout does: rm removes the sandbox (default), sleep puts it to sleep (a wake starts a new --timeout)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if *idle < 0 || *idle%time.Millisecond != 0 || *timeout < 0 || *timeout%time.Millisecond != 0 {
+		return errors.New("--idle-sleep and --timeout take a positive duration in whole milliseconds, e.g. 90s")
+	}
+	req.IdleSleepMS, req.TimeoutMS = idle.Milliseconds(), timeout.Milliseconds()
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "clade create: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
@@ -196,12 +204,18 @@ func cmdNetwork(ctx context.Context, c *sdk.Client, args []string) error {
 }
 
 func cmdList(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("ls", "ls [--json]\n\nLists sandboxes.")
+	fs := newFlags("ls", "ls [--json] [--label K=V]...\n\nLists sandboxes.")
 	asJSON := fs.Bool("json", false, "print JSON")
+	var labels multi
+	fs.Var(&labels, "label", "list only sandboxes with label K=V (repeatable: all must match)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	sbs, err := c.ListSandboxes(ctx)
+	want, err := parseLabels(labels)
+	if err != nil {
+		return err
+	}
+	sbs, err := c.ListSandboxesLabeled(ctx, want)
 	if err != nil {
 		return err
 	}

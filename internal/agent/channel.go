@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +36,7 @@ type channel struct {
 
 	mu      sync.Mutex
 	proc    *os.Process
+	sock    net.Conn // an OpDial's connection
 	aborted bool
 	done    chan struct{}
 }
@@ -64,6 +66,8 @@ func (ch *channel) run(ctx context.Context) {
 		exit = ch.stat()
 	case wire.OpIdentity:
 		exit = ch.identity()
+	case wire.OpDial:
+		exit = ch.dial()
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}
@@ -93,6 +97,12 @@ func (ch *channel) signal(sig syscall.Signal) {
 // output is drained and dropped, its stdin closed.
 func (ch *channel) detach() {
 	err := errors.New("detached for a snapshot")
+	ch.mu.Lock()
+	sock := ch.sock
+	ch.mu.Unlock()
+	if sock != nil {
+		sock.Close() // a connection has nobody to talk to after the snapshot
+	}
 	ch.stdout.Abort(err)
 	ch.stderr.Abort(err)
 	if ch.stdin != nil {
@@ -105,9 +115,13 @@ func (ch *channel) abort() {
 	ch.mu.Lock()
 	ch.aborted = true
 	p := ch.proc
+	sock := ch.sock
 	ch.mu.Unlock()
 	if p != nil {
 		_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+	}
+	if sock != nil {
+		sock.Close()
 	}
 	err := errors.New("channel closed by host")
 	ch.stdout.Abort(err)
@@ -488,6 +502,60 @@ func (ch *channel) stat() wire.ExitMsg {
 	}
 	b, _ := json.Marshal(st)
 	return wire.ExitMsg{Info: b}
+}
+
+// dialTimeout bounds a connect to a port inside the sandbox.
+const dialTimeout = 10 * time.Second
+
+// dial connects to 127.0.0.1:Port and pipes the channel's stdin to the
+// socket and the socket to stdout, each way under the streams' flow
+// control. Each direction's end is passed on as a half-close; the channel
+// ends once both directions have (or on abort).
+func (ch *channel) dial() wire.ExitMsg {
+	if ch.stdin == nil {
+		return errExit(errdefs.New(errdefs.InvalidArgument, "dial needs stdin"))
+	}
+	port := ch.req.Port
+	if port < 1 || port > 65535 {
+		return errExit(errdefs.New(errdefs.InvalidArgument, "port %d is out of range: use 1 to 65535", port))
+	}
+	c, err := (&net.Dialer{Timeout: dialTimeout}).Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return errExit(errdefs.New(errdefs.Unavailable, "nothing listens on port %d inside the sandbox (connection refused)", port))
+		}
+		return errExit(errdefs.New(errdefs.Unavailable, "connect to port %d inside the sandbox: %v", port, err))
+	}
+	defer c.Close()
+	tc := c.(*net.TCPConn)
+	ch.mu.Lock()
+	if ch.aborted {
+		ch.mu.Unlock()
+		return errExit(errors.New("channel closed by host"))
+	}
+	ch.sock = c
+	ch.mu.Unlock()
+	started, _ := json.Marshal(wire.StartedMsg{})
+	_ = ch.s.conn.Write(wire.Started, ch.id, started)
+
+	toSock := make(chan struct{})
+	go func() {
+		defer close(toSock)
+		if _, err := io.Copy(tc, ch.stdin); err != nil {
+			tc.Close() // reset, or the host gave up: the other way ends too
+			return
+		}
+		_ = tc.CloseWrite()
+	}()
+	buf := make([]byte, wire.ChunkSize)
+	if _, err := io.CopyBuffer(struct{ io.Writer }{ch.stdout}, tc, buf); err != nil {
+		tc.Close()
+		ch.stdin.CloseWithError(err)
+	} else {
+		_ = ch.stdout.Close()
+	}
+	<-toSock
+	return wire.ExitMsg{}
 }
 
 func (ch *channel) identity() wire.ExitMsg {

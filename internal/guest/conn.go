@@ -334,7 +334,7 @@ func (c *Conn) open(ctx context.Context, req wire.Request) (*call, error) {
 	}
 	id := s.next
 	s.next++
-	ch := &call{s: s, id: id, started: make(chan struct{}), done: make(chan struct{}),
+	ch := &call{s: s, id: id, dial: req.Op == wire.OpDial, started: make(chan struct{}), done: make(chan struct{}),
 		stdout: wire.NewReceiver(s.conn, id, wire.Stdout),
 		stderr: wire.NewReceiver(s.conn, id, wire.Stderr)}
 	if req.Stdin {
@@ -458,6 +458,7 @@ func (s *session) failCalls(err error) {
 type call struct {
 	s       *session
 	id      uint32
+	dial    bool         // a port connection (OpDial)
 	stdin   *wire.Sender // nil unless the request set Stdin
 	stdout  *wire.Receiver
 	stderr  *wire.Receiver
@@ -502,7 +503,8 @@ func exitError(e wire.ExitMsg) error {
 }
 
 // Active returns how many calls (execs, file transfers) are open on the
-// current connection.
+// current connection. Port connections (Dial) do not count: a proxy may
+// keep idle ones open, and whoever proxies says itself when it is busy.
 func (c *Conn) Active() int {
 	c.mu.Lock()
 	s := c.cur
@@ -512,5 +514,11 @@ func (c *Conn) Active() int {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.calls)
+	n := 0
+	for _, ch := range s.calls {
+		if !ch.dial {
+			n++
+		}
+	}
+	return n
 }

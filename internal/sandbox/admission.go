@@ -15,6 +15,10 @@ type Counters struct {
 	AdmissionRefused atomic.Int64 // creates, forks and wakes refused for memory
 	DiskRefused      atomic.Int64 // operations refused below the free-disk floor
 	PressureSleeps   atomic.Int64 // sandboxes put to sleep under memory pressure
+	Wakes            atomic.Int64 // sandboxes woken (by a wake, an exec, a proxied request)
+	IdleSleeps       atomic.Int64 // sandboxes put to sleep by their idle sleep
+	TimeoutSleeps    atomic.Int64 // sandboxes put to sleep by their timeout
+	TimeoutRemovals  atomic.Int64 // sandboxes removed by their timeout
 }
 
 // Counters returns the service's decision counters.

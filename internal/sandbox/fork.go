@@ -96,17 +96,8 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			id = newID()
 		}
 		unlocks[i] = m.locks.lock(id)
-		opts := sn.Opts
-		if o := recs[i].Opts; o.Network != nil || o.Labels != nil { // a template sandbox's own (same network mode)
-			if o.Network != nil {
-				opts.Network = o.Network
-			}
-			if o.Labels != nil {
-				opts.Labels = o.Labels
-			}
-		}
 		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,
-			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: opts, CreatedAt: time.Now()}
+			MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs, Env: sn.Env, Snapshot: sn.ID, RootFS: sn.RootFS, Opts: freshOptions(childOptions(sn.Opts, recs[i].Opts), time.Now()), CreatedAt: time.Now()}
 	}
 	// The children are recorded as the snapshot's users under its lock, so
 	// a removal of the snapshot cannot slip in between.
@@ -165,4 +156,27 @@ func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapsho
 	m.track(rec.ID, sb)
 	m.crashPoint("fork-mid-restore") // other children still restoring
 	return ForkChild{ID: rec.ID}
+}
+
+// childOptions are a restored sandbox's options: the snapshot's, with what
+// the caller asked for this child (a template's sandbox brings its own
+// network policy in the same mode, labels and lifetime).
+func childOptions(sn, own store.Options) store.Options {
+	o := sn
+	if own.Network != nil {
+		o.Network = own.Network
+	}
+	if own.Labels != nil {
+		o.Labels = own.Labels
+	}
+	if own.Public {
+		o.Public = true
+	}
+	if own.IdleSleepMS != 0 {
+		o.IdleSleepMS = own.IdleSleepMS
+	}
+	if own.TimeoutMS != 0 {
+		o.TimeoutMS, o.OnTimeout = own.TimeoutMS, own.OnTimeout
+	}
+	return o
 }

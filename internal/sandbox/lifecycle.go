@@ -77,6 +77,9 @@ func (m *Manager) validate(req *CreateRequest) error {
 	if req.Opts.DiskMiB != 0 && (req.Opts.DiskMiB < MinDiskMiB || req.Opts.DiskMiB > maxDiskMiB) {
 		return errdefs.New(errdefs.InvalidArgument, "disk %d MiB is out of range: use %d MiB to %d TiB", req.Opts.DiskMiB, MinDiskMiB, maxDiskMiB>>20)
 	}
+	if err := validLifetime(&req.Opts); err != nil {
+		return err
+	}
 	if err := validLabels(req.Opts.Labels); err != nil {
 		return err
 	}
@@ -148,7 +151,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	}
 	defer m.pool.Want(sh, 0) // refill what was taken
 	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
-		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: req.Opts, CreatedAt: time.Now()}
+		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: freshOptions(req.Opts, time.Now()), CreatedAt: time.Now()}
 	unlock := m.locks.lock(rec.ID)
 	defer unlock()
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {

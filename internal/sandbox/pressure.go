@@ -64,7 +64,7 @@ func (m *Manager) idleLRU() []string {
 	var cs []cand
 	for id, sb := range m.live {
 		last := m.lastUsed[id]
-		if now.Sub(last) < idleAfter || sb.Guest().Active() > 0 {
+		if now.Sub(last) < idleAfter || sb.Guest().Active() > 0 || m.holds[id] > 0 {
 			continue
 		}
 		cs = append(cs, cand{id, last})
@@ -88,7 +88,7 @@ func (m *Manager) sleepForPressure(ctx context.Context, snapper engine.Snapshott
 		return false
 	}
 	m.mu.Lock()
-	idle := time.Since(m.lastUsed[id]) >= idleAfter
+	idle := time.Since(m.lastUsed[id]) >= idleAfter && m.holds[id] == 0
 	m.mu.Unlock()
 	if !idle || m.checkDisk("sleep") != nil {
 		return false

@@ -151,6 +151,8 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return errors.Join(fmt.Errorf("wake %s: %w", rec.ID, err), m.moveLocked(ctx, rec, store.StateSleeping, err.Error()))
 	}
 	m.track(rec.ID, sb)
+	m.counters.Wakes.Add(1)
+	m.rearmLocked(ctx, rec)
 	if err := os.RemoveAll(dir); err != nil {
 		m.log.Warn("remove sleep image", "sandbox", rec.ID, "err", err)
 	}

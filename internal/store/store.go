@@ -73,6 +73,23 @@ type Options struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Network is the sandbox's network settings; nil means loopback only.
 	Network *NetworkOptions `json:"network,omitempty"`
+	// Public lets the ingress serve the sandbox's ports to requests
+	// without its traffic token.
+	Public bool `json:"public,omitempty"`
+	// TrafficToken is what ingress requests to the sandbox's ports carry
+	// (header X-Clade-Traffic-Token). Each sandbox gets its own; fork
+	// children get new ones.
+	TrafficToken string `json:"traffic_token,omitempty"`
+	// IdleSleepMS puts the sandbox to sleep after this long without an
+	// exec, a file transfer or ingress traffic (0: never).
+	IdleSleepMS int64 `json:"idle_sleep_ms,omitempty"`
+	// TimeoutMS is the sandbox's lifetime from its creation, its last
+	// renewal or its wake after a timeout sleep (0: none); ExpiresAt is
+	// when the current one ends, and OnTimeout ("rm" or "sleep") what
+	// happens then.
+	TimeoutMS int64      `json:"timeout_ms,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	OnTimeout string     `json:"on_timeout,omitempty"`
 }
 
 // NetworkOptions are a sandbox's network mode and egress policy.

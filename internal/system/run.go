@@ -15,6 +15,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -32,6 +33,10 @@ type Options struct {
 	// Listen, when set, also serves TCP; it requires Token.
 	Listen string
 	Token  string
+	// Ingress, when set, serves the ingress proxy on this TCP address:
+	// Host PORT-ID.IngressDomain reaches that port inside the sandbox.
+	Ingress       string
+	IngressDomain string
 	// Engine names the engine that runs sandboxes (see Engines).
 	Engine    string
 	Runsc     string
@@ -120,6 +125,7 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))
 	mgr.StartPool(ctx)
 	go mgr.WatchPressure(ctx)
+	go mgr.WatchLifetimes(ctx)
 	go watchStore(ctx, st, log)
 
 	reg := prometheus.NewRegistry()
@@ -130,7 +136,16 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	registerCounters(reg, mgr.Counters())
-	srv := httpapi.New(httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr}, mgr, reg)
+	var iln net.Listener
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr}
+	if o.Ingress != "" {
+		if iln, err = listenIngress(o); err != nil {
+			return err
+		}
+		defer iln.Close()
+		apiCfg.IngressURL = ingressURL(iln.Addr(), o.IngressDomain)
+	}
+	srv := httpapi.New(apiCfg, mgr, reg)
 
 	var lns []net.Listener
 	defer func() {
@@ -166,6 +181,14 @@ func Run(ctx context.Context, o Options) error {
 		go func() { errc <- ths.Serve(tln) }()
 		defer ths.Close()
 		log.Info("serving TCP", "addr", tln.Addr().String())
+	}
+	if iln != nil {
+		proxy := ingress.New(ingress.Config{Domain: o.IngressDomain, Log: log}, mgr)
+		defer proxy.Close()
+		ihs := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+		go func() { errc <- ihs.Serve(iln) }()
+		defer ihs.Close()
+		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain)
 	}
 	log.Info("clade daemon serving", "socket", o.Socket, "data_dir", o.DataDir, "version", o.Version)
 	if o.BuildDefaultImage {
@@ -229,6 +252,10 @@ func registerCounters(reg *prometheus.Registry, c *sandbox.Counters) {
 		"clade_admission_refused_total":  &c.AdmissionRefused,
 		"clade_disk_floor_refused_total": &c.DiskRefused,
 		"clade_pressure_sleeps_total":    &c.PressureSleeps,
+		"clade_wakes_total":              &c.Wakes,
+		"clade_idle_sleeps_total":        &c.IdleSleeps,
+		"clade_timeout_sleeps_total":     &c.TimeoutSleeps,
+		"clade_timeout_removals_total":   &c.TimeoutRemovals,
 	} {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name,
 			Help: strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(name, "clade_"), "_total"), "_", " ")},

@@ -168,6 +168,12 @@ const (
 	// hostname). Its name predates that; it stays for the agents inside
 	// existing snapshots.
 	OpIdentity Op = "identity"
+	// OpDial connects to 127.0.0.1:Port inside the sandbox and pipes the
+	// channel's stdin to the socket and the socket to stdout. Started
+	// answers a connection made; an Exit with Error a connection refused.
+	// Stdin EOF half-closes the socket's write side; the socket's EOF is
+	// stdout's EOF. The channel ends when both directions have, or on Close.
+	OpDial Op = "dial"
 )
 
 // Request opens a channel.
@@ -186,6 +192,8 @@ type Request struct {
 	// Exclude lists absolute paths an OpTarGet leaves out, with what is
 	// below them.
 	Exclude []string `json:"exclude,omitempty"`
+	// Port is the TCP port an OpDial connects to on the sandbox's loopback.
+	Port int `json:"port,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

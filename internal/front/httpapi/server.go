@@ -34,6 +34,9 @@ type Config struct {
 	// Addr returns a running sandbox's own network address, if it has
 	// one; nil when the daemon has no networking.
 	Addr func(store.Sandbox) (netip.Addr, bool)
+	// IngressURL, when the daemon serves an ingress, returns the URL
+	// template (with {port}) of a sandbox's ports.
+	IngressURL func(id string) string
 }
 
 // Server is the HTTP API.
@@ -77,6 +80,8 @@ func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
 	s.route("POST /v1/fork", "fork", s.fork)
 	s.route("POST /v1/sandboxes/{id}/sleep", "sleep", s.sleep)
 	s.route("POST /v1/sandboxes/{id}/wake", "wake", s.wake)
+	s.route("POST /v1/sandboxes/{id}/timeout", "timeout", s.setTimeout)
+	s.route("GET /v1/sandboxes/{id}/ports/{port}", "port_forward", s.portForward)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))
@@ -232,21 +237,10 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 
 func toAPI(sb store.Sandbox) api.Sandbox {
 	out := api.Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
-		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC()}
+		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC(),
+		Public: sb.Opts.Public, IdleSleepMS: sb.Opts.IdleSleepMS, TimeoutMS: sb.Opts.TimeoutMS, ExpiresAt: sb.Opts.ExpiresAt, OnTimeout: sb.Opts.OnTimeout}
 	if n := sb.Opts.Network; n != nil {
 		out.Network = &api.Network{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
-	}
-	return out
-}
-
-// toAPILive is toAPI with what only the running daemon knows (the
-// sandbox's address).
-func (s *Server) toAPILive(sb store.Sandbox) api.Sandbox {
-	out := toAPI(sb)
-	if out.Network != nil && s.cfg.Addr != nil {
-		if a, ok := s.cfg.Addr(sb); ok {
-			out.Network.Address = a.String()
-		}
 	}
 	return out
 }
@@ -260,7 +254,7 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.toAPILive(sb))
+	writeJSON(w, http.StatusOK, s.sandboxAPI(sb))
 	return nil
 }
 
@@ -270,7 +264,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	creq := sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
-		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels}}
+		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels,
+			Public: req.Public, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout}}
 	if n := req.Network; n != nil {
 		creq.Opts.Network = &store.NetworkOptions{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
 	}
@@ -278,18 +273,24 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, s.toAPILive(sb))
+	writeJSON(w, http.StatusCreated, s.sandboxAPI(sb))
 	return nil
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	want, err := labelFilter(r)
+	if err != nil {
+		return err
+	}
 	sbs, err := s.mgr.List(r.Context())
 	if err != nil {
 		return err
 	}
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, sb := range sbs {
-		out = append(out, s.toAPILive(sb))
+		if hasLabels(sb.Opts.Labels, want) {
+			out = append(out, s.sandboxAPI(sb))
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -300,7 +301,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.toAPILive(sb))
+	writeJSON(w, http.StatusOK, s.sandboxAPI(sb))
 	return nil
 }
 

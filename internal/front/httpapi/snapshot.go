@@ -93,7 +93,7 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.toAPILive(sb))
+	writeJSON(w, http.StatusOK, s.sandboxAPI(sb))
 	return nil
 }
 
@@ -102,6 +102,6 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.toAPILive(sb))
+	writeJSON(w, http.StatusOK, s.sandboxAPI(sb))
 	return nil
 }

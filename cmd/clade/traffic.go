@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// parseLabels reads K=V flags.
+func parseLabels(kvs []string) (map[string]string, error) {
+	var out map[string]string
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--label %q: use KEY=VALUE", kv)
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// parseArgs parses flags that may come before, between or after the
+// positional arguments, and returns those.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parse(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if rest[0] == "--" {
+			return append(pos, rest[1:]...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+func cmdSleep(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("sleep", "sleep ID...\n       clade sleep --all | --label K=V...\n\nSnapshots sandboxes to disk and stops them: each keeps its id and uses no\nmemory until `clade wake`, the next exec or the next ingress request.")
+	all := fs.Bool("all", false, "put every running sandbox to sleep")
+	var labels multi
+	fs.Var(&labels, "label", "put the running sandboxes with label K=V to sleep (repeatable: all must match)")
+	refs, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	want, err := parseLabels(labels)
+	if err != nil {
+		return err
+	}
+	if (len(refs) > 0) == (*all || want != nil) {
+		fs.Usage()
+		return errUsage
+	}
+	if len(refs) == 0 {
+		sbs, err := c.ListSandboxesLabeled(ctx, want)
+		if err != nil {
+			return err
+		}
+		for _, sb := range sbs {
+			if sb.State == "running" {
+				refs = append(refs, sb.ID)
+			}
+		}
+	}
+	failed := false
+	for _, ref := range refs {
+		sb, err := c.Sleep(ctx, ref)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "clade:", err)
+			failed = true
+			continue
+		}
+		fmt.Println(sb.ID)
+	}
+	if failed {
+		return exitError{1}
+	}
+	return nil
+}
+
+func cmdTimeout(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("timeout", "timeout ID DUR [--on-timeout rm|sleep]\n\nRenews a sandbox's timeout: it now ends DUR from now (e.g. 30m; 0 removes\nthe timeout), by removal or sleep as --on-timeout says.")
+	onTimeout := fs.String("on-timeout", "", "what the timeout does: rm removes the sandbox, sleep puts it to sleep (default: as before, else rm)")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		fs.Usage()
+		return errUsage
+	}
+	d, err := time.ParseDuration(pos[1])
+	if err != nil || d < 0 {
+		return fmt.Errorf("timeout %q: give a duration such as 90s, 30m or 2h (0 removes the timeout)", pos[1])
+	}
+	sb, err := c.SetTimeout(ctx, pos[0], d, *onTimeout)
+	if err != nil {
+		return err
+	}
+	if sb.ExpiresAt != nil {
+		fmt.Printf("%s %s at %s\n", sb.ID, sb.OnTimeout, sb.ExpiresAt.Local().Format(time.RFC3339))
+	} else {
+		fmt.Printf("%s no timeout\n", sb.ID)
+	}
+	return nil
+}
+
+func cmdPortForward(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("port-forward", "port-forward [--address ADDR] ID [LOCAL:]REMOTE\n\nForwards TCP connections to local port LOCAL (default: REMOTE; 0 picks a free\none) to port REMOTE on the sandbox's loopback, through the daemon, until\ninterrupted. A connection to a sleeping sandbox wakes it. Prints the local\naddress it listens on.")
+	addr := fs.String("address", "127.0.0.1", "local address to listen on")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		fs.Usage()
+		return errUsage
+	}
+	ref := pos[0]
+	local, remote, found := strings.Cut(pos[1], ":")
+	if !found {
+		local, remote = pos[1], pos[1]
+	}
+	rport, err := strconv.Atoi(remote)
+	lport, lerr := strconv.Atoi(local)
+	if err != nil || lerr != nil || rport < 1 || rport > 65535 || lport < 0 || lport > 65535 {
+		return fmt.Errorf("port-forward %q: use [LOCAL:]REMOTE with TCP ports, e.g. 5432 or 15432:5432", pos[1])
+	}
+	// Fail early on an unknown sandbox.
+	if _, err := c.GetSandbox(ctx, ref); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(*addr, strconv.Itoa(lport)))
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	fmt.Printf("forwarding %s -> %s:%d\n", ln.Addr(), ref, rport)
+	for {
+		lc, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go func() {
+			defer lc.Close()
+			rc, err := c.DialPort(ctx, ref, rport)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "clade: port-forward: %v\n", err)
+				return
+			}
+			defer rc.Close()
+			pipe(lc, rc)
+		}()
+	}
+}
+
+// pipe copies a to b and b to a, passing each direction's end on as a
+// half-close, until both have ended (or one failed).
+func pipe(a, b net.Conn) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		copyHalf(b, a)
+	}()
+	copyHalf(a, b)
+	<-done
+}
+
+func copyHalf(dst, src net.Conn) {
+	if _, err := io.Copy(dst, src); err != nil && !errors.Is(err, net.ErrClosed) {
+		dst.Close()
+		src.Close()
+		return
+	}
+	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	} else {
+		dst.Close()
+	}
+}

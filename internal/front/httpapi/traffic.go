@@ -1,0 +1,121 @@
+package httpapi
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/ingress"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// sandboxAPI is toAPI with what only the running daemon knows: the
+// sandbox's address and its ingress URLs.
+func (s *Server) sandboxAPI(sb store.Sandbox) api.Sandbox {
+	a := toAPI(sb)
+	if a.Network != nil && s.cfg.Addr != nil {
+		if addr, ok := s.cfg.Addr(sb); ok {
+			a.Network.Address = addr.String()
+		}
+	}
+	if s.cfg.IngressURL != nil {
+		a.Ingress = &api.Ingress{URL: s.cfg.IngressURL(sb.ID), TokenHeader: ingress.TokenHeader, TrafficToken: sb.Opts.TrafficToken}
+	}
+	return a
+}
+
+// labelFilter reads the repeatable ?label=K=V filter of a sandbox listing.
+func labelFilter(r *http.Request) (map[string]string, error) {
+	var want map[string]string
+	for _, kv := range r.URL.Query()["label"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, errdefs.New(errdefs.InvalidArgument, "label filter %q: use label=KEY=VALUE", kv)
+		}
+		if want == nil {
+			want = map[string]string{}
+		}
+		want[k] = v
+	}
+	return want, nil
+}
+
+// hasLabels reports whether labels hold every pair of want.
+func hasLabels(labels, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
+	var req api.TimeoutRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.TimeoutMS < 0 || req.TimeoutMS > int64(366*24*time.Hour/time.Millisecond) {
+		return errdefs.New(errdefs.InvalidArgument, "timeout_ms %d is out of range: give 0 to remove the timeout, or 1 ms to 366 days", req.TimeoutMS)
+	}
+	sb, err := s.mgr.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(req.TimeoutMS)*time.Millisecond, req.OnTimeout)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.sandboxAPI(sb))
+	return nil
+}
+
+// portForward connects to a port inside the sandbox (waking it) and, after
+// `101 Switching Protocols`, carries the raw bytes of that TCP connection
+// both ways, half-closes included.
+func (s *Server) portForward(w http.ResponseWriter, r *http.Request) error {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		return errdefs.New(errdefs.InvalidArgument, "port %q: give a TCP port, 1 to 65535", r.PathValue("port"))
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), api.TCPUpgradeProtocol) {
+		return errdefs.New(errdefs.InvalidArgument, "a port connection needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.TCPUpgradeProtocol)
+	}
+	rec, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	release := s.mgr.Hold(rec.ID) // busy while the connection is open
+	defer release()
+	sc, err := s.mgr.Dial(r.Context(), rec.ID, port)
+	if err != nil {
+		return err
+	}
+	defer sc.Close()
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + api.TCPUpgradeProtocol + "\r\n\r\n")
+	if err := brw.Flush(); err != nil {
+		return nil
+	}
+	up := make(chan struct{})
+	go func() {
+		defer close(up)
+		// brw.Reader first: it may hold bytes the client sent early.
+		if _, err := io.Copy(sc, brw.Reader); err != nil {
+			sc.Close()
+			return
+		}
+		_ = sc.CloseWrite()
+	}()
+	if _, err := io.Copy(conn, sc); err != nil {
+		conn.Close()
+	} else if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	<-up
+	return nil
+}

@@ -1,0 +1,202 @@
+// Package ingress is clade's HTTP ingress: a reverse proxy that serves
+// `Host: PORT-REF.DOMAIN` (REF a sandbox id or name) from that port on the
+// sandbox's loopback. It reaches the port through the sandbox's agent
+// connection (sandbox.Manager.Dial), so it works whatever the sandbox's
+// network, and a request to a sleeping sandbox wakes it and is served.
+//
+// Every request must carry the sandbox's traffic token in the header
+// X-Clade-Traffic-Token unless the sandbox was created public; the header is
+// not passed on to the sandbox. Answers of the proxy's own (the sandbox's
+// answers pass unchanged): 404 for an unknown sandbox or a host that is not
+// a sandbox route, 401 for a missing or wrong token, 409 for a sandbox that
+// stopped, 503 with Retry-After when waking the sandbox was refused for
+// memory (it stays asleep and intact; a retry once memory is free serves),
+// 502 when nothing listens on the port.
+package ingress
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/sandbox"
+)
+
+// TokenHeader carries a sandbox's traffic token.
+const TokenHeader = "X-Clade-Traffic-Token"
+
+// RetryAfter is what a 503 (wake refused for memory) asks clients to wait.
+const RetryAfter = 2 * time.Second
+
+// Config configures the proxy.
+type Config struct {
+	// Domain is the suffix of every sandbox route, e.g. clade.localhost.
+	Domain string
+	Log    *slog.Logger
+}
+
+// Proxy is the ingress's http.Handler.
+type Proxy struct {
+	mgr    *sandbox.Manager
+	domain string
+	log    *slog.Logger
+	rp     *httputil.ReverseProxy
+	tr     *http.Transport
+}
+
+// New returns the proxy for the sandboxes of mgr.
+func New(cfg Config, mgr *sandbox.Manager) *Proxy {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{mgr: mgr, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log}
+	p.tr = &http.Transport{
+		// The address is "ID:PORT" (see rewrite), one pool per sandbox port.
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			id, port, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			n, err := strconv.Atoi(port)
+			if err != nil {
+				return nil, err
+			}
+			return mgr.Dial(ctx, id, n)
+		},
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:       p.rewrite,
+		Transport:     p.tr,
+		FlushInterval: -1, // stream: every write reaches the client at once
+		ErrorHandler:  p.proxyError,
+		ErrorLog:      slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
+	}
+	return p
+}
+
+// Close drops the proxy's idle connections to sandboxes.
+func (p *Proxy) Close() { p.tr.CloseIdleConnections() }
+
+type routeKey struct{}
+
+type route struct {
+	id   string
+	port int
+}
+
+// ParseHost splits a request host "PORT-REF.DOMAIN[:N]" into the port and
+// the sandbox reference. ok is false when host is not a sandbox route of
+// domain.
+func ParseHost(host, domain string) (port int, ref string, ok bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	label, found := strings.CutSuffix(host, "."+strings.ToLower(domain))
+	if !found || domain == "" {
+		return 0, "", false
+	}
+	ps, ref, found := strings.Cut(label, "-")
+	if !found || ref == "" || ps == "" || len(ps) > 5 {
+		return 0, "", false
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 1 || port > 65535 || ps[0] == '0' {
+		return 0, "", false
+	}
+	return port, ref, true
+}
+
+// ServeHTTP routes a request to its sandbox's port.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	port, ref, ok := ParseHost(r.Host, p.domain)
+	if !ok {
+		p.fail(w, http.StatusNotFound, fmt.Sprintf("%q is not a sandbox address: use Host: PORT-ID.%s (ID a sandbox id or name)", r.Host, p.domain))
+		return
+	}
+	rec, err := p.mgr.Get(r.Context(), ref)
+	if err != nil {
+		p.failErr(w, err)
+		return
+	}
+	if !rec.Opts.Public {
+		tok := r.Header.Get(TokenHeader)
+		switch {
+		case rec.Opts.TrafficToken == "":
+			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s has no traffic token (it was made before the ingress existed): recreate it, or create it --public", ref))
+			return
+		case tok == "":
+			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s needs its traffic token: send header %s (see `clade inspect %s`), or create the sandbox --public", ref, TokenHeader, ref))
+			return
+		case subtle.ConstantTimeCompare([]byte(tok), []byte(rec.Opts.TrafficToken)) != 1:
+			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("wrong traffic token for sandbox %s (header %s; see `clade inspect %s`)", ref, TokenHeader, ref))
+			return
+		}
+	}
+	// Busy from here until the answer is done (an upgraded connection
+	// until it closes): no idle sleep under a request.
+	release := p.mgr.Hold(rec.ID)
+	defer release()
+	// Wake it now, so that a refused wake is told apart from a refused
+	// port; for a running sandbox this is a map lookup.
+	if _, err := p.mgr.Guest(r.Context(), rec.ID); err != nil {
+		p.failErr(w, err)
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, route{id: rec.ID, port: port}))
+	p.rp.ServeHTTP(w, r)
+}
+
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	rt := pr.In.Context().Value(routeKey{}).(route)
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = net.JoinHostPort(rt.id, strconv.Itoa(rt.port))
+	pr.Out.Host = pr.In.Host // the application sees the name it was asked by
+	pr.Out.Header.Del(TokenHeader)
+	pr.SetXForwarded()
+}
+
+func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client went away; nobody to tell
+	}
+	rt, _ := r.Context().Value(routeKey{}).(route)
+	p.log.Debug("ingress: proxying failed", "sandbox", rt.id, "port", rt.port, "err", err)
+	p.fail(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s did not answer: %v", rt.port, rt.id, err))
+}
+
+// failErr answers a classed error of the service.
+func (p *Proxy) failErr(w http.ResponseWriter, err error) {
+	switch errdefs.ClassOf(err) {
+	case errdefs.NotFound:
+		p.fail(w, http.StatusNotFound, err.Error())
+	case errdefs.Unavailable, errdefs.ResourceExhausted:
+		// Above all a wake refused for memory: the sandbox sleeps on,
+		// intact, and a retry once memory is free serves.
+		w.Header().Set("Retry-After", strconv.Itoa(int(RetryAfter/time.Second)))
+		p.fail(w, http.StatusServiceUnavailable, err.Error())
+	case errdefs.Conflict:
+		p.fail(w, http.StatusConflict, err.Error())
+	default:
+		p.fail(w, http.StatusBadGateway, err.Error())
+	}
+}
+
+func (p *Proxy) fail(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, "clade ingress: %s\n", msg)
+}

@@ -1,0 +1,152 @@
+package sandbox
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// waitState waits (polling the store) until sandbox id is in state want.
+func (e *env) waitState(t *testing.T, id, want string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for e.state(t, id) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s is %s after %s, want %s", id, e.state(t, id), within, want)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the store for a state change
+	}
+}
+
+func (e *env) createOpts(t *testing.T, o store.Options) store.Sandbox {
+	t.Helper()
+	sb, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128, Opts: o})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	return sb
+}
+
+func TestConcurrentRequestsWakeOnce(t *testing.T) {
+	e := newEnv(t, Config{})
+	sb := e.create(t, 128)
+	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	before := e.m.Counters().Wakes.Load()
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := e.m.Guest(t.Context(), sb.ID)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.m.Counters().Wakes.Load() - before; n != 1 {
+		t.Fatalf("20 concurrent requests to a sleeping sandbox woke it %d times, want 1", n)
+	}
+}
+
+func TestNewSandboxesGetTheirOwnTrafficToken(t *testing.T) {
+	e := newEnv(t, Config{})
+	a, b := e.create(t, 128), e.create(t, 128)
+	if a.Opts.TrafficToken == "" || a.Opts.TrafficToken == b.Opts.TrafficToken {
+		t.Fatalf("tokens %q and %q: want two different non-empty ones", a.Opts.TrafficToken, b.Opts.TrafficToken)
+	}
+	res, err := e.m.Fork(t.Context(), a.ID, 1)
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("fork: %v %v", err, res.Children)
+	}
+	c, err := e.m.Get(t.Context(), res.Children[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Opts.TrafficToken == "" || c.Opts.TrafficToken == a.Opts.TrafficToken {
+		t.Fatalf("a fork child has token %q, its parent %q: want its own", c.Opts.TrafficToken, a.Opts.TrafficToken)
+	}
+}
+
+func TestLifetimeValidation(t *testing.T) {
+	e := newEnv(t, Config{})
+	for _, o := range []store.Options{
+		{IdleSleepMS: -1},
+		{TimeoutMS: -5},
+		{TimeoutMS: 1000, OnTimeout: "explode"},
+	} {
+		if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128, Opts: o}); err == nil {
+			t.Errorf("create with %+v succeeded, want invalid_argument", o)
+		}
+	}
+	sb := e.createOpts(t, store.Options{TimeoutMS: 60_000})
+	if sb.Opts.OnTimeout != OnTimeoutRemove || sb.Opts.ExpiresAt == nil {
+		t.Fatalf("a timeout without on_timeout: %+v, want rm and an expiry", sb.Opts)
+	}
+}
+
+func TestIdleSleepAndHold(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go e.m.WatchLifetimes(ctx)
+	held := e.createOpts(t, store.Options{IdleSleepMS: 300})
+	idle := e.createOpts(t, store.Options{IdleSleepMS: 300})
+	never := e.create(t, 128)
+	release := e.m.Hold(held.ID)
+	e.waitState(t, idle.ID, store.StateSleeping, 5*time.Second)
+	if s := e.state(t, held.ID); s != store.StateRunning {
+		t.Fatalf("a held sandbox is %s, want running", s)
+	}
+	release()
+	e.waitState(t, held.ID, store.StateSleeping, 5*time.Second)
+	if s := e.state(t, never.ID); s != store.StateRunning {
+		t.Fatalf("a sandbox without idle sleep is %s", s)
+	}
+	if n := e.m.Counters().IdleSleeps.Load(); n != 2 {
+		t.Fatalf("idle sleeps %d, want 2", n)
+	}
+}
+
+func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go e.m.WatchLifetimes(ctx)
+	rm := e.createOpts(t, store.Options{TimeoutMS: 300})
+	sl := e.createOpts(t, store.Options{TimeoutMS: 300, OnTimeout: OnTimeoutSleep})
+	renewed := e.createOpts(t, store.Options{TimeoutMS: 300})
+	if _, err := e.m.SetTimeout(t.Context(), renewed.ID, time.Hour, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(t, rm.ID, "gone", 5*time.Second)
+	e.waitState(t, sl.ID, store.StateSleeping, 5*time.Second)
+	if s := e.state(t, renewed.ID); s != store.StateRunning {
+		t.Fatalf("a renewed sandbox is %s", s)
+	}
+	if rec, _ := e.m.Get(t.Context(), sl.ID); rec.Opts.ExpiresAt != nil {
+		t.Fatalf("a timeout sleep left expiry %v", rec.Opts.ExpiresAt)
+	}
+	// A wake starts the next timeout.
+	rec, err := e.m.Wake(t.Context(), sl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Opts.ExpiresAt == nil {
+		t.Fatal("a woken sandbox has no new timeout")
+	}
+	e.waitState(t, sl.ID, store.StateSleeping, 5*time.Second)
+	if _, err := e.m.SetTimeout(t.Context(), renewed.ID, time.Second, "bogus"); err == nil {
+		t.Fatal("on_timeout bogus accepted")
+	}
+}
