@@ -37,6 +37,37 @@ func BenchmarkAgent(b *testing.B) {
 			}
 		}
 	})
+	// Throughput of the link: 64 MiB of a process's stdout to the host.
+	b.Run("stdout-64MiB", func(b *testing.B) {
+		b.SetBytes(64 << 20)
+		for b.Loop() {
+			p, err := sb.Guest().Exec(context.Background(), guest.ExecRequest{Argv: []string{"head", "-c", "67108864", "/dev/zero"}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, _ := io.Copy(io.Discard, p.Stdout)
+			_, _ = io.Copy(io.Discard, p.Stderr)
+			if _, err := p.Wait(context.Background()); err != nil || n != 64<<20 {
+				b.Fatalf("got %d bytes, %v", n, err)
+			}
+		}
+	})
+	// The same work with nothing crossing the link, to tell the link's
+	// cost from the sandbox's.
+	b.Run("devnull-64MiB", func(b *testing.B) {
+		b.SetBytes(64 << 20)
+		for b.Loop() {
+			p, err := sb.Guest().Exec(context.Background(), guest.ExecRequest{Argv: []string{"sh", "-c", "head -c 67108864 /dev/zero >/dev/null"}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, p.Stdout)
+			_, _ = io.Copy(io.Discard, p.Stderr)
+			if st, err := p.Wait(context.Background()); err != nil || st.Code != 0 {
+				b.Fatalf("%+v, %v", st, err)
+			}
+		}
+	})
 	for _, argv := range [][]string{{"no-such-command"}, {"/bin/true"}} {
 		b.Run(argv[0], func(b *testing.B) {
 			for b.Loop() {
