@@ -206,7 +206,7 @@ func (s *soak) checkSandbox(ctx context.Context, c *sdk.Client, sb *sbox, reason
 		case sb.maybe[p]:
 			sb.files[p] = sb.maybe[p]
 		default:
-			s.finding(false, "%s: sandbox %s: %s, written when the daemon died, is half there: sha256 %s, want %s or no file",
+			s.finding(false, "%s: sandbox %s: %s, written by an upload that failed or was in flight at a crash, is half there: sha256 %s, want %s or no file",
 				reason, sb.id, p, got[p], sb.maybe[p])
 		}
 		delete(sb.maybe, p)

@@ -254,6 +254,8 @@ func (s *soak) run() {
 		if !filled && n >= p.fillStart {
 			s.fillDisk()
 			filling, filled = true, true
+			// The disk stays full for a number of operations from now.
+			p.fillEnd = s.done.Load() + p.fillEnd - p.fillStart
 		}
 		if filling && n >= p.fillEnd {
 			s.unfill()
@@ -271,12 +273,14 @@ func (s *soak) kill(arm bool, rng *rand.Rand) {
 	s.stats.mu.Unlock()
 	s.gate.Lock()
 	defer s.gate.Unlock()
-	point := ""
-	if arm {
-		point = crashPoints[rng.Intn(len(crashPoints))]
-	}
-	s.restart(point)
+	s.restart("")
 	s.check("after SIGKILL")
+	if arm {
+		// The check must not run into the crash point: arm it only now,
+		// with one more restart while nothing runs.
+		s.d.Kill()
+		s.restart(crashPoints[rng.Intn(len(crashPoints))])
+	}
 }
 
 // onSuspect handles a broken connection seen in daemon generation g: if
@@ -319,7 +323,9 @@ func (s *soak) restart(point string) {
 		s.stats.mu.Unlock()
 	}
 	s.armed = point
+	t0 := time.Now()
 	s.d.Start(env)
+	s.t.Logf("daemon restarted in %s (crash point armed: %q, disk full: %v)", time.Since(t0).Round(time.Millisecond), point, s.diskFull.Load())
 	s.newClient()
 	s.genMu.Lock()
 	s.gen.Add(1) // connections that broke before now are the old daemon's
@@ -331,16 +337,17 @@ func (s *soak) restart(point string) {
 }
 
 func (s *soak) fillDisk() {
+	s.diskFull.Store(true)
+	t0 := time.Now()
 	n, err := fill(filepath.Join(s.mnt, "filler"))
 	if err != nil {
 		s.t.Errorf("filling the disk: %v", err)
 	}
-	s.diskFull.Store(true)
 	s.stats.mu.Lock()
 	s.stats.fills++
 	s.stats.filled += n
 	s.stats.mu.Unlock()
-	s.t.Logf("disk full: the filler took %d MiB", n>>20)
+	s.t.Logf("disk full: the filler took %d MiB in %s", n>>20, time.Since(t0).Round(time.Millisecond))
 }
 
 // unfill frees the disk and checks that nothing was lost while it was
@@ -442,7 +449,7 @@ func (s *soak) clientLoop(ci int, rng *rand.Rand, buildAt int64) {
 				s.genCond.Wait()
 			}
 			s.genMu.Unlock()
-		case o == failed && errCode(err) == "internal" && !strings.HasPrefix(kind, "exec"):
+		case o == failed && (errCode(err) == "internal" || strings.Contains(err.Error(), "internal: ")):
 			// A failure must say what it is (and what to do).
 			s.stats.mu.Lock()
 			s.stats.unclear++
