@@ -97,18 +97,26 @@ func (s *soak) check(reason string) {
 		if _, known := m.sbs[got.ID]; known {
 			continue
 		}
-		if m.unknownForks == 0 {
+		switch {
+		case m.strays[got.ID]:
+			// Reported already; its removal failed (a full disk).
+		case m.unknownForks == 0:
 			s.finding(false, "%s: sandbox %s (%q, %s, image %s) that no client was told of (builds in flight at a crash: %d)",
 				reason, got.ID, got.Name, got.State, got.Image, m.unknownBuilds)
-		} else {
+		default:
 			resolved++
 			st, err := c.Exec(ctx, got.ID, sdk.ExecRequest{Cmd: []string{"true"}})
 			if err != nil || st.Code != 0 {
 				s.finding(false, "%s: sandbox %s of a fork in flight at a crash is not whole: %s, exec: %+v %v", reason, got.ID, got.State, st, err)
 			}
 		}
+		m.strays[got.ID] = true
 		if err := c.DeleteSandbox(ctx, got.ID); err != nil && !sdk.IsNotFound(err) {
-			s.t.Errorf("%s: remove unknown sandbox %s: %v", reason, got.ID, err)
+			if !s.diskFull.Load() {
+				s.t.Errorf("%s: remove unknown sandbox %s: %v", reason, got.ID, err)
+			}
+		} else {
+			delete(m.strays, got.ID)
 		}
 	}
 	m.unknownForks, m.unknownBuilds = 0, 0
@@ -173,6 +181,12 @@ func (s *soak) checkSandbox(ctx context.Context, c *sdk.Client, sb *sbox, reason
 ` + counterCheck
 	var stdout, stderr bytes.Buffer
 	st, err := c.Exec(ctx, sb.id, sdk.ExecRequest{Cmd: []string{"sh", "-c", script}, Stdout: &stdout, Stderr: &stderr})
+	if err != nil && s.diskFull.Load() && (sdk.IsResourceExhausted(err) || sdk.IsUnavailable(err)) {
+		// A wake (or a reconnect) refused on a full disk, retryably: the
+		// data is checked once there is space again.
+		s.t.Logf("%s: sandbox %s not checked while the disk is full: %v", reason, sb.id, err)
+		return 0
+	}
 	if err != nil || st.Code != 0 {
 		s.finding(true, "%s: sandbox %s: the check's exec failed: %+v %v\n%s", reason, sb.id, st, err, stderr.String())
 		return 0

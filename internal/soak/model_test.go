@@ -110,10 +110,13 @@ type model struct {
 	// images were built (acknowledged) or may have been (unknown).
 	images      []string
 	maybeImages []string
+	// strays are sandboxes no client was told of, reported already, whose
+	// removal failed (on a full disk): removed at a later check.
+	strays map[string]bool
 }
 
 func newModel() *model {
-	return &model{sbs: map[string]*sbox{}, snaps: map[string]*snap{}, pendingCreates: map[string]bool{}, pendingSnaps: map[string]*snap{}}
+	return &model{sbs: map[string]*sbox{}, snaps: map[string]*snap{}, pendingCreates: map[string]bool{}, pendingSnaps: map[string]*snap{}, strays: map[string]bool{}}
 }
 
 // live counts sandboxes, for the population cap.
