@@ -113,10 +113,13 @@ type model struct {
 	// strays are sandboxes no client was told of, reported already, whose
 	// removal failed (on a full disk): removed at a later check.
 	strays map[string]bool
+	// deferred are build sandboxes of a crashed daemon that its successor
+	// could not reap because the disk was full.
+	deferred map[string]bool
 }
 
 func newModel() *model {
-	return &model{sbs: map[string]*sbox{}, snaps: map[string]*snap{}, pendingCreates: map[string]bool{}, pendingSnaps: map[string]*snap{}, strays: map[string]bool{}}
+	return &model{sbs: map[string]*sbox{}, snaps: map[string]*snap{}, pendingCreates: map[string]bool{}, pendingSnaps: map[string]*snap{}, strays: map[string]bool{}, deferred: map[string]bool{}}
 }
 
 // live counts sandboxes, for the population cap.

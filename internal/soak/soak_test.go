@@ -97,6 +97,9 @@ type soak struct {
 	genMu   sync.Mutex
 	genCond *sync.Cond
 	cleared int64
+	// restartedFree: the daemon was restarted with the disk not full
+	// since the last check.
+	restartedFree bool
 }
 
 func TestSoak(t *testing.T) {
@@ -115,6 +118,7 @@ func TestSoak(t *testing.T) {
 	s := &soak{t: t, seed: seed, total: total, clients: clients, mnt: mnt, model: newModel(), stats: newStats(),
 		progress: make(chan struct{}, 1), suspect: make(chan int64, 16)}
 	s.genCond = sync.NewCond(&s.genMu)
+	s.cleared = -1
 	// The later --data-dir wins over StartDaemon's own.
 	s.d = testenv.StartDaemon(t, "--data-dir", dataDir, "--disk-floor", "128", "--default-memory", strconv.Itoa(sbMemMiB))
 	s.d.DataDir = dataDir
@@ -325,6 +329,7 @@ func (s *soak) restart(point string) {
 	s.armed = point
 	t0 := time.Now()
 	s.d.Start(env)
+	s.restartedFree = s.restartedFree || !s.diskFull.Load()
 	s.t.Logf("daemon restarted in %s (crash point armed: %q, disk full: %v)", time.Since(t0).Round(time.Millisecond), point, s.diskFull.Load())
 	s.newClient()
 	s.genMu.Lock()
@@ -371,7 +376,7 @@ func (s *soak) unfill() {
 func (s *soak) finish() {
 	s.gate.Lock()
 	defer s.gate.Unlock()
-	if s.armed != "" {
+	if s.armed != "" || len(s.model.deferred) > 0 {
 		s.d.Kill()
 		s.stats.mu.Lock()
 		s.stats.kills++
