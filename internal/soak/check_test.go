@@ -3,6 +3,7 @@ package soak_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -197,9 +198,16 @@ func (s *soak) checkSandbox(ctx context.Context, c *sdk.Client, sb *sbox, reason
 ` + counterCheck
 	var stdout, stderr bytes.Buffer
 	st, err := c.Exec(ctx, sb.id, sdk.ExecRequest{Cmd: []string{"sh", "-c", script}, Stdout: &stdout, Stderr: &stderr})
-	if err != nil && s.diskFull.Load() && (sdk.IsResourceExhausted(err) || sdk.IsUnavailable(err)) {
-		// A wake (or a reconnect) refused on a full disk, retryably: the
-		// data is checked once there is space again.
+	var se *sdk.Error
+	if err != nil && s.diskFull.Load() && errors.As(err, &se) {
+		// A wake (or a reconnect) refused on a full disk: the data is
+		// checked once there is space again (and the sandbox must be
+		// there then). The refusal should say so, retryably.
+		if se.Code == "internal" {
+			s.stats.mu.Lock()
+			s.stats.unclear++
+			s.stats.mu.Unlock()
+		}
 		s.t.Logf("%s: sandbox %s not checked while the disk is full: %v", reason, sb.id, err)
 		return 0
 	}
