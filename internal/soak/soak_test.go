@@ -126,6 +126,15 @@ func TestSoak(t *testing.T) {
 	// Before the daemon's cleanup (removal of everything, leak census):
 	// free the disk, and remove what the soak built.
 	t.Cleanup(func() {
+		if t.Failed() {
+			// Keep what the daemon said for the findings: its log goes
+			// with the temp dir.
+			if f, err := os.CreateTemp("", "clade-soak-daemon-*.log"); err == nil {
+				_, _ = f.WriteString(s.d.Log())
+				f.Close()
+				t.Logf("the daemon's log is kept in %s", f.Name())
+			}
+		}
 		os.Remove(filepath.Join(mnt, "filler"))
 		if s.d.Exited() {
 			s.d.Start(nil) // so that its cleanup removes the sandboxes
