@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 RUNSC_VERSION := $(shell awk '$$1 == "gvisor.dev/gvisor" {print $$2}' tools/runsc/go.mod)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: help deps build demo test bench gobench lint fmt generate clean
+.PHONY: help deps build demo test soak bench gobench lint fmt generate clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ test: deps ## run the whole test suite (needs root: real runsc)
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	$(GO) test -count=1 -timeout 45m ./...
+
+soak: deps ## chaos soak: CLADE_SOAK_OPS (500) random operations under daemon kills and a full disk; CLADE_SOAK_SEED repeats a run
+	CLADE_SOAK_OPS=$${CLADE_SOAK_OPS:-500} $(GO) test -count=1 -v -run TestSoak -timeout 4h ./internal/soak/
 
 bench: deps build ## quick `clade bench --baseline` run on a scratch daemon (JSON in bench.json)
 	@BIN=$(BIN) IMAGES_DIR=$(IMAGES_DIR) ./scripts/bench.sh

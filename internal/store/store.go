@@ -15,7 +15,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"golang.org/x/sys/unix"
-	_ "modernc.org/sqlite"
+	"modernc.org/sqlite"
 )
 
 // Sandbox states.
@@ -231,8 +231,17 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result
 	if err := s.Check(); err != nil {
 		return nil, err
 	}
-	return s.db.ExecContext(ctx, query, args...)
+	res, err := s.db.ExecContext(ctx, query, args...)
+	var se *sqlite.Error
+	if errors.As(err, &se) && se.Code()&0xff == sqliteFull {
+		err = errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("the disk holding the database %s is full: free some space and retry: %w", s.path, err))
+	}
+	return res, err
 }
+
+// sqliteFull is SQLITE_FULL, the primary result code of a write that found
+// the disk full.
+const sqliteFull = 13
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }

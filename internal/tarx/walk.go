@@ -235,6 +235,14 @@ func (t *Tree) file(hdr *tar.Header, p string, r io.Reader) error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	if err != nil {
+		// A file that failed half way (a broken stream, a full disk) is
+		// not left behind half written.
+		_ = t.Root.Remove(p)
+		if errors.Is(err, syscall.ENOSPC) {
+			err = errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("%w: free some space and retry", err))
+		}
+	}
 	return err
 }
 
