@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,8 +39,18 @@ type env struct {
 
 func newEnv(t *testing.T, cfg Config) *env {
 	t.Helper()
+	return newEnvDB(t, cfg, "")
+}
+
+// newEnvDB is newEnv with the database at db (if not empty; beside the
+// rest otherwise).
+func newEnvDB(t *testing.T, cfg Config, db string) *env {
+	t.Helper()
 	dir := t.TempDir()
-	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
+	if db == "" {
+		db = filepath.Join(dir, "clade.db")
+	}
+	st, err := store.Open(t.Context(), db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,6 +334,72 @@ func TestFailedSleepKeepsTheSandboxRunning(t *testing.T) {
 		t.Fatal("a failed sleep left its partial image")
 	}
 }
+
+// TestFailedSleepOnAFullDisk: the checkpoint fails for want of space and
+// the store cannot even record the rollback to running at first; the
+// sandbox must come back as running, not stay "suspending", once the disk
+// has room again (the chaos soak's lost sandbox).
+func TestFailedSleepOnAFullDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs") // the daemon tests run as root
+	}
+	dbDir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dbDir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dbDir, syscall.MNT_DETACH) })
+	warned := make(chan struct{}, 1)
+	log := slog.New(&notifyHandler{msg: "the database cannot record a rollback", c: warned})
+	e := newEnvDB(t, Config{Log: log}, filepath.Join(dbDir, "clade.db"))
+	sb := e.create(t, 128)
+	filler := filepath.Join(dbDir, "filler")
+	e.eng.OnCheckpoint = func(string) error {
+		f, err := os.Create(filler)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := f.Write(buf); err != nil {
+				return errdefs.Wrap(errdefs.ResourceExhausted, err)
+			}
+		}
+	}
+	go func() {
+		<-warned // the rollback found the disk full: make room
+		os.Remove(filler)
+	}()
+	if _, err := e.m.Sleep(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("sleep: %v, want ResourceExhausted", err)
+	}
+	if got := e.state(t, sb.ID); got != store.StateRunning {
+		t.Fatalf("after a sleep that failed on a full disk the sandbox is %s, want running", got)
+	}
+	if _, err := e.m.running(t.Context(), sb.ID); err != nil {
+		t.Fatalf("the sandbox does not serve: %v", err)
+	}
+}
+
+// notifyHandler signals c when a record whose message starts with msg is
+// logged.
+type notifyHandler struct {
+	msg string
+	c   chan struct{}
+}
+
+func (h *notifyHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *notifyHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.msg) {
+		select {
+		case h.c <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+func (h *notifyHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *notifyHandler) WithGroup(string) slog.Handler      { return h }
 
 func TestSleepWakeAndRequestWakes(t *testing.T) {
 	e := newEnv(t, Config{})

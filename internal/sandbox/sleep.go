@@ -59,7 +59,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	if err != nil {
 		// The engine leaves a sandbox whose checkpoint failed running.
 		m.relive(rec.ID, sb)
-		return errors.Join(fmt.Errorf("sleep %s: %w", rec.ID, err), os.RemoveAll(dir), m.moveLocked(ctx, rec, store.StateRunning, ""))
+		return errors.Join(fmt.Errorf("sleep %s: %w", rec.ID, err), os.RemoveAll(dir), m.rollbackLocked(ctx, rec, store.StateRunning))
 	}
 	m.crashPoint("sleep-after-checkpoint")
 	if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {

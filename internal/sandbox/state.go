@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -49,4 +51,32 @@ func (m *Manager) moveLocked(ctx context.Context, rec *store.Sandbox, to, msg st
 	}
 	rec.State, rec.Error = to, msg
 	return nil
+}
+
+// rollbackWait bounds how long rollbackLocked keeps retrying.
+var rollbackWait = 2 * time.Minute
+
+// rollbackLocked moves rec back to a state it is known to be in again
+// (e.g. running, after a checkpoint that failed and left it running). On a
+// full disk the store cannot record even that: it retries, holding rec's
+// lock, until the write goes through or rollbackWait passes (a restart's
+// reconcile then finds the truth from the engine). Guarded by rec's lock.
+func (m *Manager) rollbackLocked(ctx context.Context, rec *store.Sandbox, to string) error {
+	deadline := time.Now().Add(rollbackWait)
+	wait := 100 * time.Millisecond
+	for {
+		err := m.moveLocked(ctx, rec, to, "")
+		if err == nil || !errdefs.Is(err, errdefs.ResourceExhausted) || time.Now().After(deadline) {
+			return err
+		}
+		if wait == 100*time.Millisecond {
+			m.log.Warn("the database cannot record a rollback (disk full?); retrying", "sandbox", rec.ID, "state", to, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
