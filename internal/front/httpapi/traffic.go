@@ -109,7 +109,9 @@ func (s *Server) portForward(w http.ResponseWriter, r *http.Request) error {
 			sc.Close()
 			return
 		}
-		_ = sc.CloseWrite()
+		if cw, ok := sc.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
 	}()
 	if _, err := io.Copy(conn, sc); err != nil {
 		conn.Close()
