@@ -339,6 +339,19 @@ func (n *Network) make() (*Slot, error) {
 		if err == nil {
 			err = n.dns.serve(s)
 		}
+		if err == nil {
+			// The host may still track flows of the address's former
+			// owner (remove forgets them, but may have failed, or a
+			// killed daemon never ran it); the slot chain accepts
+			// established flows before any policy rule, so they would go
+			// on under the new owner's policy. Nothing in the new slot
+			// runs yet, and nothing from outside can start a flow into it
+			// (the forward chain drops that), so none appears before the
+			// slot is handed out.
+			if ferr := forgetFlows(s.Addr); ferr != nil {
+				err = fmt.Errorf("forget the flows of %s: %w", s.Addr, ferr)
+			}
+		}
 		if err != nil {
 			err = errors.Join(err, n.remove(s))
 		}
@@ -353,7 +366,7 @@ func (n *Network) make() (*Slot, error) {
 }
 
 // remove takes slot s off the machine: resolver, rules, veth, namespace,
-// and the host's connection tracking of its address (best effort: Acquire
+// and the host's connection tracking of its address (best effort: make
 // forgets them again before the address has a new owner).
 func (n *Network) remove(s *Slot) error {
 	n.dns.close(s.Index)
@@ -391,7 +404,6 @@ func (n *Network) Acquire(ctx context.Context, owner string, p Policy) (Slot, er
 		return Slot{}, errdefs.New(errdefs.Unavailable, "network is closed")
 	}
 	h := n.held[owner]
-	fresh := h == nil
 	if h == nil && len(n.free) > 0 {
 		s := n.free[0] // the oldest: see make
 		n.free = n.free[1:]
@@ -420,15 +432,6 @@ func (n *Network) Acquire(ctx context.Context, owner string, p Policy) (Slot, er
 	}
 	if err := os.WriteFile(n.ownerFile(h.slot.Index), []byte(owner), 0o600); err != nil {
 		return Slot{}, errors.Join(err, n.Release(ctx, owner))
-	}
-	if fresh {
-		// The host may still track flows of the address's former owner;
-		// the slot chain accepts established flows before any policy
-		// rule, so they would go on under the new owner's policy. The
-		// chain is closed until apply, so no new ones start meanwhile.
-		if err := forgetFlows(h.slot.Addr); err != nil {
-			return Slot{}, errors.Join(fmt.Errorf("forget the flows of %s: %w", h.slot.Addr, err), n.Release(ctx, owner))
-		}
 	}
 	if err := n.apply(h, r); err != nil {
 		return Slot{}, errors.Join(err, n.Release(ctx, owner))
