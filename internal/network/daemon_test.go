@@ -91,7 +91,7 @@ func TestDaemonNetwork(t *testing.T) {
 	want := "hello from " + host.Addr.String()
 
 	byCIDR := create(t, c, &sdk.Network{Allow: []string{hp.HostNet.String()}})
-	if byCIDR.Network == nil || byCIDR.Network.Mode != "internet" || byCIDR.Network.Address == "" {
+	if byCIDR.Network == nil || byCIDR.Network.Mode != "internet" || byCIDR.Network.Address == "" || byCIDR.Network.Egress != "deny" {
 		t.Fatalf("created sandbox's network: %+v", byCIDR.Network)
 	}
 	if a := netip.MustParseAddr(byCIDR.Network.Address); !d.Net.Range.Contains(a) {
@@ -106,7 +106,10 @@ func TestDaemonNetwork(t *testing.T) {
 	if def.Network == nil || def.Network.Mode != "internet" || def.Network.Egress != "allow" {
 		t.Fatalf("default network: %+v", def.Network)
 	}
-	if got := fetch(t, c, def.ID, hostURL); !strings.HasPrefix(got, "ERR") {
+	if got := fetch(t, c, def.ID, hostURL); got != want {
+		t.Fatalf("egress allow: %q", got)
+	}
+	if got := fetch(t, c, def.ID, "http://"+host.Private.String()+"/"); !strings.HasPrefix(got, "ERR") {
 		t.Fatalf("private test host reachable without an allow rule: %q", got)
 	}
 

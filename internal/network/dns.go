@@ -2,6 +2,7 @@ package network
 
 import (
 	"bufio"
+	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -17,6 +18,14 @@ import (
 // minAllowTTL is the least time an answered address stays allowed: a
 // program connects right after its lookup even when the TTL is 0.
 const minAllowTTL = 30 * time.Second
+
+// maxAllowTTL is the most: an upstream's days-long TTL must not keep an
+// address open long after the name moved. Answers reach the sandbox with
+// their TTLs capped to it, so its caches do not outlive the allowance.
+const maxAllowTTL = time.Hour
+
+// errPolicyChanged: the slot's policy changed while a query was answered.
+var errPolicyChanged = errors.New("the slot's policy changed during the lookup")
 
 // forwarder is the sandboxes' resolver: one UDP and one TCP server per
 // slot, on the slot's gateway address (the sandbox reaches it at the
@@ -142,9 +151,30 @@ func (f *forwarder) handle(k int, w dns.ResponseWriter, q *dns.Msg) {
 		reply(dns.RcodeServerFailure)
 		return
 	}
+	// Keep only what the question resolved to: no AAAA records (there is
+	// no IPv6 route) and no A records off the question's CNAME chain (an
+	// upstream adding "other.example A x" must not open x).
+	chain := cnameChain(qs.Name, resp.Answer)
+	ans := resp.Answer[:0]
+	for _, rr := range resp.Answer {
+		switch rr := rr.(type) {
+		case *dns.AAAA:
+			continue
+		case *dns.A:
+			if !chain[dns.CanonicalName(rr.Hdr.Name)] {
+				continue
+			}
+		}
+		rr.Header().Ttl = min(rr.Header().Ttl, uint32(maxAllowTTL/time.Second))
+		ans = append(ans, rr)
+	}
+	resp.Answer = ans
+	resp.Id = q.Id
+	// Fit the client's buffer (setting TC when records are left out)
+	// before allowing anything: only the addresses the sandbox is told
+	// are opened.
+	resp.Truncate(clientSize(w, q))
 	if r.allowlist() {
-		// Every A record of the answer (CNAME targets included) is what
-		// the allowed name resolved to.
 		var addrs []netip.Addr
 		ttl := minAllowTTL
 		for _, rr := range resp.Answer {
@@ -155,8 +185,14 @@ func (f *forwarder) handle(k int, w dns.ResponseWriter, q *dns.Msg) {
 				}
 			}
 		}
+		ttl = min(ttl, maxAllowTTL)
 		if len(addrs) > 0 {
-			err := f.n.flush(func(c *nftables.Conn) error { return f.n.rs.allowAddrs(c, k, addrs, ttl) })
+			err := f.n.flush(func(c *nftables.Conn) error {
+				if f.n.policyOf(k) != r { // under nftMu, as apply's change
+					return errPolicyChanged
+				}
+				return f.n.rs.allowAddrs(c, k, addrs, ttl)
+			})
 			if err != nil {
 				f.log.Warn("network: allowing resolved addresses failed", "slot", k, "err", err)
 				reply(dns.RcodeServerFailure)
@@ -164,16 +200,37 @@ func (f *forwarder) handle(k int, w dns.ResponseWriter, q *dns.Msg) {
 			}
 		}
 	}
-	// Strip AAAA records: there is no IPv6 route.
-	ans := resp.Answer[:0]
-	for _, rr := range resp.Answer {
-		if _, ok := rr.(*dns.AAAA); !ok {
-			ans = append(ans, rr)
+	_ = w.WriteMsg(resp)
+}
+
+// cnameChain returns the names (canonical: lower case, fully qualified) the answer ans
+// leads from qname through CNAME records: qname itself and every target.
+func cnameChain(qname string, ans []dns.RR) map[string]bool {
+	chain := map[string]bool{dns.CanonicalName(qname): true}
+	for grew := true; grew; { // CNAMEs may come in any order
+		grew = false
+		for _, rr := range ans {
+			if c, ok := rr.(*dns.CNAME); ok && chain[dns.CanonicalName(c.Hdr.Name)] {
+				if t := dns.CanonicalName(c.Target); !chain[t] {
+					chain[t] = true
+					grew = true
+				}
+			}
 		}
 	}
-	resp.Answer = ans
-	resp.Id = q.Id
-	_ = w.WriteMsg(resp)
+	return chain
+}
+
+// clientSize is the largest answer the client of w takes: 64 KiB over
+// TCP; over UDP its EDNS buffer size, or 512 bytes without EDNS.
+func clientSize(w dns.ResponseWriter, q *dns.Msg) int {
+	if _, ok := w.LocalAddr().(*net.TCPAddr); ok {
+		return dns.MaxMsgSize
+	}
+	if o := q.IsEdns0(); o != nil {
+		return max(int(o.UDPSize()), dns.MinMsgSize)
+	}
+	return dns.MinMsgSize
 }
 
 // exchange asks the upstreams in turn; nil when none answers.

@@ -114,7 +114,7 @@ func releaseForwarding(prefix string) error {
 // in place. When it cannot tell, it says yes: forwarding stays on rather
 // than cutting a running sandbox off.
 func tableExists(prefix string) bool {
-	c, err := nftables.New()
+	c, err := newConn()
 	if err != nil {
 		return true
 	}

@@ -72,6 +72,7 @@ type Network struct {
 	held    map[string]*held // by owner
 	free    []*Slot          // built, owned by nobody
 	used    map[int]bool     // indexes built or being built
+	next    int              // where make looks for a free index first
 	closed  bool
 	kick    chan struct{}
 	stop    chan struct{}
@@ -228,7 +229,7 @@ func isWhole(s *Slot) bool {
 func (n *Network) rebuild() error {
 	n.nftMu.Lock()
 	defer n.nftMu.Unlock()
-	c, err := nftables.New()
+	c, err := newConn()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
@@ -263,7 +264,7 @@ func (n *Network) rebuild() error {
 func (n *Network) flush(queue func(c *nftables.Conn) error) error {
 	n.nftMu.Lock()
 	defer n.nftMu.Unlock()
-	c, err := nftables.New()
+	c, err := newConn()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
@@ -312,13 +313,15 @@ func (n *Network) fill() {
 	}
 }
 
-// make builds a new slot at the lowest free index.
+// make builds a new slot at the next free index after the one it built
+// last, so a freed index (and its address) is taken again only after every
+// other free one: flows of its former owner still in flight meet nobody.
 func (n *Network) make() (*Slot, error) {
 	n.mu.Lock()
 	k := -1
 	for i := range n.plan.slots() {
-		if !n.used[i] {
-			k = i
+		if j := (n.next + i) % n.plan.slots(); !n.used[j] {
+			k = j
 			break
 		}
 	}
@@ -327,6 +330,7 @@ func (n *Network) make() (*Slot, error) {
 		return nil, errdefs.New(errdefs.ResourceExhausted, "network range %s is full (%d sandboxes): remove some or use a larger --network-range", n.cfg.Range, n.plan.slots())
 	}
 	n.used[k] = true
+	n.next = (k + 1) % n.plan.slots()
 	n.mu.Unlock()
 	s := n.plan.slot(k)
 	err := build(s)
@@ -334,6 +338,19 @@ func (n *Network) make() (*Slot, error) {
 		err = n.flush(func(c *nftables.Conn) error { return n.rs.addSlot(c, s) })
 		if err == nil {
 			err = n.dns.serve(s)
+		}
+		if err == nil {
+			// The host may still track flows of the address's former
+			// owner (remove forgets them, but may have failed, or a
+			// killed daemon never ran it); the slot chain accepts
+			// established flows before any policy rule, so they would go
+			// on under the new owner's policy. Nothing in the new slot
+			// runs yet, and nothing from outside can start a flow into it
+			// (the forward chain drops that), so none appears before the
+			// slot is handed out.
+			if ferr := forgetFlows(s.Addr); ferr != nil {
+				err = fmt.Errorf("forget the flows of %s: %w", s.Addr, ferr)
+			}
 		}
 		if err != nil {
 			err = errors.Join(err, n.remove(s))
@@ -348,7 +365,9 @@ func (n *Network) make() (*Slot, error) {
 	return s, nil
 }
 
-// remove takes slot s off the machine: resolver, rules, veth, namespace.
+// remove takes slot s off the machine: resolver, rules, veth, namespace,
+// and the host's connection tracking of its address (best effort: make
+// forgets them again before the address has a new owner).
 func (n *Network) remove(s *Slot) error {
 	n.dns.close(s.Index)
 	err := n.flush(func(c *nftables.Conn) error { return n.rs.removeSlot(c, s.Index) })
@@ -356,6 +375,9 @@ func (n *Network) remove(s *Slot) error {
 		err = nil
 	}
 	err = errors.Join(err, teardown(s))
+	if ferr := forgetFlows(s.Addr); ferr != nil {
+		n.cfg.Log.Warn("network: forgetting the flows of a removed slot failed", "slot", s.Index, "err", ferr)
+	}
 	if err == nil {
 		n.mu.Lock()
 		delete(n.used, s.Index)
@@ -383,8 +405,8 @@ func (n *Network) Acquire(ctx context.Context, owner string, p Policy) (Slot, er
 	}
 	h := n.held[owner]
 	if h == nil && len(n.free) > 0 {
-		s := n.free[len(n.free)-1]
-		n.free = n.free[:len(n.free)-1]
+		s := n.free[0] // the oldest: see make
+		n.free = n.free[1:]
 		h = &held{slot: s, owner: owner}
 		n.held[owner] = h
 	}
@@ -417,28 +439,64 @@ func (n *Network) Acquire(ctx context.Context, owner string, p Policy) (Slot, er
 	return *h.slot, nil
 }
 
+// apply gives h's slot the rules r; h keeps its former rules (in the
+// nftables table and for the resolver) if the kernel refuses them.
 func (n *Network) apply(h *held, r *rules) error {
+	n.nftMu.Lock()
+	defer n.nftMu.Unlock()
+	c, err := newConn()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	n.rs.policy(c, h.slot, r)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	// Under nftMu: the resolver adds addresses for the policy it checked
+	// only while that policy is still the slot's (see forwarder.handle).
 	n.mu.Lock()
 	h.policy = r
 	n.mu.Unlock()
-	return n.flush(func(c *nftables.Conn) error { n.rs.policy(c, h.slot, r); return nil })
+	return nil
 }
 
-// SetPolicy replaces the policy of the slot owner holds. Connections the
-// old policy let through go on; new ones follow p. Errors: InvalidArgument
-// for a bad policy, NotFound when owner holds no slot.
+// SetPolicy replaces the policy of the slot owner holds; new connections
+// follow p at once. When p only widens the old policy (adds allow rules,
+// drops deny rules, opens egress) established connections go on;
+// otherwise the host forgets the slot's connection tracking, so the next
+// packet of every connection is judged by p as if it were new: those p
+// forbids are cut (refused), the others go on, except that connections
+// to addresses allowed names resolved to need the name resolved again.
+// Errors: InvalidArgument for a bad policy, NotFound when owner holds no
+// slot.
 func (n *Network) SetPolicy(ctx context.Context, owner string, p Policy) error {
 	r, _, err := p.compile()
 	if err != nil {
 		return err
 	}
+	return n.setRules(owner, r)
+}
+
+func (n *Network) setRules(owner string, r *rules) error {
 	n.mu.Lock()
 	h := n.held[owner]
+	var old *rules
+	if h != nil {
+		old = h.policy
+	}
 	n.mu.Unlock()
 	if h == nil {
 		return errdefs.New(errdefs.NotFound, "%s holds no network slot", owner)
 	}
-	return n.apply(h, r)
+	if err := n.apply(h, r); err != nil {
+		return err
+	}
+	if !r.widens(old) {
+		if err := forgetFlows(h.slot.Addr); err != nil {
+			return fmt.Errorf("cut the connections the new policy of %s forbids: %w", owner, err)
+		}
+	}
+	return nil
 }
 
 // Lookup returns the slot owner holds.
@@ -504,11 +562,8 @@ func (n *Network) Reclaim(ctx context.Context, keep map[string]Policy) error {
 			errs = append(errs, err)
 			continue
 		}
-		n.mu.Lock()
-		h := n.held[owner]
-		n.mu.Unlock()
-		if h != nil {
-			errs = append(errs, n.apply(h, r))
+		if _, ok := n.Lookup(owner); ok {
+			errs = append(errs, n.setRules(owner, r))
 		}
 	}
 	return errors.Join(errs...)
@@ -590,7 +645,7 @@ func Resources(prefix string) []string {
 			}
 		}
 	}
-	if c, err := nftables.New(); err == nil {
+	if c, err := newConn(); err == nil {
 		if t, _ := c.ListTableOfFamily(prefix, nftables.TableFamilyINet); t != nil {
 			out = append(out, "nftables table: inet "+prefix)
 		}

@@ -30,11 +30,23 @@ type fixture struct {
 
 func newFixture(t *testing.T, pool int) *fixture {
 	t.Helper()
+	return newFixtureWith(t, pool, nil)
+}
+
+// newFixtureWith is newFixture with edit applied to the Network's config
+// (which starts with the plan's range and prefix, and the test host as
+// DNS upstream).
+func newFixtureWith(t *testing.T, pool int, edit func(*network.Config, testenv.NetPlan)) *fixture {
+	t.Helper()
 	p := testenv.ReserveNet(t)
 	f := &fixture{p: p}
 	f.host = testenv.StartTestHost(t, p)
-	n, err := network.New(t.Context(), network.Config{StateDir: t.TempDir(), Range: p.Range, Prefix: p.Prefix, PoolSize: pool,
-		Upstreams: []string{f.host.DNS}})
+	cfg := network.Config{StateDir: t.TempDir(), Range: p.Range, Prefix: p.Prefix, PoolSize: pool,
+		Upstreams: []string{f.host.DNS}}
+	if edit != nil {
+		edit(&cfg, p)
+	}
+	n, err := network.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +143,8 @@ func TestEgressPolicy(t *testing.T) {
 		t.Fatalf("allowed by CIDR: %q, %v", body, err)
 	}
 
-	// The default policy (egress allow) keeps private ranges closed.
+	// The default policy (egress allow) reaches what is not private, and
+	// keeps private ranges closed.
 	def, err := f.n.Acquire(ctx, "default", network.Policy{})
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +152,10 @@ func TestEgressPolicy(t *testing.T) {
 	if def.Addr == open.Addr || def.NetNS == open.NetNS {
 		t.Fatalf("two owners share a slot: %+v %+v", def, open)
 	}
-	if _, err := get(t, def, hostURL); !refused(err) {
+	if body, err := get(t, def, hostURL); err != nil || body != "hello from "+f.host.Addr.String() {
+		t.Fatalf("egress allow: %q, %v", body, err)
+	}
+	if _, err := get(t, def, "http://"+f.host.Private.String()+"/"); !refused(err) {
 		t.Fatalf("private test host reachable without an allow rule: %v\n%s", err, ruleset(f.p.Prefix))
 	}
 

@@ -14,14 +14,21 @@ const (
 	EgressDeny  = "deny"
 )
 
+// MaxPolicyEntries is how many allow entries, and how many deny entries, a
+// policy may hold: every entry is a rule in the slot's chain, and a chain
+// far larger than this no longer fits in one atomic nftables update.
+const MaxPolicyEntries = 256
+
 // Policy is a sandbox's egress policy as the user states it.
 type Policy struct {
 	// Egress is EgressAllow (the default) or EgressDeny.
 	Egress string
 	// Allow lists HOST, *.DOMAIN or CIDR (or a bare IPv4 address) rules.
-	// Any entry makes the policy an allowlist, whatever Egress says.
+	// Any entry makes the policy an allowlist, whatever Egress says (Check
+	// then says EgressDeny). At most MaxPolicyEntries.
 	Allow []string
 	// Deny lists CIDRs (or bare IPv4 addresses) that are always refused.
+	// At most MaxPolicyEntries.
 	Deny []string
 }
 
@@ -58,14 +65,56 @@ func (r *rules) allowsName(name string) bool {
 	return false
 }
 
+// widens reports whether r allows every destination old allows, so a
+// change from old to r cuts no connection. A nil old (a closed slot) is
+// widened by anything.
+func (r *rules) widens(old *rules) bool {
+	if old == nil {
+		return true
+	}
+	if !subset(r.denyCIDRs, old.denyCIDRs) {
+		return false
+	}
+	if r.allowAll {
+		return true
+	}
+	return !old.allowAll && subset(old.allowCIDRs, r.allowCIDRs) &&
+		subset(old.hosts, r.hosts) && subset(old.domains, r.domains)
+}
+
+// subset reports whether every element of a is in b.
+func subset[T comparable](a, b []T) bool {
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
+}
+
 // Check validates p and returns it in canonical form (lower-case names,
-// masked CIDRs, the default egress filled in). Errors are InvalidArgument.
+// masked CIDRs, the default egress filled in, EgressDeny for an
+// allowlist). Errors are InvalidArgument, including more than
+// MaxPolicyEntries allow or deny entries.
 func (p Policy) Check() (Policy, error) {
 	_, c, err := p.compile()
 	return c, err
 }
 
 func (p Policy) compile() (*rules, Policy, error) {
+	for _, l := range []struct {
+		what string
+		n    int
+	}{{"allow", len(p.Allow)}, {"deny", len(p.Deny)}} {
+		if l.n > MaxPolicyEntries {
+			return nil, Policy{}, errdefs.New(errdefs.InvalidArgument, "too many %s rules (%d): a policy holds at most %d; use wider CIDRs or *.DOMAIN rules", l.what, l.n, MaxPolicyEntries)
+		}
+	}
+	return p.compileUnlimited()
+}
+
+// compileUnlimited is compile without the limit on the number of entries.
+func (p Policy) compileUnlimited() (*rules, Policy, error) {
 	out := Policy{Egress: p.Egress}
 	switch p.Egress {
 	case "":
@@ -110,7 +159,10 @@ func (p Policy) compile() (*rules, Policy, error) {
 		r.denyCIDRs = append(r.denyCIDRs, pfx)
 		out.Deny = append(out.Deny, pfx.String())
 	}
-	r.allowAll = out.Egress == EgressAllow && len(p.Allow) == 0
+	if len(out.Allow) > 0 {
+		out.Egress = EgressDeny // an allowlist: what it does not name is refused
+	}
+	r.allowAll = out.Egress == EgressAllow
 	return r, out, nil
 }
 

@@ -2,6 +2,7 @@ package network
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,8 +30,11 @@ import (
 //
 //	not IPv4 -> drop; source not the slot's address -> drop; established -> accept;
 //	always-closed destinations (the clade range, loopback, link-local, multicast, reserved) -> drop;
-//	deny CIDRs -> drop; allow CIDRs -> accept; @d<k> (addresses allowed names resolved to) -> accept;
-//	private ranges -> drop; then accept (egress allow without an allowlist) or drop.
+//	deny CIDRs -> drop; allow CIDRs -> accept; private ranges -> drop; @d<k> (addresses allowed
+//	names resolved to) -> accept; then accept (egress allow without an allowlist) or drop.
+//
+// Private ranges are closed before the resolved addresses: only a CIDR rule opens them, never a
+// name, whose answer the sandbox may control (DNS rebinding into the host's LAN).
 
 // alwaysClosed are destinations no policy opens (besides the clade range).
 var alwaysClosed = []netip.Prefix{
@@ -39,7 +44,7 @@ var alwaysClosed = []netip.Prefix{
 	netip.MustParsePrefix("224.0.0.0/3"),    // multicast, reserved, broadcast
 }
 
-// privateRanges are closed unless an allow rule opens them.
+// privateRanges are closed unless an allow CIDR rule opens them.
 var privateRanges = []netip.Prefix{
 	netip.MustParsePrefix("10.0.0.0/8"),
 	netip.MustParsePrefix("172.16.0.0/12"),
@@ -55,6 +60,31 @@ const (
 	chainDNS         = "dns"
 	chainRefuse      = "refuse"
 )
+
+// nftBuffer is the size of the netlink socket buffers of an nftables
+// batch. The kernel echoes every rule of a batch back; past the default
+// buffer (~200 KiB; a policy of 2*MaxPolicyEntries rules overflowed it)
+// the replies are lost (ENOBUFS) after the batch was committed, and the
+// sender cannot tell what happened.
+const nftBuffer = 16 << 20
+
+// newConn opens an nftables connection whose socket buffers hold the
+// replies of the largest batch a policy makes (set by force, beyond the
+// rmem_max and wmem_max sysctls: the daemon is root).
+func newConn() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(c *mnl.Conn) error {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		err = rc.Control(func(fd uintptr) {
+			serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, nftBuffer),
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, nftBuffer))
+		})
+		return errors.Join(err, serr)
+	}))
+}
 
 type ruleset struct {
 	table  *nftables.Table
@@ -162,11 +192,11 @@ func (rs *ruleset) policy(c *nftables.Conn, s *Slot, r *rules) {
 	for _, p := range r.allowCIDRs {
 		add(addrIn(16, p, false), accept)
 	}
-	if len(r.hosts)+len(r.domains) > 0 {
-		add(daddr(), []expr.Any{&expr.Lookup{SourceRegister: 1, SetName: slotSet(s.Index)}}, accept)
-	}
 	for _, p := range privateRanges {
 		add(addrIn(16, p, false), drop)
+	}
+	if len(r.hosts)+len(r.domains) > 0 {
+		add(daddr(), []expr.Any{&expr.Lookup{SourceRegister: 1, SetName: slotSet(s.Index)}}, accept)
 	}
 	if r.allowAll {
 		add(accept)

@@ -189,3 +189,20 @@ func newNetNS(path string) error {
 func ipnet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, 32)}
 }
+
+// forgetFlows deletes the host's connection tracking entries of flows from
+// or to address a (original direction), so no packet of them passes as
+// established any more: the next one is judged by the rules as new.
+func forgetFlows(a netip.Addr) error {
+	from, to := &netlink.ConntrackFilter{}, &netlink.ConntrackFilter{}
+	if err := from.AddIP(netlink.ConntrackOrigSrcIP, a.AsSlice()); err != nil {
+		return err
+	}
+	if err := to.AddIP(netlink.ConntrackOrigDstIP, a.AsSlice()); err != nil {
+		return err
+	}
+	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, from, to); err != nil {
+		return fmt.Errorf("conntrack: %w", err)
+	}
+	return nil
+}

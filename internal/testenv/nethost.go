@@ -31,10 +31,14 @@ type NetPlan struct {
 	Prefix string
 	Range  netip.Prefix
 	// HostNet is the /29 of the test host's veth: .1 on the host side,
-	// .2 and .3 on the test host. It lies in 10/8, a private range: a
-	// sandbox reaches it only when a rule allows it.
+	// .2 and .3 on the test host. It lies in 198.18.0.0/15 (reserved for
+	// benchmarks, routed nowhere), outside the private ranges: names
+	// resolving into it can be allowed, and egress allow reaches it.
 	HostNet netip.Prefix
-	index   int
+	// PrivateNet is a second /29 on the same veth, in 10/8, a private
+	// range: a sandbox reaches it only when a CIDR rule allows it.
+	PrivateNet netip.Prefix
+	index      int
 }
 
 // ReserveNet takes a free network share for the test (a lock file held
@@ -57,7 +61,8 @@ func ReserveNet(t testing.TB) NetPlan {
 		}
 		t.Cleanup(func() { f.Close() })
 		return NetPlan{Prefix: fmt.Sprintf("ct%d", i), Range: netip.MustParsePrefix(fmt.Sprintf("10.201.%d.0/24", i)),
-			HostNet: netip.MustParsePrefix(fmt.Sprintf("10.202.%d.0/29", i)), index: i}
+			HostNet:    netip.MustParsePrefix(fmt.Sprintf("198.18.%d.0/29", i)),
+			PrivateNet: netip.MustParsePrefix(fmt.Sprintf("10.202.%d.0/29", i)), index: i}
 	}
 	t.Fatal("no free test network share in /run/clade-testnet")
 	return NetPlan{}
@@ -76,23 +81,25 @@ func (p NetPlan) NetLeaks() []string { return network.Resources(p.Prefix) }
 // the host, serving HTTP on port 80 and DNS on port 53 of both addresses.
 type TestHost struct {
 	NS string
-	// Addr and Addr2 are its addresses; HostSide the host's end of its veth.
-	Addr, Addr2, HostSide netip.Addr
+	// Addr and Addr2 are its addresses in HostNet, Private its address in
+	// PrivateNet; HostSide the host's end of its veth (in HostNet).
+	Addr, Addr2, Private, HostSide netip.Addr
 	// DNS is Addr:53, for the daemon's --dns-upstream.
 	DNS string
 }
 
 // StartTestHost makes the plan's test host. Its DNS server answers A
-// queries for good.test (Addr) and bad.test (Addr2), NXDOMAIN otherwise;
+// queries for good.test (Addr), bad.test (Addr2) and private.test
+// (Private), NXDOMAIN otherwise;
 // its HTTP server answers "hello from ADDR" with the address it was
 // reached on. Everything is removed at the end of the test.
 func StartTestHost(t testing.TB, p NetPlan) *TestHost {
 	t.Helper()
-	base := p.HostNet.Addr().As4()
-	at := func(n byte) netip.Addr { b := base; b[3] += n; return netip.AddrFrom4(b) }
-	h := &TestHost{NS: filepath.Join(network.NetNSDir, fmt.Sprintf("cth%d", p.index)), HostSide: at(1), Addr: at(2), Addr2: at(3)}
+	at := func(pfx netip.Prefix, n byte) netip.Addr { b := pfx.Addr().As4(); b[3] += n; return netip.AddrFrom4(b) }
+	h := &TestHost{NS: filepath.Join(network.NetNSDir, fmt.Sprintf("cth%d", p.index)),
+		HostSide: at(p.HostNet, 1), Addr: at(p.HostNet, 2), Addr2: at(p.HostNet, 3), Private: at(p.PrivateNet, 2)}
 	h.DNS = netip.AddrPortFrom(h.Addr, 53).String()
-	names := map[string]netip.Addr{"good.test": h.Addr, "bad.test": h.Addr2}
+	names := map[string]netip.Addr{"good.test": h.Addr, "bad.test": h.Addr2, "private.test": h.Private}
 	iface := fmt.Sprintf("cth%d", p.index)
 	cleanup := func() {
 		if l, err := netlink.LinkByName(iface); err == nil {
@@ -122,7 +129,9 @@ func StartTestHost(t testing.TB, p NetPlan) *TestHost {
 	must(netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(fd)}))
 	hostLink, err := netlink.LinkByName(iface)
 	must(err)
-	must(netlink.AddrAdd(hostLink, &netlink.Addr{IPNet: &net.IPNet{IP: h.HostSide.AsSlice(), Mask: net.CIDRMask(29, 32)}}))
+	for _, a := range []netip.Addr{h.HostSide, at(p.PrivateNet, 1)} {
+		must(netlink.AddrAdd(hostLink, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(29, 32)}}))
+	}
 	must(netlink.LinkSetUp(hostLink))
 	// Inside: two addresses, no default route: the test host can only
 	// answer the host's veth.
@@ -131,7 +140,7 @@ func StartTestHost(t testing.TB, p NetPlan) *TestHost {
 		if err != nil {
 			return err
 		}
-		for _, a := range []netip.Addr{h.Addr, h.Addr2} {
+		for _, a := range []netip.Addr{h.Addr, h.Addr2, h.Private} {
 			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(29, 32)}}); err != nil {
 				return err
 			}
@@ -188,8 +197,10 @@ func StartTestHost(t testing.TB, p NetPlan) *TestHost {
 	// The host reaches the test host over the veth, or the test is void.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := waitHTTP(ctx, netip.AddrPortFrom(h.Addr, 80).String()); err != nil {
-		t.Fatalf("test host does not answer from the host: %v", err)
+	for _, a := range []netip.Addr{h.Addr, h.Private} {
+		if err := waitHTTP(ctx, netip.AddrPortFrom(a, 80).String()); err != nil {
+			t.Fatalf("test host does not answer from the host at %s: %v", a, err)
+		}
 	}
 	return h
 }
