@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -95,6 +96,23 @@ func (m *Manager) checkDisk(op string) error {
 	}
 	return nil
 }
+
+// diskFull says that err, an engine's failure, happened on a data dir
+// whose file system is (nearly) full, as ResourceExhausted: runsc's own
+// errors ("exit status 128") do not say so.
+func (m *Manager) diskFull(err error) error {
+	if err == nil || errdefs.ClassOf(err) == errdefs.ResourceExhausted || m.cfg.SnapshotDir == "" {
+		return err
+	}
+	if free, serr := freeDiskMiB(m.cfg.SnapshotDir); serr == nil && free < fullDiskMiB {
+		return errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("the data dir's file system is full (%d MiB free): free some space and retry: %w", free, err))
+	}
+	return err
+}
+
+// fullDiskMiB is the free space below which an engine failure is taken
+// for a full disk.
+const fullDiskMiB = 64
 
 // CheckDisk is checkDisk for operations outside the service (image pulls).
 func (m *Manager) CheckDisk(op string) error { return m.checkDisk(op) }

@@ -198,6 +198,7 @@ func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engin
 		return nil, err
 	}
 	sb, err := start(spec)
+	err = m.diskFull(err)
 	if err == nil && reconf {
 		if err = sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname}); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))

@@ -381,6 +381,41 @@ func TestFailedSleepOnAFullDisk(t *testing.T) {
 	}
 }
 
+// TestEngineFailureOnAFullDiskSaysSo: runsc's failures on a full disk
+// ("exit status 128") reach the caller as ResourceExhausted, saying the
+// disk is full.
+func TestEngineFailureOnAFullDiskSaysSo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs") // the daemon tests run as root
+	}
+	e := newEnv(t, Config{})
+	if err := os.MkdirAll(e.cfg.SnapshotDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", e.cfg.SnapshotDir, "tmpfs", 0, "size=128m"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(e.cfg.SnapshotDir, syscall.MNT_DETACH) })
+	e.eng.OnCreate = func(engine.Spec) error { return errors.New("runsc run: exit status 128") }
+	if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128}); errdefs.ClassOf(err) == errdefs.ResourceExhausted {
+		t.Fatalf("with space, an engine failure was taken for a full disk: %v", err)
+	}
+	f, err := os.Create(filepath.Join(e.cfg.SnapshotDir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 1<<20); ; {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	_, err = e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
+	if errdefs.ClassOf(err) != errdefs.ResourceExhausted || !strings.Contains(err.Error(), "full") {
+		t.Fatalf("create on a full disk: %v (class %s), want ResourceExhausted saying the disk is full", err, errdefs.ClassOf(err))
+	}
+}
+
 // notifyHandler signals c when a record whose message starts with msg is
 // logged.
 type notifyHandler struct {
