@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -39,6 +41,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		emu.Unlock()
 	}
 	known := map[string]bool{}
+	var unsettled []string // could not record their outcome: a full disk
 	for _, rec := range recs {
 		known[rec.Engine()] = true
 		wg.Add(1)
@@ -47,15 +50,26 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			unlock := m.locks.lock(rec.ID)
 			defer unlock()
 			if rec, err := m.store.GetSandbox(ctx, rec.ID); err == nil {
-				addErr(m.reconcileLocked(ctx, rec))
+				err := m.reconcileLocked(ctx, rec)
+				if errdefs.Is(err, errdefs.ResourceExhausted) {
+					emu.Lock()
+					unsettled = append(unsettled, rec.ID)
+					emu.Unlock()
+				}
+				addErr(err)
 			}
 		}()
 	}
 	wg.Wait()
+	if len(unsettled) > 0 {
+		go m.settle(ctx, unsettled)
+	}
+	// Sleep images stay for every sandbox that may still need one: all but
+	// the running (an unsettled one included: it may be asleep).
 	keep := map[string]bool{}
 	if recs, err := m.store.ListSandboxes(ctx); err == nil {
 		for _, rec := range recs {
-			if rec.State == store.StateSleeping || rec.State == store.StateStopped {
+			if rec.State != store.StateRunning {
 				keep[rec.ID] = true
 			}
 		}
@@ -79,6 +93,49 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		addErr(m.eng.Destroy(ctx, id))
 	}
 	return errors.Join(errs...)
+}
+
+// settle retries the reconcile of sandboxes whose outcome the store could
+// not record (a full disk: they show a state in between, e.g. waking)
+// until it can, or ctx ends.
+func (m *Manager) settle(ctx context.Context, ids []string) {
+	m.log.Warn("reconcile: the database cannot record what some sandboxes are (disk full?); retrying until it can", "sandboxes", ids)
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for len(ids) > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var left []string
+		for _, id := range ids {
+			unlock := m.locks.lock(id)
+			rec, err := m.store.GetSandbox(ctx, id)
+			if err == nil && inBetween(rec.State) {
+				// Nothing else runs on it (its lock is ours): the state is
+				// the one the restart left.
+				err = m.reconcileLocked(ctx, rec)
+			}
+			unlock()
+			switch {
+			case errdefs.Is(err, errdefs.ResourceExhausted):
+				left = append(left, id)
+			case err != nil && !errdefs.IsNotFound(err):
+				m.log.Error("reconcile: settling a sandbox", "sandbox", id, "err", err)
+			}
+		}
+		ids = left
+	}
+}
+
+// inBetween says whether a sandbox in state is mid-way between two others.
+func inBetween(state string) bool {
+	switch state {
+	case store.StateCreating, store.StateDestroying, store.StateSuspending, store.StateWaking:
+		return true
+	}
+	return false
 }
 
 // reconcileLocked settles one sandbox after a restart. Guarded by rec's lock.

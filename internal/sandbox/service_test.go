@@ -655,6 +655,58 @@ func TestDestroyRacesWakeAndFork(t *testing.T) {
 	}
 }
 
+// TestReconcileOnAFullDiskSettlesLater: a wake cut short by a crash, and
+// a restart on a full disk that cannot record "sleeping" again: the sleep
+// image must stay, and the sandbox must settle asleep once there is room
+// (the soak's sandbox left "waking").
+func TestReconcileOnAFullDiskSettlesLater(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs") // the daemon tests run as root
+	}
+	dbDir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dbDir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dbDir, syscall.MNT_DETACH) })
+	e := newEnvDB(t, Config{}, filepath.Join(dbDir, "clade.db"))
+	sb := e.create(t, 128)
+	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	setState(t, e, sb.ID, store.StateWaking) // the crash: mid-wake
+	filler := filepath.Join(dbDir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 64<<10); ; {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	cfg := e.cfg
+	cfg.MemoryFloorMiB, cfg.PressureFloorMiB = 1, -1
+	e.m = New(cfg, e.eng, e.st, e.imgs)
+	if err := e.m.Reconcile(t.Context()); !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("reconcile on a full disk: %v, want ResourceExhausted", err)
+	}
+	if !imageSealed(e.m.sleepDir(sb.ID)) {
+		t.Fatal("the restart removed the sleep image of a sandbox it could not settle")
+	}
+	os.Remove(filler)
+	deadline := time.Now().Add(time.Minute)
+	for e.state(t, sb.ID) != store.StateSleeping {
+		if time.Now().After(deadline) {
+			t.Fatalf("with room again the sandbox is still %s, want sleeping", e.state(t, sb.ID))
+		}
+		time.Sleep(50 * time.Millisecond) // polling the record until the retry lands
+	}
+	if _, err := e.m.Wake(t.Context(), sb.ID); err != nil {
+		t.Fatalf("wake after settling: %v", err)
+	}
+}
+
 func TestReconcileDecisions(t *testing.T) {
 	e := newEnv(t, Config{})
 	running := e.create(t, 128)
