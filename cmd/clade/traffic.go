@@ -122,7 +122,7 @@ func cmdTimeout(ctx context.Context, c *sdk.Client, args []string) error {
 }
 
 func cmdPortForward(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("port-forward", "port-forward [--address ADDR] ID [LOCAL:]REMOTE\n\nForwards TCP connections to local port LOCAL (default: REMOTE; 0 picks a free\none) to port REMOTE on the sandbox's loopback, through the daemon, until\ninterrupted. A connection to a sleeping sandbox wakes it. Prints the local\naddress it listens on.")
+	fs := newFlags("port-forward", "port-forward [--address ADDR] ID [LOCAL:]REMOTE\n\nForwards TCP connections to local port LOCAL (default: REMOTE; 0 picks a free\none) to port REMOTE inside the sandbox, through the daemon, until\ninterrupted. A connection to a sleeping sandbox wakes it. Prints the local\naddress it listens on.")
 	addr := fs.String("address", "127.0.0.1", "local address to listen on")
 	pos, err := parseArgs(fs, args)
 	if err != nil {

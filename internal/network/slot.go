@@ -93,7 +93,7 @@ func build(s *Slot) (err error) {
 			err = errors.Join(err, teardown(s))
 		}
 	}()
-	if err := newNetNS(s.NetNS); err != nil {
+	if err := NewNetNS(s.NetNS); err != nil {
 		return fmt.Errorf("netns %s: %w", s.NetNS, err)
 	}
 	fd, err := unix.Open(s.NetNS, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -158,10 +158,10 @@ func teardown(s *Slot) error {
 	return errors.Join(errs...)
 }
 
-// newNetNS makes a network namespace and pins it at path. The namespace is
+// NewNetNS makes a network namespace and pins it at path. The namespace is
 // made on a thread of its own that dies afterwards, so no goroutine ever
 // runs in the wrong namespace.
-func newNetNS(path string) error {
+func NewNetNS(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}

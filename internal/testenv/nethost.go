@@ -110,7 +110,7 @@ func StartTestHost(t testing.TB, p NetPlan) *TestHost {
 	}
 	cleanup() // a leftover of a killed test run
 	t.Cleanup(cleanup)
-	if err := makeNetNS(h.NS); err != nil {
+	if err := network.NewNetNS(h.NS); err != nil {
 		t.Fatal(err)
 	}
 	fd, err := unix.Open(h.NS, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -255,29 +255,4 @@ func InNetNS(path string, f func() error) error {
 		errc <- ferr
 	}()
 	return <-errc
-}
-
-func makeNetNS(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
-	if err != nil {
-		return err
-	}
-	f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		errc <- unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, "")
-	}()
-	if err := <-errc; err != nil {
-		os.Remove(path)
-		return err
-	}
-	return nil
 }
