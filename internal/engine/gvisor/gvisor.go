@@ -741,7 +741,7 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	dir := e.dir(id)
 	if !fileExists(dir) {
 		e.killProcesses(dir + "/")
-		return nil
+		return e.removeStateFiles(id)
 	}
 	// One call: delete --force kills with SIGKILL. Only when it fails is
 	// it worth asking whether there was anything to delete (each runsc call
@@ -754,7 +754,29 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	// Whatever runsc lost track of (a create killed half way) still names
 	// the sandbox's directory on its command line: no process outlives it.
 	e.killProcesses(dir + "/")
-	return os.RemoveAll(dir)
+	// Nor does runsc's record of it: a restore cut short by a daemon kill
+	// leaves one naming a dead sandbox process, which the next restore of
+	// the same id would try to reach ("connecting to control server at PID
+	// N: connection refused").
+	return errors.Join(e.removeStateFiles(id), os.RemoveAll(dir))
+}
+
+// removeStateFiles removes runsc's state and lock files of container id
+// ("<id>_sandbox:<sandbox>.state" and its ".lock"s).
+func (e *Engine) removeStateFiles(id string) error {
+	ents, err := os.ReadDir(e.runRoot)
+	if err != nil {
+		return nil
+	}
+	var errs []error
+	for _, d := range ents {
+		if strings.HasPrefix(d.Name(), id+"_sandbox:") {
+			if err := os.Remove(filepath.Join(e.runRoot, d.Name())); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Close implements engine.Engine. It also unmounts runsc's null-netns
