@@ -22,8 +22,10 @@ import (
 func queryFrom(s network.Slot, srcPort int, server netip.AddrPort, name string) (*dns.Msg, error) {
 	var resp *dns.Msg
 	err := testenv.InNetNS(s.NetNS, func() error {
-		c := &dns.Client{Net: "udp", Timeout: time.Second,
-			Dialer: &net.Dialer{Timeout: time.Second, LocalAddr: &net.UDPAddr{Port: srcPort}}}
+		// Generous: the first query of a new slot waits for neighbour
+		// discovery on both veths, slow on a loaded machine.
+		c := &dns.Client{Net: "udp", Timeout: 4 * time.Second,
+			Dialer: &net.Dialer{Timeout: 4 * time.Second, LocalAddr: &net.UDPAddr{Port: srcPort}}}
 		q := new(dns.Msg)
 		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
 		var err error
