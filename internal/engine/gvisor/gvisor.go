@@ -746,14 +746,23 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	// One call: delete --force kills with SIGKILL. Only when it fails is
 	// it worth asking whether there was anything to delete (each runsc call
 	// is a process start, ~15 ms).
-	if err := e.runsc(ctx, id, "delete", "--force", id); err != nil {
-		if _, serr := e.state(ctx, id); !errdefs.IsNotFound(serr) {
-			return err
+	derr := e.runsc(ctx, id, "delete", "--force", id)
+	if derr != nil {
+		if _, serr := e.state(ctx, id); errdefs.IsNotFound(serr) {
+			derr = nil
 		}
 	}
-	// Whatever runsc lost track of (a create killed half way) still names
-	// the sandbox's directory on its command line: no process outlives it.
+	// Whatever runsc lost track of (a create killed half way), or failed to
+	// delete (seen under load: the sandbox then ran on, unowned, after its
+	// directory was gone), still names the sandbox's directory on its
+	// command line: no process outlives it.
 	e.killProcesses(dir + "/")
+	if derr != nil {
+		if left := e.processes(dir + "/"); len(left) > 0 {
+			return fmt.Errorf("%w (%d processes left)", derr, len(left))
+		}
+		e.cfg.Log.Warn("runsc delete failed; the sandbox's processes were killed instead", "sandbox", id, "err", derr)
+	}
 	// Nor does runsc's record of it: a restore cut short by a daemon kill
 	// leaves one naming a dead sandbox process, which the next restore of
 	// the same id would try to reach ("connecting to control server at PID
