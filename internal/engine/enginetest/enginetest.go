@@ -398,7 +398,12 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 		if err != nil {
 			t.Fatalf("restore: %v", err)
 		}
-		t.Cleanup(func() { _ = e.Destroy(context.Background(), spec.ID) })
+		kidID := spec.ID // spec is reused below
+		t.Cleanup(func() {
+			if err := e.Destroy(context.Background(), kidID); err != nil {
+				t.Errorf("destroy %s: %v", kidID, err)
+			}
+		})
 		if r := Exec(t, kid, "cat", "/root/f"); r.Stdout != "still-working\n" {
 			t.Fatalf("child: %+v", r)
 		}
