@@ -497,10 +497,37 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 		// back. It redials within a millisecond; calls wait for it (Open
 		// waits for a connection), so the snapshot need not.
 		if aerr := e.accept(sb); aerr != nil {
+			// A full disk can refuse the socket's inode: without a retry
+			// the agent could never come back, even once there is room.
+			e.cfg.Log.Warn("agent socket: retrying until it can be made", "sandbox", id, "err", aerr)
+			go e.acceptLater(sb)
 			return errors.Join(err, aerr)
 		}
 	}
 	return err
+}
+
+// acceptLater retries accept until it succeeds or the sandbox stops; the
+// agent redials meanwhile.
+func (e *Engine) acceptLater(sb *sandbox) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-sb.stopped:
+			return
+		case <-t.C:
+		}
+		if e.accept(sb) == nil {
+			select {
+			case <-sb.stopped: // stopped meanwhile: its listener must not stay
+				sb.closeListener()
+			default:
+				e.cfg.Log.Info("agent socket made again", "sandbox", sb.id)
+			}
+			return
+		}
+	}
 }
 
 // truncateAll empties every regular file in dir.
