@@ -366,6 +366,11 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	}
 	defer unlock()
 	ctx = context.WithoutCancel(ctx)
+	// Recorded first: a removal the store refuses (a full disk) changes
+	// nothing, and the sandbox serves on.
+	if err := m.moveLocked(ctx, &rec, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
 	if live := m.dropLive(rec.ID); live != nil {
 		// Calls in flight (an exec) learn why they end.
 		live.Guest().Close(errdefs.New(errdefs.NotFound, "sandbox %s was removed", ref))
@@ -382,8 +387,10 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 // hold, then its record. Guarded by rec's lock.
 func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
 	id := rec.ID
-	if err := m.moveLocked(ctx, &rec, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
-		return err
+	if rec.State != store.StateDestroying {
+		if err := m.moveLocked(ctx, &rec, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
 	}
 	m.crashPoint("destroy-before-engine")
 	if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {

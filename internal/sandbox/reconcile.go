@@ -95,9 +95,10 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// settle retries the reconcile of sandboxes whose outcome the store could
-// not record (a full disk: they show a state in between, e.g. waking)
-// until it can, or ctx ends.
+// settle retries the reconcile of sandboxes a full disk kept from settling
+// (the store could not record their outcome, and they show a state in
+// between, e.g. waking; or their agent socket did not fit) until it can,
+// or ctx ends.
 func (m *Manager) settle(ctx context.Context, ids []string) {
 	m.log.Warn("reconcile: the database cannot record what some sandboxes are (disk full?); retrying until it can", "sandboxes", ids)
 	t := time.NewTicker(2 * time.Second)
@@ -112,7 +113,10 @@ func (m *Manager) settle(ctx context.Context, ids []string) {
 		for _, id := range ids {
 			unlock := m.locks.lock(id)
 			rec, err := m.store.GetSandbox(ctx, id)
-			if err == nil && inBetween(rec.State) {
+			m.mu.Lock()
+			_, live := m.live[id]
+			m.mu.Unlock()
+			if err == nil && (inBetween(rec.State) || rec.State == store.StateRunning && !live) {
 				// Nothing else runs on it (its lock is ours): the state is
 				// the one the restart left.
 				err = m.reconcileLocked(ctx, rec)
@@ -158,6 +162,9 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
 		sb, err := m.attach(ctx, rec)
+		if errdefs.Is(err, errdefs.ResourceExhausted) {
+			return err // it may well run: settle retries once there is room
+		}
 		if err != nil {
 			// Neither running nor provably asleep: keep what is on disk
 			// for the operator and say so.
@@ -173,6 +180,9 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 		return os.RemoveAll(m.sleepDir(rec.ID))
 	case store.StateWaking:
 		sb, err := m.attach(ctx, rec)
+		if errdefs.Is(err, errdefs.ResourceExhausted) {
+			return err // it may well run: settle retries once there is room
+		}
 		if err != nil {
 			// The wake did not finish: still asleep, its image intact.
 			_ = m.eng.Destroy(ctx, rec.Engine())
@@ -185,6 +195,9 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 		return os.RemoveAll(m.sleepDir(rec.ID))
 	case store.StateRunning:
 		sb, err := m.attach(ctx, rec)
+		if errdefs.Is(err, errdefs.ResourceExhausted) {
+			return err // it may well run: settle retries once there is room
+		}
 		if err != nil {
 			m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
 			_ = m.eng.Destroy(ctx, rec.Engine())

@@ -416,6 +416,42 @@ func TestEngineFailureOnAFullDiskSaysSo(t *testing.T) {
 	}
 }
 
+// TestRemoveRefusedOnAFullDiskKeepsServing: a removal the store cannot
+// record changes nothing: the sandbox serves on (it was cut off from its
+// agent for good: "connection is not back yet", the soak).
+func TestRemoveRefusedOnAFullDiskKeepsServing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs") // the daemon tests run as root
+	}
+	dbDir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dbDir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dbDir, syscall.MNT_DETACH) })
+	e := newEnvDB(t, Config{}, filepath.Join(dbDir, "clade.db"))
+	sb := e.create(t, 128)
+	f, err := os.Create(filepath.Join(dbDir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 64<<10); ; {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	if err := e.m.Destroy(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("remove on a full disk: %v, want ResourceExhausted", err)
+	}
+	g, err := e.m.Guest(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatalf("after a refused removal: %v", err)
+	}
+	if err := g.Ping(t.Context()); err != nil {
+		t.Fatalf("after a refused removal the guest does not answer: %v", err)
+	}
+}
+
 // notifyHandler signals c when a record whose message starts with msg is
 // logged.
 type notifyHandler struct {

@@ -734,6 +734,10 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 		return nil, errdefs.New(errdefs.NotFound, "sandbox %s is %s, not running", spec.ID, st.Status)
 	}
 	sb, err := e.listen(spec.ID)
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		// The sandbox runs; only its agent socket does not fit.
+		return nil, errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("sandbox %s runs, but the disk is too full to make its agent socket: free some space: %w", spec.ID, err))
+	}
 	if err != nil {
 		return nil, err
 	}
