@@ -340,35 +340,18 @@ func TestFailedSleepKeepsTheSandboxRunning(t *testing.T) {
 // sandbox must come back as running, not stay "suspending", once the disk
 // has room again (the chaos soak's lost sandbox).
 func TestFailedSleepOnAFullDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs") // the daemon tests run as root
-	}
-	dbDir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dbDir, "tmpfs", 0, "size=4m"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(dbDir, syscall.MNT_DETACH) })
+	dbDir := smallDisk(t, t.TempDir(), "4m")
 	warned := make(chan struct{}, 1)
 	log := slog.New(&notifyHandler{msg: "the database cannot record a rollback", c: warned})
 	e := newEnvDB(t, Config{Log: log}, filepath.Join(dbDir, "clade.db"))
 	sb := e.create(t, 128)
-	filler := filepath.Join(dbDir, "filler")
 	e.eng.OnCheckpoint = func(string) error {
-		f, err := os.Create(filler)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		buf := make([]byte, 64<<10)
-		for {
-			if _, err := f.Write(buf); err != nil {
-				return errdefs.Wrap(errdefs.ResourceExhausted, err)
-			}
-		}
+		fillDisk(t, dbDir)
+		return errdefs.New(errdefs.ResourceExhausted, "no space left on device")
 	}
 	go func() {
 		<-warned // the rollback found the disk full: make room
-		os.Remove(filler)
+		os.Remove(filepath.Join(dbDir, "filler"))
 	}()
 	if _, err := e.m.Sleep(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
 		t.Fatalf("sleep: %v, want ResourceExhausted", err)
@@ -385,32 +368,17 @@ func TestFailedSleepOnAFullDisk(t *testing.T) {
 // ("exit status 128") reach the caller as ResourceExhausted, saying the
 // disk is full.
 func TestEngineFailureOnAFullDiskSaysSo(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs") // the daemon tests run as root
-	}
 	e := newEnv(t, Config{})
 	if err := os.MkdirAll(e.cfg.SnapshotDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mount("tmpfs", e.cfg.SnapshotDir, "tmpfs", 0, "size=128m"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(e.cfg.SnapshotDir, syscall.MNT_DETACH) })
+	smallDisk(t, e.cfg.SnapshotDir, "128m")
 	e.eng.OnCreate = func(engine.Spec) error { return errors.New("runsc run: exit status 128") }
 	if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128}); errdefs.ClassOf(err) == errdefs.ResourceExhausted {
 		t.Fatalf("with space, an engine failure was taken for a full disk: %v", err)
 	}
-	f, err := os.Create(filepath.Join(e.cfg.SnapshotDir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for buf := make([]byte, 1<<20); ; {
-		if _, err := f.Write(buf); err != nil {
-			break
-		}
-	}
-	f.Close()
-	_, err = e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
+	fillDisk(t, e.cfg.SnapshotDir)
+	_, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
 	if errdefs.ClassOf(err) != errdefs.ResourceExhausted || !strings.Contains(err.Error(), "full") {
 		t.Fatalf("create on a full disk: %v (class %s), want ResourceExhausted saying the disk is full", err, errdefs.ClassOf(err))
 	}
@@ -420,26 +388,10 @@ func TestEngineFailureOnAFullDiskSaysSo(t *testing.T) {
 // record changes nothing: the sandbox serves on (it was cut off from its
 // agent for good: "connection is not back yet", the soak).
 func TestRemoveRefusedOnAFullDiskKeepsServing(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs") // the daemon tests run as root
-	}
-	dbDir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dbDir, "tmpfs", 0, "size=4m"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(dbDir, syscall.MNT_DETACH) })
+	dbDir := smallDisk(t, t.TempDir(), "4m")
 	e := newEnvDB(t, Config{}, filepath.Join(dbDir, "clade.db"))
 	sb := e.create(t, 128)
-	f, err := os.Create(filepath.Join(dbDir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for buf := make([]byte, 64<<10); ; {
-		if _, err := f.Write(buf); err != nil {
-			break
-		}
-	}
-	f.Close()
+	fillDisk(t, dbDir)
 	if err := e.m.Destroy(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
 		t.Fatalf("remove on a full disk: %v, want ResourceExhausted", err)
 	}
@@ -449,6 +401,38 @@ func TestRemoveRefusedOnAFullDiskKeepsServing(t *testing.T) {
 	}
 	if err := g.Ping(t.Context()); err != nil {
 		t.Fatalf("after a refused removal the guest does not answer: %v", err)
+	}
+}
+
+// smallDisk mounts a tmpfs of size on dir (made, if empty, by t.TempDir)
+// until the test ends, and returns dir. It needs root (the daemon tests
+// run as root).
+func smallDisk(t *testing.T, dir, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// fillDisk takes every free block of dir's file system with dir/filler,
+// and returns its path: removing it makes room again.
+func fillDisk(t *testing.T, dir string) string {
+	t.Helper()
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for buf := make([]byte, 64<<10); ; {
+		if _, err := f.Write(buf); err != nil {
+			return filler
+		}
 	}
 }
 
@@ -696,31 +680,14 @@ func TestDestroyRacesWakeAndFork(t *testing.T) {
 // image must stay, and the sandbox must settle asleep once there is room
 // (the soak's sandbox left "waking").
 func TestReconcileOnAFullDiskSettlesLater(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs") // the daemon tests run as root
-	}
-	dbDir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dbDir, "tmpfs", 0, "size=4m"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(dbDir, syscall.MNT_DETACH) })
+	dbDir := smallDisk(t, t.TempDir(), "4m")
 	e := newEnvDB(t, Config{}, filepath.Join(dbDir, "clade.db"))
 	sb := e.create(t, 128)
 	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
 	setState(t, e, sb.ID, store.StateWaking) // the crash: mid-wake
-	filler := filepath.Join(dbDir, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for buf := make([]byte, 64<<10); ; {
-		if _, err := f.Write(buf); err != nil {
-			break
-		}
-	}
-	f.Close()
+	filler := fillDisk(t, dbDir)
 	cfg := e.cfg
 	cfg.MemoryFloorMiB, cfg.PressureFloorMiB = 1, -1
 	e.m = New(cfg, e.eng, e.st, e.imgs)
