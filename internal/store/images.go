@@ -61,7 +61,7 @@ func init() { migrations = append(migrations, imageSchema) }
 
 const imageCols = `name, ref, source, rootfs, snapshot, size_bytes, meta, created_at`
 
-func scanImage(row interface{ Scan(...any) error }) (Image, error) {
+func scanImage(row scanner) (Image, error) {
 	var img Image
 	var meta string
 	var created int64
@@ -98,19 +98,7 @@ func (s *Store) GetImageByRef(ctx context.Context, ref string) (Image, error) {
 // ListImages returns every image, by name.
 func (s *Store) ListImages(ctx context.Context) ([]Image, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+imageCols+` FROM images ORDER BY name`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Image
-	for rows.Next() {
-		img, err := scanImage(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, img)
-	}
-	return out, rows.Err()
+	return collect(rows, err, scanImage)
 }
 
 // PutImage records img, replacing an image of the same name, and returns
@@ -186,19 +174,7 @@ func imageUsers(ctx context.Context, tx *sql.Tx, name string) ([]string, error) 
 	rows, err := tx.QueryContext(ctx, `SELECT 'sandbox ' || id FROM sandboxes WHERE image = ?1
 		UNION ALL SELECT 'snapshot ' || id FROM snapshots WHERE image = ?1
 			AND id != COALESCE((SELECT snapshot FROM images WHERE name = ?1), '')`, name)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var users []string
-	for rows.Next() {
-		var u string
-		if err := rows.Scan(&u); err != nil {
-			return nil, err
-		}
-		users = append(users, u)
-	}
-	return users, rows.Err()
+	return collect(rows, err, scanString)
 }
 
 // DeleteImage removes the image called name if no sandbox or snapshot was
@@ -263,19 +239,7 @@ func (s *Store) CollectImageRoots(ctx context.Context) ([]string, error) {
 			AND rootfs NOT IN (SELECT rootfs FROM images)
 			AND rootfs NOT IN (SELECT rootfs FROM sandboxes)
 			AND rootfs NOT IN (SELECT rootfs FROM snapshots)`)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var r string
-			if err := rows.Scan(&r); err != nil {
-				rows.Close()
-				return err
-			}
-			roots = append(roots, r)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		if roots, err = collect(rows, err, scanString); err != nil {
 			return err
 		}
 		for _, r := range roots {
@@ -307,19 +271,7 @@ func (s *Store) RemoveBuildSandbox(ctx context.Context, id string) error {
 // sandboxes or not.
 func (s *Store) BuildSandboxes(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id FROM build_sandboxes ORDER BY id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return collect(rows, err, scanString)
 }
 
 // imageTx runs fn in a transaction, committing if it returns nil.

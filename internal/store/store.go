@@ -307,7 +307,7 @@ func (s *Store) Transition(ctx context.Context, id, from, to, msg string) error 
 
 const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, rootfs, opts, created_at, updated_at`
 
-func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
+func scan(row scanner) (Sandbox, error) {
 	var sb Sandbox
 	var env, opts string
 	var created, updated int64
@@ -351,19 +351,35 @@ func (s *Store) GetSandbox(ctx context.Context, ref string) (Sandbox, error) {
 // ListSandboxes returns every sandbox, oldest first.
 func (s *Store) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+cols+` FROM sandboxes ORDER BY created_at, id`)
+	return collect(rows, err, scan)
+}
+
+// scanner is a row to scan: *sql.Row or *sql.Rows.
+type scanner interface{ Scan(...any) error }
+
+// collect scans every row of a query (rows, err as QueryContext returned
+// them) with scan, and closes rows.
+func collect[T any](rows *sql.Rows, err error, scan func(scanner) (T, error)) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []Sandbox
+	var out []T
 	for rows.Next() {
-		sb, err := scan(rows)
+		v, err := scan(rows)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, sb)
+		out = append(out, v)
 	}
 	return out, rows.Err()
+}
+
+// scanString scans a one-column text row.
+func scanString(row scanner) (string, error) {
+	var v string
+	err := row.Scan(&v)
+	return v, err
 }
 
 // CommittedMemoryMiB returns the sum of the memory limits of the sandboxes
@@ -407,7 +423,7 @@ func (s *Store) SetSnapshotReady(ctx context.Context, id string, size int64) err
 
 const snapCols = `id, COALESCE(name, ''), sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, created_at`
 
-func scanSnapshot(row interface{ Scan(...any) error }) (Snapshot, error) {
+func scanSnapshot(row scanner) (Snapshot, error) {
 	var sn Snapshot
 	var env, opts string
 	var created int64
@@ -432,37 +448,13 @@ func (s *Store) GetSnapshot(ctx context.Context, ref string) (Snapshot, error) {
 // ListSnapshots returns every snapshot, oldest first.
 func (s *Store) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+snapCols+` FROM snapshots ORDER BY created_at, id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Snapshot
-	for rows.Next() {
-		sn, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, sn)
-	}
-	return out, rows.Err()
+	return collect(rows, err, scanSnapshot)
 }
 
 // SnapshotUsers returns the ids of the sandboxes restored from a snapshot.
 func (s *Store) SnapshotUsers(ctx context.Context, id string) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes WHERE snapshot = ? ORDER BY created_at, id`, id)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return collect(rows, err, scanString)
 }
 
 // DeleteSnapshot removes a snapshot's record; a missing one is not an error.
