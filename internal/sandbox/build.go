@@ -176,9 +176,19 @@ func (m *Manager) CreateBuildSandbox(ctx context.Context, req CreateRequest) (st
 }
 
 // EndBuild removes a build's sandbox. Ending a build whose sandbox is
-// already gone returns nil.
+// already gone returns nil. When a full disk refuses the removal, it is
+// retried in the background until there is room (or the service closes,
+// and ReapBuilds finishes it at the next start): no build's sandbox is
+// left behind for want of a client to retry.
 func (m *Manager) EndBuild(ctx context.Context, id string) error {
-	ctx = context.WithoutCancel(ctx)
+	err := m.endBuild(context.WithoutCancel(ctx), id)
+	if errdefs.Is(err, errdefs.ResourceExhausted) {
+		go m.retryEndBuild(id)
+	}
+	return err
+}
+
+func (m *Manager) endBuild(ctx context.Context, id string) error {
 	err := m.Destroy(ctx, id)
 	if errdefs.IsNotFound(err) {
 		err = nil
@@ -187,6 +197,28 @@ func (m *Manager) EndBuild(ctx context.Context, id string) error {
 		return err
 	}
 	return m.store.RemoveBuildSandbox(ctx, id)
+}
+
+// retryEndBuild retries endBuild every few seconds while the disk is full.
+func (m *Manager) retryEndBuild(id string) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.bg.Done():
+			return
+		case <-t.C:
+		}
+		err := m.endBuild(m.bg, id)
+		switch {
+		case err == nil:
+			m.log.Info("removed a build's sandbox the full disk had kept", "sandbox", id)
+			return
+		case !errdefs.Is(err, errdefs.ResourceExhausted):
+			m.log.Error("remove a build's sandbox", "sandbox", id, "err", err)
+			return
+		}
+	}
 }
 
 // ReapBuilds removes the sandboxes of builds a killed daemon left: call it

@@ -108,6 +108,12 @@ type Manager struct {
 	holds       map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
 
 	counters Counters
+
+	// bg lives as long as the service (Close ends it): work that must
+	// outlive the request that started it, e.g. removing a build's
+	// sandbox once a full disk has room again, runs under it.
+	bg     context.Context
+	stopBg context.CancelFunc
 }
 
 // New returns a service. Call Reconcile before serving.
@@ -145,6 +151,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	}
 	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, holds: map[string]int{}}
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
+	m.bg, m.stopBg = context.WithCancel(context.Background())
 	return m
 }
 
@@ -154,6 +161,7 @@ func (m *Manager) Engine() engine.Engine { return m.eng }
 // Close drops the guest connections; sandboxes keep running for the next
 // daemon to reattach.
 func (m *Manager) Close() {
+	m.stopBg()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m.pool.Drain(ctx)

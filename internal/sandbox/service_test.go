@@ -404,6 +404,38 @@ func TestRemoveRefusedOnAFullDiskKeepsServing(t *testing.T) {
 	}
 }
 
+// TestEndBuildOnAFullDiskRetries: a build's sandbox whose removal a full
+// disk refused is removed once there is room, without a client or a
+// restart (the soak saw one left running after its build failed).
+func TestEndBuildOnAFullDiskRetries(t *testing.T) {
+	dbDir := smallDisk(t, t.TempDir(), "4m")
+	removed := &notifyHandler{msg: "removed a build's sandbox", c: make(chan struct{}, 1)}
+	e := newEnvDB(t, Config{Log: slog.New(removed)}, filepath.Join(dbDir, "clade.db"))
+	sb, err := e.m.CreateBuildSandbox(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler := fillDisk(t, dbDir)
+	if err := e.m.EndBuild(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("end a build on a full disk: %v, want ResourceExhausted", err)
+	}
+	if got := e.state(t, sb.ID); got != store.StateRunning {
+		t.Fatalf("after a refused removal the build's sandbox is %s, want running", got)
+	}
+	os.Remove(filler)
+	select {
+	case <-removed.c:
+	case <-time.After(time.Minute):
+		t.Fatal("with room again the build's sandbox was not removed within a minute")
+	}
+	if _, err := e.st.GetSandbox(t.Context(), sb.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("the build's sandbox after its retried removal: %v, want not found", err)
+	}
+	if ids, _ := e.st.BuildSandboxes(t.Context()); len(ids) != 0 {
+		t.Fatalf("build sandboxes still marked: %v", ids)
+	}
+}
+
 // smallDisk mounts a tmpfs of size on dir (made, if empty, by t.TempDir)
 // until the test ends, and returns dir. It needs root (the daemon tests
 // run as root).

@@ -125,6 +125,13 @@ func (s *soak) check(reason string) {
 			continue
 		case m.strays[got.ID]:
 			// Reported already; its removal failed (a full disk).
+		case m.failedBuilds > 0 && s.diskFull.Load():
+			s.t.Logf("%s: sandbox %s (%q, %s): a failed build's, whose removal the full disk refused; it must go once there is room", reason, got.ID, got.Name, got.State)
+			continue
+		case m.failedBuilds > 0 && s.goneSoon(ctx, c, got.ID):
+			// A failed build's, removed once the disk had room.
+			resolved++
+			continue
 		case m.unknownForks == 0:
 			s.finding(false, "%s: sandbox %s (%q, %s, image %s) that no client was told of (builds in flight at a crash: %d)",
 				reason, got.ID, got.Name, got.State, got.Image, m.unknownBuilds)
@@ -150,6 +157,9 @@ func (s *soak) check(reason string) {
 		}
 	}
 	m.unknownForks, m.unknownBuilds = 0, 0
+	if !s.diskFull.Load() {
+		m.failedBuilds = 0
+	}
 	s.restartedFree = false
 
 	snaps, err := c.ListSnapshots(ctx)
@@ -305,6 +315,24 @@ func anyInBetween(sbs []sdk.Sandbox) bool {
 	for _, sb := range sbs {
 		if inBetween(sb.State) {
 			return true
+		}
+	}
+	return false
+}
+
+// goneSoon says whether sandbox id is removed within half a minute: the
+// daemon retries the removal of a failed build's sandbox every 2 s once a
+// full disk has room.
+func (s *soak) goneSoon(ctx context.Context, c *sdk.Client, id string) bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := c.GetSandbox(ctx, id); sdk.IsNotFound(err) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(200 * time.Millisecond): // polling for the daemon's retry
 		}
 	}
 	return false

@@ -107,6 +107,10 @@ type model struct {
 	// unknownBuilds counts builds in flight at a crash: their sandboxes
 	// must be reaped by the next daemon.
 	unknownBuilds int
+	// failedBuilds counts builds that failed since the last check: the
+	// daemon removes their sandboxes, in the background if a full disk
+	// refused it at first.
+	failedBuilds int
 	// images were built (acknowledged) or may have been (unknown).
 	images      []string
 	maybeImages []string

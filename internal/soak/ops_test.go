@@ -377,6 +377,8 @@ func (s *soak) opBuild(ctx context.Context, c *sdk.Client, tag string) (outcome,
 	case unknown:
 		m.maybeImages = append(m.maybeImages, name)
 		m.unknownBuilds++
+	case failed:
+		m.failedBuilds++
 	}
 	return o, err
 }

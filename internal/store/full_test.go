@@ -53,6 +53,26 @@ func TestFullDiskIsResourceExhausted(t *testing.T) {
 		if !errdefs.Is(err, errdefs.ResourceExhausted) {
 			t.Fatalf("insert on a full disk: %v (class %s), want ResourceExhausted", err, errdefs.ClassOf(err))
 		}
-		return
+		break
+	}
+	// The image records' writes too (a soak saw a build's commit fail
+	// with an internal "database or disk is full" from one of them).
+	root := string(make([]byte, 8192))
+	for i := 0; ; i++ {
+		err := s.AddImageRoot(t.Context(), root+string(rune('a'+i%26))+string(rune('a'+i/26)))
+		if err == nil {
+			if i > 1000 {
+				t.Fatal("1000 image roots fit on a full 2 MiB disk")
+			}
+			continue
+		}
+		if !errdefs.Is(err, errdefs.ResourceExhausted) {
+			t.Fatalf("image root on a full disk: %v (class %s), want ResourceExhausted", err, errdefs.ClassOf(err))
+		}
+		break
+	}
+	_, _, err = s.PutImage(t.Context(), Image{Name: "big", RootFS: root, Source: root})
+	if !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("image on a full disk: %v (class %s), want ResourceExhausted", err, errdefs.ClassOf(err))
 	}
 }

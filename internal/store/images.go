@@ -137,7 +137,7 @@ func (s *Store) AdoptImage(ctx context.Context, img Image) (bool, error) {
 	if meta == "" {
 		meta = "{}"
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT OR IGNORE INTO images (`+imageCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+	res, err := s.exec(ctx, `INSERT OR IGNORE INTO images (`+imageCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
 		img.Name, img.Ref, img.Source, img.RootFS, img.Snapshot, img.SizeBytes, meta, img.CreatedAt.UnixNano())
 	if err != nil {
 		return false, err
@@ -149,7 +149,7 @@ func (s *Store) AdoptImage(ctx context.Context, img Image) (bool, error) {
 // SetImageSnapshot records (or, with "", clears) a template's ready
 // snapshot and returns the updated image.
 func (s *Store) SetImageSnapshot(ctx context.Context, name, snapshot string) (Image, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE images SET snapshot = ? WHERE name = ?`, snapshot, name)
+	res, err := s.exec(ctx, `UPDATE images SET snapshot = ? WHERE name = ?`, snapshot, name)
 	if err != nil {
 		return Image{}, err
 	}
@@ -209,7 +209,7 @@ func (s *Store) DeleteImage(ctx context.Context, name string) (Image, error) {
 // pending: it is not collected until an image names it (PutImage) or
 // FinishPendingImageRoots gives it up.
 func (s *Store) AddImageRoot(ctx context.Context, rootfs string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO image_roots (rootfs, pending) VALUES (?, 1)`, rootfs)
+	_, err := s.exec(ctx, `INSERT OR REPLACE INTO image_roots (rootfs, pending) VALUES (?, 1)`, rootfs)
 	return err
 }
 
@@ -218,11 +218,11 @@ func (s *Store) AddImageRoot(ctx context.Context, rootfs string) error {
 // with roots, just those.
 func (s *Store) FinishPendingImageRoots(ctx context.Context, roots ...string) error {
 	if len(roots) == 0 {
-		_, err := s.db.ExecContext(ctx, `UPDATE image_roots SET pending = 0`)
+		_, err := s.exec(ctx, `UPDATE image_roots SET pending = 0`)
 		return err
 	}
 	for _, r := range roots {
-		if _, err := s.db.ExecContext(ctx, `UPDATE image_roots SET pending = 0 WHERE rootfs = ?`, r); err != nil {
+		if _, err := s.exec(ctx, `UPDATE image_roots SET pending = 0 WHERE rootfs = ?`, r); err != nil {
 			return err
 		}
 	}
@@ -256,14 +256,14 @@ func (s *Store) CollectImageRoots(ctx context.Context) ([]string, error) {
 // as long as the build. The mark is the sandbox's own, not its options, so
 // snapshots and fork children of it do not inherit it.
 func (s *Store) AddBuildSandbox(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR IGNORE INTO build_sandboxes (id) VALUES (?)`, id)
+	_, err := s.exec(ctx, `INSERT OR IGNORE INTO build_sandboxes (id) VALUES (?)`, id)
 	return err
 }
 
 // RemoveBuildSandbox drops the mark of AddBuildSandbox; a missing one is not
 // an error.
 func (s *Store) RemoveBuildSandbox(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM build_sandboxes WHERE id = ?`, id)
+	_, err := s.exec(ctx, `DELETE FROM build_sandboxes WHERE id = ?`, id)
 	return err
 }
 
@@ -276,16 +276,19 @@ func (s *Store) BuildSandboxes(ctx context.Context) ([]string, error) {
 
 // imageTx runs fn in a transaction, committing if it returns nil.
 func (s *Store) imageTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return s.classify(err)
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback() // the error that made us roll back says more
-		return err
+		return s.classify(err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return s.classify(fmt.Errorf("commit: %w", err))
 	}
 	return nil
 }

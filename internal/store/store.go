@@ -232,11 +232,17 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result
 		return nil, err
 	}
 	res, err := s.db.ExecContext(ctx, query, args...)
+	return res, s.classify(err)
+}
+
+// classify says that an error from a write the full disk refused is
+// ResourceExhausted (a retryable 429), not an internal error.
+func (s *Store) classify(err error) error {
 	var se *sqlite.Error
 	if errors.As(err, &se) && se.Code()&0xff == sqliteFull {
-		err = errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("the disk holding the database %s is full: free some space and retry: %w", s.path, err))
+		return errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("the disk holding the database %s is full: free some space and retry: %w", s.path, err))
 	}
-	return res, err
+	return err
 }
 
 // sqliteFull is SQLITE_FULL, the primary result code of a write that found
