@@ -151,7 +151,7 @@ func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapsho
 		}
 	}
 	if err != nil {
-		return ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.afterRemove(ctx, rec), m.store.DeleteSandbox(ctx, rec.ID))}
+		return ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID))}
 	}
 	m.track(rec.ID, sb)
 	m.crashPoint("fork-mid-restore") // other children still restoring

@@ -176,7 +176,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 	}
 	if err != nil {
-		if derr := errors.Join(m.afterRemove(ctx, rec), m.store.DeleteSandbox(ctx, rec.ID)); derr != nil {
+		if derr := errors.Join(m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID)); derr != nil {
 			err = errors.Join(err, derr)
 		}
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
@@ -405,11 +405,23 @@ func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
 		return err
 	}
 	m.crashPoint("destroy-after-engine")
-	if err := m.store.DeleteSandbox(ctx, id); err != nil {
+	if err := m.deleteRecord(ctx, id); err != nil {
 		return err
 	}
 	m.log.Info("sandbox removed", "sandbox", id)
 	return nil
+}
+
+// deleteRecord deletes the record of a sandbox whose engine sandbox is
+// gone. When a full disk refuses it, the record (creating or destroying)
+// is settled in the background once there is room, so that no half-made
+// or half-removed sandbox lingers until the next restart.
+func (m *Manager) deleteRecord(ctx context.Context, id string) error {
+	err := m.store.DeleteSandbox(ctx, id)
+	if errdefs.Is(err, errdefs.ResourceExhausted) {
+		go m.settle(m.bg, []string{id})
+	}
+	return err
 }
 
 // dropLive forgets a sandbox's engine sandbox, so requests take the slow

@@ -284,6 +284,47 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	}
 }
 
+// TestFailedCreateOnAFullDiskLeavesNothingOnceThereIsRoom: a create that
+// fails on a full disk cannot delete its record at once; it must go by
+// itself once there is room (the soak saw one left "creating").
+func TestFailedCreateOnAFullDiskLeavesNothingOnceThereIsRoom(t *testing.T) {
+	dbDir := smallDisk(t, t.TempDir(), "4m")
+	e := newEnvDB(t, Config{}, filepath.Join(dbDir, "clade.db"))
+	var filler string
+	e.eng.OnCreate = func(engine.Spec) error {
+		filler = fillDisk(t, dbDir)
+		return fake.ErrInjected
+	}
+	if _, err := e.m.Create(t.Context(), CreateRequest{Name: "doomed", Image: testImage, MemoryMiB: 128}); !errors.Is(err, fake.ErrInjected) {
+		t.Fatalf("create: %v, want the injected failure", err)
+	}
+	if filler == "" {
+		t.Fatal("the engine's create was not reached")
+	}
+	recs, _ := e.st.ListSandboxes(t.Context())
+	if len(recs) != 1 {
+		t.Skipf("the full disk did not keep the record (%d records): nothing to settle", len(recs))
+	}
+	os.Remove(filler)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		recs, err := e.st.ListSandboxes(t.Context())
+		if err == nil && len(recs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with room again the failed create's record is still there: %+v %v", recs, err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the record until the retry lands
+	}
+	// The name is free again.
+	if _, err := e.m.Create(t.Context(), CreateRequest{Name: "doomed", Image: testImage, MemoryMiB: 128}); err == nil {
+		t.Fatal("the engine hook should still fail the create")
+	} else if errdefs.Is(err, errdefs.AlreadyExists) {
+		t.Fatalf("the name is still taken: %v", err)
+	}
+}
+
 func TestAdmissionOvercommit(t *testing.T) {
 	total, err := memTotalMiB()
 	if err != nil {
