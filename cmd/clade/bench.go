@@ -21,7 +21,12 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 		"Measures clade on this host: latency percentiles of create, exec, snapshot, fork and\n"+
 		"wake, host memory per forked child, and how many idle sandboxes fit. With --baseline\n"+
 		"the same work is also done with plain runsc commands, interleaved, and the table shows\n"+
-		"clade/runsc ratios. Removes everything it made, also on Ctrl-C. Exits 1 if a phase failed.")
+		"clade/runsc ratios. The network phases compare clade with itself, side by side:\n"+
+		"netcreate (create with a network vs without), proxy (a request and a download through\n"+
+		"the ingress, or the API's port-forward on a daemon without one, vs straight to the\n"+
+		"sandbox's address), proxywake (a request to a slept app until its answer) and masswake\n"+
+		"(N slept apps woken by one request each at once). They need a daemon with networking.\n"+
+		"Removes everything it made, also on Ctrl-C. Exits 1 if a phase failed.")
 	cfg := benchkit.DefaultConfig()
 	phases := fs.String("phases", strings.Join(cfg.Phases, ","), "phases to run, in order")
 	fanout := fs.String("fanout", joinInts(cfg.Fanout), "fork widths")
@@ -32,6 +37,9 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.IntVar(&cfg.MemoryMiB, "memory", 0, "memory limit in MiB of every sandbox but density's (default: the daemon's);\nthe daemon admits a fork of N only if N times this fits in free memory")
 	fs.IntVar(&cfg.DensityMemoryMiB, "density-memory", cfg.DensityMemoryMiB, "memory limit in MiB of the density phase's idle sandboxes")
 	fs.IntVar(&cfg.MemforkChildren, "memfork-children", 0, "children of the memfork phase (default: the largest --fanout <= 16)")
+	fs.IntVar(&cfg.ProxyMiB, "proxy-mib", cfg.ProxyMiB, "size in MiB of the proxy phase's download")
+	fs.IntVar(&cfg.MassWake, "masswake", cfg.MassWake, "slept apps the masswake phase wakes at once")
+	fs.IntVar(&cfg.MassWakeMemoryMiB, "masswake-memory", cfg.MassWakeMemoryMiB, "memory limit in MiB of the masswake phase's apps")
 	fs.BoolVar(&cfg.Baseline, "baseline", false, "also do the work with plain runsc commands and report clade/runsc ratios")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc for the baseline (default: runsc next to clade, then $PATH)")
 	fs.StringVar(&cfg.RootFS, "rootfs", cfg.RootFS, "rootfs dir the baseline boots (match it to --image)")

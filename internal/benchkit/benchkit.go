@@ -19,7 +19,7 @@ import (
 )
 
 // Phases are the phase names, in the order a default run takes them.
-var Phases = []string{"create", "exec", "snapshot", "fork", "wake", "memfork", "density"}
+var Phases = []string{"create", "exec", "snapshot", "fork", "wake", "memfork", "density", "netcreate", "proxy", "proxywake", "masswake"}
 
 // Config is one run's settings; DefaultConfig has the defaults.
 type Config struct {
@@ -37,12 +37,18 @@ type Config struct {
 	// DensityMemoryMiB is the limit of the density phase's idle sandboxes.
 	DensityMemoryMiB int `json:"density_memory_mib"`
 	// MemforkChildren is K for memfork; 0 takes the largest fan-out <= 16.
-	MemforkChildren int    `json:"memfork_children,omitempty"`
-	MemforkMiB      int    `json:"memfork_mib"`
-	Baseline        bool   `json:"baseline"`
-	Runsc           string `json:"runsc,omitempty"`
-	RootFS          string `json:"rootfs,omitempty"`
-	DataDir         string `json:"data_dir"`
+	MemforkChildren int `json:"memfork_children,omitempty"`
+	MemforkMiB      int `json:"memfork_mib"`
+	// ProxyMiB is the size of the proxy phase's download.
+	ProxyMiB int `json:"proxy_mib"`
+	// MassWake is how many slept apps the masswake phase wakes at once,
+	// each with a MassWakeMemoryMiB limit.
+	MassWake          int    `json:"mass_wake"`
+	MassWakeMemoryMiB int    `json:"mass_wake_memory_mib"`
+	Baseline          bool   `json:"baseline"`
+	Runsc             string `json:"runsc,omitempty"`
+	RootFS            string `json:"rootfs,omitempty"`
+	DataDir           string `json:"data_dir"`
 	// SettleMS bounds the wait before each sample for the daemon's and the
 	// baseline's processes to go idle (see settle); 0 skips it.
 	SettleMS int `json:"settle_ms"`
@@ -71,12 +77,15 @@ func DefaultConfig() Config {
 		Warmup:  5,
 		Density: 100,
 		// Idle sandboxes: the smallest limit a sandbox boots with.
-		DensityMemoryMiB: 64,
-		MemforkMiB:       64,
-		SettleMS:         5000,
-		RootFS:           "/var/cache/clade/images/default/rootfs",
-		DataDir:          "/var/lib/clade",
-		SampleTimeout:    10 * time.Minute,
+		DensityMemoryMiB:  64,
+		MemforkMiB:        64,
+		ProxyMiB:          1024,
+		MassWake:          20,
+		MassWakeMemoryMiB: 256,
+		SettleMS:          5000,
+		RootFS:            "/var/cache/clade/images/default/rootfs",
+		DataDir:           "/var/lib/clade",
+		SampleTimeout:     10 * time.Minute,
 	}
 }
 
@@ -103,6 +112,12 @@ func (c *Config) Validate() error {
 	}
 	if slices.Contains(c.Phases, "density") && (c.Density < 1 || c.DensityMemoryMiB < 1) {
 		return errors.New("density needs --density N >= 1 and --density-memory MIB >= 1")
+	}
+	if slices.Contains(c.Phases, "proxy") && c.ProxyMiB < 1 {
+		return errors.New("proxy needs --proxy-mib >= 1")
+	}
+	if slices.Contains(c.Phases, "masswake") && (c.MassWake < 1 || c.MassWakeMemoryMiB < 1) {
+		return errors.New("masswake needs --masswake N >= 1 and --masswake-memory MIB >= 1")
 	}
 	if c.MemforkMiB < 1 {
 		return errors.New("memfork needs a held size >= 1 MiB")
@@ -193,7 +208,7 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 		r.settled = 0
 		phaseFuncs[name](r, ctx, &ph)
 		ph.SettleSeconds = round3(r.settled.Seconds())
-		if baseErr != nil && name != "density" { // density has no baseline
+		if baseErr != nil && !noBaseline[name] {
 			ph.BaselineError = baseErr.Error()
 		}
 		cctx, cancel := cleanupCtx()
@@ -229,14 +244,21 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 	return res, nil
 }
 
+// noBaseline are the phases without a plain-runsc side.
+var noBaseline = map[string]bool{"density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
+
 var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
-	"create":   (*runner).phaseCreate,
-	"exec":     (*runner).phaseExec,
-	"snapshot": (*runner).phaseSnapshot,
-	"fork":     (*runner).phaseFork,
-	"wake":     (*runner).phaseWake,
-	"memfork":  (*runner).phaseMemfork,
-	"density":  (*runner).phaseDensity,
+	"create":    (*runner).phaseCreate,
+	"exec":      (*runner).phaseExec,
+	"snapshot":  (*runner).phaseSnapshot,
+	"fork":      (*runner).phaseFork,
+	"wake":      (*runner).phaseWake,
+	"memfork":   (*runner).phaseMemfork,
+	"density":   (*runner).phaseDensity,
+	"netcreate": (*runner).phaseNetcreate,
+	"proxy":     (*runner).phaseProxy,
+	"proxywake": (*runner).phaseProxywake,
+	"masswake":  (*runner).phaseMasswake,
 }
 
 // orDefault returns v, or def when v is 0.

@@ -38,12 +38,40 @@ type Phase struct {
 	Seconds float64 `json:"seconds"`
 	// SettleSeconds is the part of Seconds spent waiting for an idle host
 	// before samples; it is in no sample.
-	SettleSeconds float64  `json:"settle_seconds,omitempty"`
-	Error         string   `json:"error,omitempty"`
-	BaselineError string   `json:"baseline_error,omitempty"`
-	Latency       []Series `json:"latency,omitempty"`
-	Memfork       *Memfork `json:"memfork,omitempty"`
-	Density       *Density `json:"density,omitempty"`
+	SettleSeconds float64   `json:"settle_seconds,omitempty"`
+	Error         string    `json:"error,omitempty"`
+	BaselineError string    `json:"baseline_error,omitempty"`
+	Latency       []Series  `json:"latency,omitempty"`
+	Memfork       *Memfork  `json:"memfork,omitempty"`
+	Density       *Density  `json:"density,omitempty"`
+	Proxy         *Proxy    `json:"proxy,omitempty"`
+	MassWake      *MassWake `json:"mass_wake,omitempty"`
+}
+
+// Proxy is the throughput of one download from a sandbox's HTTP server,
+// through the daemon's proxy and straight to the sandbox's address.
+type Proxy struct {
+	// Via is "ingress", or "port-forward" on a daemon without an ingress.
+	Via        string  `json:"via"`
+	MiB        int     `json:"mib"`
+	ViaMiBs    float64 `json:"via_mib_s"`
+	DirectMiBs float64 `json:"direct_mib_s,omitempty"`
+}
+
+// MassWake is one wave of requests, one to each of Apps slept apps at
+// once. Latency is from the wave's start to each app's answer, retries
+// after a 503 included.
+type MassWake struct {
+	Apps      int    `json:"apps"`
+	MemoryMiB int    `json:"memory_mib"`
+	Latency   *Stats `json:"latency,omitempty"`
+	// Retried apps got at least one 503 (the memory floor) first.
+	Retried int `json:"retried"`
+	// Failed apps never answered 200.
+	Failed  int     `json:"failed"`
+	Seconds float64 `json:"seconds"`
+	// MemAvailableLowMiB is the host's lowest MemAvailable during the wave.
+	MemAvailableLowMiB float64 `json:"mem_available_low_mib"`
 }
 
 // Series is one measured operation, e.g. "fork 16".

@@ -33,6 +33,8 @@ func sampleResult() *Result {
 				AvailRatio: 1, PSSRatio: 1, CgroupRatio: 1}},
 			{Name: "density", Density: &Density{Target: 10, Reached: 7, MemoryMiB: 64, StopCause: "unavailable",
 				PerSandboxMiB: 15, Steps: []DensityStep{{Sandboxes: 0, MemAvailableMiB: 1000}}, Create: st, RemoveSeconds: 1}},
+			{Name: "proxy", Proxy: &Proxy{Via: "ingress", MiB: 1024, ViaMiBs: 150, DirectMiBs: 180}},
+			{Name: "masswake", MassWake: &MassWake{Apps: 20, MemoryMiB: 256, Latency: st, Retried: 1, Failed: 0, Seconds: 2, MemAvailableLowMiB: 900}},
 		},
 	}
 }
@@ -78,7 +80,7 @@ func TestSchema(t *testing.T) {
 		"runsc", "clade_version", "clade_commit", "go_version", "data_dir", "data_dir_fs", "reflink", "baseline_runsc",
 		"baseline_runsc_version", "command_line")
 	wantKeys(t, "config", doc["config"], "phases", "fanout", "samples", "warmup", "density", "density_memory_mib",
-		"memfork_mib", "settle_ms", "baseline", "rootfs", "data_dir")
+		"memfork_mib", "settle_ms", "baseline", "rootfs", "data_dir", "proxy_mib", "mass_wake", "mass_wake_memory_mib")
 	if doc["config"].(map[string]any)["baseline"] != true {
 		t.Error("config.baseline lost")
 	}
@@ -96,6 +98,8 @@ func TestSchema(t *testing.T) {
 	dn := phases[3].(map[string]any)["density"]
 	wantKeys(t, "density", dn, "target", "reached", "memory_mib", "stop_cause", "per_sandbox_mib", "steps", "create", "remove_seconds")
 	wantKeys(t, "density step", dn.(map[string]any)["steps"].([]any)[0], "sandboxes", "mem_available_mib", "seconds")
+	wantKeys(t, "proxy", phases[4].(map[string]any)["proxy"], "via", "mib", "via_mib_s", "direct_mib_s")
+	wantKeys(t, "masswake", phases[5].(map[string]any)["mass_wake"], "apps", "memory_mib", "latency", "retried", "failed", "seconds", "mem_available_low_mib")
 
 	// And it reads back into the same thing.
 	var back Result

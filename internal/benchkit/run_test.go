@@ -207,3 +207,79 @@ func TestRunSnapshotPhases(t *testing.T) {
 	}
 	assertClean(t, d, before)
 }
+
+// TestRunNetworkPhases runs the network phases against a daemon with
+// networking and an ingress, small, and the proxy phase against one
+// without an ingress (the port-forward path).
+func TestRunNetworkPhases(t *testing.T) {
+	d := testenv.StartDaemon(t, "--ingress", "127.0.0.1:0", "--ingress-domain", "clade.localhost")
+	cfg := realConfig(t, d, "netcreate", "proxy", "proxywake", "masswake")
+	cfg.Baseline = false
+	cfg.Samples, cfg.Warmup = 2, 0
+	cfg.ProxyMiB = 16
+	cfg.MassWake, cfg.MassWakeMemoryMiB = 3, 128
+	cfg.SettleMS = 0
+	res, err := Run(t.Context(), d.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed() {
+		t.Fatalf("run failed: %+v", res.Phases)
+	}
+	byName := map[string]Phase{}
+	for _, ph := range res.Phases {
+		byName[ph.Name] = ph
+	}
+	series := func(ph string, names ...string) {
+		t.Helper()
+		got := byName[ph].Latency
+		if len(got) != len(names) {
+			t.Fatalf("%s: %d series, want %v", ph, len(got), names)
+		}
+		for i, s := range got {
+			if s.Name != names[i] || s.Clade == nil || s.Clade.N != 2 || s.Clade.P50 <= 0 {
+				t.Errorf("%s: series %d is %q %+v, want %q with 2 positive samples", ph, i, s.Name, s.Clade, names[i])
+			}
+		}
+	}
+	series("netcreate", "create, network internet", "create, network none")
+	series("proxy", "request via ingress", "request direct")
+	series("proxywake", "request to a slept app via ingress")
+	if p := byName["proxy"].Proxy; p == nil || p.Via != "ingress" || p.MiB != 16 || p.ViaMiBs <= 0 || p.DirectMiBs <= 0 {
+		t.Errorf("proxy throughput: %+v", p)
+	}
+	if m := byName["masswake"].MassWake; m == nil || m.Apps != 3 || m.Failed != 0 || m.Latency == nil || m.Latency.N != 3 || m.MemAvailableLowMiB <= 0 {
+		t.Errorf("masswake: %+v", m)
+	}
+	var table bytes.Buffer
+	if err := WriteTable(&table, res); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"create, network internet", "proxy: a 16 MiB download", "masswake: 3 slept apps"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("the table lacks %q:\n%s", want, table.String())
+		}
+	}
+	assertClean(t, d, baselineDirs())
+
+	t.Run("port-forward", func(t *testing.T) {
+		d := testenv.StartDaemon(t)
+		cfg := realConfig(t, d, "proxy")
+		cfg.Baseline = false
+		cfg.Samples, cfg.Warmup, cfg.ProxyMiB, cfg.SettleMS = 2, 0, 16, 0
+		res, err := Run(t.Context(), d.Client, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Failed() {
+			t.Fatalf("run failed: %+v", res.Phases)
+		}
+		if p := res.Phases[0].Proxy; p == nil || p.Via != "port-forward" || p.ViaMiBs <= 0 {
+			t.Errorf("proxy throughput: %+v", p)
+		}
+		if s := res.Phases[0].Latency; len(s) != 2 || s[0].Name != "request via port-forward" {
+			t.Errorf("series: %+v", s)
+		}
+		assertClean(t, d, baselineDirs())
+	})
+}

@@ -48,7 +48,7 @@ func WriteTable(w io.Writer, res *Result) error {
 		if ph.BaselineError != "" {
 			errs = append(errs, fmt.Sprintf("%s (baseline): %s", ph.Name, ph.BaselineError))
 		}
-		if ph.Memfork != nil || ph.Density != nil {
+		if ph.Memfork != nil || ph.Density != nil || ph.MassWake != nil {
 			continue
 		}
 		if rows == 0 {
@@ -90,6 +90,20 @@ func WriteTable(w io.Writer, res *Result) error {
 		}
 		if d := ph.Density; d != nil {
 			writeDensity(w, d)
+		}
+		if p := ph.Proxy; p != nil {
+			fmt.Fprintf(w, "\nproxy: a %d MiB download at %.0f MiB/s via %s", p.MiB, p.ViaMiBs, p.Via)
+			if p.DirectMiBs > 0 {
+				fmt.Fprintf(w, ", %.0f MiB/s straight to the sandbox's address", p.DirectMiBs)
+			}
+			fmt.Fprintln(w)
+		}
+		if m := ph.MassWake; m != nil {
+			fmt.Fprintf(w, "\nmasswake: %d slept apps (%d MiB) woken by one request each at once, in %.1fs", m.Apps, m.MemoryMiB, m.Seconds)
+			if l := m.Latency; l != nil {
+				fmt.Fprintf(w, "; answered p50 %s p90 %s p99 %s max %s ms", ms(l.P50), ms(l.P90), ms(l.P99), ms(l.Max))
+			}
+			fmt.Fprintf(w, "\n  %d retried after a 503, %d failed; MemAvailable low-water %.0f MiB\n", m.Retried, m.Failed, m.MemAvailableLowMiB)
 		}
 	}
 	if res.CleanupError != "" {
