@@ -332,6 +332,43 @@ func TestIngressProxy(t *testing.T) {
 			t.Fatalf("after a forwarded connection the sandbox is %s", s.State)
 		}
 	})
+	t.Run("a request that wakes a sandbox is held until its port accepts", func(t *testing.T) {
+		const port = appPort + 1
+		if _, err := c.Sleep(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		late := newTarget(t, sb, port)
+		type answer struct {
+			code int
+			body string
+		}
+		got := make(chan answer, 1)
+		go func() {
+			code, body, _ := late.get(t, "/hello", tg.token)
+			got <- answer{code, body}
+		}()
+		// The request wakes the sandbox; only then does the app start, so
+		// its first dial is refused.
+		deadline := time.Now().Add(time.Minute)
+		for {
+			s, err := c.GetSandbox(ctx, sb.ID)
+			if err == nil && s.State == "running" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the request did not wake the sandbox: %+v %v", s, err)
+			}
+			time.Sleep(10 * time.Millisecond) // polling the state the request's wake changes
+		}
+		st, err := c.Exec(ctx, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", fmt.Sprintf("python3 /tmp/app.py %d >/tmp/app2.log 2>&1 &", port)}})
+		if err != nil || st.Code != 0 {
+			t.Fatalf("start a second app: %v %+v", err, st)
+		}
+		a := <-got
+		if a.code != http.StatusOK || a.body != "hello from web" {
+			t.Fatalf("the held request: %d %q, want 200 from the app started after the wake", a.code, a.body)
+		}
+	})
 	t.Run("labels", func(t *testing.T) {
 		sbs, err := c.ListSandboxesLabeled(ctx, map[string]string{"app": "web"})
 		if err != nil || len(sbs) != 1 || sbs[0].ID != sb.ID {

@@ -432,6 +432,7 @@ func (m *Manager) dropLive(id string) engine.Sandbox {
 	sb := m.live[id]
 	delete(m.live, id)
 	delete(m.lastUsed, id)
+	delete(m.wokeAt, id)
 	return sb
 }
 

@@ -105,6 +105,7 @@ type Manager struct {
 	live        map[string]engine.Sandbox // guarded by mu
 	reservedMiB int                       // guarded by mu: admitted, not yet made
 	lastUsed    map[string]time.Time      // guarded by mu: last request per sandbox
+	wokeAt      map[string]time.Time      // guarded by mu: when each live sandbox last woke
 	holds       map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
 
 	counters Counters
@@ -149,7 +150,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, holds: map[string]int{}}
+	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}}
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())
 	return m

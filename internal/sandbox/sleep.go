@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -151,6 +152,9 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return errors.Join(fmt.Errorf("wake %s: %w", rec.ID, err), m.moveLocked(ctx, rec, store.StateSleeping, err.Error()))
 	}
 	m.track(rec.ID, sb)
+	m.mu.Lock()
+	m.wokeAt[rec.ID] = time.Now()
+	m.mu.Unlock()
 	m.counters.Wakes.Add(1)
 	m.rearmLocked(ctx, rec)
 	if err := os.RemoveAll(dir); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net"
 	"time"
 
@@ -107,9 +108,10 @@ type PortDialer interface {
 // loopback. Its errors are Guest's (NotFound, Conflict, the wake's: an
 // Unavailable one when memory admission refused it, and the sandbox
 // sleeps on) and the dial's: Unavailable saying that nothing listens on
-// the port. The caller should Hold the sandbox while it uses the
-// connection.
+// the port (after a wake, only once the port refused for portGrace). The
+// caller should Hold the sandbox while it uses the connection.
 func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, error) {
+	var retry *time.Timer
 	for attempt := 0; ; attempt++ {
 		g, err := m.Guest(ctx, ref)
 		if err != nil {
@@ -122,12 +124,58 @@ func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, err
 		if err == nil {
 			return c, nil
 		}
-		if attempt > 0 || !errdefs.IsUnavailable(err) || m.isLiveGuest(g) {
+		if !errdefs.IsUnavailable(err) {
 			return nil, err
 		}
-		// The sandbox was put to sleep (or restarted) under the dial: the
-		// next try waits for that and wakes it.
+		if !m.isLiveGuest(g) {
+			if attempt > 0 {
+				return nil, err
+			}
+			// The sandbox was put to sleep (or restarted) under the dial:
+			// the next try waits for that and wakes it.
+			continue
+		}
+		// Nothing listens (yet). A sandbox that has just woken may not
+		// serve the port at once (its network comes back as the wake
+		// ends; a server may restart itself): the connection is held, not
+		// refused, until the port accepts or the grace ends. A sandbox
+		// that was not woken gets the refusal at once.
+		if !m.justWoken(g) {
+			return nil, err
+		}
+		if retry == nil {
+			retry = time.NewTimer(portRetry)
+			defer retry.Stop()
+		} else {
+			retry.Reset(portRetry)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		case <-retry.C:
+		}
 	}
+}
+
+const (
+	// portGrace is how long after a sandbox wakes a connection to a port
+	// nothing listens on is held (retried) rather than refused.
+	portGrace = 30 * time.Second
+	// portRetry is the pause between two tries within the grace.
+	portRetry = 25 * time.Millisecond
+)
+
+// justWoken reports whether g's sandbox woke less than portGrace ago.
+func (m *Manager) justWoken(g *guest.Conn) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, sb := range m.live {
+		if sb.Guest() == g {
+			w, ok := m.wokeAt[id]
+			return ok && time.Since(w) < portGrace
+		}
+	}
+	return false
 }
 
 // dialDirect tries the PortDialer hooks; nil when none reached port.
