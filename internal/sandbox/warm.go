@@ -17,7 +17,7 @@ func (m *Manager) StartPool(ctx context.Context) {
 	}
 	def := CreateRequest{}
 	if err := m.validate(&def); err == nil {
-		m.pool.Want(m.shapeOf(def.Image, def.MemoryMiB, def.CPUs, nil, def.Opts), m.cfg.WarmCreate)
+		m.pool.Pin(m.shapeOf(def.Image, def.MemoryMiB, def.CPUs, nil, def.Opts), m.cfg.WarmCreate)
 	}
 	go m.pool.Run(ctx)
 }
@@ -54,6 +54,10 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 
 // Warm returns how many prepared sandboxes wait in the pool.
 func (m *Manager) Warm() int { return m.pool.Len() }
+
+// PoolStats returns how many creates, forks and wakes found a prepared
+// sandbox of their shape in the pool, and how many did not.
+func (m *Manager) PoolStats() (hits, misses int64) { return m.pool.Stats() }
 
 // destroyPrepared removes a prepared sandbox nobody took, and what the
 // hooks set up for it.

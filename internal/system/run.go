@@ -135,7 +135,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
-	registerCounters(reg, mgr.Counters())
+	registerCounters(reg, mgr.Counters(), mgr)
 	var iln net.Listener
 	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr}
 	if o.Ingress != "" {
@@ -246,8 +246,15 @@ func watchStore(ctx context.Context, st *store.Store, log *slog.Logger) {
 	}
 }
 
-// registerCounters exports the service's admission and pressure decisions.
-func registerCounters(reg *prometheus.Registry, c *sandbox.Counters) {
+// registerCounters exports the service's admission and pressure decisions,
+// and the warm pool's hits and misses.
+func registerCounters(reg *prometheus.Registry, c *sandbox.Counters, mgr *sandbox.Manager) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_pool_hits_total",
+		Help: "creates, fork children and wakes that found a prepared sandbox of their shape in the warm pool"},
+		func() float64 { h, _ := mgr.PoolStats(); return float64(h) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_pool_misses_total",
+		Help: "creates, fork children and wakes that found no prepared sandbox of their shape (the pool learns a shape at its second miss)"},
+		func() float64 { _, m := mgr.PoolStats(); return float64(m) }))
 	for name, v := range map[string]interface{ Load() int64 }{
 		"clade_admission_refused_total":  &c.AdmissionRefused,
 		"clade_disk_floor_refused_total": &c.DiskRefused,

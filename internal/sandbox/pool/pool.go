@@ -3,6 +3,13 @@
 // one: the slow half of making a sandbox (sandbox and gofer processes,
 // seccomp filters) runs ahead of time, one at a time, off the hot path.
 //
+// Which shapes are kept is learned from demand: a shape a create, fork or
+// wake asked for is kept from then on, so a user who always asks for 256 MiB
+// gets the same speed as the defaults. Shapes nobody asked for in a while
+// (Expire) are dropped, and the prepared sandboxes of all shapes together
+// are capped (MaxTotal), the least recently asked-for shapes giving way
+// first. Pinned shapes (the daemon's default) stay.
+//
 // The pool owns its state; what preparing and destroying mean is the
 // lifecycle service's business, given as functions.
 package pool
@@ -13,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -48,6 +56,11 @@ type Config struct {
 	Prepare func(ctx context.Context, sh Shape) (string, error)
 	// Destroy removes a prepared sandbox nobody took.
 	Destroy func(ctx context.Context, id string) error
+	// MaxTotal caps the prepared sandboxes of all shapes together; 4 x
+	// Limit if zero.
+	MaxTotal int
+	// Expire drops a shape nobody asked for in this long; 10 min if zero.
+	Expire time.Duration
 	// RetryAfter is the pause after a failed Prepare; 5 s if zero.
 	RetryAfter time.Duration
 	Log        *slog.Logger
@@ -62,8 +75,13 @@ type Pool struct {
 	mu     sync.Mutex
 	slots  map[Shape][]string  // guarded by mu
 	target map[Shape]int       // guarded by mu
+	asked  map[Shape]time.Time // guarded by mu: when each targeted shape was last asked for
+	pinned map[Shape]bool      // guarded by mu: never expired nor evicted
+	missed map[Shape]time.Time // guarded by mu: untargeted shapes' last miss
 	failed map[Shape]time.Time // guarded by mu: shapes whose prepare failed, until when to leave them
 	closed bool                // guarded by mu: drained; a prepare that finishes now is destroyed
+
+	hits, misses atomic.Int64
 }
 
 // New returns an empty pool; call Run to fill it.
@@ -74,35 +92,175 @@ func New(cfg Config) *Pool {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Pool{cfg: cfg, kick: make(chan struct{}, 1), slots: map[Shape][]string{}, target: map[Shape]int{}, failed: map[Shape]time.Time{}}
+	if cfg.MaxTotal == 0 {
+		cfg.MaxTotal = 4 * cfg.Limit
+	}
+	if cfg.Expire == 0 {
+		cfg.Expire = 10 * time.Minute
+	}
+	return &Pool{cfg: cfg, kick: make(chan struct{}, 1), slots: map[Shape][]string{}, target: map[Shape]int{},
+		asked: map[Shape]time.Time{}, pinned: map[Shape]bool{}, missed: map[Shape]time.Time{}, failed: map[Shape]time.Time{}}
 }
 
 // Take returns the engine id of a prepared sandbox of shape sh and removes
 // it from the pool, or false when there is none. The caller owns the id.
+// The second miss of a shape within Expire makes the pool keep one of it
+// (a shape asked for once may never come again; twice, it is in use).
 func (p *Pool) Take(sh Shape) (string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ids := p.slots[sh]
 	if len(ids) == 0 {
+		p.misses.Add(1)
+		p.learnLocked(sh)
 		return "", false
 	}
+	p.hits.Add(1)
 	id := ids[len(ids)-1]
 	p.slots[sh] = ids[:len(ids)-1]
 	return id, true
 }
 
 // Want asks for at least n prepared sandboxes of shape sh (at most the
-// limit) and wakes the refill loop; Want(sh, 0) only refills what was taken.
+// limit) and wakes the refill loop; Want(sh, 0) only refills what was
+// taken. Either way the shape counts as asked for now.
 func (p *Pool) Want(sh Shape, n int) {
+	p.want(sh, n, false)
+}
+
+// Pin is Want for a shape that is kept however long nobody asks for it.
+func (p *Pool) Pin(sh Shape, n int) {
+	p.want(sh, n, true)
+}
+
+func (p *Pool) want(sh Shape, n int, pin bool) {
 	p.mu.Lock()
 	if n > 0 || p.target[sh] > 0 {
 		p.target[sh] = max(p.target[sh], min(n, p.cfg.Limit))
+		p.asked[sh] = time.Now()
+		if pin {
+			p.pinned[sh] = true
+		}
+		p.capLocked(sh)
 	}
 	p.mu.Unlock()
+	p.kickRun()
+}
+
+func (p *Pool) kickRun() {
 	select {
 	case p.kick <- struct{}{}:
 	default:
 	}
+}
+
+// capLocked lowers the targets of the least recently asked-for shapes
+// (never keep's, never a pinned one's) until all targets together fit
+// MaxTotal. Guarded by mu.
+func (p *Pool) capLocked(keep Shape) {
+	total := 0
+	for _, n := range p.target {
+		total += n
+	}
+	for total > p.cfg.MaxTotal {
+		var victim Shape
+		found := false
+		for sh := range p.target {
+			if sh == keep || p.pinned[sh] {
+				continue
+			}
+			if !found || p.asked[sh].Before(p.asked[victim]) {
+				victim, found = sh, true
+			}
+		}
+		if !found {
+			return
+		}
+		total -= p.target[victim]
+		p.forgetLocked(victim)
+	}
+}
+
+// forgetLocked drops a shape's target; trim destroys its prepared
+// sandboxes. Guarded by mu.
+func (p *Pool) forgetLocked(sh Shape) {
+	delete(p.target, sh)
+	delete(p.asked, sh)
+	delete(p.failed, sh)
+}
+
+// maxMissed bounds the shapes remembered for one miss.
+const maxMissed = 1024
+
+// learnLocked records a miss of sh, and targets sh on its second recent
+// one. Guarded by mu.
+func (p *Pool) learnLocked(sh Shape) {
+	if p.target[sh] > 0 || p.cfg.Limit <= 0 {
+		return
+	}
+	now := time.Now()
+	if t, ok := p.missed[sh]; ok && now.Sub(t) < p.cfg.Expire {
+		delete(p.missed, sh)
+		p.target[sh] = 1
+		p.asked[sh] = now
+		p.capLocked(sh)
+		return
+	}
+	if len(p.missed) >= maxMissed {
+		clear(p.missed)
+	}
+	p.missed[sh] = now
+}
+
+// Stats returns how many takes found a prepared sandbox and how many did
+// not, since the pool was made.
+func (p *Pool) Stats() (hits, misses int64) {
+	return p.hits.Load(), p.misses.Load()
+}
+
+// trim expires shapes nobody asked for in Expire and destroys the prepared
+// sandboxes beyond their shape's target. It returns when the next shape
+// expires (0: none will).
+func (p *Pool) trim(ctx context.Context) time.Duration {
+	now := time.Now()
+	next := time.Duration(0)
+	var extra []string
+	p.mu.Lock()
+	for sh := range p.target {
+		if p.pinned[sh] {
+			continue
+		}
+		left := p.asked[sh].Add(p.cfg.Expire).Sub(now)
+		if left <= 0 {
+			p.cfg.Log.Debug("warm pool: dropping a shape nobody asked for", "image", sh.Image, "memory_mib", sh.MemoryMiB, "network", sh.Network)
+			p.forgetLocked(sh)
+			continue
+		}
+		if next == 0 || left < next {
+			next = left
+		}
+	}
+	for sh, t := range p.missed {
+		if now.Sub(t) >= p.cfg.Expire {
+			delete(p.missed, sh)
+		}
+	}
+	for sh, ids := range p.slots {
+		if k := p.target[sh]; len(ids) > k {
+			extra = append(extra, ids[k:]...)
+			p.slots[sh] = ids[:k]
+		}
+		if len(p.slots[sh]) == 0 {
+			delete(p.slots, sh)
+		}
+	}
+	p.mu.Unlock()
+	for _, id := range extra {
+		if p.cfg.Destroy != nil {
+			_ = p.cfg.Destroy(context.WithoutCancel(ctx), id)
+		}
+	}
+	return next
 }
 
 // missing returns a shape with fewer prepared sandboxes than wanted whose
@@ -148,8 +306,12 @@ func (p *Pool) Run(ctx context.Context) {
 		return
 	}
 	for {
+		expire := p.trim(ctx)
 		sh, ok, retry := p.missing()
 		if !ok {
+			if expire > 0 && (retry == 0 || expire < retry) {
+				retry = expire
+			}
 			var after <-chan time.Time
 			if retry > 0 {
 				after = time.After(retry)
@@ -188,6 +350,8 @@ func (p *Pool) Drain(ctx context.Context) {
 	}
 	p.slots = map[Shape][]string{}
 	p.target = map[Shape]int{}
+	p.asked = map[Shape]time.Time{}
+	p.missed = map[Shape]time.Time{}
 	p.closed = true
 	p.mu.Unlock()
 	slices.Sort(ids)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,5 +150,83 @@ func TestPrepareFinishingAfterDrainIsDestroyed(t *testing.T) {
 	<-done
 	if p.Len() != 0 || len(f.destroyed) != 1 {
 		t.Fatalf("a prepare that finished after Drain: %d kept, %d destroyed", p.Len(), len(f.destroyed))
+	}
+}
+
+func TestSecondMissLearnsTheShape(t *testing.T) {
+	f := &fakePrep{made: make(chan string, 10)}
+	p := New(Config{Limit: 3, Prepare: f.prepare, Destroy: f.destroy})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go p.Run(ctx)
+	b := ShapeOf("b", 256, 1, nil, 0, "none")
+	if _, ok := p.Take(b); ok {
+		t.Fatal("took from an empty pool")
+	}
+	if _, ok, _ := p.missing(); ok {
+		t.Fatal("one miss made the pool keep a shape")
+	}
+	if _, ok := p.Take(b); ok {
+		t.Fatal("took from an empty pool")
+	}
+	p.Want(b, 0) // what a create does after its take
+	waitLen(t, p, 1)
+	if _, ok := p.Take(b); !ok {
+		t.Fatal("the second miss did not make the pool keep the shape")
+	}
+	if h, m := p.Stats(); h != 1 || m != 2 {
+		t.Fatalf("stats: %d hits %d misses, want 1 and 2", h, m)
+	}
+}
+
+func TestTotalCapEvictsTheLeastRecentlyAskedShape(t *testing.T) {
+	f := &fakePrep{made: make(chan string, 10)}
+	p := New(Config{Limit: 2, MaxTotal: 3, Prepare: f.prepare, Destroy: f.destroy})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go p.Run(ctx)
+	a, b, c := ShapeOf("a", 1, 1, nil, 0, ""), ShapeOf("b", 1, 1, nil, 0, ""), ShapeOf("c", 1, 1, nil, 0, "")
+	p.Pin(a, 2)
+	p.Want(b, 1)
+	waitLen(t, p, 3)
+	p.Want(c, 1) // 4 > 3: b, asked for before c and not pinned, gives way
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p.mu.Lock()
+		got := [3]int{len(p.slots[a]), len(p.slots[b]), len(p.slots[c])}
+		p.mu.Unlock()
+		if got == [3]int{2, 0, 1} {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prepared per shape a, b, c: %v, want [2 0 1]", got)
+		}
+		time.Sleep(time.Millisecond) // polling the refill loop
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.destroyed) != 1 || !strings.HasSuffix(f.destroyed[0], "-b") {
+		t.Fatalf("destroyed %v, want b's one prepared sandbox", f.destroyed)
+	}
+}
+
+func TestShapesNobodyAskedForExpire(t *testing.T) {
+	f := &fakePrep{made: make(chan string, 10)}
+	p := New(Config{Limit: 2, Expire: 50 * time.Millisecond, Prepare: f.prepare, Destroy: f.destroy})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go p.Run(ctx)
+	a, b := ShapeOf("a", 1, 1, nil, 0, ""), ShapeOf("b", 1, 1, nil, 0, "")
+	p.Pin(a, 1)
+	p.Want(b, 1)
+	waitLen(t, p, 2)
+	waitLen(t, p, 1) // b expires; the pinned a stays
+	if _, ok := p.Take(a); !ok {
+		t.Fatal("the pinned shape expired")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.destroyed) != 1 || !strings.HasSuffix(f.destroyed[0], "-b") {
+		t.Fatalf("destroyed %v, want b's prepared sandbox", f.destroyed)
 	}
 }
