@@ -156,3 +156,107 @@ func BenchmarkCreate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRestoreFlags compares runsc's restore levers side by side: a
+// sandbox whose background process holds 64 MiB is checkpointed plainly and
+// with --exclude-committed-zero-pages, then restored from each image with
+// and without --background, interleaved, until the restored sandbox answers
+// an exec. It reports each variant's median.
+func BenchmarkRestoreFlags(b *testing.B) {
+	images := testenv.ImagesDir(b)
+	_, agentBin := testenv.Binaries(b)
+	dir := testenv.TempDir(b)
+	engine0 := func(ckpt, restore []string) *gvisor.Engine {
+		e, err := gvisor.New(gvisor.Config{StateDir: dir, Runsc: testenv.Runsc(b), AgentPath: agentBin, CheckpointFlags: ckpt, RestoreFlags: restore})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return e
+	}
+	plain := engine0(nil, nil)
+	ctx := context.Background()
+	hold := `import os, sys, time
+if os.fork():
+    sys.exit(0)
+os.setsid()
+b = bytearray(64 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+open("/tmp/held", "w").close()
+time.sleep(100000)
+`
+	imgs := map[string]string{}
+	for i, c := range []struct {
+		name  string
+		flags []string
+	}{{"plain", nil}, {"zeroexcl", []string{"--exclude-committed-zero-pages"}}} {
+		e := engine0(c.flags, nil)
+		parent, err := e.Create(ctx, engine.Spec{ID: fmt.Sprintf("benchrestorepar%d", i), RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 256, Hostname: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = e.Destroy(ctx, parent.ID()) })
+		p, err := parent.Guest().Exec(ctx, guest.ExecRequest{Argv: []string{"sh", "-c", "python3 -c \"$0\" && until [ -e /tmp/held ]; do sleep 0.05; done", hold}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if st, err := p.Wait(ctx); err != nil || st.Code != 0 {
+			b.Fatalf("hold: %+v %v", st, err)
+		}
+		img := filepath.Join(dir, "img-"+c.name)
+		if err := e.Checkpoint(ctx, parent.ID(), img, true); err != nil {
+			b.Fatalf("checkpoint %s: %v", c.name, err)
+		}
+		imgs[c.name] = img
+	}
+	type variant struct {
+		name, img string
+		e         *gvisor.Engine
+		times     []time.Duration
+	}
+	vs := []*variant{
+		{name: "plain", img: imgs["plain"], e: plain},
+		{name: "plain+background", img: imgs["plain"], e: engine0(nil, []string{"--background"})},
+		{name: "zeroexcl", img: imgs["zeroexcl"], e: plain},
+		{name: "zeroexcl+background", img: imgs["zeroexcl"], e: engine0(nil, []string{"--background"})},
+	}
+	n := 0
+	for b.Loop() {
+		for _, v := range vs {
+			n++
+			id := fmt.Sprintf("benchrestore%04d", n)
+			t0 := time.Now()
+			sb, err := v.e.Restore(ctx, engine.Spec{ID: id, RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 256, Hostname: "bench"}, v.img)
+			if err != nil {
+				b.Fatalf("%s: restore: %v", v.name, err)
+			}
+			p, err := sb.Guest().Exec(ctx, guest.ExecRequest{Argv: []string{"true"}})
+			if err == nil {
+				_, err = p.Wait(ctx)
+			}
+			v.times = append(v.times, time.Since(t0))
+			if err != nil {
+				b.Fatalf("%s: exec: %v", v.name, err)
+			}
+			b.StopTimer()
+			if err := v.e.Destroy(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	}
+	for _, v := range vs {
+		slices.Sort(v.times)
+		b.ReportMetric(float64(v.times[len(v.times)/2].Microseconds())/1000, v.name+"-p50-ms")
+	}
+	for name, img := range imgs {
+		var size int64
+		_ = filepath.Walk(img, func(_ string, fi os.FileInfo, _ error) error {
+			if fi != nil && !fi.IsDir() {
+				size += fi.Size()
+			}
+			return nil
+		})
+		b.ReportMetric(float64(size>>20), name+"-image-MiB")
+	}
+}

@@ -59,6 +59,10 @@ type Config struct {
 	Platform string
 	// ReadyTimeout bounds how long Create waits for the agent; 30s if zero.
 	ReadyTimeout time.Duration
+	// CheckpointFlags and RestoreFlags are added to runsc checkpoint and
+	// runsc restore (e.g. --exclude-committed-zero-pages, --background):
+	// BenchmarkRestoreFlags compares them.
+	CheckpointFlags, RestoreFlags []string
 	Log          *slog.Logger
 }
 
@@ -333,7 +337,8 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, image string) (e
 	return e.start(ctx, spec, true, func(dir string, _ bool) error {
 		// Into the prepared (created, not started) container if there is
 		// one: that halves the restore.
-		return e.runsc(ctx, spec.ID, "restore", "--image-path", image, "--bundle", dir, "--pid-file", filepath.Join(dir, "pid"), "--detach", spec.ID)
+		args := append([]string{"restore", "--image-path", image, "--bundle", dir, "--pid-file", filepath.Join(dir, "pid"), "--detach"}, e.cfg.RestoreFlags...)
+		return e.runsc(ctx, spec.ID, append(args, spec.ID)...)
 	})
 }
 
@@ -477,7 +482,8 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 	// checkpoint kills the sandbox on failure too. The sandbox stops only
 	// once the image is complete.
 	if err == nil {
-		err = e.runsc(ctx, id, "checkpoint", "--leave-running", "--image-path", image, id)
+		args := append([]string{"checkpoint", "--leave-running", "--image-path", image}, e.cfg.CheckpointFlags...)
+		err = e.runsc(ctx, id, append(args, id)...)
 		if err != nil {
 			// runsc keeps a failed image's state file open in the running
 			// sandbox: empty the files, or removing them frees no space.
