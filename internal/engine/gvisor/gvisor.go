@@ -63,7 +63,7 @@ type Config struct {
 	// runsc restore (e.g. --exclude-committed-zero-pages, --background):
 	// BenchmarkRestoreFlags compares them.
 	CheckpointFlags, RestoreFlags []string
-	Log          *slog.Logger
+	Log                           *slog.Logger
 }
 
 // Engine drives runsc.
