@@ -259,6 +259,8 @@ type Health struct {
 	EngineVersion string `json:"engine_version,omitempty"`
 	// Warm counts prepared sandboxes waiting in the warm pool.
 	Warm int `json:"warm"`
+	// Hot counts started sandboxes waiting in the hot pool.
+	Hot int `json:"hot"`
 }
 
 // Error is the body of every 4xx and 5xx answer.

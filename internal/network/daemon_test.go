@@ -312,3 +312,62 @@ func BenchmarkCreateNetwork(b *testing.B) {
 		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, mode+"-p50-ms")
 	}
 }
+
+// TestDaemonNetworkHotPool: sandboxes claimed from the hot pool (started
+// with egress denied before anyone asked for them) get the policy their
+// create asks for, their own name as hostname, and serve the host.
+func TestDaemonNetworkHotPool(t *testing.T) {
+	hp := testenv.ReserveNet(t)
+	host := testenv.StartTestHost(t, hp)
+	d := testenv.StartDaemon(t, "--dns-upstream", host.DNS, "--hot-pool", "2")
+	c := d.Client
+	deadline := time.Now().Add(time.Minute)
+	for {
+		h, err := c.Health(t.Context())
+		if err == nil && h.Hot == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hot pool did not fill: %+v %v", h, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the pool's background refill
+	}
+	hostURL := "http://" + host.Addr.String() + "/"
+	want := "hello from " + host.Addr.String()
+	allow, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "hot-allow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byCIDR, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "hot-cidr", Network: &sdk.Network{Allow: []string{hp.HostNet.String()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := execOut(t, c, allow.ID, "hostname"); got != "hot-allow" {
+		t.Errorf("hostname of a claimed sandbox: %q", got)
+	}
+	if got := fetch(t, c, allow.ID, hostURL); got != want {
+		t.Fatalf("egress of a claimed sandbox whose policy allows it: %q", got)
+	}
+	if got := fetch(t, c, byCIDR.ID, hostURL); got != want {
+		t.Fatalf("egress of a claimed sandbox allowed by CIDR: %q", got)
+	}
+	if got := fetch(t, c, byCIDR.ID, "http://"+host.Private.String()+"/"); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("a claimed allowlist sandbox reaches what its list does not name: %q", got)
+	}
+	execOut(t, c, allow.ID, "sh", "-c", serveSh)
+	if body, err := hostGet(t, allow.Network.Address, 8000); err != nil || !strings.Contains(body, "Directory listing") {
+		t.Fatalf("a claimed sandbox's server does not answer the host: %q %v", body, err)
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", d.Socket)
+	}}}
+	resp, err := hc.Get("http://clade/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "clade_hot_pool_hits_total 2") {
+		t.Errorf("metrics do not count the two claims:\n%s", b)
+	}
+}

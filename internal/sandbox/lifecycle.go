@@ -145,17 +145,28 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 	}
 	sh := m.shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
-	id, ok := m.pool.Take(sh)
-	if !ok {
-		id = newID()
+	// A started sandbox from the hot pool, else a prepared one from the
+	// warm pool, else a new one.
+	id, hot, isHot := m.takeHot(ctx, sh)
+	ok := isHot
+	if isHot {
+		defer m.hotPool.Want(sh, 0) // refill what was taken
+	} else {
+		id, ok = m.pool.Take(sh)
+		if !ok {
+			id = newID()
+		}
+		defer m.pool.Want(sh, 0) // refill what was taken
 	}
-	defer m.pool.Want(sh, 0) // refill what was taken
 	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
 		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: freshOptions(req.Opts, time.Now()), CreatedAt: time.Now()}
 	unlock := m.locks.lock(rec.ID)
 	defer unlock()
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
-		if ok {
+		switch {
+		case isHot:
+			_ = m.destroyHot(context.WithoutCancel(ctx), id)
+		case ok:
 			_ = m.destroyPrepared(context.WithoutCancel(ctx), id)
 		}
 		return store.Sandbox{}, err
@@ -164,12 +175,22 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	imageLocked = false
 	// A half-made sandbox would only have to be cleaned up again.
 	ctx = context.WithoutCancel(ctx)
+	if isHot {
+		// Recorded now: no longer the pool's (a restart that finds the
+		// mark and the record just drops the mark).
+		_ = m.store.RemovePoolSandbox(ctx, id)
+	}
 	m.crashPoint("create-before-engine")
-	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
-		sb, err := m.eng.Create(ctx, spec)
-		m.crashPoint("create-after-engine")
-		return sb, err
-	})
+	var sb engine.Sandbox
+	if isHot {
+		sb, err = hot, m.claimHot(ctx, rec, img, hot)
+	} else {
+		sb, err = m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
+			sb, err := m.eng.Create(ctx, spec)
+			m.crashPoint("create-after-engine")
+			return sb, err
+		})
+	}
 	if err == nil {
 		if err = m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))

@@ -44,6 +44,11 @@ func (m *Manager) WatchPressure(ctx context.Context) {
 		if err != nil || avail >= m.cfg.PressureFloorMiB {
 			continue
 		}
+		// Hot sandboxes hold memory nobody uses yet: they go first.
+		if n := m.flushHot(ctx); n > 0 {
+			m.log.Warn("memory pressure: gave back the hot pool", "sandboxes", n, "mem_available_mib", avail)
+			continue
+		}
 		for _, id := range m.idleLRU() {
 			if m.sleepForPressure(ctx, snapper, id, avail) {
 				break

@@ -80,9 +80,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	if engErr != nil {
 		return errors.Join(append(errs, engErr)...)
 	}
+	pooled, err := m.reapPool(ctx, known)
+	addErr(err)
 	insp, _ := m.eng.(engine.Inspector)
 	for _, id := range engIDs {
-		if known[id] {
+		if known[id] || pooled[id] {
 			continue
 		}
 		if insp != nil && insp.Started(ctx, id) && !m.cfg.DestroyUnrecorded {

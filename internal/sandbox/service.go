@@ -53,6 +53,9 @@ type Config struct {
 	// WarmCreate is how many are kept for plain creates of the defaults.
 	WarmPool   int
 	WarmCreate int
+	// HotPool is how many sandboxes of the default shape are kept started,
+	// their agent connected, for plain creates (0: none). See hot.go.
+	HotPool int
 	// RestoreParallel bounds the restores of one fork that run at once,
 	// and the wakes that run at once; twice the core count when zero. Restores are mostly CPU, but each also
 	// waits on process starts and the agent: on 2 cores, 4 at once forked 16
@@ -95,6 +98,9 @@ type Manager struct {
 	images *imageService
 	log    *slog.Logger
 	pool   *pool.Pool
+	// hotPool keeps started sandboxes (hot.go); hot holds them until
+	// claimed.
+	hotPool *pool.Pool
 	// locks holds one lock per sandbox and snapshot id; see locks.go for
 	// the lock model.
 	locks keyedLocks
@@ -107,6 +113,7 @@ type Manager struct {
 	lastUsed    map[string]time.Time      // guarded by mu: last request per sandbox
 	wokeAt      map[string]time.Time      // guarded by mu: when each live sandbox last woke
 	holds       map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
+	hot         map[string]engine.Sandbox // guarded by mu: started sandboxes in the hot pool
 
 	counters Counters
 	// wakes holds a token per wake restoring now (RestoreParallel).
@@ -152,8 +159,9 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}}
+	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]engine.Sandbox{}}
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
+	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: cfg.HotPool, NoLearn: true, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())
 	m.wakes = make(chan struct{}, cfg.RestoreParallel)
 	return m
@@ -169,6 +177,7 @@ func (m *Manager) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m.pool.Drain(ctx)
+	m.hotPool.Drain(ctx)
 	_ = m.eng.Close()
 }
 

@@ -12,14 +12,19 @@ import (
 // StartPool keeps the warm pool filled until ctx ends. Call it after
 // Reconcile, which destroys prepared engine sandboxes it has no record of.
 func (m *Manager) StartPool(ctx context.Context) {
-	if _, ok := m.eng.(engine.Preparer); !ok || m.cfg.WarmPool <= 0 {
+	def := CreateRequest{}
+	if err := m.validate(&def); err != nil {
 		return
 	}
-	def := CreateRequest{}
-	if err := m.validate(&def); err == nil {
-		m.pool.Pin(m.shapeOf(def.Image, def.MemoryMiB, def.CPUs, nil, def.Opts), m.cfg.WarmCreate)
+	sh := m.shapeOf(def.Image, def.MemoryMiB, def.CPUs, nil, def.Opts)
+	if _, ok := m.eng.(engine.Preparer); ok && m.cfg.WarmPool > 0 {
+		m.pool.Pin(sh, m.cfg.WarmCreate)
+		go m.pool.Run(ctx)
 	}
-	go m.pool.Run(ctx)
+	if m.cfg.HotPool > 0 {
+		m.hotPool.Pin(sh, m.cfg.HotPool)
+		go m.hotPool.Run(ctx)
+	}
 }
 
 // prepare makes one prepared engine sandbox of shape sh for the pool.
@@ -55,9 +60,16 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 // Warm returns how many prepared sandboxes wait in the pool.
 func (m *Manager) Warm() int { return m.pool.Len() }
 
+// Hot returns how many started sandboxes wait in the hot pool.
+func (m *Manager) Hot() int { return m.hotPool.Len() }
+
 // PoolStats returns how many creates, forks and wakes found a prepared
 // sandbox of their shape in the pool, and how many did not.
 func (m *Manager) PoolStats() (hits, misses int64) { return m.pool.Stats() }
+
+// HotPoolStats returns how many creates claimed a started sandbox from the
+// hot pool, and how many found none of their shape.
+func (m *Manager) HotPoolStats() (hits, misses int64) { return m.hotPool.Stats() }
 
 // destroyPrepared removes a prepared sandbox nobody took, and what the
 // hooks set up for it.

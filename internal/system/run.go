@@ -255,6 +255,12 @@ func registerCounters(reg *prometheus.Registry, c *sandbox.Counters, mgr *sandbo
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_pool_misses_total",
 		Help: "creates, fork children and wakes that found no prepared sandbox of their shape (the pool learns a shape at its second miss)"},
 		func() float64 { _, m := mgr.PoolStats(); return float64(m) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_hot_pool_hits_total",
+		Help: "creates that claimed a started sandbox from the hot pool"},
+		func() float64 { h, _ := mgr.HotPoolStats(); return float64(h) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_hot_pool_misses_total",
+		Help: "creates that found no started sandbox of their shape in the hot pool"},
+		func() float64 { _, m := mgr.HotPoolStats(); return float64(m) }))
 	for name, v := range map[string]interface{ Load() int64 }{
 		"clade_admission_refused_total":  &c.AdmissionRefused,
 		"clade_disk_floor_refused_total": &c.DiskRefused,

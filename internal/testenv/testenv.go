@@ -187,7 +187,7 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 		"--runsc", runsc, "--agent", agent, "--build-default-image=false", "--log-level", "debug",
 		// No background work unless a test asks for it: the pool's prepared
 		// sandboxes would show in the leak census taken mid-test.
-		"--warm-pool", "0",
+		"--warm-pool", "0", "--hot-pool", "0",
 		// A network share of its own; no DNS leaves the machine unless a
 		// test points --dns-upstream at its test host.
 		"--network-prefix", d.Net.Prefix, "--network-range", d.Net.Range.String(), "--network-pool", "2", "--dns-upstream", "none"}, extraArgs...)

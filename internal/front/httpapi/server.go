@@ -231,7 +231,7 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), EngineVersion: s.cfg.EngineVersion, Warm: s.mgr.Warm()})
+	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), EngineVersion: s.cfg.EngineVersion, Warm: s.mgr.Warm(), Hot: s.mgr.Hot()})
 	return nil
 }
 

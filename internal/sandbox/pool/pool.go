@@ -61,6 +61,9 @@ type Config struct {
 	MaxTotal int
 	// Expire drops a shape nobody asked for in this long; 10 min if zero.
 	Expire time.Duration
+	// NoLearn keeps only the shapes asked for with Want or Pin: misses
+	// teach nothing.
+	NoLearn bool
 	// RetryAfter is the pause after a failed Prepare; 5 s if zero.
 	RetryAfter time.Duration
 	Log        *slog.Logger
@@ -195,7 +198,7 @@ const maxMissed = 1024
 // learnLocked records a miss of sh, and targets sh on its second recent
 // one. Guarded by mu.
 func (p *Pool) learnLocked(sh Shape) {
-	if p.target[sh] > 0 || p.cfg.Limit <= 0 {
+	if p.target[sh] > 0 || p.cfg.Limit <= 0 || p.cfg.NoLearn {
 		return
 	}
 	now := time.Now()
@@ -360,6 +363,26 @@ func (p *Pool) Drain(ctx context.Context) {
 			_ = p.cfg.Destroy(ctx, id)
 		}
 	}
+}
+
+// Flush destroys every prepared sandbox in the pool, keeping the targets
+// (the pool refills when its Prepare succeeds again), and returns how many
+// it destroyed.
+func (p *Pool) Flush(ctx context.Context) int {
+	p.mu.Lock()
+	var ids []string
+	for _, s := range p.slots {
+		ids = append(ids, s...)
+	}
+	p.slots = map[Shape][]string{}
+	p.mu.Unlock()
+	for _, id := range ids {
+		if p.cfg.Destroy != nil {
+			_ = p.cfg.Destroy(ctx, id)
+		}
+	}
+	p.kickRun()
+	return len(ids)
 }
 
 // Len returns how many prepared sandboxes wait in the pool.

@@ -1,0 +1,138 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/sandbox/pool"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// The hot pool keeps sandboxes of the default shape already started, their
+// agent connected, for plain creates: a claim only records the sandbox and
+// gives it its identity (hostname, egress policy), with no process start on
+// the create's path. It is small (Config.HotPool) since every hot sandbox
+// holds its idle memory (~15 MiB), is refilled one at a time in the
+// background, and is given back first when memory runs short. The prepared
+// pool (created, not started) stays for forks, wakes and other shapes.
+
+// startHot starts one sandbox of shape sh for the hot pool. Its record-less
+// id is the engine's; a claim makes it the sandbox's.
+func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
+	// A hot sandbox holds its idle memory: never at the cost of the floor.
+	release, err := m.admit(64)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	img, err := m.images.Get(ctx, sh.Image)
+	if err != nil {
+		return "", err
+	}
+	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB}}
+	if sh.Network != "" {
+		// The policy is the claimer's: the claim applies it.
+		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network, Egress: "deny"}
+	}
+	// Marked first: a restart destroys a marked sandbox nobody claimed.
+	if err := m.store.AddPoolSandbox(ctx, rec.ID); err != nil {
+		return "", err
+	}
+	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+		return m.eng.Create(ctx, spec)
+	})
+	if err != nil {
+		return "", errors.Join(err, m.store.RemovePoolSandbox(context.WithoutCancel(ctx), rec.ID))
+	}
+	m.mu.Lock()
+	m.hot[rec.ID] = sb
+	m.mu.Unlock()
+	return rec.ID, nil
+}
+
+// destroyHot removes a hot sandbox nobody claimed.
+func (m *Manager) destroyHot(ctx context.Context, id string) error {
+	m.mu.Lock()
+	delete(m.hot, id)
+	m.mu.Unlock()
+	if err := errors.Join(m.eng.Destroy(ctx, id), m.afterStop(ctx, store.Sandbox{ID: id})); err != nil {
+		return err // still marked: the next restart tries again
+	}
+	return m.store.RemovePoolSandbox(ctx, id)
+}
+
+// reapPool destroys the pools' sandboxes a killed daemon left unclaimed
+// (marked, no record) and unmarks claimed ones; it returns the ids it
+// handled, which the engine listing must not count as unrecorded.
+func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[string]bool, error) {
+	ids, err := m.store.PoolSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	done := map[string]bool{}
+	var errs []error
+	for _, id := range ids {
+		done[id] = true
+		if recorded[id] {
+			errs = append(errs, m.store.RemovePoolSandbox(ctx, id))
+			continue
+		}
+		m.log.Info("reconcile: destroying an unclaimed hot-pool sandbox", "engine_sandbox", id)
+		errs = append(errs, m.destroyHot(ctx, id))
+	}
+	return done, errors.Join(errs...)
+}
+
+// takeHot returns a live hot sandbox of shape sh, or false.
+func (m *Manager) takeHot(ctx context.Context, sh pool.Shape) (string, engine.Sandbox, bool) {
+	for {
+		id, ok := m.hotPool.Take(sh)
+		if !ok {
+			return "", nil, false
+		}
+		m.mu.Lock()
+		sb := m.hot[id]
+		delete(m.hot, id)
+		m.mu.Unlock()
+		if sb != nil {
+			select {
+			case <-sb.Exited():
+			default:
+				return id, sb, true
+			}
+		}
+		// Died while it waited: next.
+		_ = m.destroyHot(context.WithoutCancel(ctx), id)
+	}
+}
+
+// claimHot makes the hot sandbox sb the running sandbox rec (recorded,
+// creating, its lock held): the hooks apply rec's options to it (its
+// egress policy), and its guest gets rec's hostname. On error sb is
+// destroyed.
+func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, sb engine.Sandbox) error {
+	spec := m.spec(rec, img)
+	// The hooks see a start (that is how they apply options to a slot the
+	// sandbox already has); the spec they fill in is not used again.
+	if err := m.beforeStart(ctx, rec, &spec); err != nil {
+		return errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+	}
+	err := sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
+	if err == nil {
+		err = m.afterStart(ctx, rec, sb)
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+	}
+	return nil
+}
+
+// flushHot gives back every hot sandbox (memory is short); the pool
+// refills once the memory floor admits it again.
+func (m *Manager) flushHot(ctx context.Context) int {
+	return m.hotPool.Flush(ctx)
+}

@@ -1,0 +1,122 @@
+package sandbox
+
+import (
+	"archive/tar"
+	"bytes"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/image"
+)
+
+// installDefault installs an empty image under the default image's name,
+// which the pools keep sandboxes of.
+func (e *env) installDefault(t *testing.T) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	_ = tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: os.Getuid(), Gid: os.Getgid()})
+	tw.Close()
+	img, err := e.imgs.InstallTar(t.Context(), image.Image{Name: image.Default}, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.install(t.Context(), img); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitHot waits (bounded) until the hot pool holds n started sandboxes.
+func waitHot(t *testing.T, m *Manager, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for m.Hot() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("hot pool holds %d, want %d", m.Hot(), n)
+		}
+		time.Sleep(time.Millisecond) // polling the pool's background refill
+	}
+}
+
+func TestHotPoolClaim(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 1})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 1)
+	started, _ := e.eng.List(t.Context())
+	if len(started) != 1 {
+		t.Fatalf("engine sandboxes: %v, want the one hot sandbox", started)
+	}
+	sb, err := e.m.Create(t.Context(), CreateRequest{Name: "claimed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.ID != started[0] || e.state(t, sb.ID) != "running" {
+		t.Fatalf("created %s (%s), want the hot sandbox %s running", sb.ID, e.state(t, sb.ID), started[0])
+	}
+	if h, m := e.m.HotPoolStats(); h != 1 || m != 0 {
+		t.Fatalf("hot pool stats: %d hits %d misses", h, m)
+	}
+	g, err := e.m.Guest(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Ping(t.Context()); err != nil {
+		t.Fatalf("the claimed sandbox's guest: %v", err)
+	}
+	if ids, _ := e.st.PoolSandboxes(t.Context()); len(ids) > 1 || len(ids) == 1 && ids[0] == sb.ID {
+		t.Fatalf("pool marks after a claim: %v; the claimed one must be unmarked", ids)
+	}
+	waitHot(t, e.m, 1) // refilled
+	// Another shape is not served hot.
+	other, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, m := e.m.HotPoolStats(); m != 1 || other.ID == sb.ID {
+		t.Fatalf("a create of another shape: hot misses %d", m)
+	}
+}
+
+// TestHotPoolRestartDestroysUnclaimed: a daemon killed with hot sandboxes
+// leaves started engine sandboxes without records; the next one destroys
+// them (and keeps the claimed one), though it keeps other unrecorded
+// started sandboxes (a lost database).
+func TestHotPoolRestartDestroysUnclaimed(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 2})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 2)
+	sb, err := e.m.Create(t.Context(), CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitHot(t, e.m, 2)
+	// The crash: no Close, a new service on the same store and engine.
+	e.restart(t, Config{})
+	ids, _ := e.eng.List(t.Context())
+	if len(ids) != 1 || ids[0] != sb.ID {
+		t.Fatalf("engine sandboxes after the restart: %v, want only the claimed %s", ids, sb.ID)
+	}
+	if marks, _ := e.st.PoolSandboxes(t.Context()); len(marks) != 0 {
+		t.Fatalf("pool marks after the restart: %v", marks)
+	}
+	if e.state(t, sb.ID) != "running" {
+		t.Fatalf("the claimed sandbox is %s after the restart", e.state(t, sb.ID))
+	}
+}
+
+func TestHotPoolFlushedUnderPressure(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 2})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 2)
+	if n := e.m.flushHot(t.Context()); n != 2 {
+		t.Fatalf("flushed %d, want 2", n)
+	}
+	if ids, _ := e.eng.List(t.Context()); len(ids) > 2 {
+		t.Fatalf("engine sandboxes after a flush: %v", ids)
+	}
+	waitHot(t, e.m, 2) // memory is fine here: it refills
+}
