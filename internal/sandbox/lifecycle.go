@@ -216,7 +216,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 // Guarded by rec's lock.
 func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engine.Spec, reconf bool, start func(engine.Spec) (engine.Sandbox, error)) (engine.Sandbox, error) {
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
-		return nil, err
+		return nil, m.diskFull(err)
 	}
 	sb, err := start(spec)
 	err = m.diskFull(err)

@@ -325,6 +325,41 @@ func TestFailedCreateOnAFullDiskLeavesNothingOnceThereIsRoom(t *testing.T) {
 	}
 }
 
+// TestFailedWakeOnAFullDiskSettlesAsleep: a wake that fails on a full
+// disk cannot record the sandbox asleep again at once; it must be, by
+// itself, once there is room (the soak saw one left "waking").
+func TestFailedWakeOnAFullDiskSettlesAsleep(t *testing.T) {
+	dbDir := smallDisk(t, t.TempDir(), "4m")
+	e := newEnvDB(t, Config{}, filepath.Join(dbDir, "clade.db"))
+	sb := e.create(t, 128)
+	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	var filler string
+	e.eng.OnRestore = func(engine.Spec) error {
+		filler = fillDisk(t, dbDir)
+		return fake.ErrInjected
+	}
+	if _, err := e.m.Wake(t.Context(), sb.ID); !errors.Is(err, fake.ErrInjected) {
+		t.Fatalf("wake: %v, want the injected failure", err)
+	}
+	if got := e.state(t, sb.ID); got != store.StateWaking {
+		t.Skipf("the full disk did not keep the record waking (%s): nothing to settle", got)
+	}
+	e.eng.OnRestore = nil
+	os.Remove(filler)
+	deadline := time.Now().Add(time.Minute)
+	for e.state(t, sb.ID) != store.StateSleeping {
+		if time.Now().After(deadline) {
+			t.Fatalf("with room again the sandbox is still %s, want sleeping", e.state(t, sb.ID))
+		}
+		time.Sleep(50 * time.Millisecond) // polling the record until the retry lands
+	}
+	if _, err := e.m.Wake(t.Context(), sb.ID); err != nil {
+		t.Fatalf("wake after settling: %v", err)
+	}
+}
+
 func TestAdmissionOvercommit(t *testing.T) {
 	total, err := memTotalMiB()
 	if err != nil {

@@ -159,7 +159,13 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		}
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("wake %s: %w", rec.ID, err), m.moveLocked(ctx, rec, store.StateSleeping, err.Error()))
+		back := m.moveLocked(ctx, rec, store.StateSleeping, err.Error())
+		if errdefs.Is(back, errdefs.ResourceExhausted) {
+			// Still recorded waking, its image intact: settled (asleep)
+			// once the disk has room.
+			go m.settle(m.bg, []string{rec.ID})
+		}
+		return errors.Join(fmt.Errorf("wake %s: %w", rec.ID, err), back)
 	}
 	m.track(rec.ID, sb)
 	m.mu.Lock()

@@ -254,6 +254,13 @@ func (d *Daemon) Kill() {
 	_ = d.Wait()
 }
 
+// Stop asks the daemon to exit (SIGTERM) and waits for it: what it gives
+// back on a clean exit (its pools) is gone after.
+func (d *Daemon) Stop() {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.Wait()
+}
+
 // Log returns the daemon's log so far.
 func (d *Daemon) Log() string {
 	b, _ := os.ReadFile(d.logPath)
