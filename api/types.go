@@ -72,6 +72,20 @@ type Ingress struct {
 	TrafficToken string `json:"traffic_token,omitempty"`
 }
 
+// SignedURLRequest is the body of POST /v1/sandboxes/{id}/ports/{port}/url.
+type SignedURLRequest struct {
+	// TTLMS is how long the URL is valid; 0 means one hour. At most 30
+	// days.
+	TTLMS int64 `json:"ttl_ms,omitempty"`
+}
+
+// SignedURL is a URL of one port of a sandbox through the ingress that
+// needs no traffic token until ExpiresAt.
+type SignedURL struct {
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
 // TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
 type TimeoutRequest struct {
 	// TimeoutMS is the new lifetime from now; 0 removes the timeout.

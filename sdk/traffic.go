@@ -102,3 +102,16 @@ func (p *portConn) CloseWrite() error {
 	}
 	return fmt.Errorf("half-close is not supported on this connection")
 }
+
+// SignedURL returns a URL of port inside sandbox ref through the daemon's
+// ingress that needs no traffic token for ttl (0: one hour; at most 30
+// days): for a browser, or anything that cannot send a header. The daemon
+// must serve an ingress (Conflict otherwise).
+func (c *Client) SignedURL(ctx context.Context, ref string, port int, ttl time.Duration) (api.SignedURL, error) {
+	if ttl < 0 {
+		return api.SignedURL{}, &Error{Code: "invalid_argument", Message: fmt.Sprintf("ttl %s: give a positive duration (0: one hour)", ttl)}
+	}
+	var u api.SignedURL
+	return u, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/ports/"+strconv.Itoa(port)+"/url",
+		api.SignedURLRequest{TTLMS: ttl.Milliseconds()}, &u)
+}

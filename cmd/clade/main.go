@@ -52,6 +52,7 @@ Usage:
   clade sleep ID | --all | --label K=V  to disk at zero RAM; clade wake ID: back
   clade timeout ID DUR [--on-timeout rm|sleep]   renew a sandbox's lifetime
   clade port-forward ID [LOCAL:]REMOTE  forward local TCP port LOCAL to REMOTE in the sandbox
+  clade url [--ttl DUR] ID PORT         a URL of PORT through the ingress that needs no token until it expires
   clade create --from SNAP [--name NAME]
   clade version
 
@@ -127,6 +128,8 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdTimeout)
 	case "port-forward":
 		err = withClient(ctx, host, rest, cmdPortForward)
+	case "url":
+		err = withClient(ctx, host, rest, cmdURL)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":

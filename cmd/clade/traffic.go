@@ -121,6 +121,33 @@ func cmdTimeout(ctx context.Context, c *sdk.Client, args []string) error {
 	return nil
 }
 
+func cmdURL(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("url", "url [--ttl DUR] ID PORT\n\nPrints a URL of port PORT inside the sandbox, through the daemon's ingress, that\nneeds no traffic token until it expires (--ttl, default 1h, at most 30 days):\nopen it in a browser or hand it to someone. It is for that sandbox and port only.")
+	ttl := fs.Duration("ttl", time.Hour, "how long the URL works, e.g. 15m or 24h")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		fs.Usage()
+		return errUsage
+	}
+	port, err := strconv.Atoi(pos[1])
+	if err != nil || port < 1 || port > 65535 {
+		return fmt.Errorf("port %q: give a TCP port, 1 to 65535", pos[1])
+	}
+	if *ttl <= 0 {
+		return fmt.Errorf("--ttl %s: give a positive duration, e.g. 15m", *ttl)
+	}
+	u, err := c.SignedURL(ctx, pos[0], port, *ttl)
+	if err != nil {
+		return err
+	}
+	fmt.Println(u.URL)
+	fmt.Fprintf(os.Stderr, "valid until %s\n", u.ExpiresAt.Local().Format(time.RFC3339))
+	return nil
+}
+
 func cmdPortForward(ctx context.Context, c *sdk.Client, args []string) error {
 	fs := newFlags("port-forward", "port-forward [--address ADDR] ID [LOCAL:]REMOTE\n\nForwards TCP connections to local port LOCAL (default: REMOTE; 0 picks a free\none) to port REMOTE inside the sandbox, through the daemon, until\ninterrupted. A connection to a sleeping sandbox wakes it. Prints the local\naddress it listens on.")
 	addr := fs.String("address", "127.0.0.1", "local address to listen on")

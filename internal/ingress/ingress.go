@@ -5,8 +5,8 @@
 // network, and a request to a sleeping sandbox wakes it and is served.
 //
 // Every request must carry the sandbox's traffic token in the header
-// X-Clade-Traffic-Token unless the sandbox was created public; the header is
-// not passed on to the sandbox. Answers of the proxy's own (the sandbox's
+// X-Clade-Traffic-Token, or a signed URL's signature (signed.go), unless the
+// sandbox was created public; neither is passed on to the sandbox. Answers of the proxy's own (the sandbox's
 // answers pass unchanged): 404 for an unknown sandbox or a host that is not
 // a sandbox route, 401 for a missing or wrong token, 409 for a sandbox that
 // stopped, 503 with Retry-After when waking the sandbox was refused for
@@ -131,19 +131,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.failErr(w, err)
 		return
 	}
-	if !rec.Opts.Public {
-		tok := r.Header.Get(TokenHeader)
-		switch {
-		case rec.Opts.TrafficToken == "":
-			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s has no traffic token (it was made before the ingress existed): recreate it, or create it --public", ref))
-			return
-		case tok == "":
-			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s needs its traffic token: send header %s (see `clade inspect %s`), or create the sandbox --public", ref, TokenHeader, ref))
-			return
-		case subtle.ConstantTimeCompare([]byte(tok), []byte(rec.Opts.TrafficToken)) != 1:
-			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("wrong traffic token for sandbox %s (header %s; see `clade inspect %s`)", ref, TokenHeader, ref))
-			return
-		}
+	if !rec.Opts.Public && !p.authorized(w, r, rec.Opts.TrafficToken, rec.ID, ref, port) {
+		return
 	}
 	// Busy from here until the answer is done (an upgraded connection
 	// until it closes): no idle sleep under a request.
@@ -159,12 +148,49 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.rp.ServeHTTP(w, r)
 }
 
+// authorized checks a request to a private sandbox's port: its traffic
+// token header, or a signed URL (query or cookie). On refusal it answers
+// 401 and returns false. A signature from the query sets the cookie.
+func (p *Proxy) authorized(w http.ResponseWriter, r *http.Request, token, id, ref string, port int) bool {
+	tok := r.Header.Get(TokenHeader)
+	if token == "" {
+		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s has no traffic token (it was made before the ingress existed): recreate it, or create it --public", ref))
+		return false
+	}
+	if tok != "" {
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(token)) != 1 {
+			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("wrong traffic token for sandbox %s (header %s; see `clade inspect %s`)", ref, TokenHeader, ref))
+			return false
+		}
+		return true
+	}
+	now := time.Now()
+	v, exp, from := checkSigned(r, token, id, port, now)
+	switch v {
+	case signedOK:
+		if from == "query" {
+			http.SetCookie(w, &http.Cookie{Name: CookieName, Value: strconv.FormatInt(exp, 10) + "." + Sign(token, id, port, exp),
+				Path: "/", MaxAge: int(exp - now.Unix()), HttpOnly: true, SameSite: http.SameSiteLaxMode})
+		}
+		return true
+	case signedExpired:
+		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("this signed URL of sandbox %s expired at %s: ask for a new one (`clade url %s %d`)", ref, time.Unix(exp, 0).UTC().Format(time.RFC3339), ref, port))
+	case signedBad:
+		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("bad signature for sandbox %s port %d (a signed URL is for one sandbox and port; ask for one with `clade url %s %d`)", ref, port, ref, port))
+	default:
+		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s needs its traffic token: send header %s (see `clade inspect %s`), use a signed URL (`clade url %s %d`), or create the sandbox --public", ref, TokenHeader, ref, ref, port))
+	}
+	return false
+}
+
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	rt := pr.In.Context().Value(routeKey{}).(route)
 	pr.Out.URL.Scheme = "http"
 	pr.Out.URL.Host = net.JoinHostPort(rt.id, strconv.Itoa(rt.port))
 	pr.Out.Host = pr.In.Host // the application sees the name it was asked by
 	pr.Out.Header.Del(TokenHeader)
+	stripSigned(pr.Out.URL)
+	stripCookie(pr.Out.Header)
 	pr.SetXForwarded()
 }
 
@@ -199,4 +225,28 @@ func (p *Proxy) fail(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	fmt.Fprintf(w, "clade ingress: %s\n", msg)
+}
+
+// stripCookie removes the signed URL's cookie from a request's Cookie
+// headers, keeping the application's own cookies.
+func stripCookie(h http.Header) {
+	cs := h.Values("Cookie")
+	if len(cs) == 0 {
+		return
+	}
+	h.Del("Cookie")
+	for _, line := range cs {
+		var keep []string
+		for _, part := range strings.Split(line, ";") {
+			if name, _, _ := strings.Cut(strings.TrimSpace(part), "="); name == CookieName {
+				continue
+			}
+			if p := strings.TrimSpace(part); p != "" {
+				keep = append(keep, p)
+			}
+		}
+		if len(keep) > 0 {
+			h.Add("Cookie", strings.Join(keep, "; "))
+		}
+	}
 }

@@ -214,6 +214,68 @@ func TestIngressProxy(t *testing.T) {
 			t.Errorf("public sandbox without token: %d %s", code, body)
 		}
 	})
+	t.Run("signed URL", func(t *testing.T) {
+		su, err := c.SignedURL(ctx, sb.ID, appPort, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Until(su.ExpiresAt) > time.Minute || time.Until(su.ExpiresAt) < 50*time.Second {
+			t.Errorf("expires at %s, want about a minute from now", su.ExpiresAt)
+		}
+		u, err := url.Parse(su.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := "?" + u.RawQuery
+		// The signature alone, no token: served, the app sees neither the
+		// parameters nor the cookie, and the answer sets the cookie.
+		code, body, h := tg.get(t, "/path"+q+"&a=1", "")
+		if code != http.StatusOK || body != "/path?a=1" {
+			t.Fatalf("signed request: %d %q, want 200 and the path without the signature", code, body)
+		}
+		var cookie *http.Cookie
+		for _, c := range (&http.Response{Header: h}).Cookies() {
+			if c.Name == ingress.CookieName {
+				cookie = c
+			}
+		}
+		if cookie == nil || !cookie.HttpOnly || cookie.MaxAge <= 0 || cookie.MaxAge > 60 {
+			t.Fatalf("signed request set no usable cookie: %+v (headers %v)", cookie, h)
+		}
+		// The cookie alone passes, and the app does not see it.
+		req, _ := http.NewRequest(http.MethodGet, tg.base+"/headers", nil)
+		req.AddCookie(cookie)
+		req.AddCookie(&http.Cookie{Name: "app", Value: "mine"})
+		resp, err := tg.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.Contains(string(b), ingress.CookieName) || !strings.Contains(string(b), "app=mine") {
+			t.Fatalf("cookie request: %d\n%s", resp.StatusCode, b)
+		}
+		// Not for another port, not tampered with, not after it expired.
+		other := newTarget(t, sb, appPort+1)
+		if code, body, _ := other.get(t, "/hello"+q, ""); code != http.StatusUnauthorized || !strings.Contains(body, "bad signature") {
+			t.Errorf("signature of port %d used on port %d: %d %q", appPort, appPort+1, code, body)
+		}
+		bad := strings.Replace(q, "clade-signature=", "clade-signature=00", 1)
+		if code, body, _ := tg.get(t, "/hello"+bad, ""); code != http.StatusUnauthorized || !strings.Contains(body, "bad signature") {
+			t.Errorf("tampered signature: %d %q", code, body)
+		}
+		old, err := c.SignedURL(ctx, sb.ID, appPort, time.Millisecond) // the deadline is rounded down to the second: already past
+		if err != nil {
+			t.Fatal(err)
+		}
+		ou, _ := url.Parse(old.URL)
+		if code, body, _ := tg.get(t, "/hello?"+ou.RawQuery, ""); code != http.StatusUnauthorized || !strings.Contains(body, "expired") {
+			t.Errorf("expired signed URL: %d %q", code, body)
+		}
+		if _, err := c.SignedURL(ctx, sb.ID, 0, time.Minute); !sdk.IsInvalidArgument(err) {
+			t.Errorf("signed URL of port 0: %v", err)
+		}
+	})
 	t.Run("errors", func(t *testing.T) {
 		nope := *tg
 		nope.base = strings.Replace(tg.base, sb.ID, "nosuchbox", 1)

@@ -70,6 +70,47 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// maxSignedTTL bounds a signed URL's life.
+const maxSignedTTL = 30 * 24 * time.Hour
+
+// signedURL answers a URL of one port of a sandbox through the ingress that
+// needs no traffic token until it expires.
+func (s *Server) signedURL(w http.ResponseWriter, r *http.Request) error {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		return errdefs.New(errdefs.InvalidArgument, "port %q: give a TCP port, 1 to 65535", r.PathValue("port"))
+	}
+	var req api.SignedURLRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	ttl := time.Duration(req.TTLMS) * time.Millisecond
+	switch {
+	case req.TTLMS == 0:
+		ttl = time.Hour
+	case req.TTLMS < 0 || ttl > maxSignedTTL:
+		return errdefs.New(errdefs.InvalidArgument, "ttl_ms %d is out of range: give 1 ms to 30 days (0: one hour)", req.TTLMS)
+	}
+	if s.cfg.IngressURL == nil {
+		return errdefs.New(errdefs.Conflict, "this daemon serves no ingress: start it with --ingress ADDR --ingress-domain DOMAIN, or use `clade port-forward`")
+	}
+	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	base := strings.Replace(s.cfg.IngressURL(sb.ID), "{port}", strconv.Itoa(port), 1) + "/"
+	exp := time.Now().Add(ttl).Truncate(time.Second)
+	if sb.Opts.Public {
+		writeJSON(w, http.StatusOK, api.SignedURL{URL: base, ExpiresAt: exp})
+		return nil
+	}
+	if sb.Opts.TrafficToken == "" {
+		return errdefs.New(errdefs.Conflict, "sandbox %s has no traffic token (it was made before the ingress existed): recreate it", sb.ID)
+	}
+	writeJSON(w, http.StatusOK, api.SignedURL{URL: ingress.SignURL(base, sb.Opts.TrafficToken, sb.ID, port, exp), ExpiresAt: exp})
+	return nil
+}
+
 // portForward connects to a port inside the sandbox (waking it) and, after
 // `101 Switching Protocols`, carries the raw bytes of that TCP connection
 // both ways, half-closes included.

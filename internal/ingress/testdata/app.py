@@ -33,6 +33,8 @@ class H(http.server.BaseHTTPRequestHandler):
                 count += 1
                 n = count
             self.send_text(str(n))
+        elif path == "/path":
+            self.send_text(self.path)
         elif path == "/headers":
             self.send_text("".join("%s: %s\n" % (k.lower(), v) for k, v in self.headers.items()))
         elif path == "/big":
