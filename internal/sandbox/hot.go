@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
@@ -20,9 +21,23 @@ import (
 // background, and is given back first when memory runs short. The prepared
 // pool (created, not started) stays for forks, wakes and other shapes.
 
+// hotSandbox is a started sandbox in the hot pool and the image root it
+// runs on: a claim must not hand out a root its image no longer names.
+type hotSandbox struct {
+	sb   engine.Sandbox
+	root string
+}
+
 // startHot starts one sandbox of shape sh for the hot pool. Its record-less
 // id is the engine's; a claim makes it the sandbox's.
 func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
+	// Near the pressure floor the pool stays empty: WatchPressure would
+	// give back what the refill starts at its next tick (a start and a
+	// destroy every tick, and no idle sandbox ever put to sleep, since a
+	// flush that gave back something ends the tick).
+	if avail, err := memAvailableMiB(); err == nil && m.cfg.PressureFloorMiB > 0 && avail-64*max(1, m.cfg.HotPool) < m.cfg.PressureFloorMiB {
+		return "", errdefs.New(errdefs.Unavailable, "hot pool: %d MiB available, near the pressure floor (%d MiB): not refilled", avail, m.cfg.PressureFloorMiB)
+	}
 	// A hot sandbox holds its idle memory: never at the cost of the floor.
 	release, err := m.admit(64)
 	if err != nil {
@@ -46,10 +61,17 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 		return m.eng.Create(ctx, spec)
 	})
 	if err != nil {
-		return "", errors.Join(err, m.store.RemovePoolSandbox(context.WithoutCancel(ctx), rec.ID))
+		// Unmarked only once the engine is known to have let go of it: a
+		// started sandbox whose destroy failed keeps its mark, so that the
+		// next restart destroys it instead of keeping it as unrecorded.
+		ctx := context.WithoutCancel(ctx)
+		if derr := m.eng.Destroy(ctx, rec.ID); derr != nil {
+			return "", errors.Join(err, derr)
+		}
+		return "", errors.Join(err, m.store.RemovePoolSandbox(ctx, rec.ID))
 	}
 	m.mu.Lock()
-	m.hot[rec.ID] = sb
+	m.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS}
 	m.mu.Unlock()
 	return rec.ID, nil
 }
@@ -87,27 +109,39 @@ func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[s
 	return done, errors.Join(errs...)
 }
 
-// takeHot returns a live hot sandbox of shape sh, or false.
-func (m *Manager) takeHot(ctx context.Context, sh pool.Shape) (string, engine.Sandbox, bool) {
+// takeHot returns a live hot sandbox of shape sh running on root, or
+// false.
+func (m *Manager) takeHot(ctx context.Context, sh pool.Shape, root string) (string, engine.Sandbox, bool) {
 	for {
 		id, ok := m.hotPool.Take(sh)
 		if !ok {
 			return "", nil, false
 		}
 		m.mu.Lock()
-		sb := m.hot[id]
+		h, ok := m.hot[id]
 		delete(m.hot, id)
 		m.mu.Unlock()
-		if sb != nil {
+		if ok && h.root == root {
 			select {
-			case <-sb.Exited():
+			case <-h.sb.Exited():
 			default:
-				return id, sb, true
+				return id, h.sb, true
 			}
 		}
-		// Died while it waited: next.
+		// Died while it waited, or started on a root its image no longer
+		// names (the image was replaced): next.
 		_ = m.destroyHot(context.WithoutCancel(ctx), id)
 	}
+}
+
+// giveBackHot returns an unclaimed hot sandbox to the pool: a create that
+// failed before its claim (a taken name, a request gone) must not cost
+// the pool a sandbox start.
+func (m *Manager) giveBackHot(sh pool.Shape, id string, sb engine.Sandbox, root string) {
+	m.mu.Lock()
+	m.hot[id] = hotSandbox{sb: sb, root: root}
+	m.mu.Unlock()
+	m.hotPool.Put(context.Background(), sh, id)
 }
 
 // claimHot makes the hot sandbox sb the running sandbox rec (recorded,

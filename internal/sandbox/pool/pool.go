@@ -369,12 +369,20 @@ func (p *Pool) Drain(ctx context.Context) {
 // (the pool refills when its Prepare succeeds again), and returns how many
 // it destroyed.
 func (p *Pool) Flush(ctx context.Context) int {
+	return p.FlushIf(ctx, func(Shape) bool { return true })
+}
+
+// FlushIf is Flush for the shapes match accepts (e.g. those of an image
+// that was replaced: the sandboxes were made on its former root).
+func (p *Pool) FlushIf(ctx context.Context, match func(Shape) bool) int {
 	p.mu.Lock()
 	var ids []string
-	for _, s := range p.slots {
-		ids = append(ids, s...)
+	for sh, s := range p.slots {
+		if match(sh) {
+			ids = append(ids, s...)
+			delete(p.slots, sh)
+		}
 	}
-	p.slots = map[Shape][]string{}
 	p.mu.Unlock()
 	for _, id := range ids {
 		if p.cfg.Destroy != nil {
@@ -383,6 +391,21 @@ func (p *Pool) Flush(ctx context.Context) int {
 	}
 	p.kickRun()
 	return len(ids)
+}
+
+// Put gives back a sandbox of shape sh that Take returned and nobody used.
+// It is destroyed when the pool is closed or already holds its shape's
+// target.
+func (p *Pool) Put(ctx context.Context, sh Shape, id string) {
+	p.mu.Lock()
+	keep := !p.closed && len(p.slots[sh]) < p.target[sh]
+	if keep {
+		p.slots[sh] = append(p.slots[sh], id)
+	}
+	p.mu.Unlock()
+	if !keep && p.cfg.Destroy != nil {
+		_ = p.cfg.Destroy(context.WithoutCancel(ctx), id)
+	}
 }
 
 // Len returns how many prepared sandboxes wait in the pool.
