@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/clade-sandbox/clade/internal/engine"
-	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
@@ -35,8 +34,8 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	// give back what the refill starts at its next tick (a start and a
 	// destroy every tick, and no idle sandbox ever put to sleep, since a
 	// flush that gave back something ends the tick).
-	if avail, err := memAvailableMiB(); err == nil && m.cfg.PressureFloorMiB > 0 && avail-64*max(1, m.cfg.HotPool) < m.cfg.PressureFloorMiB {
-		return "", errdefs.New(errdefs.Unavailable, "hot pool: %d MiB available, near the pressure floor (%d MiB): not refilled", avail, m.cfg.PressureFloorMiB)
+	if err := m.nearPressure("hot pool", 64*max(1, m.cfg.HotPool)); err != nil {
+		return "", err
 	}
 	// A hot sandbox holds its idle memory: never at the cost of the floor.
 	release, err := m.admit(64)
