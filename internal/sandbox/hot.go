@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/guest"
@@ -25,6 +26,9 @@ import (
 type hotSandbox struct {
 	sb   engine.Sandbox
 	root string
+	// spec is what it was started with, the hooks' additions included:
+	// a claim whose hooks ask for more (mounts, environment) starts cold.
+	spec engine.Spec
 }
 
 // startHot starts one sandbox of shape sh for the hot pool. Its record-less
@@ -56,7 +60,9 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	if err := m.store.AddPoolSandbox(ctx, rec.ID); err != nil {
 		return "", err
 	}
+	var started engine.Spec
 	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+		started = spec
 		return m.eng.Create(ctx, spec)
 	})
 	if err != nil {
@@ -70,7 +76,7 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 		return "", errors.Join(err, m.store.RemovePoolSandbox(ctx, rec.ID))
 	}
 	m.mu.Lock()
-	m.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS}
+	m.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS, spec: started}
 	m.mu.Unlock()
 	return rec.ID, nil
 }
@@ -110,11 +116,11 @@ func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[s
 
 // takeHot returns a live hot sandbox of shape sh running on root, or
 // false.
-func (m *Manager) takeHot(ctx context.Context, sh pool.Shape, root string) (string, engine.Sandbox, bool) {
+func (m *Manager) takeHot(ctx context.Context, sh pool.Shape, root string) (string, hotSandbox, bool) {
 	for {
 		id, ok := m.hotPool.Take(sh)
 		if !ok {
-			return "", nil, false
+			return "", hotSandbox{}, false
 		}
 		m.mu.Lock()
 		h, ok := m.hot[id]
@@ -124,7 +130,7 @@ func (m *Manager) takeHot(ctx context.Context, sh pool.Shape, root string) (stri
 			select {
 			case <-h.sb.Exited():
 			default:
-				return id, h.sb, true
+				return id, h, true
 			}
 		}
 		// Died while it waited, or started on a root its image no longer
@@ -136,32 +142,50 @@ func (m *Manager) takeHot(ctx context.Context, sh pool.Shape, root string) (stri
 // giveBackHot returns an unclaimed hot sandbox to the pool: a create that
 // failed before its claim (a taken name, a request gone) must not cost
 // the pool a sandbox start.
-func (m *Manager) giveBackHot(sh pool.Shape, id string, sb engine.Sandbox, root string) {
+func (m *Manager) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
 	m.mu.Lock()
-	m.hot[id] = hotSandbox{sb: sb, root: root}
+	m.hot[id] = h
 	m.mu.Unlock()
 	m.hotPool.Put(context.Background(), sh, id)
 }
 
-// claimHot makes the hot sandbox sb the running sandbox rec (recorded,
+// claimHot makes the hot sandbox h the running sandbox rec (recorded,
 // creating, its lock held): the hooks apply rec's options to it (its
-// egress policy), and its guest gets rec's hostname. On error sb is
-// destroyed.
-func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, sb engine.Sandbox) error {
+// egress policy), and its guest gets rec's hostname. When the hooks fill
+// in a spec the hot sandbox was not started with (a mount, a secret in
+// the environment), it is replaced by a sandbox started cold for rec. On
+// error nothing of it is left.
+func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox) (engine.Sandbox, error) {
 	spec := m.spec(rec, img)
 	// The hooks see a start (that is how they apply options to a slot the
-	// sandbox already has); the spec they fill in is not used again.
+	// sandbox already has).
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
-		return errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+		return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
 	}
-	err := sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
+	if want, have := spec, h.spec; !sameStart(want, have) {
+		m.log.Info("hot pool: the sandbox's hooks ask for more than a hot sandbox has; starting it cold", "sandbox", rec.ID)
+		if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
+			return nil, errors.Join(err, m.afterStop(ctx, rec))
+		}
+		return m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+			return m.eng.Create(ctx, spec)
+		})
+	}
+	err := h.sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
 	if err == nil {
-		err = m.afterStart(ctx, rec, sb)
+		err = m.afterStart(ctx, rec, h.sb)
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+		return nil, errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
 	}
-	return nil
+	return h.sb, nil
+}
+
+// sameStart reports whether a sandbox started with have serves one that
+// would start with want: all but the hostname (a claim reconfigures it).
+func sameStart(want, have engine.Spec) bool {
+	want.Hostname, have.Hostname = "", ""
+	return reflect.DeepEqual(want, have)
 }
 
 // flushHot gives back every hot sandbox (memory is short); the pool

@@ -166,7 +166,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		// Untouched yet: back to its pool.
 		switch {
 		case isHot:
-			m.giveBackHot(sh, id, hot, img.RootFS)
+			m.giveBackHot(sh, id, hot)
 		case ok:
 			m.pool.Put(ctx, sh, id)
 		}
@@ -184,7 +184,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	m.crashPoint("create-before-engine")
 	var sb engine.Sandbox
 	if isHot {
-		sb, err = hot, m.claimHot(ctx, rec, img, hot)
+		sb, err = m.claimHot(ctx, rec, img, hot)
 	} else {
 		sb, err = m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
 			sb, err := m.eng.Create(ctx, spec)

@@ -11,11 +11,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -196,5 +198,37 @@ func TestHotPoolNotRefilledUnderPressure(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // a refill takes ~1 ms on the fake engine
 	if n := e.m.Hot(); n != 0 {
 		t.Fatalf("below the pressure floor the hot pool refilled (%d): WatchPressure gives it back at once, every tick", n)
+	}
+}
+
+// labelEnvHook fills in the spec from options that are not part of a
+// pool's shape, as the volumes and secrets hooks (branch volumes) do with
+// mounts and secret environment variables.
+type labelEnvHook struct{ recordingHook }
+
+func (h *labelEnvHook) Name() string { return "label-env" }
+func (h *labelEnvHook) BeforeStart(_ context.Context, rec store.Sandbox, spec *engine.Spec) error {
+	if v := rec.Opts.Labels["secret"]; v != "" {
+		spec.Env = append(spec.Env, "SECRET="+v)
+	}
+	return nil
+}
+
+// TestHotClaimKeepsTheHooksSpec: claimHot runs the hooks' BeforeStart and
+// drops the spec they fill in. A hook that adds to the spec from options
+// outside the shape (volumes' mounts, secrets' environment) is silently
+// lost for a create that claims a hot sandbox.
+func TestHotClaimKeepsTheHooksSpec(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 1, Hooks: []Hook{&labelEnvHook{}}})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 1)
+	sb, err := e.m.Create(t.Context(), CreateRequest{Opts: store.Options{Labels: map[string]string{"secret": "s3"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := e.eng.Spec(sb.Engine())
+	if !slices.Contains(spec.Env, "SECRET=s3") {
+		t.Fatalf("the sandbox runs with env %q: its hook's SECRET=s3 was dropped by the hot claim", spec.Env)
 	}
 }
