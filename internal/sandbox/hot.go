@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/guest"
@@ -20,9 +21,26 @@ import (
 // background, and is given back first when memory runs short. The prepared
 // pool (created, not started) stays for forks, wakes and other shapes.
 
+// hotSandbox is a started sandbox in the hot pool and the image root it
+// runs on: a claim must not hand out a root its image no longer names.
+type hotSandbox struct {
+	sb   engine.Sandbox
+	root string
+	// spec is what it was started with, the hooks' additions included:
+	// a claim whose hooks ask for more (mounts, environment) starts cold.
+	spec engine.Spec
+}
+
 // startHot starts one sandbox of shape sh for the hot pool. Its record-less
 // id is the engine's; a claim makes it the sandbox's.
 func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
+	// Near the pressure floor the pool stays empty: WatchPressure would
+	// give back what the refill starts at its next tick (a start and a
+	// destroy every tick, and no idle sandbox ever put to sleep, since a
+	// flush that gave back something ends the tick).
+	if err := m.nearPressure("hot pool", 64*max(1, m.cfg.HotPool)); err != nil {
+		return "", err
+	}
 	// A hot sandbox holds its idle memory: never at the cost of the floor.
 	release, err := m.admit(64)
 	if err != nil {
@@ -42,14 +60,23 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	if err := m.store.AddPoolSandbox(ctx, rec.ID); err != nil {
 		return "", err
 	}
+	var started engine.Spec
 	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+		started = spec
 		return m.eng.Create(ctx, spec)
 	})
 	if err != nil {
-		return "", errors.Join(err, m.store.RemovePoolSandbox(context.WithoutCancel(ctx), rec.ID))
+		// Unmarked only once the engine is known to have let go of it: a
+		// started sandbox whose destroy failed keeps its mark, so that the
+		// next restart destroys it instead of keeping it as unrecorded.
+		ctx := context.WithoutCancel(ctx)
+		if derr := m.eng.Destroy(ctx, rec.ID); derr != nil {
+			return "", errors.Join(err, derr)
+		}
+		return "", errors.Join(err, m.store.RemovePoolSandbox(ctx, rec.ID))
 	}
 	m.mu.Lock()
-	m.hot[rec.ID] = sb
+	m.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS, spec: started}
 	m.mu.Unlock()
 	return rec.ID, nil
 }
@@ -87,48 +114,78 @@ func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[s
 	return done, errors.Join(errs...)
 }
 
-// takeHot returns a live hot sandbox of shape sh, or false.
-func (m *Manager) takeHot(ctx context.Context, sh pool.Shape) (string, engine.Sandbox, bool) {
+// takeHot returns a live hot sandbox of shape sh running on root, or
+// false.
+func (m *Manager) takeHot(ctx context.Context, sh pool.Shape, root string) (string, hotSandbox, bool) {
 	for {
 		id, ok := m.hotPool.Take(sh)
 		if !ok {
-			return "", nil, false
+			return "", hotSandbox{}, false
 		}
 		m.mu.Lock()
-		sb := m.hot[id]
+		h, ok := m.hot[id]
 		delete(m.hot, id)
 		m.mu.Unlock()
-		if sb != nil {
+		if ok && h.root == root {
 			select {
-			case <-sb.Exited():
+			case <-h.sb.Exited():
 			default:
-				return id, sb, true
+				return id, h, true
 			}
 		}
-		// Died while it waited: next.
+		// Died while it waited, or started on a root its image no longer
+		// names (the image was replaced): next.
 		_ = m.destroyHot(context.WithoutCancel(ctx), id)
 	}
 }
 
-// claimHot makes the hot sandbox sb the running sandbox rec (recorded,
+// giveBackHot returns an unclaimed hot sandbox to the pool: a create that
+// failed before its claim (a taken name, a request gone) must not cost
+// the pool a sandbox start.
+func (m *Manager) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
+	m.mu.Lock()
+	m.hot[id] = h
+	m.mu.Unlock()
+	m.hotPool.Put(context.Background(), sh, id)
+}
+
+// claimHot makes the hot sandbox h the running sandbox rec (recorded,
 // creating, its lock held): the hooks apply rec's options to it (its
-// egress policy), and its guest gets rec's hostname. On error sb is
-// destroyed.
-func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, sb engine.Sandbox) error {
+// egress policy), and its guest gets rec's hostname. When the hooks fill
+// in a spec the hot sandbox was not started with (a mount, a secret in
+// the environment), it is replaced by a sandbox started cold for rec. On
+// error nothing of it is left.
+func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox) (engine.Sandbox, error) {
 	spec := m.spec(rec, img)
 	// The hooks see a start (that is how they apply options to a slot the
-	// sandbox already has); the spec they fill in is not used again.
+	// sandbox already has).
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
-		return errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+		return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
 	}
-	err := sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
+	if want, have := spec, h.spec; !sameStart(want, have) {
+		m.log.Info("hot pool: the sandbox's hooks ask for more than a hot sandbox has; starting it cold", "sandbox", rec.ID)
+		if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
+			return nil, errors.Join(err, m.afterStop(ctx, rec))
+		}
+		return m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+			return m.eng.Create(ctx, spec)
+		})
+	}
+	err := h.sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
 	if err == nil {
-		err = m.afterStart(ctx, rec, sb)
+		err = m.afterStart(ctx, rec, h.sb)
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+		return nil, errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
 	}
-	return nil
+	return h.sb, nil
+}
+
+// sameStart reports whether a sandbox started with have serves one that
+// would start with want: all but the hostname (a claim reconfigures it).
+func sameStart(want, have engine.Spec) bool {
+	want.Hostname, have.Hostname = "", ""
+	return reflect.DeepEqual(want, have)
 }
 
 // flushHot gives back every hot sandbox (memory is short); the pool

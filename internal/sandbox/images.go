@@ -10,6 +10,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/sandbox/pool"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -245,6 +246,12 @@ func (m *Manager) install(ctx context.Context, img image.Image) (_ image.Image, 
 
 // replaced lets go of what the replaced image old held that img does not.
 func (m *Manager) replaced(ctx context.Context, old store.Image, img image.Image) {
+	// The pools' sandboxes of the image stand on its former root, which
+	// no record keeps: they go before the root collection (install's), and
+	// the refills make new ones on the new root.
+	ofImage := func(sh pool.Shape) bool { return sh.Image == old.Name }
+	m.hotPool.FlushIf(ctx, ofImage)
+	m.pool.FlushIf(ctx, ofImage)
 	// A descriptor in the image directory would bring the old image back
 	// at the next start; its root, which sandboxes may stand on, stays.
 	if err := m.images.files.RemoveDescriptor(ctx, old.Name, true); err != nil {

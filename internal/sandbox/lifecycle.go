@@ -147,7 +147,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	sh := m.shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
 	// A started sandbox from the hot pool, else a prepared one from the
 	// warm pool, else a new one.
-	id, hot, isHot := m.takeHot(ctx, sh)
+	id, hot, isHot := m.takeHot(ctx, sh, img.RootFS)
 	ok := isHot
 	if isHot {
 		defer m.hotPool.Want(sh, 0) // refill what was taken
@@ -163,11 +163,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	unlock := m.locks.lock(rec.ID)
 	defer unlock()
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
+		// Untouched yet: back to its pool.
 		switch {
 		case isHot:
-			_ = m.destroyHot(context.WithoutCancel(ctx), id)
+			m.giveBackHot(sh, id, hot)
 		case ok:
-			_ = m.destroyPrepared(context.WithoutCancel(ctx), id)
+			m.pool.Put(ctx, sh, id)
 		}
 		return store.Sandbox{}, err
 	}
@@ -183,7 +184,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	m.crashPoint("create-before-engine")
 	var sb engine.Sandbox
 	if isHot {
-		sb, err = hot, m.claimHot(ctx, rec, img, hot)
+		sb, err = m.claimHot(ctx, rec, img, hot)
 	} else {
 		sb, err = m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
 			sb, err := m.eng.Create(ctx, spec)
@@ -440,7 +441,7 @@ func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
 func (m *Manager) deleteRecord(ctx context.Context, id string) error {
 	err := m.store.DeleteSandbox(ctx, id)
 	if errdefs.Is(err, errdefs.ResourceExhausted) {
-		go m.settle(m.bg, []string{id})
+		m.settleLater([]string{id})
 	}
 	return err
 }

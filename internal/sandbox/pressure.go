@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -44,9 +45,10 @@ func (m *Manager) WatchPressure(ctx context.Context) {
 		if err != nil || avail >= m.cfg.PressureFloorMiB {
 			continue
 		}
-		// Hot sandboxes hold memory nobody uses yet: they go first.
-		if n := m.flushHot(ctx); n > 0 {
-			m.log.Warn("memory pressure: gave back the hot pool", "sandboxes", n, "mem_available_mib", avail)
+		// Hot and prepared sandboxes hold memory nobody uses yet (up to
+		// MaxTotal prepared ones of learned shapes): they go first.
+		if n := m.flushHot(ctx) + m.pool.Flush(ctx); n > 0 {
+			m.log.Warn("memory pressure: gave back the hot and warm pools", "sandboxes", n, "mem_available_mib", avail)
 			continue
 		}
 		for _, id := range m.idleLRU() {
@@ -55,6 +57,21 @@ func (m *Manager) WatchPressure(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// nearPressure refuses (Unavailable) a pool refill of what that would
+// leave MemAvailable within headroom MiB of the pressure floor:
+// WatchPressure would give it back at its next tick, and a tick whose
+// flush gave something back sleeps no idle sandbox.
+func (m *Manager) nearPressure(what string, headroom int) error {
+	if m.cfg.PressureFloorMiB <= 0 {
+		return nil
+	}
+	avail, err := memAvailableMiB()
+	if err != nil || avail-headroom >= m.cfg.PressureFloorMiB {
+		return nil
+	}
+	return errdefs.New(errdefs.Unavailable, "%s: %d MiB available, near the pressure floor (%d MiB): not refilled", what, avail, m.cfg.PressureFloorMiB)
 }
 
 // idleLRU returns the live sandboxes with no request for idleAfter, least

@@ -61,9 +61,9 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	if len(unsettled) > 0 {
-		go m.settle(ctx, unsettled)
-	}
+	// Under the service's context, not the caller's (a start-up timeout):
+	// settling outlives Reconcile.
+	m.settleLater(unsettled)
 	// Sleep images stay for every sandbox that may still need one: all but
 	// the running (an unsettled one included: it may be asleep).
 	keep := map[string]bool{}
@@ -97,14 +97,40 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// settleLater starts settle, under the service's context, for those of
+// ids no settle retries yet. It may be called with a sandbox's lock held
+// (deleteRecord), and from settle itself (through destroyLocked): one
+// retry loop per sandbox, however often its settling fails.
+func (m *Manager) settleLater(ids []string) {
+	m.mu.Lock()
+	var fresh []string
+	for _, id := range ids {
+		if !m.settling[id] {
+			m.settling[id] = true
+			fresh = append(fresh, id)
+		}
+	}
+	m.mu.Unlock()
+	if len(fresh) > 0 {
+		go m.settle(m.bg, fresh)
+	}
+}
+
 // settle retries the reconcile of sandboxes a full disk kept from settling
 // (the store could not record their outcome, and they show a state in
 // between, e.g. waking; or their agent socket did not fit) until it can,
-// or ctx ends.
+// or ctx ends. Start it with settleLater.
 func (m *Manager) settle(ctx context.Context, ids []string) {
 	m.log.Warn("reconcile: the database cannot record what some sandboxes are (disk full?); retrying until it can", "sandboxes", ids)
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
+	defer func() {
+		m.mu.Lock()
+		for _, id := range ids {
+			delete(m.settling, id)
+		}
+		m.mu.Unlock()
+	}()
 	for len(ids) > 0 {
 		select {
 		case <-ctx.Done():
@@ -129,6 +155,11 @@ func (m *Manager) settle(ctx context.Context, ids []string) {
 				left = append(left, id)
 			case err != nil && !errdefs.IsNotFound(err):
 				m.log.Error("reconcile: settling a sandbox", "sandbox", id, "err", err)
+			}
+			if !errdefs.Is(err, errdefs.ResourceExhausted) {
+				m.mu.Lock()
+				delete(m.settling, id)
+				m.mu.Unlock()
 			}
 		}
 		ids = left

@@ -113,7 +113,8 @@ type Manager struct {
 	lastUsed    map[string]time.Time      // guarded by mu: last request per sandbox
 	wokeAt      map[string]time.Time      // guarded by mu: when each live sandbox last woke
 	holds       map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
-	hot         map[string]engine.Sandbox // guarded by mu: started sandboxes in the hot pool
+	hot         map[string]hotSandbox     // guarded by mu: started sandboxes in the hot pool
+	settling    map[string]bool           // guarded by mu: sandboxes a settle goroutine retries
 
 	counters Counters
 	// wakes holds a token per wake restoring now (RestoreParallel).
@@ -159,7 +160,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]engine.Sandbox{}}
+	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}}
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: cfg.HotPool, NoLearn: true, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())

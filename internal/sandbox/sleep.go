@@ -163,7 +163,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		if errdefs.Is(back, errdefs.ResourceExhausted) {
 			// Still recorded waking, its image intact: settled (asleep)
 			// once the disk has room.
-			go m.settle(m.bg, []string{rec.ID})
+			m.settleLater([]string{rec.ID})
 		}
 		return errors.Join(fmt.Errorf("wake %s: %w", rec.ID, err), back)
 	}

@@ -111,7 +111,11 @@ type PortDialer interface {
 // the port (after a wake, only once the port refused for portGrace). The
 // caller should Hold the sandbox while it uses the connection.
 func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, error) {
-	var retry *time.Timer
+	var (
+		retry *time.Timer
+		wait  = portRetry
+		until time.Time // the hold's end: fixed by the wake it follows, never renewed
+	)
 	for attempt := 0; ; attempt++ {
 		g, err := m.Guest(ctx, ref)
 		if err != nil {
@@ -140,19 +144,33 @@ func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, err
 		// ends; a server may restart itself): the connection is held, not
 		// refused, until the port accepts or the grace ends. A sandbox
 		// that was not woken gets the refusal at once.
-		if !m.justWoken(g) {
+		if until.IsZero() {
+			w, ok := m.wokeAtOf(g)
+			if !ok || time.Since(w) >= portGrace {
+				return nil, err
+			}
+			until = w.Add(portGrace)
+		}
+		if !time.Now().Before(until) {
 			return nil, err
 		}
 		if retry == nil {
-			retry = time.NewTimer(portRetry)
+			retry = time.NewTimer(wait)
 			defer retry.Stop()
 		} else {
-			retry.Reset(portRetry)
+			retry.Reset(wait)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, errors.Join(err, ctx.Err())
 		case <-retry.C:
+		}
+		wait = min(2*wait, portRetryMax)
+		// A sandbox put to sleep under the hold (its timeout, a sleep
+		// asked for) is not woken again by it: the hold waits for a
+		// server, not for a wake.
+		if !m.isLiveGuest(g) {
+			return nil, err
 		}
 	}
 }
@@ -161,21 +179,25 @@ const (
 	// portGrace is how long after a sandbox wakes a connection to a port
 	// nothing listens on is held (retried) rather than refused.
 	portGrace = 30 * time.Second
-	// portRetry is the pause between two tries within the grace.
-	portRetry = 25 * time.Millisecond
+	// portRetry is the first pause between two tries within the grace;
+	// the pauses double up to portRetryMax (many held connections, e.g.
+	// requests whose clients left, must not poll the agent and the store
+	// 40 times a second each).
+	portRetry    = 25 * time.Millisecond
+	portRetryMax = 500 * time.Millisecond
 )
 
-// justWoken reports whether g's sandbox woke less than portGrace ago.
-func (m *Manager) justWoken(g *guest.Conn) bool {
+// wokeAtOf returns when g's sandbox last woke, if it is live and woke.
+func (m *Manager) wokeAtOf(g *guest.Conn) (time.Time, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for id, sb := range m.live {
 		if sb.Guest() == g {
 			w, ok := m.wokeAt[id]
-			return ok && time.Since(w) < portGrace
+			return w, ok
 		}
 	}
-	return false
+	return time.Time{}, false
 }
 
 // dialDirect tries the PortDialer hooks; nil when none reached port.

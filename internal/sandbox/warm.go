@@ -30,6 +30,9 @@ func (m *Manager) StartPool(ctx context.Context) {
 // prepare makes one prepared engine sandbox of shape sh for the pool.
 func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 	prep := m.eng.(engine.Preparer)
+	if err := m.nearPressure("warm pool", 64); err != nil {
+		return "", err
+	}
 	// A prepared sandbox holds ~30 MiB: never at the cost of the floor.
 	release, err := m.admit(64)
 	if err != nil {

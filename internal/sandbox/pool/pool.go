@@ -16,6 +16,8 @@ package pool
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"slices"
 	"strings"
@@ -80,7 +82,7 @@ type Pool struct {
 	target map[Shape]int       // guarded by mu
 	asked  map[Shape]time.Time // guarded by mu: when each targeted shape was last asked for
 	pinned map[Shape]bool      // guarded by mu: never expired nor evicted
-	missed map[Shape]time.Time // guarded by mu: untargeted shapes' last miss
+	missed map[Shape]time.Time // guarded by mu: untargeted shapes' last miss, by missKey
 	failed map[Shape]time.Time // guarded by mu: shapes whose prepare failed, until when to leave them
 	closed bool                // guarded by mu: drained; a prepare that finishes now is destroyed
 
@@ -202,8 +204,9 @@ func (p *Pool) learnLocked(sh Shape) {
 		return
 	}
 	now := time.Now()
-	if t, ok := p.missed[sh]; ok && now.Sub(t) < p.cfg.Expire {
-		delete(p.missed, sh)
+	key := missKey(sh)
+	if t, ok := p.missed[key]; ok && now.Sub(t) < p.cfg.Expire {
+		delete(p.missed, key)
 		p.target[sh] = 1
 		p.asked[sh] = now
 		p.capLocked(sh)
@@ -212,7 +215,18 @@ func (p *Pool) learnLocked(sh Shape) {
 	if len(p.missed) >= maxMissed {
 		clear(p.missed)
 	}
-	p.missed[sh] = now
+	p.missed[key] = now
+}
+
+// missKey is sh as the misses remember it: a long environment (up to
+// 256 KiB, often secrets) by its digest, so that maxMissed misses hold
+// kilobytes, not a quarter of a GiB.
+func missKey(sh Shape) Shape {
+	if len(sh.Env) > 64 {
+		sum := sha256.Sum256([]byte(sh.Env))
+		sh.Env = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return sh
 }
 
 // Stats returns how many takes found a prepared sandbox and how many did
@@ -369,12 +383,20 @@ func (p *Pool) Drain(ctx context.Context) {
 // (the pool refills when its Prepare succeeds again), and returns how many
 // it destroyed.
 func (p *Pool) Flush(ctx context.Context) int {
+	return p.FlushIf(ctx, func(Shape) bool { return true })
+}
+
+// FlushIf is Flush for the shapes match accepts (e.g. those of an image
+// that was replaced: the sandboxes were made on its former root).
+func (p *Pool) FlushIf(ctx context.Context, match func(Shape) bool) int {
 	p.mu.Lock()
 	var ids []string
-	for _, s := range p.slots {
-		ids = append(ids, s...)
+	for sh, s := range p.slots {
+		if match(sh) {
+			ids = append(ids, s...)
+			delete(p.slots, sh)
+		}
 	}
-	p.slots = map[Shape][]string{}
 	p.mu.Unlock()
 	for _, id := range ids {
 		if p.cfg.Destroy != nil {
@@ -383,6 +405,21 @@ func (p *Pool) Flush(ctx context.Context) int {
 	}
 	p.kickRun()
 	return len(ids)
+}
+
+// Put gives back a sandbox of shape sh that Take returned and nobody used.
+// It is destroyed when the pool is closed or already holds its shape's
+// target.
+func (p *Pool) Put(ctx context.Context, sh Shape, id string) {
+	p.mu.Lock()
+	keep := !p.closed && len(p.slots[sh]) < p.target[sh]
+	if keep {
+		p.slots[sh] = append(p.slots[sh], id)
+	}
+	p.mu.Unlock()
+	if !keep && p.cfg.Destroy != nil {
+		_ = p.cfg.Destroy(context.WithoutCancel(ctx), id)
+	}
 }
 
 // Len returns how many prepared sandboxes wait in the pool.

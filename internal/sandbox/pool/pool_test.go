@@ -230,3 +230,32 @@ func TestShapesNobodyAskedForExpire(t *testing.T) {
 		t.Fatalf("destroyed %v, want b's prepared sandbox", f.destroyed)
 	}
 }
+
+// TestMissesHoldNoLargeEnvironments: a miss remembers its shape; shapes
+// carry the environment (up to 256 KiB), so maxMissed misses of distinct
+// environments (cheap: a create with a taken name records its miss and
+// fails) held up to 256 MiB of heap until the map was cleared.
+func TestMissesHoldNoLargeEnvironments(t *testing.T) {
+	p := New(Config{Limit: 1})
+	big := "K=" + strings.Repeat("x", 256<<10)
+	for i := range 8 {
+		p.Take(ShapeOf("img", 512, 1, []string{fmt.Sprint(i) + big}, 0, ""))
+	}
+	held := 0
+	p.mu.Lock()
+	for sh := range p.missed {
+		held += len(sh.Env)
+	}
+	p.mu.Unlock()
+	if held > 8<<10 {
+		t.Fatalf("8 misses hold %d bytes of environment", held)
+	}
+	// The second miss of a long-environment shape still teaches it.
+	sh := ShapeOf("img", 512, 1, []string{"0" + big}, 0, "")
+	p.Take(sh)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.target[sh] != 1 {
+		t.Fatal("the second miss of a shape with a long environment did not target it")
+	}
+}
