@@ -165,6 +165,13 @@ type ExecRequest struct {
 	// Stdin must be set, with an `Upgrade: clade-stream` request, to send
 	// stdin frames.
 	Stdin bool `json:"stdin,omitempty"`
+	// TTY runs the command on a pseudo-terminal: its output (stdout and
+	// stderr merged) comes as stdout frames, stdin frames are what is
+	// typed (0x03 interrupts), and resize frames change its size. Rows and
+	// Cols are its first size (both 0: 24x80).
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 }
 
 // ExitStatus ends an exec stream (the payload of its exit frame).
