@@ -391,8 +391,8 @@ func (s *session) readLoop(r *wire.Reader) error {
 			var st wire.StartedMsg
 			_ = json.Unmarshal(f.Payload, &st)
 			ch.pid = st.PID
+			ch.obs.started(st.PID) // first: whoever the start wakes sees it told
 			close(ch.started)
-			ch.obs.started(st.PID)
 		case wire.Stdout:
 			if err := ch.stdout.Push(f.Payload); err != nil {
 				return err
@@ -429,8 +429,8 @@ func (s *session) readLoop(r *wire.Reader) error {
 			if ch.stdin != nil {
 				ch.stdin.Abort(io.ErrClosedPipe)
 			}
+			ch.obs.ended(ch.startedPID(), exit, nil) // first: the end is told before anyone learns it
 			close(ch.done)
-			ch.obs.ended(ch.startedPID(), exit, nil)
 		default:
 			return fmt.Errorf("unexpected %v frame from agent", f.Type)
 		}
@@ -462,8 +462,8 @@ func (s *session) failCalls(err error) {
 		if ch.stdin != nil {
 			ch.stdin.Abort(err)
 		}
-		close(ch.done)
 		ch.obs.ended(ch.startedPID(), wire.ExitMsg{}, err)
+		close(ch.done)
 	}
 }
 

@@ -75,6 +75,9 @@ type Config struct {
 	DestroyUnrecorded bool
 	// Hooks attach features to the lifecycle, called in order.
 	Hooks []Hook
+	// EventRing is how many recent events are kept for clients that resume
+	// a stream (0: events.DefaultRing).
+	EventRing int
 }
 
 // DefaultConfig returns sensible limits for this host.
@@ -108,6 +111,7 @@ type Manager struct {
 	holds       map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
 
 	counters Counters
+	events   *eventLog
 
 	// bg lives as long as the service (Close ends it): work that must
 	// outlive the request that started it, e.g. removing a build's
@@ -150,6 +154,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, holds: map[string]int{}}
+	m.events = newEventLog(cfg.EventRing)
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())
 	return m
