@@ -124,8 +124,10 @@ func (c *Client) resumeEvents(ctx context.Context, f EventFilter, last uint64) (
 		if err == nil {
 			return body, nil
 		}
-		var ce *ConnectError
-		if !errors.As(err, &ce) && !IsUnavailable(err) || time.Now().After(deadline) {
+		// The daemon's answers end it, unless they say to retry; a
+		// transport failure (a daemon restarting) is retried.
+		var de *Error
+		if errors.As(err, &de) && !IsUnavailable(err) || time.Now().After(deadline) {
 			return nil, err
 		}
 		select {

@@ -244,6 +244,18 @@ func TestEvents(t *testing.T) {
 	if _, err := c.Events(ctx, sdk.EventFilter{Follow: true, Since: last}); !sdk.IsNotFound(err) {
 		t.Errorf("resume across a restart: %v, want not found (events lost)", err)
 	}
+	// A stream that was open through the restart resumes on its own and
+	// learns the same.
+	select {
+	case err := <-everything.errc:
+		if !sdk.IsNotFound(err) {
+			t.Errorf("a stream open through the restart ended with %v, want not found (events lost)", err)
+		}
+	case e := <-everything.ch:
+		t.Errorf("a stream open through the restart yielded %+v, want the loss reported", e)
+	case <-time.After(30 * time.Second):
+		t.Error("a stream open through the restart did not report the loss within 30s")
+	}
 	after := collect(t, c, sdk.EventFilter{Follow: true})
 	sb2 := newSandbox(t, c, sdk.CreateSandboxRequest{})
 	if e := after.next(t); e.Type != api.EventCreated || e.Sandbox != sb2.ID || e.Seq <= last {
