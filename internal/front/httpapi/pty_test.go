@@ -40,10 +40,17 @@ func (w *watchedBuffer) String() string {
 // waitFor waits until the output holds s, failing the test after 30 s.
 func (w *watchedBuffer) waitFor(t *testing.T, s string) {
 	t.Helper()
+	w.waitAfter(t, "", s)
+}
+
+// waitAfter waits until the output holds s after the first marker.
+func (w *watchedBuffer) waitAfter(t *testing.T, marker, s string) {
+	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
 		w.mu.Lock()
-		ok, changed := strings.Contains(w.b.String(), s), w.changed
+		_, rest, found := strings.Cut(w.b.String(), marker)
+		ok, changed := found && strings.Contains(rest, s), w.changed
 		w.mu.Unlock()
 		if ok {
 			return
@@ -51,7 +58,7 @@ func (w *watchedBuffer) waitFor(t *testing.T, s string) {
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("output never held %q; it is %q", s, w.String())
+			t.Fatalf("output never held %q (after %q); it is %q", s, marker, w.String())
 		}
 	}
 }
@@ -175,6 +182,50 @@ sys.exit(3)`
 		}
 		if r.st.Code != 130 || strings.Contains(out.String(), "survived") {
 			t.Errorf("after ^C: %+v, output %q; want code 130 (SIGINT)", r.st, out.String())
+		}
+	})
+
+	t.Run("job control", func(t *testing.T) {
+		// An interactive bash on the terminal: ^Z stops the foreground
+		// job, fg brings it back, ^C ends it, exit ends the shell.
+		pr, pw := io.Pipe()
+		t.Cleanup(func() { pw.Close() })
+		out := newWatchedBuffer()
+		type result struct {
+			st  sdk.ExitStatus
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			st, err := c.Exec(ctx, sb.ID, sdk.ExecRequest{Cmd: []string{"bash", "--norc", "--noprofile", "-i"},
+				Env: []string{`PS1=[\#]$ `}, TTY: true, Stdin: pr, Stdout: out})
+			done <- result{st, err}
+		}()
+		typeIn := func(s string) {
+			t.Helper()
+			if _, err := pw.Write([]byte(s)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out.waitFor(t, "[1]$ ")
+		typeIn("sh -c 'echo sta''rted; exec sleep 300'\r")
+		out.waitFor(t, "started\r\n")
+		typeIn("\x1a") // ^Z
+		out.waitFor(t, "Stopped")
+		out.waitFor(t, "[2]$ ")
+		typeIn("jobs\r")
+		out.waitFor(t, "[3]$ ")
+		typeIn("fg\r")
+		out.waitAfter(t, "[3]$ fg", "exec sleep 300'\r\n") // fg names the job it resumes
+		typeIn("\x03") // ^C
+		out.waitFor(t, "[4]$ ")
+		typeIn("exit 7\r")
+		r := <-done
+		if r.err != nil || r.st.Code != 7 {
+			t.Fatalf("bash ended with %+v %v, want code 7; screen %q", r.st, r.err, out.String())
+		}
+		if strings.Contains(out.String(), "no job control") {
+			t.Errorf("bash had no job control: %q", out.String())
 		}
 	})
 
