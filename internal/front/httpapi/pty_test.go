@@ -217,7 +217,7 @@ sys.exit(3)`
 		out.waitFor(t, "[3]$ ")
 		typeIn("fg\r")
 		out.waitAfter(t, "[3]$ fg", "exec sleep 300'\r\n") // fg names the job it resumes
-		typeIn("\x03") // ^C
+		typeIn("\x03")                                     // ^C
 		out.waitFor(t, "[4]$ ")
 		typeIn("exit 7\r")
 		r := <-done
