@@ -77,6 +77,11 @@ func FuzzReader(f *testing.F) {
 			if len(fr.Payload) > MaxPayload {
 				t.Fatalf("payload of %d bytes", len(fr.Payload))
 			}
+			if fr.Type == Resize {
+				if r, c, ok := ParseResize(fr.Payload); ok && (r == 0 || c == 0) {
+					t.Fatalf("ParseResize accepted %dx%d", r, c)
+				}
+			}
 			if fr.Type == Signal {
 				ParseSignal(fr.Payload)
 			}
