@@ -179,6 +179,13 @@ type ExecRequest struct {
 	// Stdin must be set, with an `Upgrade: clade-stream` request, to send
 	// stdin frames.
 	Stdin bool `json:"stdin,omitempty"`
+	// TTY runs the command on a pseudo-terminal: its output (stdout and
+	// stderr merged) comes as stdout frames, stdin frames are what is
+	// typed (0x03 interrupts), and resize frames change its size. Rows and
+	// Cols are its first size (both 0: 24x80).
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 }
 
 // ExitStatus ends an exec stream (the payload of its exit frame).
@@ -309,3 +316,63 @@ type CommitRequest struct {
 	// ReadyTimeoutMS bounds the wait for readiness (default 60 s).
 	ReadyTimeoutMS int64 `json:"ready_timeout_ms,omitempty"`
 }
+
+// Event is one line of GET /v1/events: something that happened to a
+// sandbox. Type is one of the EventXxx constants (clients ignore types
+// they do not know); fields that do not apply are absent. A line with
+// only Error set ends a stream the daemon cut off.
+type Event struct {
+	// Seq increases by one per event, across daemon restarts too; resume
+	// a stream with ?since= the last Seq received.
+	Seq  uint64    `json:"seq,omitempty"`
+	Time time.Time `json:"time,omitempty,omitzero"`
+	Type string    `json:"type,omitempty"`
+	// Sandbox is the sandbox's id; Name and Labels are as they were then.
+	Sandbox string            `json:"sandbox,omitempty"`
+	Name    string            `json:"name,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	// Snapshot: the snapshot taken (snapshotted), forked from (forked), or
+	// restored from (created and started of a fork's child).
+	Snapshot string `json:"snapshot,omitempty"`
+	// Children are the sandboxes a fork made; Failed counts its failed
+	// children.
+	Children []string `json:"children,omitempty"`
+	Failed   int      `json:"failed,omitempty"`
+	// Reason says why (stopped, admission.refused).
+	Reason string     `json:"reason,omitempty"`
+	Exec   *EventExec `json:"exec,omitempty"`
+	Error  *Error     `json:"error,omitempty"`
+}
+
+// EventExec is the command of an exec.started or exec.ended event.
+type EventExec struct {
+	Cmd []string `json:"cmd"`
+	TTY bool     `json:"tty,omitempty"`
+	PID int      `json:"pid,omitempty"`
+	// Code (exec.ended) is the exit status: 128+signal for a signalled
+	// command, -1 when it never ran or was lost (see Error).
+	Code     int    `json:"code"`
+	Signal   int    `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// EventsStartHeader, in a followed GET /v1/events answer, is the seq of
+// the last event before the stream's live part: a client that lost the
+// stream before receiving any event resumes with since= this.
+const EventsStartHeader = "Clade-Events-Start"
+
+// Event types.
+const (
+	EventCreated          = "created"
+	EventStarted          = "started"
+	EventExecStarted      = "exec.started"
+	EventExecEnded        = "exec.ended"
+	EventSnapshotted      = "snapshotted"
+	EventForked           = "forked"
+	EventSlept            = "slept"
+	EventWoken            = "woken"
+	EventStopped          = "stopped"
+	EventRemoved          = "removed"
+	EventAdmissionRefused = "admission.refused"
+)

@@ -34,6 +34,22 @@ type ExecRequest struct {
 	Stdout, Stderr io.Writer
 	// Signals, when set, are forwarded to the command.
 	Signals <-chan os.Signal
+	// TTY runs the command on a pseudo-terminal in the sandbox (its
+	// controlling terminal, in a new session: job control, Ctrl-C and
+	// full-screen programs work). Its output, stdout and stderr merged as
+	// a terminal shows them, goes to Stdout; Stdin is what is typed (a
+	// 0x03 byte interrupts the foreground job). Size is the terminal's
+	// first size (zero: 24x80).
+	TTY  bool
+	Size WindowSize
+	// Resizes, when set (with TTY), forwards each new terminal size; the
+	// command gets SIGWINCH.
+	Resizes <-chan WindowSize
+}
+
+// WindowSize is a terminal's size in character cells.
+type WindowSize struct {
+	Rows, Cols uint16
 }
 
 // Exec runs a command and waits for it. It returns the command's exit status;
@@ -44,13 +60,16 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 	if err != nil {
 		return ExitStatus{}, err
 	}
+	if !req.TTY && (req.Size != WindowSize{} || req.Resizes != nil) {
+		return ExitStatus{}, &Error{Code: "invalid_argument", Message: "a terminal size or resizes need TTY set"}
+	}
 	body, err := json.Marshal(api.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir,
-		TimeoutMS: ms, Stdin: req.Stdin != nil})
+		TimeoutMS: ms, Stdin: req.Stdin != nil, TTY: req.TTY, Rows: req.Size.Rows, Cols: req.Size.Cols})
 	if err != nil {
 		return ExitStatus{}, err
 	}
 	path := "/v1/sandboxes/" + url.PathEscape(ref) + "/exec"
-	if req.Stdin != nil || req.Signals != nil {
+	if req.Stdin != nil || req.Signals != nil || req.Resizes != nil {
 		return c.execUpgrade(ctx, path, body, req)
 	}
 	hreq, err := c.newRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
@@ -181,6 +200,23 @@ func (c *Client) execUpgrade(ctx context.Context, path string, body []byte, req 
 				case sig := <-req.Signals:
 					if s, ok := sig.(syscall.Signal); ok {
 						_ = fw.Write(stream.Signal, stream.SignalPayload(s))
+					}
+				}
+			}
+		}()
+	}
+	if req.Resizes != nil {
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case sz, ok := <-req.Resizes:
+					if !ok {
+						return
+					}
+					if sz.Rows > 0 && sz.Cols > 0 {
+						_ = fw.Write(stream.Resize, stream.ResizePayload(sz.Rows, sz.Cols))
 					}
 				}
 			}

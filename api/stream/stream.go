@@ -68,6 +68,10 @@ const (
 	// Close (client -> daemon): give up; the command is killed and its Exit
 	// frame follows.
 	Close Type = 12
+	// Resize (client -> daemon, two-way mode, a TTY exec only):
+	// ResizePayload, the terminal's new size; the command gets SIGWINCH.
+	// Ignored for an exec without a TTY (and by daemons that predate it).
+	Resize Type = 14
 )
 
 // Frame is one decoded frame. Payload is only valid until the next Read on
@@ -195,4 +199,25 @@ func ParseSignal(p []byte) (syscall.Signal, bool) {
 		return 0, false
 	}
 	return syscall.Signal(n), true
+}
+
+// ResizePayload encodes a terminal size for a Resize frame: rows then
+// columns, each a uint16 big-endian. It is the one size encoding of clade:
+// the agent's wire uses it too.
+func ResizePayload(rows, cols uint16) []byte {
+	b := binary.BigEndian.AppendUint16(nil, rows)
+	return binary.BigEndian.AppendUint16(b, cols)
+}
+
+// ParseResize decodes a Resize frame's payload. It returns false for a
+// payload of another length or a zero dimension.
+func ParseResize(p []byte) (rows, cols uint16, ok bool) {
+	if len(p) != 4 {
+		return 0, 0, false
+	}
+	rows, cols = binary.BigEndian.Uint16(p), binary.BigEndian.Uint16(p[2:])
+	if rows == 0 || cols == 0 {
+		return 0, 0, false
+	}
+	return rows, cols, true
 }

@@ -77,9 +77,27 @@ func FuzzReader(f *testing.F) {
 			if len(fr.Payload) > MaxPayload {
 				t.Fatalf("payload of %d bytes", len(fr.Payload))
 			}
+			if fr.Type == Resize {
+				if r, c, ok := ParseResize(fr.Payload); ok && (r == 0 || c == 0) {
+					t.Fatalf("ParseResize accepted %dx%d", r, c)
+				}
+			}
 			if fr.Type == Signal {
 				ParseSignal(fr.Payload)
 			}
 		}
 	})
+}
+
+func TestResize(t *testing.T) {
+	for _, sz := range [][2]uint16{{24, 80}, {1, 1}, {65535, 65535}, {50, 132}} {
+		if r, c, ok := ParseResize(ResizePayload(sz[0], sz[1])); !ok || r != sz[0] || c != sz[1] {
+			t.Errorf("ParseResize(ResizePayload(%d, %d)) = %d, %d, %v", sz[0], sz[1], r, c, ok)
+		}
+	}
+	for _, p := range [][]byte{nil, {0, 24, 0}, {0, 24, 0, 80, 0}, ResizePayload(0, 80), ResizePayload(24, 0)} {
+		if _, _, ok := ParseResize(p); ok {
+			t.Errorf("ParseResize(%v) accepted", p)
+		}
+	}
 }

@@ -37,7 +37,8 @@ Usage:
                [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...
                [--public] [--idle-sleep DUR] [--timeout DUR [--on-timeout rm|sleep]]
   clade network ID [--egress allow|deny] [--allow RULE]... [--deny CIDR]...   show or replace the egress policy
-  clade exec [-i] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]
+  clade exec [-i] [-t] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]
+  clade events [--follow] [--since SEQ] [--sandbox ID] [--label K=V]... [--json]   lifecycle events
   clade ls [--json]
   clade inspect ID...
   clade rm [-f] ID...
@@ -126,6 +127,8 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdWake)
 	case "timeout":
 		err = withClient(ctx, host, rest, cmdTimeout)
+	case "events":
+		err = withClient(ctx, host, rest, cmdEvents)
 	case "port-forward":
 		err = withClient(ctx, host, rest, cmdPortForward)
 	case "url":

@@ -115,13 +115,14 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 }
 
 func cmdExec(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("exec", "exec [-i] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]\n\nRuns CMD in the sandbox, streaming its output, and exits with its exit code\n(128+N if killed by signal N, 124 on --timeout, 127 if CMD is not found).")
+	fs := newFlags("exec", "exec [-i] [-t] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]\n\nRuns CMD in the sandbox, streaming its output, and exits with its exit code\n(128+N if killed by signal N, 124 on --timeout, 127 if CMD is not found).\n`clade exec -it ID -- bash` is an interactive shell on a terminal in the sandbox.")
 	var env multi
 	interactive := fs.Bool("i", false, "forward stdin to the command")
+	tty := fs.Bool("t", false, "run the command on a terminal in the sandbox (stdout and stderr merged); with -i, keys go to it as typed (Ctrl-C interrupts it) and window size changes follow")
 	fs.Var(&env, "env", "environment variable K=V (repeatable)")
 	workdir := fs.String("workdir", "", "working directory inside the sandbox (default /)")
 	timeout := fs.Duration("timeout", 0, "kill the command and its children after this long, e.g. 30s")
-	if err := parse(fs, args); err != nil {
+	if err := parse(fs, expandShortFlags(fs, args)); err != nil {
 		return err
 	}
 	rest := fs.Args()
@@ -147,6 +148,21 @@ func cmdExec(ctx context.Context, c *sdk.Client, args []string) error {
 		Stdout: os.Stdout, Stderr: os.Stderr, Signals: sigs}
 	if *interactive {
 		req.Stdin = os.Stdin
+	}
+	if *tty {
+		lt, err := openLocalTerm(*interactive)
+		if err != nil {
+			return err
+		}
+		defer lt.restore()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		req.TTY, req.Size, req.Resizes = true, lt.size, lt.resizes
+		req.Signals = forwardSignals(sigs, lt.done, cancel)
+		if t := os.Getenv("TERM"); t != "" && !hasEnv(env, "TERM") {
+			req.Env = append([]string{"TERM=" + t}, req.Env...)
+		}
 	}
 	st, err := c.Exec(ctx, ref, req)
 	if err != nil {

@@ -126,7 +126,8 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	s := &session{a: a, conn: wire.NewConn(nc), chans: map[uint32]*channel{}}
 	defer s.closeAll()
 	defer nc.Close()
-	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: os.Getpid(), Boot: a.boot})
+	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: os.Getpid(), Boot: a.boot,
+		Features: []string{wire.FeaturePTY}})
 	if err := s.conn.Write(wire.Hello, 0, hello); err != nil {
 		return err
 	}
@@ -200,6 +201,10 @@ func (s *session) handle(ctx context.Context, f wire.Frame) error {
 		}
 	case wire.Close:
 		ch.abort()
+	case wire.Resize:
+		if rows, cols, ok := stream.ParseResize(f.Payload); ok {
+			ch.resize(rows, cols)
+		}
 	}
 	return nil
 }

@@ -37,6 +37,7 @@ type channel struct {
 	mu      sync.Mutex
 	proc    *os.Process
 	sock    net.Conn // an OpDial's connection
+	pty     *os.File // a TTY exec's terminal (master side), until it ends
 	aborted bool
 	done    chan struct{}
 }
@@ -169,6 +170,9 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 		}
 		cmd.SysProcAttr.Credential = cred
 	}
+	if ch.req.TTY {
+		return ch.execTTY(cmd)
+	}
 
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -237,6 +241,16 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	go pump(&pumps, ch.stdout, outR)
 	go pump(&pumps, ch.stderr, errR)
 
+	return ch.waitExit(wait, pid, &pumps, func() {
+		outR.Close()
+		errR.Close()
+	})
+}
+
+// waitExit waits for the process pid (killing its group on the request's
+// timeout), then for its output pumps for at most drainGrace, and returns
+// its exit. closeOut stops the pumps (it is called once, in any case).
+func (ch *channel) waitExit(wait <-chan syscall.WaitStatus, pid int, pumps *sync.WaitGroup, closeOut func()) wire.ExitMsg {
 	var timeout <-chan time.Time
 	if ch.req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(ch.req.TimeoutMS) * time.Millisecond)
@@ -262,12 +276,10 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	case <-pumpsDone:
 	case <-time.After(drainGrace):
 		// Background processes still hold the pipes; stop reading them.
-		outR.Close()
-		errR.Close()
+		closeOut()
 		<-pumpsDone
 	}
-	outR.Close()
-	errR.Close()
+	closeOut()
 	exit := wire.ExitMsg{TimedOut: timedOut}
 	switch {
 	case ws.Signaled():

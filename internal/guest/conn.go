@@ -38,6 +38,8 @@ type Conn struct {
 	// pending holds connections still in their hello: Quiesce must close
 	// them too, or a checkpoint could catch one.
 	pending map[net.Conn]struct{}
+	// observe, if set, hears of every exec's start and end.
+	observe func(ExecEvent)
 }
 
 // NewConn returns a Conn with no connection yet.
@@ -327,6 +329,14 @@ func (c *Conn) open(ctx context.Context, req wire.Request) (*call, error) {
 	if err != nil {
 		return nil, err
 	}
+	var obs *execObserver
+	if req.Op == wire.OpExec {
+		c.mu.Lock()
+		if f := c.observe; f != nil {
+			obs = &execObserver{f: f, argv: req.Argv, tty: req.TTY}
+		}
+		c.mu.Unlock()
+	}
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
@@ -334,7 +344,7 @@ func (c *Conn) open(ctx context.Context, req wire.Request) (*call, error) {
 	}
 	id := s.next
 	s.next++
-	ch := &call{s: s, id: id, dial: req.Op == wire.OpDial, started: make(chan struct{}), done: make(chan struct{}),
+	ch := &call{s: s, id: id, dial: req.Op == wire.OpDial, started: make(chan struct{}), done: make(chan struct{}), obs: obs, tty: req.TTY,
 		stdout: wire.NewReceiver(s.conn, id, wire.Stdout),
 		stderr: wire.NewReceiver(s.conn, id, wire.Stderr)}
 	if req.Stdin {
@@ -381,6 +391,7 @@ func (s *session) readLoop(r *wire.Reader) error {
 			var st wire.StartedMsg
 			_ = json.Unmarshal(f.Payload, &st)
 			ch.pid = st.PID
+			ch.obs.started(st.PID) // first: whoever the start wakes sees it told
 			close(ch.started)
 		case wire.Stdout:
 			if err := ch.stdout.Push(f.Payload); err != nil {
@@ -418,6 +429,7 @@ func (s *session) readLoop(r *wire.Reader) error {
 			if ch.stdin != nil {
 				ch.stdin.Abort(io.ErrClosedPipe)
 			}
+			ch.obs.ended(ch.startedPID(), exit, nil) // first: the end is told before anyone learns it
 			close(ch.done)
 		default:
 			return fmt.Errorf("unexpected %v frame from agent", f.Type)
@@ -450,6 +462,7 @@ func (s *session) failCalls(err error) {
 		if ch.stdin != nil {
 			ch.stdin.Abort(err)
 		}
+		ch.obs.ended(ch.startedPID(), wire.ExitMsg{}, err)
 		close(ch.done)
 	}
 }
@@ -459,6 +472,7 @@ type call struct {
 	s       *session
 	id      uint32
 	dial    bool         // a port connection (OpDial)
+	tty     bool         // an exec on a terminal: only it may be sent Resize
 	stdin   *wire.Sender // nil unless the request set Stdin
 	stdout  *wire.Receiver
 	stderr  *wire.Receiver
@@ -467,6 +481,7 @@ type call struct {
 	done    chan struct{}
 	exit    wire.ExitMsg
 	err     error
+	obs     *execObserver // nil unless an exec is observed
 }
 
 // wait returns the call's exit, or the error that lost it. A ctx that ends

@@ -30,6 +30,13 @@ type ExecRequest struct {
 	// Stdin makes Process.Stdin a writer to the process's stdin; without it
 	// stdin is empty.
 	Stdin bool
+	// TTY runs the process on a new pseudo-terminal, its controlling
+	// terminal in a new session: its output (stdout and stderr merged, as
+	// a terminal shows them) comes on Process.Stdout, Process.Stderr stays
+	// empty, and stdin is what is typed (0x03 interrupts). Rows and Cols
+	// are the first size (0: 24x80); Process.Resize changes it.
+	TTY        bool
+	Rows, Cols uint16
 }
 
 // ExitStatus is how a process ended.
@@ -114,8 +121,16 @@ func (c *Conn) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 	if err := CheckArgv(req.Argv); err != nil {
 		return nil, err
 	}
+	if req.TTY {
+		if _, err := c.session(ctx); err != nil {
+			return nil, err
+		}
+		if !c.hasFeature(wire.FeaturePTY) {
+			return nil, errdefs.New(errdefs.InvalidArgument, "this sandbox's agent predates terminals (it was made by an older clade, or restored from a snapshot of one): run without a TTY, or recreate the sandbox")
+		}
+	}
 	ch, err := c.open(ctx, wire.Request{Op: wire.OpExec, Argv: req.Argv, Env: req.Env, Dir: req.Dir,
-		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin})
+		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols})
 	if err != nil {
 		return nil, err
 	}
@@ -177,6 +192,20 @@ func (p *Process) PID() int {
 // no-op.
 func (p *Process) Signal(sig syscall.Signal) error {
 	return errdefs.Wrap(errdefs.Unavailable, p.ch.s.conn.Write(wire.Signal, p.ch.id, stream.SignalPayload(sig)))
+}
+
+// Resize sets the terminal size of a process started with TTY; the
+// process gets SIGWINCH. It is a no-op for a process without a terminal
+// or one that exited, and returns an Unavailable error when the
+// connection is gone; a zero dimension is an InvalidArgument error.
+func (p *Process) Resize(rows, cols uint16) error {
+	if rows == 0 || cols == 0 {
+		return errdefs.New(errdefs.InvalidArgument, "terminal size %dx%d: rows and columns must be at least 1", rows, cols)
+	}
+	if !p.ch.tty {
+		return nil // an agent without terminals would drop the connection
+	}
+	return errdefs.Wrap(errdefs.Unavailable, p.ch.s.conn.Write(wire.Resize, p.ch.id, stream.ResizePayload(rows, cols)))
 }
 
 // Wait waits for the process to exit and returns its status. The error is

@@ -53,9 +53,9 @@ func (m *Manager) admit(mib int) (release func(), err error) {
 	if left := avail - m.reservedMiB - mib; left < m.cfg.MemoryFloorMiB {
 		m.counters.AdmissionRefused.Add(1)
 		m.log.Info("admission refused: memory floor", "need_mib", mib, "available_mib", avail-m.reservedMiB, "floor_mib", m.cfg.MemoryFloorMiB)
-		return nil, errdefs.New(errdefs.Unavailable,
+		return nil, m.refused(errdefs.New(errdefs.Unavailable,
 			"not enough memory: this needs %d MiB (each sandbox counted at its whole memory limit), %d MiB are available and %d MiB must stay free (daemon flag --memory-floor); remove or sleep sandboxes, or ask for fewer or smaller ones",
-			mib, avail-m.reservedMiB, m.cfg.MemoryFloorMiB)
+			mib, avail-m.reservedMiB, m.cfg.MemoryFloorMiB))
 	}
 	if committed >= 0 {
 		total, _ := memTotalMiB()
@@ -63,9 +63,9 @@ func (m *Manager) admit(mib int) (release func(), err error) {
 		if committed+m.reservedMiB+mib > limit {
 			m.counters.AdmissionRefused.Add(1)
 			m.log.Info("admission refused: overcommit", "need_mib", mib, "committed_mib", committed+m.reservedMiB, "limit_mib", limit)
-			return nil, errdefs.New(errdefs.Unavailable,
+			return nil, m.refused(errdefs.New(errdefs.Unavailable,
 				"memory overcommit limit reached: running sandboxes' limits add up to %d MiB, this needs %d MiB more, and the daemon allows %d MiB (%.2g x %d MiB of host memory, flag --memory-overcommit); remove or sleep sandboxes, or ask for smaller ones",
-				committed+m.reservedMiB, mib, limit, m.cfg.MemoryOvercommit, total)
+				committed+m.reservedMiB, mib, limit, m.cfg.MemoryOvercommit, total))
 		}
 	}
 	m.reservedMiB += mib
@@ -92,7 +92,7 @@ func (m *Manager) checkDisk(op string) error {
 	}
 	if free < m.cfg.DiskFloorMiB {
 		m.counters.DiskRefused.Add(1)
-		return errdefs.New(errdefs.Unavailable, "%s refused: the data dir's file system has %d MiB free and %d MiB must stay free (daemon flag --disk-floor); remove snapshots, sleeping sandboxes or images, then retry", op, free, m.cfg.DiskFloorMiB)
+		return m.refused(errdefs.New(errdefs.Unavailable, "%s refused: the data dir's file system has %d MiB free and %d MiB must stay free (daemon flag --disk-floor); remove snapshots, sleeping sandboxes or images, then retry", op, free, m.cfg.DiskFloorMiB))
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/events"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -116,7 +117,9 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			_ = m.destroyPrepared(ctx, recs[i].ID)
 			recs[i].ID = ""
 			unlocks[i]()
+			continue
 		}
+		m.emitRec(recs[i], events.Event{Type: events.Created, Snapshot: sn.ID})
 	}
 	unlockSnap()
 	sem := make(chan struct{}, m.cfg.RestoreParallel)
@@ -135,6 +138,15 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		}()
 	}
 	wg.Wait()
+	forked := events.Event{Type: events.Forked, Snapshot: sn.ID}
+	for _, c := range res.Children {
+		if c.Err != nil {
+			forked.Failed++
+		} else {
+			forked.Children = append(forked.Children, c.ID)
+		}
+	}
+	m.emitID(sn.Sandbox, forked)
 	m.crashPoint("fork-after-children")
 	m.gcSnapshot(ctx, sn.ID) // an implicit snapshot whose every child failed
 	return res, nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/events"
 	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
@@ -172,6 +173,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 		return store.Sandbox{}, err
 	}
+	m.emitRec(rec, events.Event{Type: events.Created})
 	m.imageMu.Unlock()
 	imageLocked = false
 	// A half-made sandbox would only have to be cleaned up again.
@@ -443,6 +445,9 @@ func (m *Manager) deleteRecord(ctx context.Context, id string) error {
 	if errdefs.Is(err, errdefs.ResourceExhausted) {
 		m.settleLater([]string{id})
 	}
+	if err == nil {
+		m.emitRemoved(id)
+	}
 	return err
 }
 
@@ -465,6 +470,7 @@ func (m *Manager) track(id string, sb engine.Sandbox) {
 	m.live[id] = sb
 	m.lastUsed[id] = time.Now()
 	m.mu.Unlock()
+	m.observeExecs(id, sb.Guest())
 	go func() {
 		<-sb.Exited()
 		reason := sb.ExitReason()

@@ -78,6 +78,9 @@ type Config struct {
 	DestroyUnrecorded bool
 	// Hooks attach features to the lifecycle, called in order.
 	Hooks []Hook
+	// EventRing is how many recent events are kept for clients that resume
+	// a stream (0: events.DefaultRing).
+	EventRing int
 }
 
 // DefaultConfig returns sensible limits for this host.
@@ -118,7 +121,8 @@ type Manager struct {
 
 	counters Counters
 	// wakes holds a token per wake restoring now (RestoreParallel).
-	wakes chan struct{}
+	wakes  chan struct{}
+	events *eventLog
 
 	// bg lives as long as the service (Close ends it): work that must
 	// outlive the request that started it, e.g. removing a build's
@@ -161,6 +165,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}}
+	m.events = newEventLog(cfg.EventRing)
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: cfg.HotPool, NoLearn: true, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())

@@ -11,6 +11,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/events"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -67,6 +68,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 		return store.Snapshot{}, err
 	}
 	sn.State = store.SnapshotReady
+	m.emitRec(rec, events.Event{Type: events.Snapshotted, Snapshot: id})
 	m.log.Info("snapshot taken", "snapshot", id, "sandbox", rec.ID, "size_mib", sn.SizeBytes>>20)
 	return sn, nil
 }

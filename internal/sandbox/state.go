@@ -49,7 +49,9 @@ func (m *Manager) moveLocked(ctx context.Context, rec *store.Sandbox, to, msg st
 	if err := m.store.Transition(ctx, rec.ID, rec.State, to, msg); err != nil {
 		return err
 	}
+	from := rec.State
 	rec.State, rec.Error = to, msg
+	m.emitMove(*rec, from, to, msg)
 	return nil
 }
 

@@ -63,11 +63,15 @@ const (
 	// connection caught by a checkpoint would otherwise look alive to the
 	// agent forever.
 	Quiesce
+	// Resize (host -> agent): a terminal channel's new size, encoded by
+	// stream.ResizePayload. Only sent to an agent whose hello lists
+	// FeaturePTY; an older agent drops a connection that sends it.
+	Resize
 	typeEnd
 )
 
 func (t Type) String() string {
-	names := [...]string{"invalid", "hello", "open", "started", "stdin", "stdout", "stderr", "window", "signal", "exit", "ping", "pong", "close", "quiesce"}
+	names := [...]string{"invalid", "hello", "open", "started", "stdin", "stdout", "stderr", "window", "signal", "exit", "ping", "pong", "close", "quiesce", "resize"}
 	if int(t) < len(names) {
 		return names[t]
 	}
@@ -154,7 +158,15 @@ type HelloMsg struct {
 	// Boot counts how many times the agent has (re)connected since it
 	// started; a restored sandbox reconnects with a higher count.
 	Boot int `json:"boot"`
+	// Features lists what this agent can do beyond protocol Version's
+	// base (e.g. FeaturePTY); the host asks for nothing an agent lacks,
+	// since the agents inside older snapshots live on.
+	Features []string `json:"features,omitempty"`
 }
+
+// FeaturePTY: the agent runs an OpExec with TTY on a pseudo-terminal and
+// takes Resize frames.
+const FeaturePTY = "pty"
 
 // Op names what a channel does.
 type Op string
@@ -194,6 +206,13 @@ type Request struct {
 	Exclude []string `json:"exclude,omitempty"`
 	// Port is the TCP port an OpDial connects to on the sandbox's loopback.
 	Port int `json:"port,omitempty"`
+	// TTY runs an OpExec on a new pseudo-terminal (its controlling
+	// terminal, in a new session): its output comes on Stdout only, and
+	// stdin is what is typed. Rows and Cols are the terminal's first size
+	// (0: 24x80). Only for an agent with FeaturePTY.
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

@@ -147,3 +147,28 @@ func FuzzSandboxPath(f *testing.F) {
 		}
 	})
 }
+
+// FuzzEventsQuery: any query of GET /v1/events parses or is an
+// InvalidArgument error, never a panic; labels parse to non-empty keys.
+func FuzzEventsQuery(f *testing.F) {
+	for _, s := range []string{"", "follow=false", "since=0", "since=1796113556456008&sandbox=web&label=a=b&label=c=",
+		"since=-1", "since=99999999999999999999", "follow=yes", "label==x", "label=x", "%zz", "label=a%3Db%3Dc"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, q string) {
+		r := httptest.NewRequest("GET", "/v1/events", nil)
+		r.URL.RawQuery = q
+		eq, err := parseEventsQuery(r)
+		if err != nil {
+			if !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("query %q: %v, want an invalid argument error", q, err)
+			}
+			return
+		}
+		for k := range eq.filter.Labels {
+			if k == "" {
+				t.Fatalf("query %q: an empty label key", q)
+			}
+		}
+	})
+}

@@ -47,6 +47,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if !req.TTY && (req.Rows != 0 || req.Cols != 0) {
+		return errdefs.New(errdefs.InvalidArgument, "rows and cols are a terminal's size: set tty too, or leave them out")
+	}
+	if (req.Rows == 0) != (req.Cols == 0) {
+		return errdefs.New(errdefs.InvalidArgument, "terminal size %dx%d: give both rows and cols, or neither (24x80)", req.Rows, req.Cols)
+	}
 	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.UpgradeProtocol)
 	if req.Stdin && !upgrade {
 		return errdefs.New(errdefs.InvalidArgument, "stdin needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.UpgradeProtocol)
@@ -55,7 +61,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p, err := g.Exec(r.Context(), guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin})
+	p, err := g.Exec(r.Context(), guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin,
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols})
 	if err != nil {
 		return err
 	}
@@ -146,6 +153,10 @@ func readClientFrames(br *bufio.Reader, p *guest.Process) {
 			}
 		case stream.Close:
 			p.Close()
+		case stream.Resize:
+			if rows, cols, ok := stream.ParseResize(f.Payload); ok {
+				_ = p.Resize(rows, cols)
+			}
 		}
 	}
 }

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"flag"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"golang.org/x/term"
+
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// expandShortFlags splits joined one-letter boolean flags ("-it", "-ti")
+// into separate ones for the flag package, up to the first argument that
+// is not a flag of fs (flags that take a value skip it).
+func expandShortFlags(fs *flag.FlagSet, args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
+			return append(out, args[i:]...)
+		}
+		name := strings.TrimLeft(a, "-")
+		if f := fs.Lookup(name); f != nil || strings.Contains(name, "=") {
+			out = append(out, a)
+			if f != nil && !isBoolFlag(f) && i+1 < len(args) {
+				i++
+				out = append(out, args[i])
+			}
+			continue
+		}
+		if !strings.HasPrefix(a, "--") && len(name) > 1 && allBoolFlags(fs, name) {
+			for _, c := range name {
+				out = append(out, "-"+string(c))
+			}
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// allBoolFlags reports whether every letter of s is a boolean flag of fs.
+func allBoolFlags(fs *flag.FlagSet, s string) bool {
+	for _, c := range s {
+		f := fs.Lookup(string(c))
+		if f == nil || !isBoolFlag(f) {
+			return false
+		}
+	}
+	return true
+}
+
+// localTerm is the user's terminal during `exec -t`: in raw mode while
+// keys go to the sandbox (so Ctrl-C is a byte for the remote terminal, not
+// a signal here), with its size changes forwarded.
+type localTerm struct {
+	in      int
+	saved   *term.State // nil when not in raw mode
+	size    sdk.WindowSize
+	resizes chan sdk.WindowSize
+	winch   chan os.Signal
+	done    chan struct{}
+}
+
+// openLocalTerm looks at the terminal the command runs in: stdin put in
+// raw mode when raw is set and it is a terminal, the size from stdin or
+// stdout. It never fails: without a terminal, the remote one gets the
+// default size and nothing is changed here. Call restore on every path.
+func openLocalTerm(raw bool) (*localTerm, error) {
+	lt := &localTerm{in: int(os.Stdin.Fd()), done: make(chan struct{})}
+	sizeFd := -1
+	for _, fd := range []int{lt.in, int(os.Stdout.Fd())} {
+		if term.IsTerminal(fd) {
+			sizeFd = fd
+			break
+		}
+	}
+	if sizeFd < 0 {
+		return lt, nil
+	}
+	if cols, rows, err := term.GetSize(sizeFd); err == nil && rows > 0 && cols > 0 {
+		lt.size = sdk.WindowSize{Rows: uint16(rows), Cols: uint16(cols)}
+	}
+	lt.resizes = make(chan sdk.WindowSize, 1)
+	lt.winch = make(chan os.Signal, 1)
+	signal.Notify(lt.winch, syscall.SIGWINCH)
+	go func() {
+		for {
+			select {
+			case <-lt.done:
+				return
+			case <-lt.winch:
+			}
+			cols, rows, err := term.GetSize(sizeFd)
+			if err != nil || rows <= 0 || cols <= 0 {
+				continue
+			}
+			sz := sdk.WindowSize{Rows: uint16(rows), Cols: uint16(cols)}
+			select { // only the latest size matters
+			case <-lt.resizes:
+			default:
+			}
+			lt.resizes <- sz
+		}
+	}()
+	if raw && term.IsTerminal(lt.in) {
+		st, err := term.MakeRaw(lt.in)
+		if err != nil {
+			lt.restore()
+			return nil, err
+		}
+		lt.saved = st
+	}
+	return lt, nil
+}
+
+// restore puts the terminal back as it was and stops forwarding resizes.
+// It is idempotent.
+func (lt *localTerm) restore() {
+	select {
+	case <-lt.done:
+		return
+	default:
+	}
+	close(lt.done)
+	if lt.winch != nil {
+		signal.Stop(lt.winch)
+	}
+	if lt.saved != nil {
+		_ = term.Restore(lt.in, lt.saved)
+	}
+}
+
+// forwardSignals passes the first signal on to the command; a second one
+// gives up on it (cancel): a command that ignores signals, or a daemon
+// that no longer answers, must not hold the user's terminal in raw mode.
+func forwardSignals(in <-chan os.Signal, done <-chan struct{}, cancel func()) <-chan os.Signal {
+	out := make(chan os.Signal, 1)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-done:
+				return
+			case sig := <-in:
+				if n++; n > 1 {
+					cancel()
+					return
+				}
+				select {
+				case out <- sig:
+				default:
+				}
+			}
+		}
+	}()
+	return out
+}
+
+func hasEnv(env []string, key string) bool {
+	for _, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); k == key {
+			return true
+		}
+	}
+	return false
+}

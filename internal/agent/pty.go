@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// Default terminal size when the host gives none.
+const (
+	defaultRows = 24
+	defaultCols = 80
+)
+
+// openPTY opens a new pseudo-terminal: the master side, which the agent
+// keeps (reads are the terminal's output, writes what is typed), and the
+// slave side, which becomes the process's terminal.
+func openPTY() (master, slave *os.File, err error) {
+	master, err = os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open /dev/ptmx: %w", err)
+	}
+	var n uint32
+	// Through Control, not Fd: Fd would put the master in blocking mode,
+	// and a Close could then no longer end a Read in progress.
+	cerr := control(master, func(fd int) error {
+		if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+			return fmt.Errorf("unlock pty: %w", err)
+		}
+		var err error
+		n, err = unix.IoctlGetUint32(fd, unix.TIOCGPTN)
+		return err
+	})
+	if cerr != nil {
+		master.Close()
+		return nil, nil, cerr
+	}
+	slave, err = os.OpenFile("/dev/pts/"+strconv.FormatUint(uint64(n), 10), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		master.Close()
+		return nil, nil, fmt.Errorf("open pty slave: %w", err)
+	}
+	return master, slave, nil
+}
+
+// control runs f on f's descriptor without changing its mode.
+func control(f *os.File, fn func(fd int) error) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// setSize sets a terminal's size; the kernel sends SIGWINCH to its
+// foreground process group.
+func setSize(master *os.File, rows, cols uint16) error {
+	return control(master, func(fd int) error {
+		return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	})
+}
+
+// resize sets the channel's terminal size; a channel without a terminal
+// (or whose process has ended) ignores it.
+func (ch *channel) resize(rows, cols uint16) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.pty != nil {
+		_ = setSize(ch.pty, rows, cols)
+	}
+}
+
+// execTTY runs cmd on a new pseudo-terminal, as its controlling terminal
+// in a new session (so job control and Ctrl-C work as in a login shell):
+// the terminal's output goes to the channel's stdout, the channel's stdin
+// is what is typed. Stderr stays empty.
+func (ch *channel) execTTY(cmd *exec.Cmd) wire.ExitMsg {
+	master, slave, err := openPTY()
+	if err != nil {
+		return wire.ExitMsg{Code: 126, Error: "no terminal for the command: " + err.Error(), ErrorClass: string(errdefs.Unavailable)}
+	}
+	rows, cols := ch.req.Rows, ch.req.Cols
+	if rows == 0 || cols == 0 {
+		rows, cols = defaultRows, defaultCols
+	}
+	if err := setSize(master, rows, cols); err != nil {
+		master.Close()
+		slave.Close()
+		return errExit(fmt.Errorf("set terminal size: %w", err))
+	}
+	if envValue(cmd.Env, "TERM") == "" {
+		cmd.Env = append(cmd.Env, "TERM=xterm")
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	// A session leader with the terminal as its controlling terminal (fd 0
+	// in the child); it is also its own process group, so killing -pid
+	// still kills the tree as for a plain exec.
+	cmd.SysProcAttr.Setpgid = false
+	cmd.SysProcAttr.Setsid = true
+	cmd.SysProcAttr.Setctty = true
+	cmd.SysProcAttr.Ctty = 0
+	wait, err := ch.s.a.reaper.start(func() (int, error) {
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	})
+	slave.Close() // the process holds it now
+	if err != nil {
+		master.Close()
+		code := 126
+		class := errdefs.InvalidArgument
+		if errors.Is(err, fs.ErrNotExist) {
+			code, class = 127, errdefs.NotFound
+		}
+		return wire.ExitMsg{Code: code, Error: err.Error(), ErrorClass: string(class)}
+	}
+	ch.mu.Lock()
+	ch.proc = cmd.Process
+	ch.pty = master
+	aborted := ch.aborted
+	ch.mu.Unlock()
+	pid := cmd.Process.Pid
+	if aborted {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+	started, _ := json.Marshal(wire.StartedMsg{PID: pid})
+	_ = ch.s.conn.Write(wire.Started, ch.id, started)
+
+	if ch.stdin != nil {
+		go func() { _, _ = io.Copy(master, ch.stdin) }()
+	}
+	var pumps sync.WaitGroup
+	pumps.Add(1)
+	// The terminal's reads end with EIO once every holder of its slave
+	// side has closed it.
+	go pump(&pumps, ch.stdout, master)
+	var once sync.Once
+	return ch.waitExit(wait, pid, &pumps, func() {
+		once.Do(func() {
+			ch.mu.Lock()
+			ch.pty = nil
+			ch.mu.Unlock()
+			master.Close()
+		})
+	})
+}
