@@ -53,6 +53,7 @@ Usage:
   clade timeout ID DUR [--on-timeout rm|sleep]   renew a sandbox's lifetime
   clade port-forward ID [LOCAL:]REMOTE  forward local TCP port LOCAL to REMOTE in the sandbox
   clade create --from SNAP [--name NAME]
+  clade stats [--no-stream] [--json] [ID...]  CPU, memory and processes, refreshed live
   clade version
 
 Global flags (before the verb):
@@ -127,6 +128,8 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdTimeout)
 	case "port-forward":
 		err = withClient(ctx, host, rest, cmdPortForward)
+	case "stats":
+		err = withClient(ctx, host, rest, cmdStats)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":
