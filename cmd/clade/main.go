@@ -54,6 +54,7 @@ Usage:
   clade port-forward ID [LOCAL:]REMOTE  forward local TCP port LOCAL to REMOTE in the sandbox
   clade create --from SNAP [--name NAME]
   clade stats [--no-stream] [--json] [ID...]  CPU, memory and processes, refreshed live
+  clade mcp [--http ADDR [--token-file FILE]]  serve AI agents over the Model Context Protocol
   clade version
 
 Global flags (before the verb):
@@ -130,6 +131,8 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdPortForward)
 	case "stats":
 		err = withClient(ctx, host, rest, cmdStats)
+	case "mcp":
+		err = withClient(ctx, host, rest, cmdMCP)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":
