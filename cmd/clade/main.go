@@ -55,6 +55,7 @@ Usage:
   clade create --from SNAP [--name NAME]
   clade stats [--no-stream] [--json] [ID...]  CPU, memory and processes, refreshed live
   clade mcp [--http ADDR [--token-file FILE]]  serve AI agents over the Model Context Protocol
+  clade tui                             a live terminal view with keys to sleep, wake, snapshot, fork, remove
   clade version
 
 Global flags (before the verb):
@@ -133,6 +134,8 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdStats)
 	case "mcp":
 		err = withClient(ctx, host, rest, cmdMCP)
+	case "tui", "top":
+		err = withClient(ctx, host, rest, cmdTUI)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":
