@@ -39,7 +39,10 @@ func (tm *tmux) run(args ...string) string {
 	return string(out)
 }
 
-func (tm *tmux) keys(keys ...string) { tm.t.Helper(); tm.run(append([]string{"send-keys", "-t", "tui"}, keys...)...) }
+func (tm *tmux) keys(keys ...string) {
+	tm.t.Helper()
+	tm.run(append([]string{"send-keys", "-t", "tui"}, keys...)...)
+}
 
 // waitFor polls the screen until it matches re, and returns it.
 func (tm *tmux) waitFor(re string) string {
