@@ -102,6 +102,15 @@ func TestStats(t *testing.T) {
 		t.Fatalf("after reading its stats the sleeping sandbox is %q (%v), want still sleeping", got.State, err)
 	}
 
+	// A woken sandbox may run in another engine sandbox than its id: it is
+	// read there.
+	if _, err := c.Wake(ctx, other.ID); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := c.Stats(ctx, "stats-other"); err != nil || s.State != "running" || s.MemoryBytes == 0 || s.Pids < 1 {
+		t.Fatalf("reading of a woken sandbox: %+v, %v", s, err)
+	}
+
 	if _, err := c.Stats(ctx, "no-such-sandbox"); !sdk.IsNotFound(err) {
 		t.Fatalf("Stats(unknown) = %v, want not found", err)
 	}
