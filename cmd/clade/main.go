@@ -56,6 +56,7 @@ Usage:
   clade stats [--no-stream] [--json] [ID...]  CPU, memory and processes, refreshed live
   clade mcp [--http ADDR [--token-file FILE]]  serve AI agents over the Model Context Protocol
   clade tui                             a live terminal view with keys to sleep, wake, snapshot, fork, remove
+  clade completion bash|zsh|fish        shell completion of verbs, sandboxes, snapshots and images
   clade version
 
 Global flags (before the verb):
@@ -136,6 +137,10 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdMCP)
 	case "tui", "top":
 		err = withClient(ctx, host, rest, cmdTUI)
+	case "completion":
+		err = cmdCompletion(rest)
+	case "__complete": // for the completion scripts
+		err = cmdComplete(ctx, host, rest)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":
