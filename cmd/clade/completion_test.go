@@ -75,9 +75,33 @@ func TestCompletion(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(out)) != "comp-box" {
 		t.Fatalf("bash completion of `clade rm comp`: %q, %v", out, err)
 	}
-	for _, sh := range []string{"zsh", "fish"} {
-		if _, errs, code := cli(t, d, "", "completion", sh); code != 0 {
-			t.Errorf("completion %s: %q %d", sh, errs, code)
+	// zsh and fish when installed: zsh's compadd is stubbed to print what
+	// it is given, fish completes a command line itself.
+	for _, tc := range []struct{ shell, run string }{
+		{"zsh", `compadd() { shift 2; print -l -- "$@"; }; _files() {}; source "$1"; words=(clade rm comp); CURRENT=3; _clade`},
+		{"fish", `source $argv[1]; complete -C "clade rm comp"`},
+	} {
+		script, errs, code := cli(t, d, "", "completion", tc.shell)
+		if code != 0 {
+			t.Fatalf("completion %s: %q %d", tc.shell, errs, code)
+		}
+		if _, err := exec.LookPath(tc.shell); err != nil {
+			t.Logf("%s not installed: only its script's generation is tested", tc.shell)
+			continue
+		}
+		path := filepath.Join(dir, "clade."+tc.shell)
+		if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"-c", tc.run, tc.shell, path}
+		if tc.shell == "fish" {
+			args = []string{"-c", tc.run, path}
+		}
+		cmd := exec.Command(tc.shell, args...)
+		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "CLADE_HOST="+d.Socket)
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "comp-box" {
+			t.Errorf("%s completion of `clade rm comp`: %q, %v", tc.shell, out, err)
 		}
 	}
 	if _, errs, code := cli(t, d, "", "completion", "tcsh"); code != 2 || !strings.Contains(errs, "unknown shell") {
