@@ -98,7 +98,7 @@ func TestSpecSchemas(t *testing.T) {
 		api.Image{}, api.Health{}, api.Error{},
 		api.Snapshot{}, api.SnapshotRequest{}, api.ForkRequest{}, api.ForkChild{}, api.ForkResult{},
 		api.Network{}, api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}, api.CommitRequest{},
-		api.BuildSandboxRequest{}, api.BuildEvent{}, api.Ingress{}, api.TimeoutRequest{}, api.Event{}, api.EventExec{}} {
+		api.BuildSandboxRequest{}, api.BuildEvent{}, api.Ingress{}, api.TimeoutRequest{}, api.Event{}, api.EventExec{}, api.SandboxStats{}} {
 		typ := reflect.TypeOf(v)
 		t.Run(typ.Name(), func(t *testing.T) {
 			sc, ok := s.Components.Schemas[typ.Name()]

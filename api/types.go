@@ -376,3 +376,27 @@ const (
 	EventRemoved          = "removed"
 	EventAdmissionRefused = "admission.refused"
 )
+
+// SandboxStats is one reading of a sandbox's resource use: the body of GET
+// /v1/sandboxes/{id}/stats and the items of GET /v1/stats. Only a running
+// sandbox has use to read; for the others only the identity and state are
+// set.
+type SandboxStats struct {
+	ID    string `json:"id"`
+	Name  string `json:"name,omitempty"`
+	State string `json:"state"`
+	// ReadAt is when the daemon took the reading.
+	ReadAt time.Time `json:"read_at"`
+	// CPUNanos is the CPU time used since the sandbox (re)started, in
+	// nanoseconds; a rate is the difference of two readings over the
+	// difference of their ReadAt. CPUs is the sandbox's CPU limit in cores.
+	CPUNanos uint64  `json:"cpu_ns"`
+	CPUs     float64 `json:"cpus"`
+	// MemoryBytes is what the sandbox costs the host's memory now (its
+	// cgroup, less page cache the kernel can drop at once); MemoryLimitBytes
+	// is its cap.
+	MemoryBytes      uint64 `json:"memory_bytes"`
+	MemoryLimitBytes uint64 `json:"memory_limit_bytes"`
+	// Pids counts the processes running inside the sandbox.
+	Pids int `json:"pids"`
+}

@@ -55,6 +55,10 @@ Usage:
   clade port-forward ID [LOCAL:]REMOTE  forward local TCP port LOCAL to REMOTE in the sandbox
   clade url [--ttl DUR] ID PORT         a URL of PORT through the ingress that needs no token until it expires
   clade create --from SNAP [--name NAME]
+  clade stats [--no-stream] [--json] [ID...]  CPU, memory and processes, refreshed live
+  clade mcp [--http ADDR [--token-file FILE]]  serve AI agents over the Model Context Protocol
+  clade tui                             a live terminal view with keys to sleep, wake, snapshot, fork, remove
+  clade completion bash|zsh|fish        shell completion of verbs, sandboxes, snapshots and images
   clade version
 
 Global flags (before the verb):
@@ -133,6 +137,16 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdPortForward)
 	case "url":
 		err = withClient(ctx, host, rest, cmdURL)
+	case "stats":
+		err = withClient(ctx, host, rest, cmdStats)
+	case "mcp":
+		err = withClient(ctx, host, rest, cmdMCP)
+	case "tui", "top":
+		err = withClient(ctx, host, rest, cmdTUI)
+	case "completion":
+		err = cmdCompletion(rest)
+	case "__complete": // for the completion scripts
+		err = cmdComplete(ctx, host, rest)
 	case "version", "--version":
 		fmt.Println("clade", versionString())
 	case "help", "-h", "--help":

@@ -116,3 +116,24 @@ type Inspector interface {
 	// the engine does not know is not started.
 	Started(ctx context.Context, id string) bool
 }
+
+// Stats is one reading of a running sandbox's resource use.
+type Stats struct {
+	// CPUNanos is the CPU time the sandbox has used since it started, in
+	// nanoseconds (cumulative: a rate needs two readings).
+	CPUNanos uint64
+	// MemoryBytes is the memory the sandbox uses now, page cache that the
+	// kernel can drop at once excluded; MemoryLimitBytes its cap (0: none
+	// known).
+	MemoryBytes      uint64
+	MemoryLimitBytes uint64
+	// Pids counts the processes running inside the sandbox.
+	Pids int
+}
+
+// Statser is an engine that can read a sandbox's resource use.
+type Statser interface {
+	// Stats reads the current use of the running sandbox id. It returns an
+	// errdefs NotFound error when the sandbox is not running.
+	Stats(ctx context.Context, id string) (Stats, error)
+}

@@ -84,6 +84,8 @@ func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
 	s.route("GET /v1/sandboxes/{id}/ports/{port}", "port_forward", s.portForward)
 	s.route("POST /v1/sandboxes/{id}/ports/{port}/url", "signed_url", s.signedURL)
 	s.route("GET /v1/events", "events", s.events)
+	s.route("GET /v1/sandboxes/{id}/stats", "sandbox_stats", s.getStats)
+	s.route("GET /v1/stats", "stats_list", s.listStats)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))

@@ -1,0 +1,523 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+func cmdTUI(ctx context.Context, c *sdk.Client, args []string) error {
+	fs := newFlags("tui", "tui [--interval DUR]\n\nA live view of the daemon's sandboxes (state, image, age, CPU, memory,\nprocesses) and snapshots, with keys to sleep, wake, snapshot, fork and\nremove. Press ? in it for the keys.")
+	interval := fs.Duration("interval", time.Second, "refresh period")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "clade tui: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	if *interval < 100*time.Millisecond {
+		return fmt.Errorf("--interval %s is too short: use at least 100ms", *interval)
+	}
+	m := &tuiModel{c: c, ctx: ctx, interval: *interval, width: 80, height: 24, stats: map[string]sdk.SandboxStats{}, cpu: map[string]float64{}}
+	p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
+	_, err := p.Run()
+	if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// tuiModel is the state of `clade tui`. Every daemon call runs in a
+// tea.Cmd, never in Update, so the screen stays live when the daemon is
+// slow or gone.
+type tuiModel struct {
+	c        *sdk.Client
+	ctx      context.Context
+	interval time.Duration
+
+	width, height int
+	snapView      bool // the snapshots view instead of the sandboxes
+	help          bool
+
+	sandboxes []sdk.Sandbox
+	snapshots []sdk.Snapshot
+	stats     map[string]sdk.SandboxStats
+	cpu       map[string]float64
+	loaded    bool
+	// unreachable is the last refresh's error, nil when it worked.
+	unreachable error
+	lastOK      time.Time
+
+	cursor   int    // row in the current view
+	selected string // id at the cursor, kept across refreshes
+	// confirm, when set, asks y/n before running the action.
+	confirm *tuiAction
+	// forkN collects the digits of a fork's child count.
+	forkN   string
+	forking bool
+	status  string
+	busy    map[string]string // id -> action in flight
+
+	refreshing, again bool
+}
+
+type tuiAction struct {
+	prompt string
+	run    func(context.Context) (string, error)
+}
+
+type (
+	tuiTick    struct{}
+	tuiRefresh struct {
+		sandboxes []sdk.Sandbox
+		snapshots []sdk.Snapshot
+		stats     []sdk.SandboxStats
+		err       error
+	}
+	tuiDone struct {
+		id, text string
+		err      error
+	}
+)
+
+func (m *tuiModel) Init() tea.Cmd { m.refreshing = true; return m.refresh() }
+
+func (m *tuiModel) refresh() tea.Cmd {
+	return func() tea.Msg {
+		ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+		defer cancel()
+		var r tuiRefresh
+		if r.sandboxes, r.err = m.c.ListSandboxes(ctx); r.err != nil {
+			return r
+		}
+		if r.snapshots, r.err = m.c.ListSnapshots(ctx); r.err != nil {
+			return r
+		}
+		r.stats, r.err = m.c.StatsList(ctx)
+		return r
+	}
+}
+
+func (m *tuiModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	switch msg := msg.(type) {
+	case tea.WindowSizeMsg:
+		m.width, m.height = msg.Width, msg.Height
+	case tuiTick:
+		if m.refreshing {
+			return m, nil
+		}
+		m.refreshing = true
+		return m, m.refresh()
+	case tuiRefresh:
+		m.refreshing = false
+		m.apply(msg)
+		if m.again {
+			m.again, m.refreshing = false, true
+			return m, m.refresh()
+		}
+		return m, tea.Tick(m.interval, func(time.Time) tea.Msg { return tuiTick{} })
+	case tuiDone:
+		delete(m.busy, msg.id)
+		if msg.err != nil {
+			m.status = "error: " + msg.err.Error()
+		} else {
+			m.status = msg.text
+		}
+		return m, m.refreshNow()
+	case tea.KeyMsg:
+		if msg.Type != tea.KeyRunes || len(msg.Runes) < 2 || msg.Paste {
+			return m.key(msg)
+		}
+		// Keys typed faster than the screen reads them come as one
+		// message: take them one at a time.
+		var cmds []tea.Cmd
+		for _, r := range msg.Runes {
+			_, cmd := m.key(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune{r}})
+			cmds = append(cmds, cmd)
+		}
+		return m, tea.Batch(cmds...)
+	}
+	return m, nil
+}
+
+// refreshNow refreshes at once after an action, or right after the
+// refresh in flight.
+func (m *tuiModel) refreshNow() tea.Cmd {
+	if m.refreshing {
+		m.again = true
+		return nil
+	}
+	m.refreshing = true
+	return m.refresh()
+}
+
+func (m *tuiModel) apply(r tuiRefresh) {
+	if r.err != nil {
+		m.unreachable = r.err
+		return
+	}
+	m.unreachable, m.loaded, m.lastOK = nil, true, time.Now()
+	m.sandboxes, m.snapshots = r.sandboxes, r.snapshots
+	slices.SortStableFunc(m.sandboxes, func(a, b sdk.Sandbox) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	slices.SortStableFunc(m.snapshots, func(a, b sdk.Snapshot) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	next := map[string]sdk.SandboxStats{}
+	for _, st := range r.stats {
+		if prev, ok := m.stats[st.ID]; ok {
+			m.cpu[st.ID] = sdk.CPUPercent(prev, st)
+		}
+		next[st.ID] = st
+	}
+	m.stats = next
+	// Keep the cursor on the same id when rows come and go.
+	ids := m.ids()
+	if i := slices.Index(ids, m.selected); i >= 0 {
+		m.cursor = i
+	}
+	m.cursor = max(0, min(m.cursor, len(ids)-1))
+	m.selected = ""
+	if len(ids) > 0 {
+		m.selected = ids[m.cursor]
+	}
+}
+
+func (m *tuiModel) ids() []string {
+	var ids []string
+	if m.snapView {
+		for _, s := range m.snapshots {
+			ids = append(ids, s.ID)
+		}
+		return ids
+	}
+	for _, s := range m.sandboxes {
+		ids = append(ids, s.ID)
+	}
+	return ids
+}
+
+func (m *tuiModel) key(k tea.KeyMsg) (tea.Model, tea.Cmd) {
+	key := k.String()
+	if key == "ctrl+c" {
+		return m, tea.Quit
+	}
+	if m.confirm != nil {
+		a := m.confirm
+		m.confirm = nil
+		if key == "y" || key == "Y" {
+			return m, m.do(m.selected, a.prompt, a.run)
+		}
+		m.status = "cancelled"
+		return m, nil
+	}
+	if m.forking {
+		switch {
+		case len(key) == 1 && key[0] >= '0' && key[0] <= '9' && len(m.forkN) < 3:
+			m.forkN += key
+			return m, nil
+		case key == "backspace" && m.forkN != "":
+			m.forkN = m.forkN[:len(m.forkN)-1]
+			return m, nil
+		case key == "enter":
+			m.forking = false
+			n := 0
+			fmt.Sscan(m.forkN, &n)
+			if n < 1 {
+				m.status = "fork: type how many children (1 or more), then enter"
+				return m, nil
+			}
+			src := m.selected
+			return m, m.do(src, "forking", func(ctx context.Context) (string, error) {
+				res, err := m.c.Fork(ctx, src, n)
+				if err != nil {
+					return "", err
+				}
+				ok := 0
+				for _, ch := range res.Children {
+					if ch.Error == "" {
+						ok++
+					}
+				}
+				return fmt.Sprintf("forked %s: %d of %d children running", short(src), ok, n), nil
+			})
+		default:
+			m.forking = false
+			m.status = "fork cancelled"
+			return m, nil
+		}
+	}
+	if m.help {
+		m.help = false
+		return m, nil
+	}
+	ids := m.ids()
+	switch key {
+	case "q", "esc":
+		return m, tea.Quit
+	case "?", "h":
+		m.help = true
+	case "up", "k":
+		if m.cursor > 0 {
+			m.cursor--
+		}
+	case "down", "j":
+		if m.cursor < len(ids)-1 {
+			m.cursor++
+		}
+	case "home", "g":
+		m.cursor = 0
+	case "end", "G":
+		m.cursor = max(0, len(ids)-1)
+	case "tab", "v":
+		m.snapView = !m.snapView
+		m.cursor, m.status = 0, ""
+	case "r":
+		return m, m.refreshNow()
+	}
+	if m.cursor < len(ids) {
+		m.selected = ids[m.cursor]
+	}
+	id := m.selected
+	if id == "" {
+		return m, nil
+	}
+	if m.snapView {
+		switch key {
+		case "f":
+			m.forking, m.forkN = true, ""
+		case "d", "x", "delete":
+			m.confirm = &tuiAction{prompt: "removing snapshot", run: func(ctx context.Context) (string, error) {
+				return "removed snapshot " + short(id), m.c.DeleteSnapshot(ctx, id)
+			}}
+			m.status = fmt.Sprintf("remove snapshot %s? y/n", short(id))
+		}
+		return m, nil
+	}
+	switch key {
+	case "s":
+		return m, m.do(id, "sleeping", func(ctx context.Context) (string, error) {
+			_, err := m.c.Sleep(ctx, id)
+			return "slept " + short(id), err
+		})
+	case "w":
+		return m, m.do(id, "waking", func(ctx context.Context) (string, error) {
+			_, err := m.c.Wake(ctx, id)
+			return "woke " + short(id), err
+		})
+	case "p":
+		return m, m.do(id, "snapshotting", func(ctx context.Context) (string, error) {
+			snap, err := m.c.SnapshotSandbox(ctx, id, "")
+			return fmt.Sprintf("snapshot %s of %s (tab shows snapshots)", short(snap.ID), short(id)), err
+		})
+	case "f":
+		m.forking, m.forkN = true, ""
+	case "d", "x", "delete":
+		m.confirm = &tuiAction{prompt: "removing", run: func(ctx context.Context) (string, error) {
+			return "removed " + short(id), m.c.DeleteSandbox(ctx, id)
+		}}
+		m.status = fmt.Sprintf("remove sandbox %s and all its files? y/n", short(id))
+	}
+	return m, nil
+}
+
+// do runs an action on id in the background; the row shows what.
+func (m *tuiModel) do(id, what string, run func(context.Context) (string, error)) tea.Cmd {
+	if m.busy == nil {
+		m.busy = map[string]string{}
+	}
+	m.busy[id] = what
+	m.status = what + " " + short(id) + "..."
+	return func() tea.Msg {
+		ctx, cancel := context.WithTimeout(m.ctx, 5*time.Minute)
+		defer cancel()
+		text, err := run(ctx)
+		return tuiDone{id: id, text: text, err: err}
+	}
+}
+
+// Row formats, 78 columns with the cursor mark: an 80x24 terminal fits.
+const (
+	sbRow   = "%-16s %-10s %-9s %-8s %4s %5s %-11s %4s"
+	snapRow = "%-16s %-12s %-8s %-8s %4s %9s %7s"
+)
+
+func short(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}
+
+func (m *tuiModel) View() string {
+	w, h := max(m.width, 20), max(m.height, 6)
+	var lines []string
+	add := func(s string) { lines = append(lines, fit(s, w)) }
+
+	title := fmt.Sprintf("clade · %d sandboxes · %d snapshots", len(m.sandboxes), len(m.snapshots))
+	if m.loaded {
+		title += " · updated " + m.lastOK.Format("15:04:05")
+	}
+	add(title)
+	if m.unreachable != nil {
+		add("")
+		for _, l := range wrap("DAEMON UNREACHABLE: "+m.unreachable.Error(), w) {
+			add(l)
+		}
+		if m.loaded {
+			add(fmt.Sprintf("(showing what it said %s ago; retrying every %s)", time.Since(m.lastOK).Round(time.Second), m.interval))
+		} else {
+			add(fmt.Sprintf("start it with `clade daemon`, or point --host / CLADE_HOST at it; retrying every %s", m.interval))
+		}
+	}
+	if m.help {
+		for _, l := range []string{"",
+			"sandboxes view:", "  ↑/↓ j/k  move        s  sleep          w  wake",
+			"  p        snapshot    f  fork N children (type N, enter)",
+			"  d        remove (asks y/n)                   tab  snapshots view",
+			"snapshots view:", "  f  fork N children   d  remove (asks y/n)   tab  sandboxes view",
+			"anywhere:", "  r  refresh now   ?  this help   q  quit", "", "press any key"} {
+			add(l)
+		}
+		return strings.Join(pad(lines, h), "\n")
+	}
+	var header string
+	var rows []string
+	if m.snapView {
+		header = fmt.Sprintf(snapRow, "SNAPSHOT", "NAME", "SANDBOX", "IMAGE", "AGE", "SIZE", "USED BY")
+		for _, s := range m.snapshots {
+			name := s.Name
+			if s.Implicit {
+				name = "(implicit)"
+			}
+			rows = append(rows, fmt.Sprintf(snapRow, s.ID, clip(name, 12), short(s.Sandbox), clip(s.Image, 8),
+				age(s.CreatedAt), humanBytes(uint64(s.SizeBytes)), fmt.Sprint(len(s.UsedBy))))
+		}
+	} else {
+		header = fmt.Sprintf(sbRow, "ID", "NAME", "STATE", "IMAGE", "AGE", "CPU%", "MEM/LIMIT", "PIDS")
+		for _, s := range m.sandboxes {
+			state := s.State
+			if b := m.busy[s.ID]; b != "" {
+				state = b + "…"
+			}
+			cpu, mem, pids := "", "", ""
+			if st, ok := m.stats[s.ID]; ok && st.State == "running" && st.MemoryBytes > 0 {
+				if p, ok := m.cpu[s.ID]; ok {
+					cpu = fmt.Sprintf("%.1f", p)
+				}
+				mem = compactBytes(st.MemoryBytes) + "/" + compactBytes(st.MemoryLimitBytes)
+				pids = fmt.Sprint(st.Pids)
+			}
+			rows = append(rows, fmt.Sprintf(sbRow, s.ID, clip(s.Name, 10), clip(state, 9), clip(s.Image, 8),
+				age(s.CreatedAt), cpu, mem, pids))
+		}
+	}
+	add("")
+	add("  " + header)
+	// What is left for rows: the title, a blank, the header, and at the
+	// bottom the status and the keys.
+	room := h - len(lines) - 2
+	if len(rows) == 0 && m.loaded {
+		if m.snapView {
+			rows = append(rows, "  no snapshots (p in the sandboxes view takes one)")
+		} else {
+			rows = append(rows, "  no sandboxes (clade create makes one)")
+		}
+	}
+	start := 0
+	if m.cursor >= room {
+		start = m.cursor - room + 1
+	}
+	for i := start; i < len(rows) && i < start+room; i++ {
+		marker := "  "
+		if i == m.cursor && len(m.ids()) > 0 {
+			marker = "> "
+		}
+		add(marker + rows[i])
+	}
+	lines = pad(lines, h-2)
+	status := m.status
+	if m.forking {
+		status = fmt.Sprintf("fork %s into how many children? %s_  (enter starts, other keys cancel)", short(m.selected), m.forkN)
+	}
+	lines = append(lines, fit(status, w))
+	keys := "↑↓ move  s sleep  w wake  p snapshot  f fork  d remove  tab snapshots  q quit"
+	if m.snapView {
+		keys = "↑↓ move  f fork  d remove  tab sandboxes  ? help  q quit"
+	}
+	lines = append(lines, fit(keys, w))
+	return strings.Join(lines, "\n")
+}
+
+// fit cuts s to w columns (runes: the table is ASCII but for a few marks).
+func fit(s string, w int) string {
+	if utf8.RuneCountInString(s) <= w {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:w-1]) + "…"
+}
+
+// wrap breaks s into lines of at most w columns at spaces.
+func wrap(s string, w int) []string {
+	var out []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		if line != "" && utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) > w {
+			out = append(out, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += word
+	}
+	return append(out, line)
+}
+
+func clip(s string, n int) string {
+	if s == "" {
+		return "-"
+	}
+	return fit(s, n)
+}
+
+func pad(lines []string, h int) []string {
+	for len(lines) < h {
+		lines = append(lines, "")
+	}
+	return lines
+}
+
+func age(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// compactBytes is humanBytes for a narrow column: 17M, 1.5G.
+func compactBytes(n uint64) string {
+	switch {
+	case n >= 10<<30:
+		return fmt.Sprintf("%dG", n>>30)
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1fG", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%dM", n>>20)
+	}
+	return fmt.Sprintf("%dK", n>>10)
+}
