@@ -180,17 +180,26 @@ func (s *Server) writeFile(ctx context.Context, id, p string, r io.Reader) (writ
 			}
 			pw.CloseWithError(err)
 		}()
-		err := g.CopyIn(ctx, path.Clean(dir), pr)
+		err := g.CopyIn(ctx, dir, pr)
 		pr.CloseWithError(errors.New("upload ended"))
 		return err
 	}
+	// CopyIn writes into an existing directory, but as the path itself
+	// when it is missing: make the parents first.
+	dir = path.Clean(dir)
+	fi, err := g.Stat(ctx, dir)
+	switch {
+	case errdefs.IsNotFound(err):
+		if _, _, err := s.run(ctx, id, "mkdir", "-p", "--", dir); err != nil {
+			return writtenEntry{}, fmt.Errorf("write %s: %w", p, err)
+		}
+	case err != nil:
+		return writtenEntry{}, err
+	case !fi.IsDir:
+		return writtenEntry{}, errdefs.New(errdefs.InvalidArgument, "write %s: %s is not a directory", p, dir)
+	}
 	if err := put(); err != nil {
-		if _, _, merr := s.run(ctx, id, "mkdir", "-p", "--", dir); merr != nil {
-			return writtenEntry{}, fmt.Errorf("write %s: %w", p, err)
-		}
-		if err := put(); err != nil {
-			return writtenEntry{}, fmt.Errorf("write %s: %w", p, err)
-		}
+		return writtenEntry{}, fmt.Errorf("write %s: %w", p, err)
 	}
 	return writtenEntry{Name: name, Type: "file", Path: p}, nil
 }

@@ -1,0 +1,80 @@
+package e2b_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+)
+
+// jsDir holds the pinned E2B SDKs (package-lock.json; `npm ci` installs
+// them, .ci/run does) and the script that drives them.
+func jsDir(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed: the E2B compatibility test drives the real E2B JS SDK (install Node >= 20)")
+	}
+	dir := filepath.Join(testenv.ModuleRoot(), "internal", "front", "e2b", "testdata", "js")
+	for _, m := range []string{"e2b", "e2b-2.50"} {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", m, "package.json")); err != nil {
+			t.Fatalf("the E2B SDK %s is not installed: run `npm ci` in %s (%v)", m, dir, err)
+		}
+	}
+	return dir
+}
+
+// startE2B starts a daemon serving the E2B front and returns the base URL
+// and the API key.
+func startE2B(t *testing.T) (*testenv.Daemon, string, string) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	key := "e2b-test-key-0123456789"
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A free port: listen, note, close. The daemon takes it a moment later.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	d := testenv.StartDaemon(t, "--e2b", addr, "--token-file", tok)
+	return d, "http://" + addr, key
+}
+
+// TestRealSDK runs the unmodified E2B JS SDK, at each pinned version,
+// through every call clade's E2B front serves, against real sandboxes.
+func TestRealSDK(t *testing.T) {
+	dir := jsDir(t)
+	d, url, key := startE2B(t)
+	for _, mod := range []string{"e2b", "e2b-2.50"} {
+		t.Run(mod, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "node", "compat.mjs", mod)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url)
+			cmd.WaitDelay = 5 * time.Second
+			out, err := cmd.CombinedOutput()
+			t.Logf("%s", out)
+			if err != nil || !strings.Contains(string(out), "PASS "+mod) {
+				t.Fatalf("the E2B SDK %s failed against clade: %v\ndaemon log tail:\n%s", mod, err, tail(d.Log(), 3000))
+			}
+		})
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
