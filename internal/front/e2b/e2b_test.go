@@ -31,7 +31,7 @@ func jsDir(t *testing.T) string {
 
 // startE2B starts a daemon serving the E2B front and returns the base URL
 // and the API key.
-func startE2B(t *testing.T) (*testenv.Daemon, string, string) {
+func startE2B(t *testing.T, extraArgs ...string) (*testenv.Daemon, string, string) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	key := "e2b-test-key-0123456789"
@@ -39,14 +39,8 @@ func startE2B(t *testing.T) (*testenv.Daemon, string, string) {
 	if err := os.WriteFile(tok, []byte(key+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// A free port: listen, note, close. The daemon takes it a moment later.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	d := testenv.StartDaemon(t, "--e2b", addr, "--token-file", tok)
+	addr := freeAddr(t)
+	d := testenv.StartDaemon(t, append([]string{"--e2b", addr, "--token-file", tok}, extraArgs...)...)
 	return d, "http://" + addr, key
 }
 
@@ -54,14 +48,16 @@ func startE2B(t *testing.T) (*testenv.Daemon, string, string) {
 // through every call clade's E2B front serves, against real sandboxes.
 func TestRealSDK(t *testing.T) {
 	dir := jsDir(t)
-	d, url, key := startE2B(t)
+	ingress, domain := freeAddr(t), "clade.localhost"
+	d, url, key := startE2B(t, "--ingress", ingress, "--ingress-domain", domain)
 	for _, mod := range []string{"e2b", "e2b-2.50"} {
 		t.Run(mod, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, "node", "compat.mjs", mod)
 			cmd.Dir = dir
-			cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url)
+			cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url,
+				"CLADE_INGRESS_ADDR="+ingress, "CLADE_INGRESS_DOMAIN="+domain)
 			cmd.WaitDelay = 5 * time.Second
 			out, err := cmd.CombinedOutput()
 			t.Logf("%s", out)
@@ -70,6 +66,17 @@ func TestRealSDK(t *testing.T) {
 			}
 		})
 	}
+}
+
+// freeAddr returns a loopback address with a free port: listen, note,
+// close; the daemon takes it a moment later.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 func tail(s string, n int) string {

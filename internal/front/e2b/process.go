@@ -222,6 +222,10 @@ func endEvent(exit guest.ExitStatus, err error) *process.ProcessEvent_EndEvent {
 	return e
 }
 
+// deadlineGrace is how long after its stream's deadline a command is
+// killed.
+const deadlineGrace = 500 * time.Millisecond
+
 // processService implements envd's Process service on clade's agent.
 type processService struct {
 	s *Server
@@ -308,13 +312,16 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		dir = resolve(cfg.GetCwd())
 	}
 	// The stream's deadline (Connect-Timeout-Ms) bounds the command, as in
-	// envd: a client's timeoutMs kills a command that runs longer.
+	// envd: a client's timeoutMs kills a command that runs longer. The
+	// kill comes a moment after the deadline, so that the stream ends with
+	// deadline_exceeded (TimeoutError) rather than the kill's exit.
 	var timeout time.Duration
 	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl).Truncate(time.Millisecond)
-		if timeout < time.Millisecond {
+		left := time.Until(dl).Truncate(time.Millisecond)
+		if left < time.Millisecond {
 			return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the request's deadline passed before the command started"))
 		}
+		timeout = left + deadlineGrace
 	}
 	g, err := ps.s.mgr.Guest(ctx, id)
 	if err != nil {
@@ -392,7 +399,9 @@ func follow(ctx context.Context, p *proc, s *sub, every time.Duration, send func
 				return err
 			}
 		case <-ctx.Done():
-			return nil
+			// The deadline (the client's timeoutMs) ends the stream with
+			// deadline_exceeded, as envd does; the command is killed.
+			return connectErr(ctx.Err())
 		}
 	}
 }

@@ -75,7 +75,6 @@ func New(cfg Config, mgr *sandbox.Manager) (*Server, error) {
 	fsvc := &filesystemService{s: s}
 	path, h = filesystemconnect.NewFilesystemHandler(fsvc)
 	s.envd.Handle(path, h)
-	s.envd.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	s.envd.HandleFunc("GET /files", s.wrap(s.getFile))
 	s.envd.HandleFunc("POST /files", s.wrap(s.postFiles))
 	s.envd.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -103,6 +102,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		tok := r.Header.Get("X-Access-Token")
 		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) != 1 {
 			writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong X-Access-Token for sandbox %s: use the envdAccessToken its create or connect returned", id))
+			return
+		}
+		// E2B's proxy answers 502 for a sandbox that is gone: the SDKs
+		// read it as the sandbox's end (TimeoutError, isRunning false).
+		sb, err := s.get(r.Context(), id)
+		if err != nil {
+			if errdefs.IsNotFound(err) {
+				writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: fmt.Sprintf("The sandbox %s was not found: %v", id, err)})
+				return
+			}
+			writeError(w, err)
+			return
+		}
+		if r.URL.Path == "/health" {
+			// A paused sandbox is not running; asking must not wake it.
+			if stateOf(sb) != "running" {
+				writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: fmt.Sprintf("The sandbox %s is paused", id)})
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
 			return
 		}
 		s.envd.ServeHTTP(w, r)

@@ -3,13 +3,36 @@
 // E2B_API_URL and E2B_SANDBOX_URL set. Prints one line per check and exits
 // non-zero at the first failure. Run by internal/front/e2b's Go test.
 import assert from 'node:assert/strict'
+import http from 'node:http'
 
 const mod = process.argv[2] || 'e2b'
 const {
-  Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError, AuthenticationError, FileType,
+  Sandbox, CommandExitError, NotFoundError, TimeoutError, SandboxNotFoundError, AuthenticationError, FileType,
 } = await import(mod)
 const run = `${process.pid}-${Date.now()}`
 const apiUrl = process.env.E2B_API_URL
+
+// waitFor polls check (a clade timeout acts within a fraction of a second
+// of its deadline) until it returns true, for at most ms.
+async function waitFor(what, ms, check) {
+  const end = Date.now() + ms
+  while (!(await check())) {
+    if (Date.now() > end) assert.fail(`${what}: not within ${ms} ms`)
+    await new Promise((r) => setTimeout(r, 200))
+  }
+}
+
+// get fetches path through clade's ingress at addr for Host host.
+function get(addr, host, path) {
+  const [hostname, port] = addr.split(':')
+  return new Promise((resolve, reject) => {
+    http.get({ hostname, port, path, headers: { Host: host } }, (res) => {
+      let body = ''
+      res.on('data', (d) => { body += d })
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    }).on('error', reject)
+  })
+}
 
 function ok(name) { console.log(`ok ${mod} ${name}`) }
 
@@ -54,7 +77,8 @@ try {
   const chunks = []
   r = await sbx.commands.run('for i in 1 2 3; do echo line$i; done', { onStdout: (d) => chunks.push(d) })
   assert.equal(chunks.join(''), 'line1\nline2\nline3\n')
-  ok('commands.run: stdout, stderr, exit codes, envs, cwd, home, streaming')
+  await rejects(sbx.commands.run('sleep 30', { timeoutMs: 1_000 }), TimeoutError, 'a command past its timeoutMs')
+  ok('commands.run: stdout, stderr, exit codes, envs, cwd, home, streaming, timeoutMs')
 
   // Background: listed, killed, and surviving its client's disconnect.
   const bg = await sbx.commands.run('sleep 600', { background: true })
@@ -170,11 +194,44 @@ try {
   assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
   ok('snapshots: create, list, create from, delete')
 
+  // getHost(port) is served by clade's ingress (its domain is E2B's).
+  const ingress = process.env.CLADE_INGRESS_ADDR
+  if (ingress) {
+    const host = sbx.getHost(8000)
+    assert.equal(host, `8000-${sbx.sandboxId}.${process.env.CLADE_INGRESS_DOMAIN}`)
+    await sbx.files.write('/tmp/www/index.html', 'served')
+    const srv = await sbx.commands.run('python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp/www', { background: true, timeoutMs: 0 })
+    let page
+    await waitFor('the server in the sandbox answers', 20_000, async () => {
+      page = await get(ingress, host, '/index.html').catch(() => undefined)
+      return page?.status === 200
+    })
+    assert.equal(page.body, 'served')
+    await srv.kill()
+    ok('getHost through clade\'s ingress')
+  }
+
+  // Lifecycle: a timeout kills, or with onTimeout 'pause' pauses.
+  const shortLived = await Sandbox.create({ timeoutMs: 2_000 })
+  killed.push(shortLived)
+  await waitFor('the sandbox is killed at its timeout', 20_000, async () => !(await shortLived.isRunning().catch(() => false)) &&
+    (await Sandbox.getInfo(shortLived.sandboxId).then(() => false, (e) => e instanceof SandboxNotFoundError)))
+  const autoPaused = await Sandbox.create({ timeoutMs: 2_000, lifecycle: { onTimeout: 'pause' } })
+  killed.push(autoPaused)
+  await waitFor('the sandbox is paused at its timeout', 30_000, async () => (await Sandbox.getInfo(autoPaused.sandboxId)).state === 'paused')
+  await Sandbox.connect(autoPaused.sandboxId, { timeoutMs: 60_000 })
+  assert.equal((await autoPaused.commands.run('echo back')).stdout, 'back\n')
+  ok('timeout kills; onTimeout pause pauses, connect resumes')
+
   // Kill.
   await sbx.kill()
   assert.equal(await Sandbox.kill(sbx.sandboxId), false)
   await rejects(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError, 'info of a killed sandbox')
   await rejects(Sandbox.connect(sbx.sandboxId), SandboxNotFoundError, 'connect to a killed sandbox')
+  assert.equal(await sbx.isRunning(), false)
+  // As against E2B: envd answers 502, the SDK's health probe says gone.
+  await rejects(sbx.commands.run('true'), SandboxNotFoundError, 'a command in a killed sandbox')
+  await rejects(sbx.files.read('/etc/hostname'), TimeoutError, 'a read in a killed sandbox')
   ok('kill')
 } finally {
   for (const s of killed) await s.kill().catch(() => {})
