@@ -15,7 +15,7 @@ import (
 
 // jsDir holds the pinned E2B SDKs (package-lock.json; `npm ci` installs
 // them, .ci/run does) and the script that drives them.
-func jsDir(t *testing.T) string {
+func jsDir(t testing.TB) string {
 	t.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node is not installed: the E2B compatibility test drives the real E2B JS SDK (install Node >= 20)")
@@ -31,11 +31,16 @@ func jsDir(t *testing.T) string {
 
 // startE2B starts a daemon serving the E2B front and returns the base URL
 // and the API key.
-func startE2B(t *testing.T, extraArgs ...string) (*testenv.Daemon, string, string) {
+func startE2B(t testing.TB, extraArgs ...string) (*testenv.Daemon, string, string) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	key := "e2b-test-key-0123456789"
-	tok := filepath.Join(t.TempDir(), "token")
+	tmp, err := os.MkdirTemp("", "clade-e2b-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	tok := filepath.Join(tmp, "token")
 	if err := os.WriteFile(tok, []byte(key+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +75,7 @@ func TestRealSDK(t *testing.T) {
 
 // freeAddr returns a loopback address with a free port: listen, note,
 // close; the daemon takes it a moment later.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
