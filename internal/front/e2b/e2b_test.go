@@ -13,6 +13,12 @@ import (
 	"github.com/clade-sandbox/clade/internal/testenv"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Cleanup()
+	os.Exit(code)
+}
+
 // jsDir holds the pinned E2B SDKs (package-lock.json; `npm ci` installs
 // them, .ci/run does) and the script that drives them.
 func jsDir(t testing.TB) string {
