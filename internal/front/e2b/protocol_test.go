@@ -212,6 +212,52 @@ func TestEnvdProtocol(t *testing.T) {
 		}
 	})
 
+	t.Run("bad input", func(t *testing.T) {
+		hc := client(envd)
+		for _, tc := range []struct {
+			method, path, ctype, body string
+			want                      int
+		}{
+			{"POST", "/files", "application/octet-stream", "data", http.StatusBadRequest},                           // no ?path=
+			{"POST", "/files?path=/", "application/octet-stream", "data", http.StatusBadRequest},                    // the root
+			{"POST", "/files?path=/etc/hostname/x", "application/octet-stream", "data", http.StatusBadRequest},      // parent is a file
+			{"POST", "/files?path=/tmp/x", "multipart/form-data; boundary=zz", "--zz--\r\n", http.StatusBadRequest}, // no file part
+			{"POST", "/files?path=/tmp/x", "application/octet-stream; x", "data", http.StatusOK},
+			{"GET", "/files?path=/tmp", "", "", http.StatusBadRequest}, // a directory
+			{"GET", "/files?path=/no/such", "", "", http.StatusNotFound},
+			{"GET", "/nowhere", "", "", http.StatusNotFound},
+		} {
+			req, _ := http.NewRequest(tc.method, url+tc.path, strings.NewReader(tc.body))
+			if tc.ctype != "" {
+				req.Header.Set("Content-Type", tc.ctype)
+			}
+			res, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e apiErr
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != tc.want {
+				t.Errorf("%s %s: %d %s, want %d", tc.method, tc.path, res.StatusCode, b, tc.want)
+			} else if tc.want >= 400 && (json.Unmarshal(b, &e) != nil || e.Code != tc.want || e.Message == "") {
+				t.Errorf("%s %s: body %q is not E2B's error body", tc.method, tc.path, b)
+			}
+		}
+		var e apiErr
+		req, _ := http.NewRequest("POST", url+"/v2/sandboxes", strings.NewReader("{not json"))
+		req.Header.Set("X-API-KEY", key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.NewDecoder(res.Body).Decode(&e)
+		res.Body.Close()
+		if res.StatusCode != http.StatusBadRequest || e.Code != 400 {
+			t.Errorf("create with a malformed body: %d %+v", res.StatusCode, e)
+		}
+	})
+
 	t.Run("rest errors", func(t *testing.T) {
 		var e apiErr
 		if st, _ := rest(t, "GET", url+"/sandboxes/0123456789abcdef", key, nil, &e); st != http.StatusNotFound || e.Code != 404 || e.Message == "" {
