@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -165,10 +167,104 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 
-var errNoWatch = errors.New("watching directories is not served by clade's E2B front yet (see docs/e2b.md)")
+var errNoWatch = errors.New("polling watchers (CreateWatcher) are not served by clade's E2B front: use the WatchDir stream (see docs/e2b.md)")
 
+// watchEvery is how often WatchDir looks at the directory. clade's agent
+// has no inotify channel: the watch compares listings, so events come up
+// to this late and several writes between two looks are one event.
+const watchEvery = 300 * time.Millisecond
+
+// WatchDir streams changes under a directory: create, write (size or
+// modification time changed) and remove, named relative to it. It runs
+// until the client goes or its deadline passes.
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
-	return connect.NewError(connect.CodeUnimplemented, errNoWatch)
+	id, p := sandboxID(req.Header()), resolve(req.Msg.GetPath())
+	dir, err := f.stat(ctx, id, p)
+	if err != nil {
+		return err
+	}
+	if dir.Type != filesystem.FileType_FILE_TYPE_DIRECTORY {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %s is not a directory", p))
+	}
+	args := []string{"-mindepth", "1"}
+	if !req.Msg.GetRecursive() {
+		args = append(args, "-maxdepth", "1")
+	}
+	look := func() (map[string]*filesystem.EntryInfo, error) {
+		list, err := f.entries(ctx, id, p, args...)
+		if err != nil {
+			return nil, err
+		}
+		m := make(map[string]*filesystem.EntryInfo, len(list))
+		for _, e := range list {
+			m[e.Path] = e
+		}
+		return m, nil
+	}
+	prev, err := look()
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	var keep <-chan time.Time
+	if every := keepaliveInterval(req.Header()); every > 0 {
+		k := time.NewTicker(every)
+		defer k.Stop()
+		keep = k.C
+	}
+	send := func(e *filesystem.EntryInfo, typ filesystem.EventType) error {
+		ev := &filesystem.FilesystemEvent{Name: strings.TrimPrefix(strings.TrimPrefix(e.Path, p), "/"), Type: typ}
+		if req.Msg.GetIncludeEntry() && typ != filesystem.EventType_EVENT_TYPE_REMOVE {
+			ev.Entry = e
+		}
+		return stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: ev}})
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return connectErr(ctx.Err())
+		case <-keep:
+			if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Keepalive{Keepalive: &filesystem.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
+			}
+			continue
+		case <-t.C:
+		}
+		cur, err := look()
+		if err != nil {
+			if ctx.Err() != nil {
+				return connectErr(ctx.Err())
+			}
+			return err
+		}
+		for _, path := range slices.Sorted(maps.Keys(cur)) {
+			e, old := cur[path], prev[path]
+			var err error
+			switch {
+			case old == nil:
+				err = send(e, filesystem.EventType_EVENT_TYPE_CREATE)
+			case e.Type == filesystem.FileType_FILE_TYPE_FILE && (e.Size != old.Size || !e.ModifiedTime.AsTime().Equal(old.ModifiedTime.AsTime())):
+				err = send(e, filesystem.EventType_EVENT_TYPE_WRITE)
+			case e.Mode != old.Mode:
+				err = send(e, filesystem.EventType_EVENT_TYPE_CHMOD)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		for _, path := range slices.Sorted(maps.Keys(prev)) {
+			if cur[path] == nil {
+				if err := send(prev[path], filesystem.EventType_EVENT_TYPE_REMOVE); err != nil {
+					return err
+				}
+			}
+		}
+		prev = cur
+	}
 }
 
 func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {

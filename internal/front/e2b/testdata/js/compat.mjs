@@ -134,6 +134,20 @@ try {
   assert.equal(r.stdout, 'hello file')
   ok('files: write, read, list, makeDir, exists, getInfo, rename, remove')
 
+  // watchDir: clade compares listings, so events come within a poll.
+  await sbx.files.makeDir('/tmp/w')
+  const seen = []
+  const watch = await sbx.files.watchDir('/tmp/w', (ev) => seen.push(`${ev.type}:${ev.name}`))
+  await sbx.files.write('/tmp/w/new.txt', 'one')
+  await waitFor('a create event', 10_000, () => seen.includes('create:new.txt'))
+  await sbx.files.write('/tmp/w/new.txt', 'two, longer')
+  await waitFor('a write event', 10_000, () => seen.includes('write:new.txt'))
+  await sbx.files.remove('/tmp/w/new.txt')
+  await waitFor('a remove event', 10_000, () => seen.includes('remove:new.txt'))
+  await watch.stop()
+  await rejects(sbx.files.watchDir('/tmp/no-such-dir', () => {}), NotFoundError, 'watching a missing directory')
+  ok('files.watchDir: create, write, remove')
+
   // Timeout, info, list by metadata, metrics.
   await sbx.setTimeout(60_000)
   let si = await sbx.getInfo()
