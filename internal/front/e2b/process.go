@@ -106,6 +106,9 @@ type proc struct {
 	tag    *string
 	config *process.ProcessConfig
 	gp     *guest.Process
+	// tty: the command runs on a pseudo-terminal (see ptyArgv); its
+	// output is pty data and its input pty input.
+	tty bool
 
 	mu   sync.Mutex
 	subs map[*sub]struct{}
@@ -160,7 +163,9 @@ func (p *proc) pump(r io.Reader, stderr bool) {
 		if n > 0 {
 			b := bytes.Clone(buf[:n])
 			d := &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stdout{Stdout: b}}
-			if stderr {
+			if p.tty {
+				d = &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Pty{Pty: b}}
+			} else if stderr {
 				d = &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stderr{Stderr: b}}
 			}
 			p.publish(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: d}})
@@ -296,9 +301,6 @@ func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
 func (ps *processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
 	id := sandboxID(req.Header())
 	m := req.Msg
-	if m.GetPty() != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("PTY sessions are not served by clade's E2B front yet: use commands.run"))
-	}
 	cfg := m.GetProcess()
 	if cfg == nil || cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is empty: give the command to run"))
@@ -330,6 +332,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	// envd keeps stdin open unless the client says stdin:false.
 	stdin := m.Stdin == nil || m.GetStdin()
 	argv := append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
+	tty := m.GetPty() != nil
+	if tty {
+		argv = ptyArgv(argv, m.GetPty().GetSize())
+		stdin = true
+	}
 	// The process must not end with this request: the stream may go away
 	// and the command live on (background commands).
 	gp, err := g.Exec(context.WithoutCancel(ctx), guest.ExecRequest{Argv: argv, Env: env, Dir: dir, Timeout: timeout, Stdin: stdin})
@@ -350,7 +357,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 		return stream.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}}})
 	}
-	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, subs: map[*sub]struct{}{}, done: make(chan struct{})}
+	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, subs: map[*sub]struct{}{}, done: make(chan struct{})}
 	s, _ := p.subscribe()
 	ps.s.procs.add(id, p)
 	go p.run(ps.s.procs, id)
@@ -447,13 +454,17 @@ func (ps *processService) SendInput(ctx context.Context, req *connect.Request[pr
 
 // write sends input to the command's stdin.
 func (p *proc) write(in *process.ProcessInput) error {
+	data := in.GetStdin()
 	if _, ok := in.GetInput().(*process.ProcessInput_Pty); ok {
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY", p.pid))
+		if !p.tty {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY", p.pid))
+		}
+		data = in.GetPty()
 	}
 	if p.gp.Stdin == nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started with stdin: false", p.pid))
 	}
-	if _, err := p.gp.Stdin.Write(in.GetStdin()); err != nil {
+	if _, err := p.gp.Stdin.Write(data); err != nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d: writing stdin: %w", p.pid, err))
 	}
 	return nil
@@ -503,11 +514,47 @@ func (ps *processService) Update(ctx context.Context, req *connect.Request[proce
 	if err != nil {
 		return nil, err
 	}
-	if req.Msg.GetPty() != nil {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY to resize", p.pid))
+	if sz := req.Msg.GetPty().GetSize(); sz != nil {
+		if !p.tty {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY to resize", p.pid))
+		}
+		id := sandboxID(req.Header())
+		if _, _, err := ps.s.run(ctx, id, "/bin/sh", "-c", resizeScript, "sh", strconv.Itoa(int(p.pid)),
+			strconv.Itoa(int(sz.GetCols())), strconv.Itoa(int(sz.GetRows()))); err != nil {
+			return nil, connectErr(fmt.Errorf("resize the PTY of process %d: %w", p.pid, err))
+		}
 	}
 	return connect.NewResponse(&process.UpdateResponse{}), nil
 }
+
+// ptyArgv runs argv on a pseudo-terminal in the sandbox, sized as asked:
+// util-linux's script(1) (in every Debian image) opens the terminal, and
+// its stdin and output become the terminal's. This stands in until
+// clade's agent serves terminals itself.
+func ptyArgv(argv []string, size *process.PTY_Size) []string {
+	cols, rows := size.GetCols(), size.GetRows()
+	if cols == 0 {
+		cols = 80
+	}
+	if rows == 0 {
+		rows = 24
+	}
+	q := make([]string, len(argv))
+	for i, a := range argv {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	inner := fmt.Sprintf("stty cols %d rows %d 2>/dev/null; exec %s", cols, rows, strings.Join(q, " "))
+	return []string{"script", "-qfec", inner, "/dev/null"}
+}
+
+// resizeScript resizes the terminal of the script(1) whose pid is $1 to
+// $2 columns and $3 rows: it finds script's child and sets the size of its
+// terminal, which signals SIGWINCH to the terminal's foreground group.
+const resizeScript = `for d in /proc/[0-9]*; do
+  read -r _ _ _ ppid _ < "$d/stat" 2>/dev/null || continue
+  if [ "$ppid" = "$1" ]; then tty=$(readlink "$d/fd/0") && exec stty -F "$tty" cols "$2" rows "$3"; fi
+done
+echo "no terminal found for process $1" >&2; exit 1`
 
 // run runs argv in sandbox id to its end and returns its output. A
 // non-zero exit is an error classed by what the command said on stderr.

@@ -104,6 +104,19 @@ try {
   assert.equal(r.stdout, 'abc')
   ok('background commands: list, kill, disconnect + connect, stdin, closeStdin')
 
+  // PTY: a real terminal in the sandbox, sized, resizable.
+  let term = ''
+  const decoder = new TextDecoder()
+  const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { term += decoder.decode(d) } })
+  await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('tty; stty size\n'))
+  await waitFor('the terminal says its size', 10_000, () => /\/dev\/pts\/\d+\s+24 80/.test(term))
+  await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 })
+  await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; exit 0\n'))
+  const ptyEnd = await pty.wait()
+  assert.equal(ptyEnd.exitCode, 0)
+  assert.match(term, /30 100/)
+  ok('pty: create, input, size, resize')
+
   // Files.
   const info = await sbx.files.write('/home/user/dir/a.txt', 'hello file')
   assert.equal(info.path, '/home/user/dir/a.txt')
