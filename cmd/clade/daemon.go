@@ -24,6 +24,7 @@ func cmdDaemon(ctx context.Context, args []string) error {
 	tokenFile := fs.String("token-file", "", "file holding the bearer token for --listen")
 	fs.StringVar(&o.Ingress, "ingress", "", "serve the ingress proxy on TCP ADDR (e.g. 127.0.0.1:8080): HTTP for Host PORT-ID.DOMAIN goes to that port inside sandbox ID (or name), waking it if it sleeps; needs --ingress-domain")
 	fs.StringVar(&o.IngressDomain, "ingress-domain", "", "the domain of ingress host names, e.g. clade.localhost (its names resolve to 127.0.0.1); requests need the sandbox's traffic token (header X-Clade-Traffic-Token) unless it was created --public")
+	fs.StringVar(&o.E2B, "e2b", "", "serve the E2B API (REST and envd) on TCP ADDR (e.g. 127.0.0.1:3000) for the unmodified E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=the --token-file token (see docs/e2b.md)")
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
 	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
 	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")

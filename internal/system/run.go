@@ -37,6 +37,9 @@ type Options struct {
 	// Host PORT-ID.IngressDomain reaches that port inside the sandbox.
 	Ingress       string
 	IngressDomain string
+	// E2B, when set, serves the E2B API (REST and envd) on this TCP
+	// address; it requires Token, which clients send as E2B_API_KEY.
+	E2B string
 	// Engine names the engine that runs sandboxes (see Engines).
 	Engine    string
 	Runsc     string
@@ -166,7 +169,7 @@ func Run(ctx context.Context, o Options) error {
 	_ = os.Chmod(o.Socket, 0o660)
 	lns = append(lns, uln)
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	errc := make(chan error, 2)
+	errc := make(chan error, 4)
 	go func() { errc <- hs.Serve(uln) }()
 	if o.Listen != "" {
 		if o.Token == "" {
@@ -181,6 +184,13 @@ func Run(ctx context.Context, o Options) error {
 		go func() { errc <- ths.Serve(tln) }()
 		defer ths.Close()
 		log.Info("serving TCP", "addr", tln.Addr().String())
+	}
+	if o.E2B != "" {
+		stop, err := serveE2B(o, mgr, tmp, iln != nil, log, errc)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	if iln != nil {
 		proxy := ingress.New(ingress.Config{Domain: o.IngressDomain, Log: log}, mgr)

@@ -1,0 +1,636 @@
+package e2b
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// DefaultTemplate is the template E2B code asks for by default; it is
+// clade's default image.
+const DefaultTemplate = "base"
+
+// defaultTimeout is E2B's sandbox timeout when a create names none.
+const defaultTimeout = 300 * time.Second
+
+func (s *Server) routes() {
+	for _, p := range []string{"", "/v2"} {
+		s.rest.HandleFunc("POST "+p+"/sandboxes", s.wrap(s.create))
+		s.rest.HandleFunc("GET "+p+"/sandboxes", s.wrap(s.list))
+		s.rest.HandleFunc("POST "+p+"/sandboxes/{id}/connect", s.wrap(s.connect))
+	}
+	s.rest.HandleFunc("GET /sandboxes/{id}", s.wrap(s.info))
+	s.rest.HandleFunc("DELETE /sandboxes/{id}", s.wrap(s.kill))
+	s.rest.HandleFunc("POST /sandboxes/{id}/timeout", s.wrap(s.setTimeout))
+	s.rest.HandleFunc("POST /sandboxes/{id}/refreshes", s.wrap(s.refresh))
+	s.rest.HandleFunc("POST /sandboxes/{id}/pause", s.wrap(s.pause))
+	s.rest.HandleFunc("POST /sandboxes/{id}/resume", s.wrap(s.connect))
+	s.rest.HandleFunc("GET /sandboxes/{id}/metrics", s.wrap(s.metrics))
+	s.rest.HandleFunc("POST /sandboxes/{id}/fork", s.wrap(s.fork))
+	s.rest.HandleFunc("POST /sandboxes/{id}/snapshots", s.wrap(s.snapshot))
+	s.rest.HandleFunc("GET /snapshots", s.wrap(s.listSnapshots))
+	s.rest.HandleFunc("DELETE /templates/{id}", s.wrap(s.deleteTemplate))
+	s.rest.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.rest.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errdefs.New(errdefs.NotFound, "this E2B endpoint is not served by clade: %s %s (see docs/e2b.md)", r.Method, r.URL.Path))
+	})
+}
+
+// decodeBody reads an optional JSON body leniently: E2B clients add fields
+// with each release, and a field clade does not know must not fail a call.
+func decodeBody(r *http.Request, v any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 1<<20))
+	if err != nil {
+		return errdefs.New(errdefs.InvalidArgument, "reading the request body: %v", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return errdefs.New(errdefs.InvalidArgument, "malformed JSON body: %v", err)
+	}
+	return nil
+}
+
+type createBody struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AutoPause           *bool             `json:"autoPause"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *struct {
+		AllowOut           []string `json:"allowOut"`
+		DenyOut            []string `json:"denyOut"`
+		AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+	} `json:"network"`
+	VolumeMounts []json.RawMessage `json:"volumeMounts"`
+}
+
+// sandboxBody is E2B's Sandbox: what create, connect and fork return.
+type sandboxBody struct {
+	SandboxID          string `json:"sandboxID"`
+	TemplateID         string `json:"templateID"`
+	Alias              string `json:"alias,omitempty"`
+	ClientID           string `json:"clientID"`
+	EnvdVersion        string `json:"envdVersion"`
+	EnvdAccessToken    string `json:"envdAccessToken"`
+	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
+	Domain             string `json:"domain,omitempty"`
+}
+
+// listedBody is E2B's ListedSandbox, and with the extra fields its
+// SandboxDetail.
+type listedBody struct {
+	SandboxID   string            `json:"sandboxID"`
+	TemplateID  string            `json:"templateID"`
+	Alias       string            `json:"alias,omitempty"`
+	ClientID    string            `json:"clientID"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	CPUCount    int               `json:"cpuCount"`
+	MemoryMB    int               `json:"memoryMB"`
+	DiskSizeMB  int               `json:"diskSizeMB"`
+	Metadata    map[string]string `json:"metadata"`
+	State       string            `json:"state"`
+	EnvdVersion string            `json:"envdVersion"`
+	Domain      string            `json:"domain,omitempty"`
+	Lifecycle   *lifecycleBody    `json:"lifecycle,omitempty"`
+}
+
+type lifecycleBody struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
+}
+
+func templateOf(sb store.Sandbox) string {
+	if sb.Snapshot != "" && sb.Image == "" {
+		return sb.Snapshot
+	}
+	if sb.Image == image.Default || sb.Image == "" {
+		return DefaultTemplate
+	}
+	return sb.Image
+}
+
+func (s *Server) sandboxBody(sb store.Sandbox) sandboxBody {
+	b := sandboxBody{SandboxID: sb.ID, TemplateID: templateOf(sb), Alias: sb.Name, ClientID: "clade",
+		EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(sb.ID), Domain: s.cfg.Domain}
+	if !sb.Opts.Public {
+		b.TrafficAccessToken = sb.Opts.TrafficToken
+	}
+	return b
+}
+
+// stateOf is a sandbox's E2B state, or "" for one E2B has no name for (it
+// died, or is being removed).
+func stateOf(sb store.Sandbox) string {
+	switch sb.State {
+	case store.StateCreating, store.StateRunning, store.StateWaking:
+		return "running"
+	case store.StateSuspending, store.StateSleeping:
+		return "paused"
+	}
+	return ""
+}
+
+func (s *Server) listedBody(sb store.Sandbox) listedBody {
+	cpus := int(math.Ceil(sb.CPUs))
+	if cpus == 0 {
+		cpus = runtime.NumCPU()
+	}
+	// A sandbox without a timeout never ends; E2B's clients want a date.
+	end := sb.CreatedAt.AddDate(100, 0, 0)
+	if sb.Opts.ExpiresAt != nil {
+		end = *sb.Opts.ExpiresAt
+	}
+	md := sb.Opts.Labels
+	if md == nil {
+		md = map[string]string{}
+	}
+	b := listedBody{SandboxID: sb.ID, TemplateID: templateOf(sb), Alias: sb.Name, ClientID: "clade", StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
+		CPUCount: cpus, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.Opts.DiskMiB, Metadata: md, State: stateOf(sb), EnvdVersion: EnvdVersion, Domain: s.cfg.Domain}
+	if sb.Opts.TimeoutMS > 0 {
+		b.Lifecycle = &lifecycleBody{OnTimeout: "kill"}
+		if sb.Opts.OnTimeout == sandbox.OnTimeoutSleep {
+			b.Lifecycle = &lifecycleBody{OnTimeout: "pause", AutoResume: true}
+		}
+	}
+	return b
+}
+
+// seconds converts an E2B timeout in seconds.
+func seconds(n int64) (time.Duration, error) {
+	if n < 0 || n > int64(guest.MaxTimeout/time.Second) {
+		return 0, errdefs.New(errdefs.InvalidArgument, "timeout %d s is out of range: give 1 to %d seconds", n, int64(guest.MaxTimeout/time.Second))
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
+	var req createBody
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	if len(req.VolumeMounts) > 0 {
+		return errdefs.New(errdefs.InvalidArgument, "volumeMounts are not supported by clade's E2B front yet: create the sandbox without them")
+	}
+	creq := sandbox.CreateRequest{Opts: store.Options{Labels: req.Metadata, Public: true}}
+	for k, v := range req.EnvVars {
+		creq.Env = append(creq.Env, k+"="+v)
+	}
+	slices.Sort(creq.Env)
+	if err := s.resolveTemplate(r.Context(), req.TemplateID, &creq); err != nil {
+		return err
+	}
+	timeout := defaultTimeout
+	if req.Timeout != nil {
+		d, err := seconds(*req.Timeout)
+		if err != nil {
+			return err
+		}
+		timeout = d
+	}
+	creq.Opts.TimeoutMS = timeout.Milliseconds()
+	creq.Opts.OnTimeout = sandbox.OnTimeoutRemove
+	if req.AutoPause != nil && *req.AutoPause {
+		creq.Opts.OnTimeout = sandbox.OnTimeoutSleep
+	}
+	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
+		creq.Opts.Network = &store.NetworkOptions{Mode: "none"}
+	}
+	if n := req.Network; n != nil {
+		if len(n.AllowOut) > 0 || len(n.DenyOut) > 0 {
+			if creq.Opts.Network != nil {
+				return errdefs.New(errdefs.InvalidArgument, "network rules need internet access: drop allow_internet_access=false or the rules")
+			}
+			creq.Opts.Network = &store.NetworkOptions{Mode: "internet", Allow: n.AllowOut, Deny: n.DenyOut}
+		}
+		if n.AllowPublicTraffic != nil {
+			creq.Opts.Public = *n.AllowPublicTraffic
+		}
+	}
+	sb, err := s.mgr.Create(r.Context(), creq)
+	if err != nil {
+		return err
+	}
+	s.prepareUser(r.Context(), sb.ID)
+	writeJSON(w, http.StatusCreated, s.sandboxBody(sb))
+	return nil
+}
+
+// resolveTemplate maps an E2B template onto a clade image (by name; "base"
+// is the default image) or a snapshot (by id or name).
+func (s *Server) resolveTemplate(ctx context.Context, t string, creq *sandbox.CreateRequest) error {
+	if t == "" || t == DefaultTemplate {
+		return nil
+	}
+	if _, _, err := s.mgr.GetSnapshot(ctx, t); err == nil {
+		creq.FromSnapshot = t
+		return nil
+	} else if !errdefs.IsNotFound(err) {
+		return err
+	}
+	if _, _, err := s.mgr.Image(ctx, t); err != nil {
+		if errdefs.IsNotFound(err) {
+			return errdefs.New(errdefs.NotFound, "template %q not found: name a clade image, snapshot or template (%q is the default image)", t, DefaultTemplate)
+		}
+		return err
+	}
+	creq.Image = t
+	return nil
+}
+
+// userSetup gives the sandbox what E2B code assumes: a user `user` (uid
+// 1000) with home /home/user and /bin/bash. It writes the account files
+// directly: useradd costs a few hundred milliseconds in a fresh sandbox.
+// Commands still run as root (see docs/e2b.md); the home directory is
+// where relative paths resolve.
+const userSetup = `if ! grep -q '^user:' /etc/passwd 2>/dev/null; then
+echo 'user:x:1000:1000::` + Home + `:/bin/bash' >>/etc/passwd
+grep -q '^user:' /etc/group 2>/dev/null || echo 'user:x:1000:' >>/etc/group
+[ -f /etc/shadow ] && echo 'user:!:20000::::::' >>/etc/shadow
+fi
+mkdir -p ` + Home + ` && chown 1000:1000 ` + Home
+
+// prepareUser runs userSetup in a new sandbox; a failure is logged, not
+// fatal: an image without useradd still serves everything else.
+func (s *Server) prepareUser(ctx context.Context, id string) {
+	if _, _, err := s.run(ctx, id, "/bin/sh", "-c", userSetup); err != nil {
+		s.log.Warn("e2b: setting up user `user` failed", "sandbox", id, "err", err)
+	}
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	want := map[string]string{}
+	if md := q.Get("metadata"); md != "" {
+		vals, err := url.ParseQuery(md)
+		if err != nil {
+			return errdefs.New(errdefs.InvalidArgument, "bad metadata filter %q: give key=value pairs joined by &, URL-encoded", md)
+		}
+		for k, v := range vals {
+			want[k] = v[len(v)-1]
+		}
+	}
+	states := map[string]bool{}
+	for _, v := range q["state"] {
+		for _, st := range strings.Split(v, ",") {
+			switch st {
+			case "running", "paused":
+				states[st] = true
+			case "":
+			default:
+				return errdefs.New(errdefs.InvalidArgument, "bad state %q: use running or paused", st)
+			}
+		}
+	}
+	v1 := !strings.HasPrefix(r.URL.Path, "/v2/")
+	if len(states) == 0 {
+		states["running"] = true
+		if !v1 {
+			states["paused"] = true
+		}
+	}
+	limit := 100
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			return errdefs.New(errdefs.InvalidArgument, "bad limit %q: give 1 to 1000", l)
+		}
+		limit = n
+	}
+	sbs, err := s.mgr.List(r.Context())
+	if err != nil {
+		return err
+	}
+	// Newest first, ties by id: a stable order for the page tokens.
+	slices.SortFunc(sbs, func(a, b store.Sandbox) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	out := []listedBody{}
+	after := q.Get("nextToken")
+	skipping := after != ""
+	for _, sb := range sbs {
+		if skipping {
+			if sb.ID == after {
+				skipping = false
+			}
+			continue
+		}
+		if !states[stateOf(sb)] || !hasAll(sb.Opts.Labels, want) {
+			continue
+		}
+		if len(out) == limit {
+			w.Header().Set("X-Next-Token", out[len(out)-1].SandboxID)
+			break
+		}
+		out = append(out, s.listedBody(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func hasAll(labels, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// get returns the sandbox with E2B's idea of existence: a dead one is gone.
+func (s *Server) get(ctx context.Context, id string) (store.Sandbox, error) {
+	sb, err := s.mgr.Get(ctx, id)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return sb, errdefs.New(errdefs.NotFound, "sandbox %q not found", id)
+		}
+		return sb, err
+	}
+	if stateOf(sb) == "" {
+		return sb, errdefs.New(errdefs.NotFound, "sandbox %q is %s", id, sb.State)
+	}
+	return sb, nil
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.listedBody(sb))
+	return nil
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if err := s.mgr.Destroy(r.Context(), id); err != nil {
+		if errdefs.IsNotFound(err) {
+			return errdefs.New(errdefs.NotFound, "sandbox %q not found", id)
+		}
+		return err
+	}
+	s.procs.forget(id)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	if req.Timeout == nil || *req.Timeout < 1 {
+		return errdefs.New(errdefs.InvalidArgument, "give timeout: seconds from now, at least 1")
+	}
+	return s.renew(w, r, *req.Timeout)
+}
+
+// refresh is the older clients' keep-alive: {duration} seconds more.
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Duration int64 `json:"duration"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	if req.Duration < 1 {
+		req.Duration = int64(defaultTimeout / time.Second)
+	}
+	return s.renew(w, r, req.Duration)
+}
+
+func (s *Server) renew(w http.ResponseWriter, r *http.Request, secs int64) error {
+	d, err := seconds(secs)
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if _, err := s.get(r.Context(), id); err != nil {
+		return err
+	}
+	if _, err := s.mgr.SetTimeout(r.Context(), id, d, ""); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	sb, err := s.get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if stateOf(sb) == "paused" {
+		return errdefs.New(errdefs.Conflict, "sandbox %s is already paused", id)
+	}
+	if _, err := s.mgr.Sleep(r.Context(), id); err != nil {
+		return err
+	}
+	s.procs.forget(id)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// connect resumes a paused sandbox (201) or answers for a running one
+// (200), renewing its timeout when the body gives one.
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	sb, err := s.get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if stateOf(sb) == "paused" {
+		if sb, err = s.mgr.Wake(r.Context(), id); err != nil {
+			return err
+		}
+		status = http.StatusCreated
+	}
+	if req.Timeout != nil && *req.Timeout > 0 {
+		d, err := seconds(*req.Timeout)
+		if err != nil {
+			return err
+		}
+		if sb, err = s.mgr.SetTimeout(r.Context(), id, d, ""); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, status, s.sandboxBody(sb))
+	return nil
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Count   *int   `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	n := 1
+	if req.Count != nil {
+		n = *req.Count
+	}
+	id := r.PathValue("id")
+	if _, err := s.get(r.Context(), id); err != nil {
+		return err
+	}
+	var timeout time.Duration
+	if req.Timeout != nil {
+		d, err := seconds(*req.Timeout)
+		if err != nil {
+			return err
+		}
+		timeout = d
+	}
+	res, err := s.mgr.Fork(r.Context(), id, n)
+	if err != nil {
+		return err
+	}
+	type result struct {
+		Sandbox *sandboxBody `json:"sandbox,omitempty"`
+		Error   *apiError    `json:"error,omitempty"`
+	}
+	out := make([]result, 0, len(res.Children))
+	for _, c := range res.Children {
+		err := c.Err
+		var sb store.Sandbox
+		if err == nil && timeout > 0 {
+			sb, err = s.mgr.SetTimeout(r.Context(), c.ID, timeout, "")
+		} else if err == nil {
+			sb, err = s.mgr.Get(r.Context(), c.ID)
+		}
+		if err != nil {
+			st := statusOf(errdefs.ClassOf(err))
+			out = append(out, result{Error: &apiError{Code: st, Message: err.Error()}})
+			continue
+		}
+		b := s.sandboxBody(sb)
+		out = append(out, result{Sandbox: &b})
+	}
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+type snapshotBody struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+func snapshotOf(sn store.Snapshot) snapshotBody {
+	b := snapshotBody{SnapshotID: sn.ID, Names: []string{}}
+	if sn.Name != "" {
+		b.Names = append(b.Names, sn.Name)
+	}
+	return b
+}
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if _, err := s.get(r.Context(), id); err != nil {
+		return err
+	}
+	sn, err := s.mgr.Snapshot(r.Context(), id, req.Name, false)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, snapshotOf(sn))
+	return nil
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	sns, err := s.mgr.ListSnapshots(r.Context())
+	if err != nil {
+		return err
+	}
+	out := []snapshotBody{}
+	for _, sn := range sns {
+		if sn.Implicit || sn.State != store.SnapshotReady {
+			continue
+		}
+		if v := q.Get("sandboxID"); v != "" && sn.Sandbox != v {
+			continue
+		}
+		if v := q.Get("name"); v != "" && sn.Name != v {
+			continue
+		}
+		out = append(out, snapshotOf(sn))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// deleteTemplate is how the SDKs delete a snapshot. clade's images are not
+// removed through the E2B front.
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if err := s.mgr.DeleteSnapshot(r.Context(), id); err != nil {
+		if errdefs.IsNotFound(err) {
+			return errdefs.New(errdefs.NotFound, "snapshot %q not found (clade's images are removed with `clade image rm`, not through the E2B API)", id)
+		}
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// metrics reports the sandbox's CPU, memory and disk use as the sandbox
+// sees them (its /proc and its root file system), sampled now.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	sb, err := s.get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if stateOf(sb) != "running" {
+		writeJSON(w, http.StatusOK, []any{})
+		return nil
+	}
+	m, err := s.sample(r.Context(), sb)
+	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			return err
+		}
+		return err
+	}
+	writeJSON(w, http.StatusOK, []any{m})
+	return nil
+}

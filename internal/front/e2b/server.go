@@ -1,0 +1,198 @@
+// Package e2b serves the E2B API on clade: the REST API the E2B SDKs call
+// to create and manage sandboxes, and envd's protocol (Connect, over
+// HTTP/1.1) they call to run commands and move files in one. Both are on one
+// listener: a request that names a sandbox in E2b-Sandbox-Id is envd
+// traffic, anything else is the REST API.
+//
+// Everything is translated onto the sandbox service (internal/sandbox) and
+// clade's own agent (internal/guest); E2B's envd does not run in the
+// sandbox. See docs/e2b.md for what is supported call by call.
+package e2b
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/filesystem/filesystemconnect"
+	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/process/processconnect"
+	"github.com/clade-sandbox/clade/internal/sandbox"
+)
+
+// EnvdVersion is the envd version clade reports. The SDKs gate features on
+// it; every feature gated at or below it is implemented: stdin control
+// (0.3.0), no default user (0.4.0), closeStdin (0.5.2), octet-stream and
+// gzip uploads (0.5.7). File metadata (0.6.2) is not, so it stays below.
+const EnvdVersion = "0.5.7"
+
+// Home is the home directory of the user E2B code assumes; relative paths
+// resolve from it.
+const Home = "/home/user"
+
+// Config configures the E2B front.
+type Config struct {
+	// APIKey is the key clients send as X-API-KEY (clade's token).
+	APIKey string
+	// Domain, when the daemon serves an ingress, is its domain: the SDK's
+	// getHost(port) is PORT-ID.Domain.
+	Domain string
+	// TmpDir holds uploads while they are written into a sandbox.
+	TmpDir string
+	Log    *slog.Logger
+}
+
+// Server serves the E2B REST API and envd on one handler.
+type Server struct {
+	cfg   Config
+	mgr   *sandbox.Manager
+	log   *slog.Logger
+	rest  *http.ServeMux
+	envd  *http.ServeMux
+	procs *processes
+}
+
+// New returns the E2B front over mgr. It returns an InvalidArgument error
+// without an API key: the front runs code for anyone who knows it.
+func New(cfg Config, mgr *sandbox.Manager) (*Server, error) {
+	if cfg.APIKey == "" {
+		return nil, errdefs.New(errdefs.InvalidArgument, "the E2B front needs an API key: give the daemon --token-file (clients send it as E2B_API_KEY)")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, mgr: mgr, log: cfg.Log, rest: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses()}
+	s.routes()
+	ps := &processService{s: s}
+	path, h := processconnect.NewProcessHandler(ps)
+	s.envd.Handle(path, h)
+	fsvc := &filesystemService{s: s}
+	path, h = filesystemconnect.NewFilesystemHandler(fsvc)
+	s.envd.Handle(path, h)
+	s.envd.HandleFunc("GET /files", s.wrap(s.getFile))
+	s.envd.HandleFunc("POST /files", s.wrap(s.postFiles))
+	s.envd.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errdefs.New(errdefs.NotFound, "no such envd endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return s, nil
+}
+
+// Close kills the processes the front still tracks.
+func (s *Server) Close() { s.procs.closeAll() }
+
+// ServeHTTP authenticates and dispatches: envd traffic by the sandbox it
+// names, the rest to the REST API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("e2b handler panic", "panic", v, "path", r.URL.Path)
+			writeError(w, fmt.Errorf("internal error: %v", v))
+		}
+	}()
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		tok := r.Header.Get("X-Access-Token")
+		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) != 1 {
+			writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong X-Access-Token for sandbox %s: use the envdAccessToken its create or connect returned", id))
+			return
+		}
+		// E2B's proxy answers 502 for a sandbox that is gone: the SDKs
+		// read it as the sandbox's end (TimeoutError, isRunning false).
+		sb, err := s.get(r.Context(), id)
+		if err != nil {
+			if errdefs.IsNotFound(err) {
+				writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: fmt.Sprintf("The sandbox %s was not found: %v", id, err)})
+				return
+			}
+			writeError(w, err)
+			return
+		}
+		if r.URL.Path == "/health" {
+			// A paused sandbox is not running; asking must not wake it.
+			if stateOf(sb) != "running" {
+				writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: fmt.Sprintf("The sandbox %s is paused", id)})
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		s.envd.ServeHTTP(w, r)
+		return
+	}
+	key := r.Header.Get("X-API-KEY")
+	if key == "" {
+		if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			key = b
+		}
+	}
+	if subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) != 1 {
+		writeError(w, errdefs.New(errdefs.Unauthenticated, "Invalid API key: set E2B_API_KEY to the clade daemon's token (its --token-file)"))
+		return
+	}
+	s.rest.ServeHTTP(w, r)
+}
+
+// accessToken is the envd access token of sandbox id: derived from the API
+// key, so it needs no storage and survives restarts, and one sandbox's
+// token opens no other.
+func (s *Server) accessToken(id string) string {
+	m := hmac.New(sha256.New, []byte(s.cfg.APIKey))
+	m.Write([]byte("clade-e2b-envd\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// apiError is E2B's error body; the SDKs read code.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// statusOf maps error classes to the statuses E2B answers with.
+func statusOf(c errdefs.Class) int {
+	switch c {
+	case errdefs.NotFound:
+		return http.StatusNotFound
+	case errdefs.AlreadyExists, errdefs.Conflict:
+		return http.StatusConflict
+	case errdefs.InvalidArgument:
+		return http.StatusBadRequest
+	case errdefs.Unavailable:
+		return http.StatusServiceUnavailable
+	case errdefs.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case errdefs.Unauthenticated:
+		return http.StatusUnauthorized
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	st := statusOf(errdefs.ClassOf(err))
+	writeJSON(w, st, apiError{Code: st, Message: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// wrap turns a handler that returns its error into an http.HandlerFunc.
+func (s *Server) wrap(h func(w http.ResponseWriter, r *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			if errdefs.ClassOf(err) == errdefs.Internal {
+				s.log.Error("e2b request failed", "path", r.URL.Path, "err", err)
+			}
+			writeError(w, err)
+		}
+	}
+}
