@@ -41,6 +41,8 @@ type Sandbox struct {
 	TimeoutMS int64      `json:"timeout_ms,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	OnTimeout string     `json:"on_timeout,omitempty"`
+	// Volumes are the volumes the sandbox mounts.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // Network is a sandbox's network: its mode, its egress policy and, while
@@ -111,6 +113,8 @@ type CreateSandboxRequest struct {
 	// "rm" (the default) removes it, "sleep" puts it to sleep.
 	TimeoutMS int64  `json:"timeout_ms,omitempty"`
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// Volumes are named volumes to mount (see VolumeMount).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // Snapshot is a sandbox's state frozen on disk: memory, processes, files.

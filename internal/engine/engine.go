@@ -39,6 +39,17 @@ type Spec struct {
 	// WorkingDir and User); empty means / and root.
 	Workdir string
 	User    string
+	// Mounts are host directories (volumes) the sandbox sees at their
+	// destinations. They are not part of a checkpoint: a restore may point
+	// a destination at another directory (a fork child's own copy).
+	Mounts []Mount
+}
+
+// Mount is a host directory bind-mounted into a sandbox.
+type Mount struct {
+	// Source is the host directory; Destination the absolute path inside.
+	Source, Destination string
+	ReadOnly            bool
 }
 
 // Sandbox is a live sandbox as an engine sees it.

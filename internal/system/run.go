@@ -19,6 +19,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/clade-sandbox/clade/internal/volume"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -105,6 +106,11 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}()
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, hook)
+	vols, err := volume.New(volume.Config{Dir: filepath.Join(o.DataDir, "volumes"), Store: st, Log: log})
+	if err != nil {
+		return err
+	}
+	o.Sandbox.Hooks = append(o.Sandbox.Hooks, vols)
 	o.Sandbox.Log = log
 	o.Sandbox.SnapshotDir = filepath.Join(o.DataDir, "snapshots")
 	o.Sandbox.SleepDir = filepath.Join(o.DataDir, "sleep")
@@ -137,7 +143,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	registerCounters(reg, mgr.Counters())
 	var iln net.Listener
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr}
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr, Volumes: vols}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o); err != nil {
 			return err

@@ -407,9 +407,10 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot
 	delete(e.preparedNS, spec.ID)
 	sb := e.live[spec.ID]
 	e.mu.Unlock()
-	if prepared && (e.diskMiB(spec.ID) != spec.DiskMiB || preparedNS != spec.NetNS) {
-		// runsc fixed the disk cap and the network when it created the
-		// container: start afresh rather than with the wrong ones.
+	if prepared && (e.diskMiB(spec.ID) != spec.DiskMiB || preparedNS != spec.NetNS || len(spec.Mounts) > 0) {
+		// runsc fixed the disk cap, the network and the mounts (volumes)
+		// when it created the container: start afresh rather than with
+		// the wrong ones.
 		if err := e.Destroy(ctx, spec.ID); err != nil {
 			return nil, err
 		}
@@ -658,9 +659,20 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 			// Read-only too: the agent only dials the host's socket there,
 			// and a writable host directory would bypass the disk cap.
 			{Source: filepath.Join(e.dir(spec.ID), "run"), Destination: guestRunDir, ReadOnly: true},
-		}, mounts...),
+		}, append(mounts, volumeMounts(spec)...)...),
 		NetNS: spec.NetNS,
 	})
+}
+
+// volumeMounts are spec's volumes as bind mounts. runsc's gofer serves
+// them; a checkpoint records them by destination, so a restore may serve
+// another source there.
+func volumeMounts(spec engine.Spec) []bundle.Mount {
+	var ms []bundle.Mount
+	for _, m := range spec.Mounts {
+		ms = append(ms, bundle.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly})
+	}
+	return ms
 }
 
 // netnsFile in a sandbox's directory names the network namespace it runs
