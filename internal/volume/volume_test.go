@@ -9,9 +9,11 @@ import (
 	"testing"
 
 	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/store"
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/internal/volume"
 	"github.com/clade-sandbox/clade/sdk"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -128,5 +130,228 @@ func TestVolumeOutlivesSandbox(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "volumes", "named")); len(ents) != 0 {
 		t.Fatalf("volume files left after rm: %v", ents)
+	}
+}
+
+// TestVolumeSizeLimit: writes past a volume's size fail with ENOSPC
+// inside the sandbox, and the image on the host stays within the size.
+func TestVolumeSizeLimit(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	v := newVolume(t, c, "small", 16)
+	sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "small", Path: "/data"}}})
+	r := sh(t, c, sb.ID, "dd if=/dev/zero of=/data/big bs=1M count=64 conv=fsync")
+	if r.code == 0 || !strings.Contains(r.stderr, "No space left on device") {
+		t.Fatalf("writing 64 MiB into a 16 MiB volume: %+v", r)
+	}
+	v, err := c.GetVolume(t.Context(), v.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.UsedBytes > v.SizeBytes {
+		t.Fatalf("the volume takes %d bytes on the host, more than its size %d", v.UsedBytes, v.SizeBytes)
+	}
+	// The rest of the sandbox is unaffected: its own files still write.
+	mustSh(t, c, sb.ID, "echo ok > /root/f")
+}
+
+// TestVolumeSleepWake: a process writing to a volume is slept and woken
+// with the volume in place (the same image, nothing copied): every write
+// it acknowledged is there, it goes on writing, and it still holds its
+// open file.
+func TestVolumeSleepWake(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	v := newVolume(t, c, "db", 64)
+	sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "db", Path: "/var/lib/db"}}})
+	// A sqlite writer that acknowledges each commit on stdout, and a
+	// process that keeps a file on the volume open across the sleep.
+	acked := mustSh(t, c, sb.ID, `python3 -c '
+import sqlite3
+db = sqlite3.connect("/var/lib/db/app.sqlite")
+db.execute("create table t (n integer)")
+for i in range(500):
+    db.execute("insert into t values (?)", (i,))
+    db.commit()
+print(500)
+'
+nohup python3 -c '
+import time
+f = open("/var/lib/db/held", "a")
+f.write("before\n"); f.flush()
+open("/tmp/holder-ready", "w").close()
+while not __import__("os").path.exists("/tmp/woke"):
+    time.sleep(0.01)
+f.write("after\n"); f.close()
+open("/tmp/holder-done", "w").close()
+' > /dev/null 2>&1 &
+until [ -e /tmp/holder-ready ]; do sleep 0.01; done`)
+	if strings.TrimSpace(acked) != "500" {
+		t.Fatalf("writer: %q", acked)
+	}
+	img := filepath.Join(d.DataDir, "volumes", "named", v.ID, "disk.img")
+	before, err := os.Stat(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.GetVolume(t.Context(), "db"); got.Mounted {
+		t.Fatalf("a sleeping sandbox's volume is still mounted on the host: %+v", got)
+	}
+	if _, err := c.Wake(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(img)
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the volume's image was replaced by the wake: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "volumes", "sandboxes")); len(ents) != 0 {
+		t.Fatalf("the wake copied the volume: %v", ents)
+	}
+	got := mustSh(t, c, sb.ID, `python3 -c '
+import sqlite3
+print(sqlite3.connect("/var/lib/db/app.sqlite").execute("select count(*), sum(n) from t").fetchone())
+'
+touch /tmp/woke; until [ -e /tmp/holder-done ]; do sleep 0.01; done; cat /var/lib/db/held`)
+	if got != "(500, 124750)\nbefore\nafter\n" {
+		t.Fatalf("after the wake: %q", got)
+	}
+}
+
+// TestVolumeFork: fork children each get their own copy of the volume as
+// it was at the snapshot; siblings and the parent never see each other's
+// writes; a shared volume is the same one in every child. The parent's
+// processes live through the snapshot.
+func TestVolumeFork(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	newVolume(t, c, "work", 32)
+	newVolume(t, c, "common", 32)
+	parent := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "work", Path: "/work"}, {Name: "common", Path: "/common", Shared: true}}})
+	mustSh(t, c, parent.ID, "echo snap > /work/f; echo base > /common/c; nohup sleep 100000 > /dev/null 2>&1 & echo $! > /tmp/pid")
+	snap, err := c.SnapshotSandbox(t.Context(), parent.ID, "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, c, parent.ID, "kill -0 $(cat /tmp/pid) && echo parent-after > /work/f")
+	res, err := c.Fork(t.Context(), snap.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kids []string
+	for _, k := range res.Children {
+		if k.Error != "" {
+			t.Fatalf("child: %s", k.Error)
+		}
+		kids = append(kids, k.ID)
+	}
+	for _, k := range kids {
+		if got := mustSh(t, c, k, "cat /work/f /common/c"); got != "snap\nbase\n" {
+			t.Fatalf("child %s reads %q, want the volume as it was at the snapshot", k, got)
+		}
+		mustSh(t, c, k, "echo "+k+" > /work/f; echo "+k+" > /common/from-"+k)
+	}
+	for _, k := range kids {
+		if got := mustSh(t, c, k, "cat /work/f"); got != k+"\n" {
+			t.Fatalf("child %s reads %q from its own copy: a sibling's write leaked", k, got)
+		}
+		if got := mustSh(t, c, k, "cat /common/from-"+kids[0]+" /common/from-"+kids[1]); got != kids[0]+"\n"+kids[1]+"\n" {
+			t.Fatalf("child %s does not see its siblings' writes to the shared volume: %q", k, got)
+		}
+	}
+	if got := mustSh(t, c, parent.ID, "cat /work/f; ls /common | wc -l"); got != "parent-after\n3\n" {
+		t.Fatalf("parent reads %q", got)
+	}
+	sb, err := c.GetSandbox(t.Context(), kids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sb.Volumes) != 2 || (sb.Volumes[0].Clone != "copy" && sb.Volumes[0].Clone != "reflink") || sb.Volumes[1].Clone != "" || !sb.Volumes[1].Shared {
+		t.Fatalf("inspect of a child shows volumes %+v: want its own copy of work, common shared", sb.Volumes)
+	}
+	err = c.DeleteVolume(t.Context(), "work")
+	if !sdk.IsConflict(err) || !strings.Contains(err.Error(), parent.ID) || strings.Contains(err.Error(), kids[0]) {
+		t.Fatalf("rm of work: %v, want a conflict naming the parent only", err)
+	}
+	for _, id := range append(kids, parent.ID) {
+		if err := c.DeleteSandbox(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteSnapshot(t.Context(), snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, sub := range []string{"sandboxes", "snapshots", "mnt"} {
+		if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "volumes", sub)); len(ents) != 0 {
+			t.Errorf("volumes/%s holds %d entries after every user is gone", sub, len(ents))
+		}
+	}
+}
+
+// TestVolumeDaemonKill: a daemon killed with SIGKILL leaves a running
+// sandbox's volume mounted and its data intact; the next daemon keeps
+// them, and collects what a killed daemon left half made: a volume still
+// being created, files and mounts nobody records.
+func TestVolumeDaemonKill(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	newVolume(t, c, "keep", 32)
+	sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "keep", Path: "/data"}}})
+	mustSh(t, c, sb.ID, "echo durable > /data/f && sync /data/f")
+	d.Kill()
+
+	// What a daemon killed in the middle of a volume create leaves.
+	st, err := store.Open(t.Context(), filepath.Join(d.DataDir, "clade.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := store.Volume{ID: strings.Repeat("ab", 16), Name: "half", SizeBytes: 16 << 20, State: store.VolumeCreating}
+	if err := st.InsertVolume(t.Context(), half); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	vdir := filepath.Join(d.DataDir, "volumes")
+	for _, p := range []string{"named/" + half.ID, "named/" + strings.Repeat("cd", 16), "sandboxes/" + strings.Repeat("ef", 8), "mnt/v-stray"} {
+		if err := os.MkdirAll(filepath.Join(vdir, p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(vdir, "named", half.ID, "disk.img"), []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(vdir, "mnt", "v-stray")
+	if err := unix.Mount("tmpfs", stray, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(stray, unix.MNT_DETACH) })
+
+	d.Start(nil)
+	if got := mustSh(t, c, sb.ID, "cat /data/f; echo more >> /data/f; cat /data/f"); got != "durable\ndurable\nmore\n" {
+		t.Fatalf("after the restart the sandbox reads %q", got)
+	}
+	if _, err := c.GetVolume(t.Context(), "half"); !sdk.IsNotFound(err) {
+		t.Fatalf("a half-made volume survived the restart: %v", err)
+	}
+	for _, p := range []string{"named/" + half.ID, "named/" + strings.Repeat("cd", 16), "sandboxes/" + strings.Repeat("ef", 8), "mnt/v-stray"} {
+		if _, err := os.Stat(filepath.Join(vdir, p)); !os.IsNotExist(err) {
+			t.Errorf("%s is left after the restart (%v)", p, err)
+		}
+	}
+	// The restarted daemon knows the sandbox uses its volume.
+	if err := c.DeleteVolume(t.Context(), "keep"); !sdk.IsConflict(err) {
+		t.Fatalf("rm of a volume in use after a restart: %v", err)
+	}
+	if err := c.DeleteSandbox(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(vdir, "mnt")); len(ents) != 0 {
+		t.Fatalf("mounts left after the last user went: %v", ents)
+	}
+	// The data outlived the sandbox and both daemons.
+	sb2 := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "keep", Path: "/data"}}})
+	if got := mustSh(t, c, sb2.ID, "cat /data/f"); got != "durable\nmore\n" {
+		t.Fatalf("a new sandbox reads %q", got)
 	}
 }
