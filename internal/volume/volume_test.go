@@ -355,3 +355,89 @@ func TestVolumeDaemonKill(t *testing.T) {
 		t.Fatalf("a new sandbox reads %q", got)
 	}
 }
+
+// TestVolumeBadInput: hostile or wrong names, paths and sizes are 4xx
+// with a message, and leave nothing behind; a symlink planted in a volume
+// resolves inside the sandbox that follows it, never on the host.
+func TestVolumeBadInput(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	newVolume(t, c, "v", 16)
+	vol := func(name, path string) []sdk.VolumeMount { return []sdk.VolumeMount{{Name: name, Path: path}} }
+	for _, tc := range []struct {
+		name string
+		req  sdk.CreateSandboxRequest
+		is   func(error) bool
+	}{
+		{"dotdot", sdk.CreateSandboxRequest{Volumes: vol("v", "/data/../etc")}, sdk.IsInvalidArgument},
+		{"relative", sdk.CreateSandboxRequest{Volumes: vol("v", "data")}, sdk.IsInvalidArgument},
+		{"root", sdk.CreateSandboxRequest{Volumes: vol("v", "/")}, sdk.IsInvalidArgument},
+		{"proc", sdk.CreateSandboxRequest{Volumes: vol("v", "/proc/x")}, sdk.IsInvalidArgument},
+		{"agent dir", sdk.CreateSandboxRequest{Volumes: vol("v", "/.clade")}, sdk.IsInvalidArgument},
+		{"covers resolv.conf", sdk.CreateSandboxRequest{Volumes: vol("v", "/etc")}, sdk.IsInvalidArgument},
+		{"overlap", sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: "/a"}, {Name: "v", Path: "/a/b"}}}, sdk.IsInvalidArgument},
+		{"name with slash", sdk.CreateSandboxRequest{Volumes: vol("../v", "/data")}, sdk.IsInvalidArgument},
+		{"unknown", sdk.CreateSandboxRequest{Volumes: vol("nope", "/data")}, sdk.IsNotFound},
+		{"clone from the client", sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: "/data", Clone: "copy"}}}, sdk.IsInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sb, err := c.CreateSandbox(t.Context(), tc.req)
+			if err == nil {
+				_ = c.DeleteSandbox(t.Context(), sb.ID)
+				t.Fatalf("created a sandbox with %+v", tc.req.Volumes)
+			}
+			if !tc.is(err) {
+				t.Fatalf("got %v", err)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		req  sdk.CreateVolumeRequest
+		is   func(error) bool
+	}{
+		{"dotdot name", sdk.CreateVolumeRequest{Name: ".."}, sdk.IsInvalidArgument},
+		{"slash name", sdk.CreateVolumeRequest{Name: "a/b"}, sdk.IsInvalidArgument},
+		{"empty name", sdk.CreateVolumeRequest{}, sdk.IsInvalidArgument},
+		{"too small", sdk.CreateVolumeRequest{Name: "tiny", SizeBytes: 1 << 20}, sdk.IsInvalidArgument},
+		{"negative", sdk.CreateVolumeRequest{Name: "neg", SizeBytes: -1}, sdk.IsInvalidArgument},
+		{"taken", sdk.CreateVolumeRequest{Name: "v", SizeBytes: 16 << 20}, sdk.IsConflict},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := c.CreateVolume(t.Context(), tc.req); !tc.is(err) {
+				t.Fatalf("got %v", err)
+			}
+		})
+	}
+	if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "volumes", "named")); len(ents) != 1 {
+		t.Fatalf("refused creates left volume files: %d entries", len(ents))
+	}
+
+	a := create(t, c, sdk.CreateSandboxRequest{Name: "planter", Volumes: vol("v", "/data")})
+	// Targets that exist inside the follower only, never on the host.
+	marker := "/root/clade-volume-symlink-marker"
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("%s exists on the host: the test cannot tell inside from outside", marker)
+	}
+	mustSh(t, c, a.ID, "ln -s / /data/escape && ln -s ../../../../../../.."+marker+" /data/up")
+	if err := c.DeleteSandbox(t.Context(), a.ID); err != nil {
+		t.Fatal(err)
+	}
+	b := create(t, c, sdk.CreateSandboxRequest{Name: "follower", Volumes: vol("v", "/data")})
+	if got := mustSh(t, c, b.ID, "echo inside > "+marker+"; cat /data/escape"+marker+" /data/up"); got != "inside\ninside\n" {
+		t.Fatalf("symlinks in the volume resolve to %q, want the follower's own file", got)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	cli(t, d, "cp", b.ID+":/data/up", out)
+	// cp copies the link itself or what it points to inside the sandbox.
+	if fi, err := os.Lstat(out); err != nil {
+		t.Fatal(err)
+	} else if fi.Mode()&os.ModeSymlink == 0 {
+		if got, _ := os.ReadFile(out); string(got) != "inside\n" {
+			t.Fatalf("cp of a symlink in the volume gave %q", got)
+		}
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("a write through the volume's symlinks reached the host: %v", err)
+	}
+}
