@@ -43,6 +43,9 @@ type Sandbox struct {
 	OnTimeout string     `json:"on_timeout,omitempty"`
 	// Volumes are the volumes the sandbox mounts.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Secrets are the secrets the sandbox took and their versions (never
+	// their values).
+	Secrets []SecretRef `json:"secrets,omitempty"`
 }
 
 // Network is a sandbox's network: its mode, its egress policy and, while
@@ -115,6 +118,8 @@ type CreateSandboxRequest struct {
 	OnTimeout string `json:"on_timeout,omitempty"`
 	// Volumes are named volumes to mount (see VolumeMount).
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Secrets are secrets the sandbox takes (see SecretRef).
+	Secrets []SecretRef `json:"secrets,omitempty"`
 }
 
 // Snapshot is a sandbox's state frozen on disk: memory, processes, files.

@@ -51,6 +51,7 @@ Usage:
   clade fork SNAP|ID -n N [--json]      N children in one call
   clade volume create NAME [--size S]   a named volume; clade create --volume NAME:/path[:ro]
   clade volume ls|inspect|rm NAME...
+  clade secret set NAME [--from-file F] | secret ls | secret rm NAME...   sealed; create --secret NAME[:ENV]
   clade sleep ID | --all | --label K=V  to disk at zero RAM; clade wake ID: back
   clade timeout ID DUR [--on-timeout rm|sleep]   renew a sandbox's lifetime
   clade port-forward ID [LOCAL:]REMOTE  forward local TCP port LOCAL to REMOTE in the sandbox
@@ -121,6 +122,8 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdFork)
 	case "volume", "volumes":
 		err = withClient(ctx, host, rest, cmdVolume)
+	case "secret", "secrets":
+		err = withClient(ctx, host, rest, cmdSecret)
 	case "network":
 		err = withClient(ctx, host, rest, cmdNetwork)
 	case "sleep":

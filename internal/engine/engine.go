@@ -45,12 +45,18 @@ type Spec struct {
 	Mounts []Mount
 }
 
-// Mount is a host directory bind-mounted into a sandbox.
+// Mount is a host directory bind-mounted into a sandbox, or (Type
+// MountTmpfs) a small file system in the sandbox's memory.
 type Mount struct {
 	// Source is the host directory; Destination the absolute path inside.
 	Source, Destination string
 	ReadOnly            bool
+	Type                string
 }
+
+// MountTmpfs is the Type of an in-memory mount (Source unused): what is
+// written there never reaches the host's disk, except in checkpoints.
+const MountTmpfs = "tmpfs"
 
 // Sandbox is a live sandbox as an engine sees it.
 type Sandbox interface {

@@ -92,6 +92,8 @@ type Options struct {
 	OnTimeout string     `json:"on_timeout,omitempty"`
 	// Volumes are the volumes the sandbox mounts (package volume).
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Secrets are the secrets the sandbox takes (package secret).
+	Secrets []SecretRef `json:"secrets,omitempty"`
 }
 
 // NetworkOptions are a sandbox's network mode and egress policy.

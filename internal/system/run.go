@@ -1,6 +1,7 @@
 package system
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/secret"
 	"github.com/clade-sandbox/clade/internal/store"
 	"github.com/clade-sandbox/clade/internal/volume"
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +53,12 @@ type Options struct {
 	DefaultNetwork string
 	Network        network.Config
 	Log            *slog.Logger
+	// KeyFile holds the host key that seals secrets (default
+	// DATA-DIR/host.key, made 0600 at the first start); KeyEnv names an
+	// environment variable that holds the key instead, for hosts that keep
+	// it off the disk.
+	KeyFile string
+	KeyEnv  string
 	// Ready, if set, is called once the daemon serves.
 	Ready func()
 }
@@ -111,6 +119,15 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, vols)
+	key, err := secret.LoadKey(cmp.Or(o.KeyFile, filepath.Join(o.DataDir, "host.key")), o.KeyEnv)
+	if err != nil {
+		return err
+	}
+	secrets, err := secret.New(ctx, secret.Config{Store: st, Key: key, Log: log})
+	if err != nil {
+		return err
+	}
+	o.Sandbox.Hooks = append(o.Sandbox.Hooks, secrets)
 	o.Sandbox.Log = log
 	o.Sandbox.SnapshotDir = filepath.Join(o.DataDir, "snapshots")
 	o.Sandbox.SleepDir = filepath.Join(o.DataDir, "sleep")
@@ -143,7 +160,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	registerCounters(reg, mgr.Counters())
 	var iln net.Listener
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr, Volumes: vols}
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o); err != nil {
 			return err

@@ -670,7 +670,7 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 func volumeMounts(spec engine.Spec) []bundle.Mount {
 	var ms []bundle.Mount
 	for _, m := range spec.Mounts {
-		ms = append(ms, bundle.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly})
+		ms = append(ms, bundle.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly, Tmpfs: m.Type == engine.MountTmpfs})
 	}
 	return ms
 }
