@@ -99,7 +99,7 @@ func cmdSecretRemove(ctx context.Context, c *sdk.Client, args []string) error {
 // secretFlags adds create's --secret and --secret-file.
 func secretFlags(fs *flag.FlagSet) func() ([]sdk.SecretRef, error) {
 	var envs, files multi
-	fs.Var(&envs, "secret", "put secret NAME into the environment as $NAME, or as $ENVVAR with NAME:ENVVAR (repeatable)")
+	fs.Var(&envs, "secret", "put secret NAME into the environment: as $NAME upper-cased ('-' and '.' as '_'), or as $ENVVAR with NAME:ENVVAR (repeatable)")
 	fs.Var(&files, "secret-file", "write secret NAME to /run/secrets/FILE, a tmpfs inside the sandbox: NAME:/run/secrets/FILE (repeatable)")
 	return func() ([]sdk.SecretRef, error) {
 		var out []sdk.SecretRef
@@ -108,7 +108,7 @@ func secretFlags(fs *flag.FlagSet) func() ([]sdk.SecretRef, error) {
 			if name == "" {
 				return nil, fmt.Errorf("--secret %q: use NAME or NAME:ENVVAR", v)
 			}
-			out = append(out, sdk.SecretRef{Name: name, Env: cmpOr(env, name)})
+			out = append(out, sdk.SecretRef{Name: name, Env: env})
 		}
 		for _, v := range files {
 			name, file, ok := strings.Cut(v, ":")
@@ -119,11 +119,4 @@ func secretFlags(fs *flag.FlagSet) func() ([]sdk.SecretRef, error) {
 		}
 		return out, nil
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

@@ -52,9 +52,10 @@ func NewKey(raw []byte, source string) (*Key, error) {
 
 // LoadKey reads the host key: from the environment variable env when it
 // is set (hosts that keep the key off the disk; hex or base64), else from
-// file, which is created 0600 with a new random key when missing. A file
-// readable by others than its owner is refused.
-func LoadKey(file, env string) (*Key, error) {
+// file, which is created 0600 with a new random key when missing and
+// create is true (a data dir that has sealed nothing yet). A file readable
+// by others than its owner is refused.
+func LoadKey(file, env string, create bool) (*Key, error) {
 	if env != "" {
 		if v, ok := os.LookupEnv(env); ok {
 			raw, err := decodeKey(v)
@@ -65,6 +66,9 @@ func LoadKey(file, env string) (*Key, error) {
 		}
 	}
 	b, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) && !create {
+		return nil, errdefs.New(errdefs.NotFound, "key file %s is missing, but this data dir holds values sealed with a key: put the key file back (or pass the key in $%s); nothing was changed or deleted", file, env)
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		raw := make([]byte, KeySize)
 		if _, err := rand.Read(raw); err != nil {

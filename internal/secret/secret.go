@@ -41,6 +41,23 @@ type Manager struct {
 // another key fails at start instead of at the first sandbox.
 const keyCheckText = "clade host key check"
 
+// Open loads the host key for the data dir of st (see LoadKey; the key
+// file is made only for a data dir that has sealed nothing yet) and
+// returns a Manager once the key proves to be the one its secrets were
+// sealed with. A wrong or missing key is an error that says what to do,
+// and nothing is changed or deleted.
+func Open(ctx context.Context, st *store.Store, keyFile, keyEnv string, log *slog.Logger) (*Manager, error) {
+	kc, err := st.KeyCheck(ctx)
+	if err != nil {
+		return nil, err
+	}
+	key, err := LoadKey(keyFile, keyEnv, kc == nil)
+	if err != nil {
+		return nil, err
+	}
+	return New(ctx, Config{Store: st, Key: key, Log: log})
+}
+
 // New checks that the key opens this data dir's secrets (recording a check
 // value the first time). A wrong key is an error that says what to do and
 // changes nothing.
@@ -224,7 +241,7 @@ func (m *Manager) CompleteCreate(o *store.Options) error {
 			return errdefs.New(errdefs.InvalidArgument, "secret %s: give an env or a file, not both (list the secret twice for both)", r.Name)
 		}
 		if r.Env == "" && r.File == "" {
-			r.Env = r.Name
+			r.Env = envName(r.Name)
 		}
 		if r.Env != "" {
 			if !envRE.MatchString(r.Env) || strings.HasPrefix(r.Env, "CLADE_") {
@@ -325,3 +342,13 @@ func (m *Manager) AfterRemove(ctx context.Context, rec store.Sandbox) error {
 
 // Reconcile implements sandbox.Hook.
 func (m *Manager) Reconcile(context.Context, []store.Sandbox, []store.Sandbox) error { return nil }
+
+// envName is the default environment variable of secret name.
+func envName(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '-' || r == '.' {
+			return '_'
+		}
+		return r
+	}, strings.ToUpper(name))
+}

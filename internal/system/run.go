@@ -92,6 +92,11 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer st.Close()
+	// The key first: a wrong one stops the daemon before it changes anything.
+	secrets, err := secret.Open(ctx, st, cmp.Or(o.KeyFile, filepath.Join(o.DataDir, "host.key")), o.KeyEnv, log)
+	if err != nil {
+		return err
+	}
 	images, err := image.NewStore(o.ImagesDir, log)
 	if err != nil {
 		return err
@@ -119,14 +124,6 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, vols)
-	key, err := secret.LoadKey(cmp.Or(o.KeyFile, filepath.Join(o.DataDir, "host.key")), o.KeyEnv)
-	if err != nil {
-		return err
-	}
-	secrets, err := secret.New(ctx, secret.Config{Store: st, Key: key, Log: log})
-	if err != nil {
-		return err
-	}
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, secrets)
 	o.Sandbox.Log = log
 	o.Sandbox.SnapshotDir = filepath.Join(o.DataDir, "snapshots")
