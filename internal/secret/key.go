@@ -13,7 +13,9 @@ package secret
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hkdf"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -30,6 +32,7 @@ const KeySize = 32
 // Key is the host key that seals secrets (and, later, state at rest).
 type Key struct {
 	aead cipher.AEAD
+	raw  []byte
 	// Source says where the key came from, for messages (never the key).
 	Source string
 }
@@ -47,7 +50,7 @@ func NewKey(raw []byte, source string) (*Key, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Key{aead: aead, Source: source}, nil
+	return &Key{aead: aead, raw: append([]byte(nil), raw...), Source: source}, nil
 }
 
 // LoadKey reads the host key: from the environment variable env when it
@@ -112,6 +115,16 @@ func decodeKey(s string) ([]byte, error) {
 		return raw, nil
 	}
 	return nil, errdefs.New(errdefs.InvalidArgument, "not hex or base64 of %d bytes", KeySize)
+}
+
+// Derive returns a 32-byte key for purpose, derived from the host key
+// (HKDF-SHA256): one host key, independent keys per use.
+func (k *Key) Derive(purpose string) []byte {
+	out, err := hkdf.Key(sha256.New, k.raw, nil, purpose, KeySize)
+	if err != nil {
+		panic(err) // only for lengths HKDF cannot make
+	}
+	return out
 }
 
 // Seal encrypts plaintext bound to ad; the result is nonce || ciphertext.

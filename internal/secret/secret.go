@@ -221,6 +221,9 @@ func (m *Manager) value(ctx context.Context, r store.SecretRef) ([]byte, error) 
 	return v, nil
 }
 
+// Key returns the host key.
+func (m *Manager) Key() *Key { return m.cfg.Key }
+
 // Name implements sandbox.Hook.
 func (m *Manager) Name() string { return "secrets" }
 

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/atrest"
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/ingress"
@@ -59,6 +60,11 @@ type Options struct {
 	// it off the disk.
 	KeyFile string
 	KeyEnv  string
+	// EncryptAtRest keeps snapshots, sleep images, volumes and sandbox
+	// upper layers in an encrypted directory (package atrest).
+	EncryptAtRest bool
+	// upperRoot is where the engine keeps upper layers ("" its default).
+	upperRoot string
 	// Ready, if set, is called once the daemon serves.
 	Ready func()
 }
@@ -97,6 +103,30 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// stateDir holds what sandboxes write and what snapshots hold.
+	stateDir := o.DataDir
+	liveEngineSandboxes := func() int { return 1 } // set once the engine exists
+	if o.EncryptAtRest {
+		fs, err := atrest.Mount(ctx, filepath.Join(o.DataDir, "encrypted"), filepath.Join(o.DataDir, "plain"), secrets.Key().Derive(atrest.Purpose))
+		if err != nil {
+			return err
+		}
+		stateDir = fs.Plain
+		o.upperRoot = filepath.Join(fs.Plain, "upper")
+		log.Info("encryption at rest: snapshots, sleep images, volumes and upper layers are encrypted", "dir", fs.Cipher)
+		// Last out: unmounted only when no sandbox runs on it.
+		defer func() {
+			if n := liveEngineSandboxes(); n > 0 {
+				log.Info("keeping the encrypted view mounted for the sandboxes that run on", "sandboxes", n)
+				return
+			}
+			if err := fs.Unmount(); err != nil {
+				log.Warn("unmount the encrypted view", "err", err)
+			}
+		}()
+	} else {
+		log.Warn("encryption at rest is off: snapshots and sleep images hold sandbox memory (secrets included) in plaintext on disk; start the daemon with --encrypt-at-rest to encrypt them")
+	}
 	images, err := image.NewStore(o.ImagesDir, log)
 	if err != nil {
 		return err
@@ -104,6 +134,13 @@ func Run(ctx context.Context, o Options) error {
 	eng, err := newEngine(o, log)
 	if err != nil {
 		return err
+	}
+	liveEngineSandboxes = func() int {
+		ids, err := eng.List(context.Background())
+		if err != nil {
+			return 1 // unknown: keep what they may need
+		}
+		return len(ids)
 	}
 	hook, err := startNetwork(ctx, &o, log)
 	if err != nil {
@@ -119,15 +156,15 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}()
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, hook)
-	vols, err := volume.New(volume.Config{Dir: filepath.Join(o.DataDir, "volumes"), Store: st, Log: log})
+	vols, err := volume.New(volume.Config{Dir: filepath.Join(stateDir, "volumes"), Store: st, Log: log})
 	if err != nil {
 		return err
 	}
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, vols)
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, secrets)
 	o.Sandbox.Log = log
-	o.Sandbox.SnapshotDir = filepath.Join(o.DataDir, "snapshots")
-	o.Sandbox.SleepDir = filepath.Join(o.DataDir, "sleep")
+	o.Sandbox.SnapshotDir = filepath.Join(stateDir, "snapshots")
+	o.Sandbox.SleepDir = filepath.Join(stateDir, "sleep")
 	for _, d := range []string{o.Sandbox.SnapshotDir, o.Sandbox.SleepDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err

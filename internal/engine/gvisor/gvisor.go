@@ -57,6 +57,10 @@ type Config struct {
 	// Platform is runsc's --platform; systrap when empty (kvm hangs on
 	// nested hosts like ours).
 	Platform string
+	// UpperRoot, when set, holds each sandbox's upper layer (what it
+	// writes) in UpperRoot/<id> instead of its state directory: the daemon
+	// points it into an encrypted directory (package atrest).
+	UpperRoot string
 	// ReadyTimeout bounds how long Create waits for the agent; 30s if zero.
 	ReadyTimeout time.Duration
 	Log          *slog.Logger
@@ -222,11 +226,16 @@ func (e *Engine) watch(s *sandbox) {
 	}()
 }
 
-func (s *sandbox) ID() string            { return s.id }
-func (s *sandbox) Guest() *guest.Conn    { return s.client }
-func (s *sandbox) PID() int              { return s.pid }
-func (e *Engine) dir(id string) string   { return filepath.Join(e.sbRoot, id) }
-func (e *Engine) upper(id string) string { return filepath.Join(e.dir(id), "upper") }
+func (s *sandbox) ID() string          { return s.id }
+func (s *sandbox) Guest() *guest.Conn  { return s.client }
+func (s *sandbox) PID() int            { return s.pid }
+func (e *Engine) dir(id string) string { return filepath.Join(e.sbRoot, id) }
+func (e *Engine) upper(id string) string {
+	if e.cfg.UpperRoot != "" {
+		return filepath.Join(e.cfg.UpperRoot, id)
+	}
+	return filepath.Join(e.dir(id), "upper")
+}
 
 // globalFlags are the same for every call about one id.
 func (e *Engine) globalFlags(id string) []string {
@@ -377,8 +386,8 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 			err = errors.Join(err, e.Destroy(context.WithoutCancel(ctx), spec.ID))
 		}
 	}()
-	for _, d := range []string{"run", "upper"} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+	for _, d := range []string{filepath.Join(dir, "run"), e.upper(spec.ID)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
 	}
@@ -784,7 +793,7 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	dir := e.dir(id)
 	if !fileExists(dir) {
 		e.killProcesses(dir + "/")
-		return e.removeStateFiles(id)
+		return errors.Join(e.removeStateFiles(id), e.removeUpper(id))
 	}
 	// One call: delete --force kills with SIGKILL. Only when it fails is
 	// it worth asking whether there was anything to delete (each runsc call
@@ -810,7 +819,15 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	// leaves one naming a dead sandbox process, which the next restore of
 	// the same id would try to reach ("connecting to control server at PID
 	// N: connection refused").
-	return errors.Join(e.removeStateFiles(id), os.RemoveAll(dir))
+	return errors.Join(e.removeStateFiles(id), e.removeUpper(id), os.RemoveAll(dir))
+}
+
+// removeUpper removes an upper layer kept outside the state directory.
+func (e *Engine) removeUpper(id string) error {
+	if e.cfg.UpperRoot == "" {
+		return nil
+	}
+	return os.RemoveAll(e.upper(id))
 }
 
 // removeStateFiles removes runsc's state and lock files of container id
