@@ -19,7 +19,7 @@ import (
 )
 
 // Phases are the phase names, in the order a default run takes them.
-var Phases = []string{"create", "exec", "snapshot", "fork", "wake", "memfork", "density"}
+var Phases = []string{"create", "exec", "snapshot", "fork", "wake", "memfork", "density", "volwake"}
 
 // Config is one run's settings; DefaultConfig has the defaults.
 type Config struct {
@@ -237,6 +237,7 @@ var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"wake":     (*runner).phaseWake,
 	"memfork":  (*runner).phaseMemfork,
 	"density":  (*runner).phaseDensity,
+	"volwake":  (*runner).phaseVolwake,
 }
 
 // orDefault returns v, or def when v is 0.
