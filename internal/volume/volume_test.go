@@ -441,3 +441,39 @@ func TestVolumeBadInput(t *testing.T) {
 		t.Fatalf("a write through the volume's symlinks reached the host: %v", err)
 	}
 }
+
+// TestVolumeWarmPool: with prepared sandboxes in the pool (made without
+// volumes), creates, wakes and forks of sandboxes with volumes still get
+// their volumes; a fork straight from a running sandbox copies its volume.
+func TestVolumeWarmPool(t *testing.T) {
+	d := testenv.StartDaemon(t, "--warm-pool", "2")
+	c := d.Client
+	newVolume(t, c, "pooled", 32)
+	create(t, c, sdk.CreateSandboxRequest{}) // the pool fills for this shape
+	sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "pooled", Path: "/data"}}})
+	mustSh(t, c, sb.ID, "echo one > /data/f")
+	if _, err := c.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wake(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustSh(t, c, sb.ID, "cat /data/f; echo two >> /data/f"); got != "one\n" {
+		t.Fatalf("after a wake: %q", got)
+	}
+	res, err := c.Fork(t.Context(), sb.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range res.Children {
+		if k.Error != "" {
+			t.Fatalf("child: %s", k.Error)
+		}
+		if got := mustSh(t, c, k.ID, "cat /data/f; echo "+k.ID+" > /data/f"); got != "one\ntwo\n" {
+			t.Fatalf("child %s reads %q", k.ID, got)
+		}
+	}
+	if got := mustSh(t, c, sb.ID, "cat /data/f"); got != "one\ntwo\n" {
+		t.Fatalf("the parent sees its children's writes: %q", got)
+	}
+}
