@@ -35,7 +35,6 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -411,14 +410,4 @@ func (m *Manager) ownImage(sandboxID string, i int) string {
 
 func (m *Manager) snapshotImage(snapshotID string, i int) string {
 	return filepath.Join(m.cfg.Dir, "snapshots", snapshotID, strconv.Itoa(i)+".img")
-}
-
-// sortedKeys is for deterministic logs.
-func sortedKeys(set map[string]bool) []string {
-	out := make([]string, 0, len(set))
-	for k := range set {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
