@@ -300,6 +300,13 @@ func TestVolumeDaemonKill(t *testing.T) {
 	newVolume(t, c, "keep", 32)
 	sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "keep", Path: "/data"}}})
 	mustSh(t, c, sb.ID, "echo durable > /data/f && sync /data/f")
+	// One asleep at the kill, with a volume of its own.
+	newVolume(t, c, "napping", 16)
+	sleeper := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "napping", Path: "/nap"}}})
+	mustSh(t, c, sleeper.ID, "echo zzz > /nap/f")
+	if _, err := c.Sleep(t.Context(), sleeper.ID); err != nil {
+		t.Fatal(err)
+	}
 	d.Kill()
 
 	// What a daemon killed in the middle of a volume create leaves.
@@ -338,6 +345,12 @@ func TestVolumeDaemonKill(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(vdir, p)); !os.IsNotExist(err) {
 			t.Errorf("%s is left after the restart (%v)", p, err)
 		}
+	}
+	if got := mustSh(t, c, sleeper.ID, "cat /nap/f"); got != "zzz\n" { // wakes it
+		t.Fatalf("a sandbox asleep across the restart reads %q", got)
+	}
+	if err := c.DeleteSandbox(t.Context(), sleeper.ID); err != nil {
+		t.Fatal(err)
 	}
 	// The restarted daemon knows the sandbox uses its volume.
 	if err := c.DeleteVolume(t.Context(), "keep"); !sdk.IsConflict(err) {
