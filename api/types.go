@@ -301,4 +301,8 @@ type CommitRequest struct {
 	Ready string `json:"ready,omitempty"`
 	// ReadyTimeoutMS bounds the wait for readiness (default 60 s).
 	ReadyTimeoutMS int64 `json:"ready_timeout_ms,omitempty"`
+	// Volumes, with Start, are mounted in the template's sandbox; its
+	// snapshot records their content, and each sandbox of the template
+	// gets its own copy (shared ones are mounted by all).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }

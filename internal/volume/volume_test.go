@@ -490,3 +490,62 @@ func TestVolumeWarmPool(t *testing.T) {
 		t.Fatalf("the parent sees its children's writes: %q", got)
 	}
 }
+
+// TestVolumeTemplate: a template built with a volume records the volume's
+// content as its start command left it; each sandbox of the template gets
+// its own copy, and the named volume is not touched by them.
+func TestVolumeTemplate(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	newVolume(t, c, "seed", 32)
+	seeder := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "seed", Path: "/data"}}})
+	mustSh(t, c, seeder.ID, "echo seeded > /data/base")
+	if err := c.DeleteSandbox(t.Context(), seeder.ID); err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := c.Build(t.Context(), sdk.BuildRequest{Name: "voltmpl", From: "default",
+		Start: "echo started > /data/ready; exec sleep 100000", Ready: "test -e /data/ready",
+		Volumes: []sdk.VolumeMount{{Name: "seed", Path: "/data"}}})
+	if err != nil {
+		t.Fatalf("template build: %v", err)
+	}
+	if tmpl.Snapshot == "" {
+		t.Fatalf("no template snapshot: %+v", tmpl)
+	}
+	var kids []string
+	for range 2 {
+		kids = append(kids, create(t, c, sdk.CreateSandboxRequest{Image: "voltmpl"}).ID)
+	}
+	for _, k := range kids {
+		if got := mustSh(t, c, k, "cat /data/base /data/ready; grep -qx sleep /proc/[0-9]*/comm && echo running"); got != "seeded\nstarted\nrunning\n" {
+			t.Fatalf("a sandbox of the template reads %q", got)
+		}
+		mustSh(t, c, k, "echo "+k+" > /data/own")
+	}
+	for _, k := range kids {
+		if got := mustSh(t, c, k, "cat /data/own"); got != k+"\n" {
+			t.Fatalf("%s reads a sibling's write: %q", k, got)
+		}
+	}
+	sb, _ := c.GetSandbox(t.Context(), kids[0])
+	if len(sb.Volumes) != 1 || sb.Volumes[0].Clone == "" {
+		t.Fatalf("a template sandbox's volumes: %+v", sb.Volumes)
+	}
+	check := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "seed", Path: "/data"}}})
+	if got := mustSh(t, c, check.ID, "ls /data"); got != "base\nready\n" {
+		t.Fatalf("the named volume holds %q: the template's start wrote there (as it should) and its sandboxes must not", got)
+	}
+	for _, id := range append(kids, check.ID) {
+		if err := c.DeleteSandbox(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteImage(t.Context(), "voltmpl"); err != nil {
+		t.Fatal(err)
+	}
+	for _, sub := range []string{"sandboxes", "snapshots", "mnt"} {
+		if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "volumes", sub)); len(ents) != 0 {
+			t.Errorf("volumes/%s holds %d entries after the template went", sub, len(ents))
+		}
+	}
+}
