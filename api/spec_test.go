@@ -98,7 +98,8 @@ func TestSpecSchemas(t *testing.T) {
 		api.Image{}, api.Health{}, api.Error{},
 		api.Snapshot{}, api.SnapshotRequest{}, api.ForkRequest{}, api.ForkChild{}, api.ForkResult{},
 		api.Network{}, api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}, api.CommitRequest{},
-		api.BuildSandboxRequest{}, api.BuildEvent{}, api.Ingress{}, api.TimeoutRequest{}, api.Event{}, api.EventExec{}, api.SandboxStats{}} {
+		api.BuildSandboxRequest{}, api.BuildEvent{}, api.Ingress{}, api.TimeoutRequest{}, api.Event{}, api.EventExec{}, api.SandboxStats{},
+		api.Volume{}, api.CreateVolumeRequest{}, api.VolumeMount{}, api.Secret{}, api.SetSecretRequest{}, api.SecretRef{}} {
 		typ := reflect.TypeOf(v)
 		t.Run(typ.Name(), func(t *testing.T) {
 			sc, ok := s.Components.Schemas[typ.Name()]

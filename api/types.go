@@ -41,6 +41,11 @@ type Sandbox struct {
 	TimeoutMS int64      `json:"timeout_ms,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	OnTimeout string     `json:"on_timeout,omitempty"`
+	// Volumes are the volumes the sandbox mounts.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Secrets are the secrets the sandbox took and their versions (never
+	// their values).
+	Secrets []SecretRef `json:"secrets,omitempty"`
 }
 
 // Network is a sandbox's network: its mode, its egress policy and, while
@@ -125,6 +130,10 @@ type CreateSandboxRequest struct {
 	// "rm" (the default) removes it, "sleep" puts it to sleep.
 	TimeoutMS int64  `json:"timeout_ms,omitempty"`
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// Volumes are named volumes to mount (see VolumeMount).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Secrets are secrets the sandbox takes (see SecretRef).
+	Secrets []SecretRef `json:"secrets,omitempty"`
 }
 
 // Snapshot is a sandbox's state frozen on disk: memory, processes, files.
@@ -315,6 +324,10 @@ type CommitRequest struct {
 	Ready string `json:"ready,omitempty"`
 	// ReadyTimeoutMS bounds the wait for readiness (default 60 s).
 	ReadyTimeoutMS int64 `json:"ready_timeout_ms,omitempty"`
+	// Volumes, with Start, are mounted in the template's sandbox; its
+	// snapshot records their content, and each sandbox of the template
+	// gets its own copy (shared ones are mounted by all).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // Event is one line of GET /v1/events: something that happened to a

@@ -49,6 +49,9 @@ type BuildRequest struct {
 	Run   []string // shell commands, in order; the first that fails stops the build
 	Start string
 	Ready string
+	// Volumes, with Start, are mounted in the template's sandbox: the
+	// template records their content (see CommitRequest.Volumes).
+	Volumes []VolumeMount
 	// Output receives the steps' output; nil discards it.
 	Output io.Writer
 }
@@ -103,7 +106,7 @@ func (c *Client) Build(ctx context.Context, req BuildRequest) (_ Image, err erro
 	if req.Start != "" {
 		fmt.Fprintf(out, "--> starting %q and waiting until it is ready\n", req.Start)
 	}
-	return c.Commit(ctx, sb.ID, CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir, Start: req.Start, Ready: req.Ready})
+	return c.Commit(ctx, sb.ID, CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir, Start: req.Start, Ready: req.Ready, Volumes: req.Volumes})
 }
 
 // buildSandbox asks the daemon for a build's sandbox (POST /v1/builds) and

@@ -45,6 +45,9 @@ func cmdDaemon(ctx context.Context, args []string) error {
 	fs.StringVar(&o.Network.Prefix, "network-prefix", "clade", "name of the nftables table and prefix of netns and veth names")
 	fs.IntVar(&o.Network.PoolSize, "network-pool", 8, "sandbox networks kept built ahead")
 	dnsUp := fs.String("dns-upstream", "", "comma-separated DNS servers (IP or IP:PORT) the sandboxes' resolver forwards to (default: the host's /etc/resolv.conf); none answers SERVFAIL")
+	fs.StringVar(&o.KeyFile, "key-file", "", "the host key that seals secrets (default DATA-DIR/host.key, made 0600 at the first start)")
+	fs.StringVar(&o.KeyEnv, "key-env", "CLADE_KEY", "environment variable that, when set, holds the host key (hex or base64 of 32 bytes) instead of --key-file")
+	fs.BoolVar(&o.EncryptAtRest, "encrypt-at-rest", false, "keep snapshots, sleep images, volumes and sandbox upper layers encrypted on disk (gocryptfs under DATA-DIR/encrypted, keyed by the host key; needs gocryptfs and fuse3)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -112,7 +112,7 @@ func (p *progress) done() {
 }
 
 func cmdImageBuild(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("image build", "image build NAME --from NAME|REF [--run CMD]... [--copy SRC:DST]... [--env K=V]... [--workdir DIR]\n                  [--start CMD [--ready CMD]]\n\nBuilds an image: a sandbox of the --from image (a name, or a reference it\nwas pulled as) gets the copies and runs each --run step\n(the first to fail stops the build), then its filesystem becomes image NAME.\nWith --start the image is a template: CMD runs in the background until\n--ready exits 0 (or until something listens on TCP), and that running\nsandbox is snapshotted; `clade create --image NAME` then restores it, with\nCMD already running, instead of booting.")
+	fs := newFlags("image build", "image build NAME --from NAME|REF [--run CMD]... [--copy SRC:DST]... [--env K=V]... [--workdir DIR]\n                  [--start CMD [--ready CMD] [--volume NAME:/path]...]\n\nBuilds an image: a sandbox of the --from image (a name, or a reference it\nwas pulled as) gets the copies and runs each --run step\n(the first to fail stops the build), then its filesystem becomes image NAME.\nWith --start the image is a template: CMD runs in the background until\n--ready exits 0 (or until something listens on TCP), and that running\nsandbox is snapshotted; `clade create --image NAME` then restores it, with\nCMD already running, instead of booting.")
 	var req sdk.BuildRequest
 	var runs, copies, env multi
 	fs.StringVar(&req.From, "from", "default", "base image: a name or a reference it was pulled or imported as")
@@ -122,11 +122,15 @@ func cmdImageBuild(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.StringVar(&req.Workdir, "workdir", "", "working directory of the steps and the image")
 	fs.StringVar(&req.Start, "start", "", "make a template: the command its sandboxes start with")
 	fs.StringVar(&req.Ready, "ready", "", "with --start: a command that exits 0 once the start command is ready")
+	volumes := volumeFlags(fs)
 	name, err := parseOneArg(fs, args)
 	if err != nil {
 		return err
 	}
 	req.Name, req.Run, req.Env, req.Output = name, runs, env, os.Stderr
+	if req.Volumes, err = volumes(); err != nil {
+		return err
+	}
 	for _, cp := range copies {
 		src, dst, ok := strings.Cut(cp, ":")
 		if !ok || src == "" || !strings.HasPrefix(dst, "/") {

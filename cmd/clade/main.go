@@ -50,6 +50,9 @@ Usage:
   clade snapshot ID [--name NAME]       freeze a running sandbox; it keeps running
   clade snapshot ls [--json] | clade snapshot rm SNAP...
   clade fork SNAP|ID -n N [--json]      N children in one call
+  clade volume create NAME [--size S]   a named volume; clade create --volume NAME:/path[:ro]
+  clade volume ls|inspect|rm NAME...
+  clade secret set NAME [--from-file F] | secret ls | secret rm NAME...   sealed; create --secret NAME[:ENV]
   clade sleep ID | --all | --label K=V  to disk at zero RAM; clade wake ID: back
   clade timeout ID DUR [--on-timeout rm|sleep]   renew a sandbox's lifetime
   clade port-forward ID [LOCAL:]REMOTE  forward local TCP port LOCAL to REMOTE in the sandbox
@@ -123,6 +126,10 @@ func run(args []string) int {
 		err = withClient(ctx, host, rest, cmdSnapshot)
 	case "fork":
 		err = withClient(ctx, host, rest, cmdFork)
+	case "volume", "volumes":
+		err = withClient(ctx, host, rest, cmdVolume)
+	case "secret", "secrets":
+		err = withClient(ctx, host, rest, cmdSecret)
 	case "network":
 		err = withClient(ctx, host, rest, cmdNetwork)
 	case "sleep":

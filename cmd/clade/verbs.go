@@ -55,7 +55,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 }
 
 func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("create", "create [--image REF] [--memory MIB] [--cpus N] [--disk SIZE] [--env K=V]... [--label K=V]... [--name NAME]\n       [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...\n              [--public] [--idle-sleep DUR] [--timeout DUR [--on-timeout rm|sleep]]\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
+	fs := newFlags("create", "create [--image REF] [--memory MIB] [--cpus N] [--disk SIZE] [--env K=V]... [--label K=V]... [--name NAME]\n       [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...\n              [--public] [--idle-sleep DUR] [--timeout DUR [--on-timeout rm|sleep]]\n              [--volume NAME:/path[:ro]]... [--volume-shared NAME:/path[:ro]]...\n              [--secret NAME[:ENVVAR]]... [--secret-file NAME:/run/secrets/FILE]...\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
 	var req sdk.CreateSandboxRequest
 	var env, labels multi
 	disk := fs.String("disk", "", "cap on what the sandbox may write, e.g. 2GiB or 512MiB (default: the daemon's --default-disk)")
@@ -72,7 +72,16 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 	idle := fs.Duration("idle-sleep", 0, "put the sandbox to sleep (zero RAM) after this long with no exec, file copy, ingress request or open ingress/port-forward connection, e.g. 5m; the next request wakes it (default: never)")
 	timeout := fs.Duration("timeout", 0, "end the sandbox this long after its creation, e.g. 1h; renewable with: clade timeout ID DUR (default: never)")
 	fs.StringVar(&req.OnTimeout, "on-timeout", "", "what --timeout does: rm removes the sandbox (default), sleep puts it to sleep (a wake starts a new --timeout)")
+	volumes := volumeFlags(fs)
+	secrets := secretFlags(fs)
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if req.Volumes, err = volumes(); err != nil {
+		return err
+	}
+	if req.Secrets, err = secrets(); err != nil {
 		return err
 	}
 	if *idle < 0 || *idle%time.Millisecond != 0 || *timeout < 0 || *timeout%time.Millisecond != 0 {

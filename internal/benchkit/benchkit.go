@@ -19,7 +19,7 @@ import (
 )
 
 // Phases are the phase names, in the order a default run takes them.
-var Phases = []string{"create", "exec", "snapshot", "fork", "wake", "memfork", "density", "netcreate", "proxy", "proxywake", "masswake"}
+var Phases = []string{"create", "exec", "snapshot", "fork", "wake", "memfork", "density", "volwake", "netcreate", "proxy", "proxywake", "masswake"}
 
 // Config is one run's settings; DefaultConfig has the defaults.
 type Config struct {
@@ -259,6 +259,7 @@ var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"proxy":     (*runner).phaseProxy,
 	"proxywake": (*runner).phaseProxywake,
 	"masswake":  (*runner).phaseMasswake,
+	"volwake":   (*runner).phaseVolwake,
 }
 
 // orDefault returns v, or def when v is 0.

@@ -39,7 +39,24 @@ type Spec struct {
 	// WorkingDir and User); empty means / and root.
 	Workdir string
 	User    string
+	// Mounts are host directories (volumes) the sandbox sees at their
+	// destinations. They are not part of a checkpoint: a restore may point
+	// a destination at another directory (a fork child's own copy).
+	Mounts []Mount
 }
+
+// Mount is a host directory bind-mounted into a sandbox, or (Type
+// MountTmpfs) a small file system in the sandbox's memory.
+type Mount struct {
+	// Source is the host directory; Destination the absolute path inside.
+	Source, Destination string
+	ReadOnly            bool
+	Type                string
+}
+
+// MountTmpfs is the Type of an in-memory mount (Source unused): what is
+// written there never reaches the host's disk, except in checkpoints.
+const MountTmpfs = "tmpfs"
 
 // Sandbox is a live sandbox as an engine sees it.
 type Sandbox interface {

@@ -26,6 +26,8 @@ type CommitRequest struct {
 	Start        string
 	Ready        string
 	ReadyTimeout time.Duration
+	// Volumes are mounted in the template's sandbox (see store.Options).
+	Volumes []store.VolumeMount
 }
 
 // notInImage are the paths of a sandbox that are not its filesystem.
@@ -88,7 +90,7 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 // makeTemplate starts req.Start in a sandbox of img, waits until it is
 // ready, snapshots it and records the snapshot in the image.
 func (m *Manager) makeTemplate(ctx context.Context, img image.Image, req CommitRequest) (_ image.Image, err error) {
-	sb, err := m.CreateBuildSandbox(ctx, CreateRequest{Image: img.Name})
+	sb, err := m.CreateBuildSandbox(ctx, CreateRequest{Image: img.Name, Opts: store.Options{Volumes: req.Volumes}})
 	if err != nil {
 		return image.Image{}, fmt.Errorf("template %s: %w", img.Name, err)
 	}

@@ -47,15 +47,94 @@ type OptionsHook interface {
 	UpdateOptions(ctx context.Context, rec store.Sandbox, o *store.Options) error
 }
 
+// CreateHook is a hook that checks and completes the options of a sandbox
+// made from an image (not restored from a snapshot) before it is recorded,
+// e.g. resolves the volumes it names. Errors are InvalidArgument or
+// NotFound.
+type CreateHook interface {
+	CompleteCreate(o *store.Options) error
+}
+
+// SnapshotHook is a hook that keeps a sandbox's state outside the engine's
+// checkpoint (volumes) and copies it into snapshots.
+type SnapshotHook interface {
+	// SnapshotOptions returns the options a snapshot of rec records (its
+	// children inherit them); stop says rec must be stopped for the
+	// checkpoint, so that SnapshotTaken copies state consistent with it:
+	// the snapshot then restores rec in place afterwards.
+	SnapshotOptions(rec store.Sandbox) (o store.Options, stop bool)
+	// SnapshotTaken copies the hook's state of rec into sn, after the
+	// checkpoint and, when SnapshotOptions said stop, before rec restarts.
+	SnapshotTaken(ctx context.Context, rec store.Sandbox, sn store.Snapshot) error
+	// SnapshotRemoved frees what the hook holds for sn. Idempotent.
+	SnapshotRemoved(ctx context.Context, sn store.Snapshot) error
+}
+
 func (m *Manager) completeOptions(o *store.Options) error {
+	if len(o.Volumes) > 0 && !m.hasHook(func(h Hook) bool { _, ok := h.(CreateHook); return ok }) {
+		return errdefs.New(errdefs.InvalidArgument, "this daemon has no volumes")
+	}
 	for _, h := range m.cfg.Hooks {
 		if oh, ok := h.(OptionsHook); ok {
 			if err := oh.CompleteOptions(o); err != nil {
 				return err
 			}
 		}
+		if ch, ok := h.(CreateHook); ok {
+			if err := ch.CompleteCreate(o); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+func (m *Manager) hasHook(is func(Hook) bool) bool {
+	for _, h := range m.cfg.Hooks {
+		if is(h) {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshotOptions asks the snapshot hooks what a snapshot of rec records
+// and whether it must stop rec.
+func (m *Manager) snapshotOptions(rec store.Sandbox) (store.Options, bool) {
+	o, stop := rec.Opts, false
+	for _, h := range m.cfg.Hooks {
+		if sh, ok := h.(SnapshotHook); ok {
+			r := rec
+			r.Opts = o
+			var s bool
+			o, s = sh.SnapshotOptions(r)
+			stop = stop || s
+		}
+	}
+	return o, stop
+}
+
+func (m *Manager) snapshotTaken(ctx context.Context, rec store.Sandbox, sn store.Snapshot) error {
+	for _, h := range m.cfg.Hooks {
+		if sh, ok := h.(SnapshotHook); ok {
+			if err := sh.SnapshotTaken(ctx, rec, sn); err != nil {
+				return fmt.Errorf("%s: %w", h.Name(), err)
+			}
+		}
+	}
+	return nil
+}
+
+func (m *Manager) snapshotRemoved(ctx context.Context, sn store.Snapshot) error {
+	var errs []error
+	for _, h := range m.cfg.Hooks {
+		if sh, ok := h.(SnapshotHook); ok {
+			if err := sh.SnapshotRemoved(ctx, sn); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // SetNetwork replaces the network options (egress policy) of a sandbox;

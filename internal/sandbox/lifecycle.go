@@ -134,7 +134,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	if img.Snapshot != "" && len(req.Env) == 0 {
+	if img.Snapshot != "" && len(req.Env) == 0 && len(req.Opts.Volumes) == 0 { // volumes: boot, the template's snapshot has none
 		// A template: restore its ready snapshot (start command already
 		// running) when the sandbox asks for the snapshot's resources.
 		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs &&
@@ -241,8 +241,8 @@ func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engin
 
 // createFrom makes one sandbox restored from a snapshot: a fork of one.
 func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
-	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 || req.Opts.DiskMiB != 0 || req.Opts.Network != nil {
-		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus, env, disk and network: give only a name")
+	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 || req.Opts.DiskMiB != 0 || req.Opts.Network != nil || len(req.Opts.Volumes) != 0 {
+		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus, env, disk, network and volumes: give only a name")
 	}
 	if req.Name != "" {
 		if err := validName("sandbox", req.Name); err != nil {

@@ -49,19 +49,29 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 		return store.Snapshot{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a running sandbox can be snapshotted", ref, rec.State)
 	}
 	id := newID()
+	opts, stop := m.snapshotOptions(rec)
 	sn := store.Snapshot{ID: id, Name: name, Sandbox: rec.ID, Image: rec.Image, State: store.SnapshotCreating,
 		MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env, Path: filepath.Join(m.cfg.SnapshotDir, id), Implicit: implicit,
-		RootFS: rec.RootFS, Opts: rec.Opts, CreatedAt: time.Now()}
+		RootFS: rec.RootFS, Opts: opts, CreatedAt: time.Now()}
 	if err := m.store.InsertSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
 	m.crashPoint("snapshot-before-engine")
-	if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, true); err != nil {
-		return store.Snapshot{}, errors.Join(fmt.Errorf("snapshot %s: %w", ref, err), os.RemoveAll(sn.Path), m.store.DeleteSnapshot(ctx, id))
+	fail := func(err error) (store.Snapshot, error) {
+		return store.Snapshot{}, errors.Join(fmt.Errorf("snapshot %s: %w", ref, err), os.RemoveAll(sn.Path), m.snapshotRemoved(ctx, sn), m.store.DeleteSnapshot(ctx, id))
 	}
-	if err := sealImage(sn.Path); err != nil {
-		return store.Snapshot{}, errors.Join(fmt.Errorf("snapshot %s: %w", ref, err), os.RemoveAll(sn.Path), m.store.DeleteSnapshot(ctx, id))
+	if stop {
+		if err := m.snapshotStoppedLocked(ctx, snapper, rec, sn); err != nil {
+			return fail(err)
+		}
+	} else {
+		if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, true); err != nil {
+			return fail(err)
+		}
+		if err := sealImage(sn.Path); err != nil {
+			return fail(err)
+		}
 	}
 	sn.SizeBytes = image.DirSize(sn.Path)
 	if err := m.store.SetSnapshotReady(ctx, id, sn.SizeBytes); err != nil {
@@ -71,6 +81,39 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	m.emitRec(rec, events.Event{Type: events.Snapshotted, Snapshot: id})
 	m.log.Info("snapshot taken", "snapshot", id, "sandbox", rec.ID, "size_mib", sn.SizeBytes>>20)
 	return sn, nil
+}
+
+// snapshotStoppedLocked snapshots rec with state outside the checkpoint
+// (volumes): the checkpoint stops rec's engine sandbox, the hooks copy
+// their state while nothing runs, and rec is restored in place from the
+// new image, as a wake would. A failed restore leaves rec stopped with
+// the reason. Guarded by rec's lock.
+func (m *Manager) snapshotStoppedLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, sn store.Snapshot) error {
+	// Requests that come now wait for the lock and find rec running again.
+	sb := m.dropLive(rec.ID)
+	if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, false); err != nil {
+		m.relive(rec.ID, sb) // the engine leaves it running
+		return err
+	}
+	err := sealImage(sn.Path)
+	if err == nil {
+		err = m.snapshotTaken(ctx, rec, sn)
+	}
+	if derr := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec)); derr != nil {
+		m.log.Warn("snapshot: cleanup failed; the restart retries", "sandbox", rec.ID, "err", derr)
+	}
+	img, ierr := m.images.Get(ctx, rec.Image)
+	if ierr != nil && rec.RootFS == "" {
+		return errors.Join(err, ierr, m.moveLocked(ctx, &rec, store.StateStopped, ierr.Error()))
+	}
+	nsb, rerr := m.startLocked(ctx, rec, m.spec(rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
+		return snapper.Restore(ctx, spec, sn.Path)
+	})
+	if rerr != nil {
+		return errors.Join(err, rerr, m.moveLocked(ctx, &rec, store.StateStopped, "restart after snapshot: "+rerr.Error()))
+	}
+	m.track(rec.ID, nsb)
+	return err
 }
 
 // GetSnapshot returns a snapshot and the sandboxes restored from it.
@@ -126,6 +169,9 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
 // snapshot's lock, or run where nobody else can know it.
 func (m *Manager) removeSnapshot(ctx context.Context, sn store.Snapshot) error {
 	if err := os.RemoveAll(sn.Path); err != nil {
+		return err
+	}
+	if err := m.snapshotRemoved(ctx, sn); err != nil {
 		return err
 	}
 	if err := m.store.DeleteSnapshot(ctx, sn.ID); err != nil {

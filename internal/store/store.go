@@ -90,6 +90,10 @@ type Options struct {
 	TimeoutMS int64      `json:"timeout_ms,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	OnTimeout string     `json:"on_timeout,omitempty"`
+	// Volumes are the volumes the sandbox mounts (package volume).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// Secrets are the secrets the sandbox takes (package secret).
+	Secrets []SecretRef `json:"secrets,omitempty"`
 }
 
 // NetworkOptions are a sandbox's network mode and egress policy.

@@ -16,7 +16,8 @@ import (
 // engine is registered. Each keeps its state under DATA-DIR/<name>.
 var engines = map[string]func(o Options, log *slog.Logger) (engine.Engine, error){
 	"gvisor": func(o Options, log *slog.Logger) (engine.Engine, error) {
-		return gvisor.New(gvisor.Config{StateDir: filepath.Join(o.DataDir, "gvisor"), Runsc: o.Runsc, AgentPath: o.AgentPath, Log: log})
+		return gvisor.New(gvisor.Config{StateDir: filepath.Join(o.DataDir, "gvisor"), Runsc: o.Runsc, AgentPath: o.AgentPath, Log: log,
+			UpperRoot: o.upperRoot})
 	},
 }
 

@@ -1,6 +1,7 @@
 package system
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,12 +14,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/atrest"
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/secret"
 	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/clade-sandbox/clade/internal/volume"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -53,6 +57,17 @@ type Options struct {
 	DefaultNetwork string
 	Network        network.Config
 	Log            *slog.Logger
+	// KeyFile holds the host key that seals secrets (default
+	// DATA-DIR/host.key, made 0600 at the first start); KeyEnv names an
+	// environment variable that holds the key instead, for hosts that keep
+	// it off the disk.
+	KeyFile string
+	KeyEnv  string
+	// EncryptAtRest keeps snapshots, sleep images, volumes and sandbox
+	// upper layers in an encrypted directory (package atrest).
+	EncryptAtRest bool
+	// upperRoot is where the engine keeps upper layers ("" its default).
+	upperRoot string
 	// Ready, if set, is called once the daemon serves.
 	Ready func()
 }
@@ -86,6 +101,35 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer st.Close()
+	// The key first: a wrong one stops the daemon before it changes anything.
+	secrets, err := secret.Open(ctx, st, cmp.Or(o.KeyFile, filepath.Join(o.DataDir, "host.key")), o.KeyEnv, log)
+	if err != nil {
+		return err
+	}
+	// stateDir holds what sandboxes write and what snapshots hold.
+	stateDir := o.DataDir
+	liveEngineSandboxes := func() int { return 1 } // set once the engine exists
+	if o.EncryptAtRest {
+		fs, err := atrest.Mount(ctx, filepath.Join(o.DataDir, "encrypted"), filepath.Join(o.DataDir, "plain"), secrets.Key().Derive(atrest.Purpose))
+		if err != nil {
+			return err
+		}
+		stateDir = fs.Plain
+		o.upperRoot = filepath.Join(fs.Plain, "upper")
+		log.Info("encryption at rest: snapshots, sleep images, volumes and upper layers are encrypted", "dir", fs.Cipher)
+		// Last out: unmounted only when no sandbox runs on it.
+		defer func() {
+			if n := liveEngineSandboxes(); n > 0 {
+				log.Info("keeping the encrypted view mounted for the sandboxes that run on", "sandboxes", n)
+				return
+			}
+			if err := fs.Unmount(); err != nil {
+				log.Warn("unmount the encrypted view", "err", err)
+			}
+		}()
+	} else {
+		log.Warn("encryption at rest is off: snapshots and sleep images hold sandbox memory (secrets included) in plaintext on disk; start the daemon with --encrypt-at-rest to encrypt them")
+	}
 	images, err := image.NewStore(o.ImagesDir, log)
 	if err != nil {
 		return err
@@ -93,6 +137,13 @@ func Run(ctx context.Context, o Options) error {
 	eng, err := newEngine(o, log)
 	if err != nil {
 		return err
+	}
+	liveEngineSandboxes = func() int {
+		ids, err := eng.List(context.Background())
+		if err != nil {
+			return 1 // unknown: keep what they may need
+		}
+		return len(ids)
 	}
 	hook, err := startNetwork(ctx, &o, log)
 	if err != nil {
@@ -108,9 +159,15 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}()
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, hook)
+	vols, err := volume.New(volume.Config{Dir: filepath.Join(stateDir, "volumes"), Store: st, Log: log})
+	if err != nil {
+		return err
+	}
+	o.Sandbox.Hooks = append(o.Sandbox.Hooks, vols)
+	o.Sandbox.Hooks = append(o.Sandbox.Hooks, secrets)
 	o.Sandbox.Log = log
-	o.Sandbox.SnapshotDir = filepath.Join(o.DataDir, "snapshots")
-	o.Sandbox.SleepDir = filepath.Join(o.DataDir, "sleep")
+	o.Sandbox.SnapshotDir = filepath.Join(stateDir, "snapshots")
+	o.Sandbox.SleepDir = filepath.Join(stateDir, "sleep")
 	for _, d := range []string{o.Sandbox.SnapshotDir, o.Sandbox.SleepDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
@@ -140,7 +197,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	registerCounters(reg, mgr.Counters(), mgr)
 	var iln net.Listener
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr}
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o); err != nil {
 			return err

@@ -57,6 +57,10 @@ type Config struct {
 	// Platform is runsc's --platform; systrap when empty (kvm hangs on
 	// nested hosts like ours).
 	Platform string
+	// UpperRoot, when set, holds each sandbox's upper layer (what it
+	// writes) in UpperRoot/<id> instead of its state directory: the daemon
+	// points it into an encrypted directory (package atrest).
+	UpperRoot string
 	// ReadyTimeout bounds how long Create waits for the agent; 30s if zero.
 	ReadyTimeout time.Duration
 	// CheckpointFlags and RestoreFlags are added to runsc checkpoint and
@@ -226,11 +230,16 @@ func (e *Engine) watch(s *sandbox) {
 	}()
 }
 
-func (s *sandbox) ID() string            { return s.id }
-func (s *sandbox) Guest() *guest.Conn    { return s.client }
-func (s *sandbox) PID() int              { return s.pid }
-func (e *Engine) dir(id string) string   { return filepath.Join(e.sbRoot, id) }
-func (e *Engine) upper(id string) string { return filepath.Join(e.dir(id), "upper") }
+func (s *sandbox) ID() string          { return s.id }
+func (s *sandbox) Guest() *guest.Conn  { return s.client }
+func (s *sandbox) PID() int            { return s.pid }
+func (e *Engine) dir(id string) string { return filepath.Join(e.sbRoot, id) }
+func (e *Engine) upper(id string) string {
+	if e.cfg.UpperRoot != "" {
+		return filepath.Join(e.cfg.UpperRoot, id)
+	}
+	return filepath.Join(e.dir(id), "upper")
+}
 
 // globalFlags are the same for every call about one id.
 func (e *Engine) globalFlags(id string) []string {
@@ -382,8 +391,8 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 			err = errors.Join(err, e.Destroy(context.WithoutCancel(ctx), spec.ID))
 		}
 	}()
-	for _, d := range []string{"run", "upper"} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+	for _, d := range []string{filepath.Join(dir, "run"), e.upper(spec.ID)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
 	}
@@ -412,9 +421,10 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot
 	delete(e.preparedNS, spec.ID)
 	sb := e.live[spec.ID]
 	e.mu.Unlock()
-	if prepared && (e.diskMiB(spec.ID) != spec.DiskMiB || preparedNS != spec.NetNS) {
-		// runsc fixed the disk cap and the network when it created the
-		// container: start afresh rather than with the wrong ones.
+	if prepared && (e.diskMiB(spec.ID) != spec.DiskMiB || preparedNS != spec.NetNS || len(spec.Mounts) > 0) {
+		// runsc fixed the disk cap, the network and the mounts (volumes)
+		// when it created the container: start afresh rather than with
+		// the wrong ones.
 		if err := e.Destroy(ctx, spec.ID); err != nil {
 			return nil, err
 		}
@@ -664,9 +674,20 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 			// Read-only too: the agent only dials the host's socket there,
 			// and a writable host directory would bypass the disk cap.
 			{Source: filepath.Join(e.dir(spec.ID), "run"), Destination: guestRunDir, ReadOnly: true},
-		}, mounts...),
+		}, append(mounts, volumeMounts(spec)...)...),
 		NetNS: spec.NetNS,
 	})
+}
+
+// volumeMounts are spec's volumes as bind mounts. runsc's gofer serves
+// them; a checkpoint records them by destination, so a restore may serve
+// another source there.
+func volumeMounts(spec engine.Spec) []bundle.Mount {
+	var ms []bundle.Mount
+	for _, m := range spec.Mounts {
+		ms = append(ms, bundle.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly, Tmpfs: m.Type == engine.MountTmpfs})
+	}
+	return ms
 }
 
 // netnsFile in a sandbox's directory names the network namespace it runs
@@ -778,7 +799,7 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	dir := e.dir(id)
 	if !fileExists(dir) {
 		e.killProcesses(dir + "/")
-		return e.removeStateFiles(id)
+		return errors.Join(e.removeStateFiles(id), e.removeUpper(id))
 	}
 	// One call: delete --force kills with SIGKILL. Only when it fails is
 	// it worth asking whether there was anything to delete (each runsc call
@@ -804,7 +825,15 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	// leaves one naming a dead sandbox process, which the next restore of
 	// the same id would try to reach ("connecting to control server at PID
 	// N: connection refused").
-	return errors.Join(e.removeStateFiles(id), os.RemoveAll(dir))
+	return errors.Join(e.removeStateFiles(id), e.removeUpper(id), os.RemoveAll(dir))
+}
+
+// removeUpper removes an upper layer kept outside the state directory.
+func (e *Engine) removeUpper(id string) error {
+	if e.cfg.UpperRoot == "" {
+		return nil
+	}
+	return os.RemoveAll(e.upper(id))
 }
 
 // removeStateFiles removes runsc's state and lock files of container id

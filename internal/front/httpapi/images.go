@@ -199,7 +199,7 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	img, err := s.mgr.Commit(r.Context(), r.PathValue("id"), sandbox.CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir,
-		Start: req.Start, Ready: req.Ready, ReadyTimeout: time.Duration(req.ReadyTimeoutMS) * time.Millisecond})
+		Start: req.Start, Ready: req.Ready, ReadyTimeout: time.Duration(req.ReadyTimeoutMS) * time.Millisecond, Volumes: volumeMountsFromAPI(req.Volumes)})
 	if err != nil {
 		return err
 	}

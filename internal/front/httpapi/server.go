@@ -18,7 +18,9 @@ import (
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/secret"
 	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/clade-sandbox/clade/internal/volume"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -37,6 +39,10 @@ type Config struct {
 	// IngressURL, when the daemon serves an ingress, returns the URL
 	// template (with {port}) of a sandbox's ports.
 	IngressURL func(id string) string
+	// Volumes manages named volumes; nil when the daemon has none.
+	Volumes *volume.Manager
+	// Secrets manages sealed secrets; nil when the daemon has none.
+	Secrets *secret.Manager
 }
 
 // Server is the HTTP API.
@@ -86,6 +92,8 @@ func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
 	s.route("GET /v1/events", "events", s.events)
 	s.route("GET /v1/sandboxes/{id}/stats", "sandbox_stats", s.getStats)
 	s.route("GET /v1/stats", "stats_list", s.listStats)
+	s.routeVolumes()
+	s.routeSecrets()
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))
@@ -242,7 +250,8 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 func toAPI(sb store.Sandbox) api.Sandbox {
 	out := api.Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
 		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC(),
-		Public: sb.Opts.Public, IdleSleepMS: sb.Opts.IdleSleepMS, TimeoutMS: sb.Opts.TimeoutMS, ExpiresAt: sb.Opts.ExpiresAt, OnTimeout: sb.Opts.OnTimeout}
+		Public: sb.Opts.Public, IdleSleepMS: sb.Opts.IdleSleepMS, TimeoutMS: sb.Opts.TimeoutMS, ExpiresAt: sb.Opts.ExpiresAt, OnTimeout: sb.Opts.OnTimeout,
+		Volumes: volumeMountsToAPI(sb.Opts.Volumes), Secrets: secretRefsToAPI(sb.Opts.Secrets)}
 	if n := sb.Opts.Network; n != nil {
 		out.Network = &api.Network{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
 	}
@@ -269,7 +278,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	creq := sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
 		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels,
-			Public: req.Public, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout}}
+			Public: req.Public, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout,
+			Volumes: volumeMountsFromAPI(req.Volumes), Secrets: secretRefsFromAPI(req.Secrets)}}
 	if n := req.Network; n != nil {
 		creq.Opts.Network = &store.NetworkOptions{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
 	}

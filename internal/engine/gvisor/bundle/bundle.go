@@ -19,10 +19,12 @@ var BaseEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 var caps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
 	"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
 
-// Mount is a bind mount of a host directory into the sandbox.
+// Mount is a bind mount of a host directory into the sandbox, or with
+// Tmpfs a small tmpfs (1 MiB, mode 0700; Source unused).
 type Mount struct {
 	Source, Destination string
 	ReadOnly            bool
+	Tmpfs               bool
 }
 
 // Spec is what differs between sandboxes.
@@ -81,6 +83,10 @@ func Marshal(s Spec) ([]byte, error) {
 		mode := "rw"
 		if m.ReadOnly {
 			mode = "ro"
+		}
+		if m.Tmpfs {
+			mounts = append(mounts, map[string]any{"destination": m.Destination, "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "nodev", "noexec", "mode=0700", "size=1m", mode}})
+			continue
 		}
 		mounts = append(mounts, map[string]any{"destination": m.Destination, "type": "bind", "source": m.Source, "options": []string{"rbind", mode}})
 	}

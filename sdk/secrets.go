@@ -1,0 +1,35 @@
+package sdk
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+
+	"github.com/clade-sandbox/clade/api"
+)
+
+// Secret types of the API, re-exported for SDK users.
+type (
+	Secret    = api.Secret
+	SecretRef = api.SecretRef
+)
+
+// SetSecret stores a new version of secret name, sealed with the daemon's
+// host key. Sandboxes created from now on get it (CreateSandboxRequest.Secrets);
+// running ones keep the version they have.
+func (c *Client) SetSecret(ctx context.Context, name string, value []byte) (Secret, error) {
+	var sc Secret
+	return sc, c.call(ctx, http.MethodPut, "/v1/secrets/"+url.PathEscape(name), api.SetSecretRequest{Value: value}, &sc)
+}
+
+// ListSecrets returns every secret's name, version and dates (never values).
+func (c *Client) ListSecrets(ctx context.Context) ([]Secret, error) {
+	var scs []Secret
+	return scs, c.call(ctx, http.MethodGet, "/v1/secrets", nil, &scs)
+}
+
+// DeleteSecret removes a secret; one that sandboxes use gives an error for
+// which IsConflict is true, naming them.
+func (c *Client) DeleteSecret(ctx context.Context, name string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/secrets/"+url.PathEscape(name), nil, nil)
+}
