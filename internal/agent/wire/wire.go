@@ -189,6 +189,12 @@ type Request struct {
 	Path  string `json:"path,omitempty"`
 	// Hostname is the new hostname for OpIdentity.
 	Hostname string `json:"hostname,omitempty"`
+	// ClockNS, when set, steps the guest's clock to this Unix time in
+	// nanoseconds (OpIdentity; a restored VM wakes with its parent's time).
+	ClockNS int64 `json:"clock_ns,omitempty"`
+	// Seed, when set, is mixed into the guest kernel's entropy pool, which
+	// is then reseeded (OpIdentity; a restored VM has its parent's pool).
+	Seed []byte `json:"seed,omitempty"`
 	// Exclude lists absolute paths an OpTarGet leaves out, with what is
 	// below them.
 	Exclude []string `json:"exclude,omitempty"`
