@@ -161,6 +161,9 @@ func (s *session) handle(ctx context.Context, f wire.Frame) error {
 	case wire.Quiesce:
 		s.a.fastUntil = time.Now().Add(time.Minute)
 		s.detachAll()
+		// Say so before hanging up: over a virtio port (a VM) the host
+		// does not see the hang-up itself.
+		_ = s.conn.Write(wire.Quiesce, 0, nil)
 		return errQuiesce
 	case wire.Ping:
 		return s.conn.Write(wire.Pong, f.Channel, f.Payload)

@@ -267,7 +267,7 @@ func (m *Manager) spec(rec store.Sandbox, img image.Image) engine.Spec {
 	if rootfs == "" {
 		rootfs = img.RootFS
 	}
-	return engine.Spec{ID: rec.Engine(), RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, DiskMiB: rec.Opts.DiskMiB,
+	return engine.Spec{ID: rec.Engine(), Engine: rec.Opts.Engine, RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, DiskMiB: rec.Opts.DiskMiB,
 		Env: append(append([]string(nil), img.Config.Env...), rec.Env...), Workdir: img.Config.WorkingDir, User: img.Config.User}
 }
 

@@ -61,7 +61,8 @@ const (
 	// connection and redials every millisecond, so that it reconnects at
 	// once in the running parent and in every restored copy. A dialled-out
 	// connection caught by a checkpoint would otherwise look alive to the
-	// agent forever.
+	// agent forever. The agent answers with a Quiesce of its own before it
+	// hangs up: over a virtio port (a VM) the host cannot see the hang-up.
 	Quiesce
 	typeEnd
 )

@@ -26,13 +26,12 @@ type link struct {
 	path string
 	conn *guest.Conn
 
-	mu        sync.Mutex
-	cur       net.Conn
-	paused    bool
-	resume    chan struct{}
-	quiescing bool
-	stop      chan struct{}
-	stopOnce  sync.Once
+	mu       sync.Mutex
+	cur      net.Conn
+	paused   bool
+	resume   chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
 	// firstWait bounds the wait for the first hello (a boot takes
 	// seconds under TCG); later waits start at a second.
 	firstWait time.Duration
@@ -130,39 +129,20 @@ func (l *link) drop(nc net.Conn) {
 	nc.Close()
 }
 
-// portClosed is called when the guest closed its end of the port. During a
-// quiesce that is the agent hanging up: drop the connection so that the
-// host's session ends (a port's closing is not seen on the socket).
-func (l *link) portClosed() {
-	l.mu.Lock()
-	nc := l.cur
-	if !l.quiescing {
-		nc = nil
-	} else {
-		l.cur = nil
-	}
-	l.mu.Unlock()
-	if nc != nil {
-		nc.Close()
-	}
-}
-
 // pause stops dialling; the current connection stays until dropped.
-func (l *link) pause(quiescing bool) {
+func (l *link) pause() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.paused {
 		l.paused = true
 		l.resume = make(chan struct{})
 	}
-	l.quiescing = quiescing
 }
 
 // unpause dials again.
 func (l *link) unpause() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.quiescing = false
 	if l.paused {
 		l.paused = false
 		close(l.resume)

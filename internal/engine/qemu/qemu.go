@@ -74,7 +74,8 @@ type Engine struct {
 	imgDir    string
 	initramfs string
 	vmlinux   string
-	shmDir    string
+	// shmPrefix names guest RAM files: PREFIX<id>.mem in /dev/shm.
+	shmPrefix string
 	accel     string
 	accelWhy  string
 	tscKHz    int
@@ -114,9 +115,9 @@ func New(cfg Config) (*Engine, error) {
 	sum := sha256.Sum256([]byte(abs))
 	e := &Engine{cfg: cfg, sbRoot: filepath.Join(abs, "sandboxes"), imgDir: filepath.Join(abs, "images"),
 		initramfs: filepath.Join(abs, "initramfs.cpio"), vmlinux: vmlinux,
-		shmDir: filepath.Join("/dev/shm", "clade-qemu-"+hex.EncodeToString(sum[:6])),
-		live:   map[string]*sandbox{}, tscKHz: hostTSCkHz()}
-	for _, d := range []string{e.sbRoot, e.imgDir, e.shmDir} {
+		shmPrefix: filepath.Join("/dev/shm", "clade-qemu-"+hex.EncodeToString(sum[:6])+"-"),
+		live:      map[string]*sandbox{}, tscKHz: hostTSCkHz()}
+	for _, d := range []string{e.sbRoot, e.imgDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -241,6 +242,15 @@ func (s *sandbox) release(reason error) {
 
 func (e *Engine) dir(id string) string { return filepath.Join(e.sbRoot, id) }
 
+// memFile is the share=on file holding id's guest RAM.
+func (e *Engine) memFile(id string) string { return e.shmPrefix + id + ".mem" }
+
+// MemFiles returns the guest RAM files the engine holds (for leak checks).
+func (e *Engine) MemFiles() []string {
+	m, _ := filepath.Glob(e.shmPrefix + "*")
+	return m
+}
+
 func readMeta(dir string) (vmMeta, error) {
 	var m vmMeta
 	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
@@ -300,7 +310,7 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (vmMeta, bool, er
 		cpus = 1
 	}
 	m := vmMeta{MemoryMiB: mem, CPUs: cpus, DiskMiB: spec.DiskMiB, RootImage: root, SharedRAM: true,
-		MemPath: filepath.Join(e.shmDir, spec.ID+".mem"), Prepared: true}
+		MemPath: e.memFile(spec.ID), Prepared: true}
 	cfg, err := vminit.Config{Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir, User: spec.User,
 		DiskMiB: spec.DiskMiB, DNS: spec.DNS}.Encode()
 	if err != nil {
@@ -413,17 +423,7 @@ func (e *Engine) connect(ctx context.Context, id string, m vmMeta, firstWait tim
 	sb.link = newLink(filepath.Join(dir, "agent.sock"), sb.client, firstWait)
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	q, err := dialQMP(qctx, filepath.Join(dir, "qmp.sock"), func(name string, data json.RawMessage) {
-		if name == "VSERPORT_CHANGE" {
-			var d struct {
-				ID   string `json:"id"`
-				Open bool   `json:"open"`
-			}
-			if json.Unmarshal(data, &d) == nil && d.ID == "agentport" && !d.Open {
-				sb.link.portClosed()
-			}
-		}
-	})
+	q, err := dialQMP(qctx, filepath.Join(dir, "qmp.sock"), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -582,11 +582,7 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	if err := e.kill(ctx, id); err != nil {
 		return err
 	}
-	m, _ := readMeta(dir)
-	if m.MemPath != "" && strings.HasPrefix(m.MemPath, e.shmDir+"/") {
-		_ = os.Remove(m.MemPath)
-	}
-	_ = os.Remove(filepath.Join(e.shmDir, id+".mem"))
+	_ = os.Remove(e.memFile(id))
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
@@ -681,11 +677,14 @@ func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 		return classifyDiskErr(err, dir)
 	}
 	t0 := time.Now()
-	sb.link.pause(true)
+	// The agent must not be connected while the state is saved: stop
+	// dialling, ask it to hang up (the link drops the socket when its
+	// session ends); its next hello waits in the guest for whichever host
+	// connects next, this one or a restored copy's.
+	sb.link.pause()
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	err = sb.client.Quiesce(qctx)
 	cancel()
-	sb.link.pause(false)
 	sb.link.dropCurrent()
 	if err != nil {
 		sb.link.unpause()

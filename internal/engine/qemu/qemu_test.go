@@ -46,15 +46,18 @@ func TestConformance(t *testing.T) {
 	}
 	enginetest.Run(t, env, func(t *testing.T, dir string) engine.Engine {
 		e := newEngine(t, dir)
-		t.Cleanup(func() { assertNoLeaks(t, dir) })
+		t.Cleanup(func() { assertNoLeaks(t, e, dir) })
 		return e
 	})
 }
 
 // assertNoLeaks fails when a QEMU process or a guest memory file of the
 // engine on dir outlived the test.
-func assertNoLeaks(t *testing.T, dir string) {
+func assertNoLeaks(t *testing.T, e *qemu.Engine, dir string) {
 	t.Helper()
+	if m := e.MemFiles(); len(m) > 0 {
+		t.Errorf("guest memory files left: %v", m)
+	}
 	if left := testenv.ProcessesMentioning(dir + "/sandboxes/"); len(left) > 0 {
 		t.Errorf("qemu processes left: %v", left)
 	}
