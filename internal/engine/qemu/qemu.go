@@ -80,6 +80,10 @@ type Engine struct {
 	accelWhy  string
 	tscKHz    int
 
+	setupOnce sync.Once
+	accelOnce sync.Once
+	setupErr  error
+
 	imgMu sync.Mutex
 	mu    sync.Mutex
 	live  map[string]*sandbox
@@ -122,12 +126,27 @@ func New(cfg Config) (*Engine, error) {
 			return nil, err
 		}
 	}
-	if err := buildInitramfs(cfg.AgentPath, filepath.Join(cfg.KernelDir, "modules"), e.initramfs); err != nil {
-		return nil, err
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return nil, fmt.Errorf("agent binary: %w: run `make build` or set --agent", err)
 	}
-	e.accel, e.accelWhy = e.pickAccel(cfg.Accel)
-	cfg.Log.Info("qemu engine", "accel", e.accel, "why", e.accelWhy)
 	return e, nil
+}
+
+// setup builds the initramfs and picks KVM or TCG, once, at the first VM
+// start: a daemon that never starts a VM pays nothing for it.
+func (e *Engine) setup() error {
+	e.setupOnce.Do(func() {
+		e.setupErr = buildInitramfs(e.cfg.AgentPath, filepath.Join(e.cfg.KernelDir, "modules"), e.initramfs)
+	})
+	e.Accel()
+	return e.setupErr
+}
+
+// IsCheckpoint reports whether dir holds a qemu checkpoint (multi.CheckpointOwner).
+func (e *Engine) IsCheckpoint(dir string) bool {
+	var sm snapMeta
+	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
+	return err == nil && json.Unmarshal(b, &sm) == nil && sm.Format != ""
 }
 
 // hostTSCkHz is the host's TSC frequency, for the guest's tsc_early_khz
@@ -175,7 +194,13 @@ func (e *Engine) pickAccel(want string) (string, string) {
 func (e *Engine) Name() string { return "qemu" }
 
 // Accel returns "kvm" or "tcg" and why it was picked.
-func (e *Engine) Accel() (string, string) { return e.accel, e.accelWhy }
+func (e *Engine) Accel() (string, string) {
+	e.accelOnce.Do(func() {
+		e.accel, e.accelWhy = e.pickAccel(e.cfg.Accel)
+		e.cfg.Log.Info("qemu engine", "accel", e.accel, "why", e.accelWhy)
+	})
+	return e.accel, e.accelWhy
+}
 
 // Version is QEMU's version and the accelerator, for /v1/health.
 func (e *Engine) Version(ctx context.Context) string {
@@ -185,7 +210,8 @@ func (e *Engine) Version(ctx context.Context) string {
 		v, _, _ = strings.Cut(string(out), "\n")
 		v = strings.TrimPrefix(v, "QEMU emulator version ")
 	}
-	return fmt.Sprintf("qemu %s, %s (%s)", v, e.accel, e.accelWhy)
+	accel, why := e.Accel()
+	return fmt.Sprintf("qemu %s, %s (%s)", v, accel, why)
 }
 
 // vmMeta is what a sandbox's directory records about it, so that a later
@@ -342,10 +368,17 @@ func (e *Engine) Started(ctx context.Context, id string) bool {
 // for a migration stream instead of booting.
 func (e *Engine) args(id string, m vmMeta, memPath string, share bool, incoming bool) []string {
 	dir := e.dir(id)
+	_ = e.setup() // its error is launch's
 	accel := e.accel
 	cpu := "max"
 	if accel == "kvm" {
 		cpu = "host"
+	}
+	accelOpt := accel
+	if accel == "tcg" {
+		// TCG's translation cache is private to each QEMU: a small one
+		// keeps a forked child's own memory small.
+		accelOpt = "tcg,tb-size=16"
 	}
 	shareOpt := "off"
 	if share {
@@ -354,7 +387,7 @@ func (e *Engine) args(id string, m vmMeta, memPath string, share bool, incoming 
 	a := []string{
 		"-name", "clade-" + id,
 		"-M", "microvm,x-option-roms=off,rtc=on,memory-backend=mem",
-		"-accel", accel, "-cpu", cpu, "-smp", strconv.Itoa(m.CPUs), "-m", strconv.Itoa(m.MemoryMiB) + "M",
+		"-accel", accelOpt, "-cpu", cpu, "-smp", strconv.Itoa(m.CPUs), "-m", strconv.Itoa(m.MemoryMiB) + "M",
 		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", m.MemoryMiB, memPath, shareOpt),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-chardev", "file,id=con,path=" + filepath.Join(dir, "console.log"), "-serial", "chardev:con",
@@ -382,6 +415,9 @@ func (e *Engine) args(id string, m vmMeta, memPath string, share bool, incoming 
 // launch starts QEMU for id; it returns once QEMU runs in the background.
 func (e *Engine) launch(ctx context.Context, id string, args []string) error {
 	dir := e.dir(id)
+	if err := e.setup(); err != nil {
+		return err
+	}
 	logf, err := os.OpenFile(filepath.Join(dir, "qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err

@@ -1,0 +1,149 @@
+//go:build qemu
+
+package qemu_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/engine/enginetest"
+	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/testenv"
+)
+
+// smaps returns a process's private and proportional memory in KiB.
+func smaps(t *testing.T, pid int) (private, pss int) {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ":")
+		n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		switch k {
+		case "Private_Clean", "Private_Dirty":
+			private += n
+		case "Pss":
+			pss = n
+		}
+	}
+	return private, pss
+}
+
+// TestForkSharesMemory forks N children (CLADE_QEMU_FORKS, default 8) from
+// one checkpoint of a 512 MiB guest that touched 64 MiB: each child maps the
+// checkpoint's memory file privately, so what it holds of its own (its
+// QEMU's private memory) stays far below what the guest touched, and every
+// child still has the parent's data and its own writes.
+func TestForkSharesMemory(t *testing.T) {
+	n := 8
+	if v, err := strconv.Atoi(os.Getenv("CLADE_QEMU_FORKS")); err == nil && v > 0 {
+		n = v
+	}
+	dir := testenv.TempDir(t)
+	e := newEngine(t, dir)
+	t.Cleanup(func() { assertNoLeaks(t, e, dir) })
+	ctx := t.Context()
+	spec := engine.Spec{ID: "forkparent000001", RootFS: rootFS(t), MemoryMiB: 512, Hostname: "parent"}
+	t0 := time.Now()
+	parent, err := e.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := time.Since(t0)
+	t.Cleanup(func() { _ = e.Destroy(context.Background(), spec.ID) })
+	t0 = time.Now()
+	r := enginetest.Exec(t, parent, "true")
+	execTime := time.Since(t0)
+	// 64 MiB of distinct data in guest RAM, held by a process that runs on.
+	r = enginetest.Exec(t, parent, "sh", "-c", `python3 -c '
+import os, sys
+b = bytearray(os.urandom(64 << 20))
+open("/tmp/ready", "w").write("1")
+sys.stdout.close()
+import time
+while True: time.sleep(60)
+' > /dev/null 2>&1 &
+until [ -s /tmp/ready ]; do sleep 0.1; done; echo ok`)
+	if r.Stdout != "ok\n" {
+		t.Fatalf("touch 64 MiB: %+v", r)
+	}
+	snap := filepath.Join(dir, "snap")
+	t0 = time.Now()
+	if err := e.Checkpoint(ctx, spec.ID, snap, true); err != nil {
+		t.Fatal(err)
+	}
+	ckpt := time.Since(t0)
+	ppriv, _ := smaps(t, parent.PID())
+
+	var avail0 = memAvailable(t)
+	kids := make([]engine.Sandbox, n)
+	errs := make([]error, n)
+	t0 = time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("forkchild%07d", i)
+			kids[i], errs[i] = e.Restore(ctx, engine.Spec{ID: id, RootFS: rootFS(t), MemoryMiB: 512, Hostname: id}, snap)
+		}()
+	}
+	wg.Wait()
+	fork := time.Since(t0)
+	for i := range n {
+		id := fmt.Sprintf("forkchild%07d", i)
+		t.Cleanup(func() { _ = e.Destroy(context.Background(), id) })
+		if errs[i] != nil {
+			t.Fatalf("child %d: %v", i, errs[i])
+		}
+	}
+	availDelta := (avail0 - memAvailable(t)) / n
+	var privs, psss []int
+	for i, k := range kids {
+		if err := k.Guest().Reconfigure(ctx, guest.Config{Hostname: k.ID()}); err != nil {
+			t.Fatal(err)
+		}
+		r := enginetest.Exec(t, k, "sh", "-c", fmt.Sprintf("hostname; test -s /tmp/ready && echo ready; echo child-%d > /root/own; cat /root/own", i))
+		want := fmt.Sprintf("%s\nready\nchild-%d\n", k.ID(), i)
+		if r.Stdout != want {
+			t.Fatalf("child %d: %+v, want %q", i, r, want)
+		}
+		p, s := smaps(t, k.PID())
+		privs, psss = append(privs, p>>10), append(psss, s>>10)
+	}
+	t.Logf("boot %v, exec %v, checkpoint (leave running, 512 MiB guest, 64 MiB touched) %v, parent private %d MiB", boot.Round(time.Millisecond), execTime.Round(time.Millisecond), ckpt.Round(time.Millisecond), ppriv>>10)
+	t.Logf("fork %d: %v to all answering; per child private MiB %v, PSS MiB %v, MemAvailable drop per child %d MiB", n, fork.Round(time.Millisecond), privs, psss, availDelta>>10)
+	for i, p := range privs {
+		if p > 64 {
+			t.Errorf("child %d holds %d MiB of its own: more than the 64 MiB its parent touched; the memory file is not shared", i, p)
+		}
+	}
+}
+
+// memAvailable is /proc/meminfo's MemAvailable in KiB.
+func memAvailable(t *testing.T) int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "MemAvailable:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
+}
