@@ -311,6 +311,11 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (vmMeta, bool, er
 	if spec.DiskMiB < 0 {
 		return vmMeta{}, false, errdefs.New(errdefs.InvalidArgument, "disk cap %d MiB: want 0 (none) or more", spec.DiskMiB)
 	}
+	if spec.NetNS != "" {
+		// Not yet: a tap in the sandbox's namespace, bridged to its veth.
+		return vmMeta{}, false, errdefs.New(errdefs.InvalidArgument,
+			"the qemu engine runs sandboxes with a loopback-only network for now: create it with --network none")
+	}
 	dir := e.dir(spec.ID)
 	prepared := false
 	if err := os.Mkdir(dir, 0o700); err != nil {
