@@ -147,3 +147,51 @@ func memAvailable(t *testing.T) int {
 	}
 	return 0
 }
+
+// TestCheckpointRestoredVM: a VM restored from a snapshot maps the
+// snapshot's memory privately, so its own checkpoint (a forked child put to
+// sleep) carries its RAM in the migration stream; waking it brings back its
+// writes and its processes.
+func TestCheckpointRestoredVM(t *testing.T) {
+	dir := testenv.TempDir(t)
+	e := newEngine(t, dir)
+	t.Cleanup(func() { assertNoLeaks(t, e, dir) })
+	ctx := t.Context()
+	spec := engine.Spec{ID: "streamparent0001", RootFS: rootFS(t), MemoryMiB: 256, Hostname: "parent"}
+	parent, err := e.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Destroy(context.Background(), spec.ID) })
+	enginetest.Exec(t, parent, "sh", "-c", "echo from-parent > /root/f")
+	snap := filepath.Join(dir, "snap")
+	if err := e.Checkpoint(ctx, spec.ID, snap, true); err != nil {
+		t.Fatal(err)
+	}
+	kid := engine.Spec{ID: "streamchild00001", RootFS: rootFS(t), MemoryMiB: 256, Hostname: "kid"}
+	sb, err := e.Restore(ctx, kid, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Destroy(context.Background(), kid.ID) })
+	enginetest.Exec(t, sb, "sh", "-c", "echo from-kid >> /root/f; sh -c 'echo $$ > /root/bg.pid; exec sleep infinity' > /dev/null 2>&1 & until [ -s /root/bg.pid ]; do sleep 0.01; done")
+	sleep := filepath.Join(dir, "sleep")
+	if err := e.Checkpoint(ctx, kid.ID, sleep, false); err != nil {
+		t.Fatal(err)
+	}
+	if e.IsCheckpoint(sleep) && fileExists(filepath.Join(sleep, "mem")) {
+		t.Fatal("a restored VM's checkpoint has a memory file: its RAM is not a shared file to copy")
+	}
+	if err := e.Destroy(ctx, kid.ID); err != nil {
+		t.Fatal(err)
+	}
+	woke, err := e.Restore(ctx, kid, sleep)
+	if err != nil {
+		t.Fatalf("wake: %v", err)
+	}
+	if r := enginetest.Exec(t, woke, "sh", "-c", "cat /root/f; kill -0 $(cat /root/bg.pid) && echo alive"); r.Stdout != "from-parent\nfrom-kid\nalive\n" {
+		t.Fatalf("after wake: %+v", r)
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
