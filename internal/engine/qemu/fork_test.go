@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,6 +127,7 @@ until [ -s /tmp/ready ]; do sleep 0.1; done; echo ok`)
 	}
 	t.Logf("boot %v, exec %v, checkpoint (leave running, 512 MiB guest, 64 MiB touched) %v, parent private %d MiB", boot.Round(time.Millisecond), execTime.Round(time.Millisecond), ckpt.Round(time.Millisecond), ppriv>>10)
 	t.Logf("fork %d: %v to all answering; per child private MiB %v, PSS MiB %v, MemAvailable drop per child %d MiB", n, fork.Round(time.Millisecond), privs, psss, availDelta>>10)
+	logTopMappings(t, kids[len(kids)-1].PID())
 	for i, p := range privs {
 		if p > 64 {
 			t.Errorf("child %d holds %d MiB of its own: more than the 64 MiB its parent touched; the memory file is not shared", i, p)
@@ -195,3 +197,33 @@ func TestCheckpointRestoredVM(t *testing.T) {
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// logTopMappings logs a process's mappings holding the most private memory.
+func logTopMappings(t *testing.T, pid int) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return
+	}
+	type m struct {
+		name string
+		kib  int
+	}
+	var all []m
+	var cur *m
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			all = append(all, m{name: strings.Join(f[5:], " ") + " " + f[0]})
+			cur = &all[len(all)-1]
+			continue
+		}
+		if cur != nil && len(f) >= 2 && (f[0] == "Private_Dirty:" || f[0] == "Private_Clean:") {
+			n, _ := strconv.Atoi(f[1])
+			cur.kib += n
+		}
+	}
+	slices.SortFunc(all, func(a, b m) int { return b.kib - a.kib })
+	for _, x := range all[:min(6, len(all))] {
+		t.Logf("child %d private %6d KiB in %s", pid, x.kib, x.name)
+	}
+}
