@@ -396,9 +396,6 @@ func (e *Engine) args(id string, m vmMeta, memPath string, share bool, incoming 
 		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", m.MemoryMiB, memPath, shareOpt),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-chardev", "file,id=con,path=" + filepath.Join(dir, "console.log"), "-serial", "chardev:con",
-		"-kernel", e.vmlinux, "-initrd", e.initramfs,
-		"-append", fmt.Sprintf("console=ttyS0 quiet tsc_early_khz=%d cryptomgr.notests panic=-1 rdinit=%s/clade-agent",
-			e.tscKHz, vminit.AgentDir),
 		"-drive", "id=root,if=none,format=raw,readonly=on,file=" + m.RootImage,
 		"-device", "virtio-blk-device,drive=root",
 		"-drive", "id=cfg,if=none,format=raw,readonly=on,file=" + filepath.Join(dir, "config.img"),
@@ -412,7 +409,13 @@ func (e *Engine) args(id string, m vmMeta, memPath string, share bool, incoming 
 		"-daemonize",
 	}
 	if incoming {
+		// A restored guest's kernel is in its RAM already: QEMU need not
+		// read the 50 MB vmlinux and the initramfs for every child.
 		a = append(a, "-incoming", "defer")
+	} else {
+		a = append(a, "-kernel", e.vmlinux, "-initrd", e.initramfs,
+			"-append", fmt.Sprintf("console=ttyS0 quiet tsc_early_khz=%d cryptomgr.notests panic=-1 rdinit=%s/clade-agent",
+				e.tscKHz, vminit.AgentDir))
 	}
 	return a
 }
