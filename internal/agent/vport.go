@@ -15,9 +15,9 @@ import (
 // connections: the host side (a QEMU chardev socket) comes and goes, and the
 // guest sees reads return EOF while it is away and writes block until it is
 // back. So a "dial" opens the device; the session that follows ends when a
-// read returns EOF (the host closed its side); and the host learns that the
-// agent ended a session (a quiesce) from the port being closed (QEMU's
-// VSERPORT_CHANGE event), after which it drops its side too.
+// read returns EOF (the host closed its side). The host cannot see the
+// port close, so the agent acknowledges a quiesce with a frame before it
+// hangs up, and the host then drops its side too.
 
 // isCharDevice reports whether path is a character device (a virtio port).
 func isCharDevice(path string) bool {
@@ -26,8 +26,10 @@ func isCharDevice(path string) bool {
 }
 
 // dialPort opens the port at path. After a quiesce the host drops its side
-// once it sees the port closed; afterQuiesce waits (briefly) for that, so
-// that the next hello is not written into the host's old connection.
+// once it reads the agent's acknowledgement; afterQuiesce waits (at most a
+// second) for that, so that the next hello is not written into the host's
+// old connection (if it is, the host redials a silent connection and the
+// agent says hello again).
 func dialPort(ctx context.Context, path string, afterQuiesce bool) (net.Conn, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
