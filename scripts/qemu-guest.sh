@@ -3,14 +3,15 @@
 # package into $1 (default /var/cache/clade/qemu): an uncompressed vmlinux
 # (QEMU's microvm boots it through PVH, skipping decompression, which is slow
 # under TCG) and the few modules a clade guest loads (virtio over MMIO, its
-# block and serial devices, overlayfs). The package is downloaded, never
+# block, serial and network devices, overlayfs). The package is downloaded, never
 # installed on the host.
 set -euo pipefail
 out=${1:-/var/cache/clade/qemu}
 mods="kernel/drivers/virtio/virtio_ring.ko kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_mmio.ko
 kernel/drivers/block/virtio_blk.ko kernel/drivers/char/virtio_console.ko kernel/fs/overlayfs/overlay.ko
-kernel/drivers/char/hw_random/virtio-rng.ko"
-if [ -s "$out/vmlinux" ] && [ -s "$out/modules/overlay.ko" ]; then exit 0; fi
+kernel/drivers/char/hw_random/virtio-rng.ko kernel/net/core/failover.ko kernel/drivers/net/net_failover.ko
+kernel/drivers/net/virtio_net.ko"
+if [ -s "$out/vmlinux" ] && [ -s "$out/modules/virtio_net.ko" ]; then exit 0; fi
 command -v lz4 >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lz4)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -115,11 +115,7 @@ func (t *cladeTarget) side() string { return "clade" }
 func (t *cladeTarget) name() string { return fmt.Sprintf("%s-%d", t.prefix, t.seq.Add(1)) }
 
 func (t *cladeTarget) create(ctx context.Context) (string, error) {
-	req := sdk.CreateSandboxRequest{Name: t.name(), Image: t.image, MemoryMiB: t.memoryMiB, Engine: t.engine}
-	if t.engine == "qemu" {
-		req.Network = &sdk.Network{Mode: "none"} // VMs have loopback only for now
-	}
-	sb, err := t.c.CreateSandbox(ctx, req)
+	sb, err := t.c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: t.name(), Image: t.image, MemoryMiB: t.memoryMiB, Engine: t.engine})
 	if err != nil {
 		return "", fmt.Errorf("create: %w", err)
 	}

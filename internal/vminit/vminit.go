@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,7 +38,17 @@ const PortName = "clade.agent"
 const AgentDir = "/clade"
 
 // Modules are loaded in this order from /modules in the initramfs.
-var Modules = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console", "overlay", "virtio-rng"}
+var Modules = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console", "overlay", "virtio-rng",
+	"failover", "net_failover", "virtio_net"}
+
+// The guest's network, when it has one: QEMU's user-mode network (slirp)
+// run inside the sandbox's network namespace, so every VM has the same
+// address inside and its own outside, and a fork child needs no
+// renumbering.
+const (
+	GuestAddr    = "10.0.2.15/24"
+	GuestGateway = "10.0.2.2"
+)
 
 // Config is a sandbox's setup, written by the engine on the config disk.
 type Config struct {
@@ -46,6 +58,9 @@ type Config struct {
 	User     string   `json:"user,omitempty"`
 	DiskMiB  int      `json:"disk_mib,omitempty"`
 	DNS      []string `json:"dns,omitempty"`
+	// Net gives the guest its network card (eth0), configured with
+	// GuestAddr and a default route via GuestGateway.
+	Net bool `json:"net,omitempty"`
 }
 
 // Encode returns the config disk's content: the magic, the JSON, padded to
@@ -164,6 +179,11 @@ func setup(socketEnv string) error {
 	}
 	if err := loopbackUp(); err != nil {
 		return err
+	}
+	if cfg.Net {
+		if err := ethUp(10 * time.Second); err != nil {
+			return err
+		}
 	}
 	if err := os.Chdir(nr); err != nil {
 		return err
@@ -299,6 +319,38 @@ func loopbackUp() error {
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("lo up: %w", err)
+	}
+	return nil
+}
+
+// ethUp configures eth0 with GuestAddr and a default route via
+// GuestGateway.
+func ethUp(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var link netlink.Link
+	for {
+		var err error
+		if link, err = netlink.LinkByName("eth0"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("eth0 not found: %w", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	addr, err := netlink.ParseAddr(GuestAddr)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(link, addr); err != nil {
+		return fmt.Errorf("eth0 address: %w", err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("eth0 up: %w", err)
+	}
+	gw := net.ParseIP(GuestGateway)
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}); err != nil {
+		return fmt.Errorf("default route: %w", err)
 	}
 	return nil
 }

@@ -226,7 +226,10 @@ type vmMeta struct {
 	// checkpoint writes it into the migration stream.
 	SharedRAM bool   `json:"shared_ram"`
 	MemPath   string `json:"mem_path"`
-	Prepared  bool   `json:"prepared,omitempty"`
+	// NetNS is the sandbox's network namespace: QEMU runs in it and gives
+	// the guest a NIC on its user-mode network (see vminit.GuestAddr).
+	NetNS    string `json:"netns,omitempty"`
+	Prepared bool   `json:"prepared,omitempty"`
 	Started   bool   `json:"started,omitempty"`
 }
 
@@ -311,11 +314,6 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (vmMeta, bool, er
 	if spec.DiskMiB < 0 {
 		return vmMeta{}, false, errdefs.New(errdefs.InvalidArgument, "disk cap %d MiB: want 0 (none) or more", spec.DiskMiB)
 	}
-	if spec.NetNS != "" {
-		// Not yet: a tap in the sandbox's namespace, bridged to its veth.
-		return vmMeta{}, false, errdefs.New(errdefs.InvalidArgument,
-			"the qemu engine runs sandboxes with a loopback-only network for now: create it with --network none")
-	}
 	dir := e.dir(spec.ID)
 	prepared := false
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -341,9 +339,9 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (vmMeta, bool, er
 		cpus = 1
 	}
 	m := vmMeta{MemoryMiB: mem, CPUs: cpus, DiskMiB: spec.DiskMiB, RootImage: root, SharedRAM: true,
-		MemPath: e.memFile(spec.ID), Prepared: true}
+		MemPath: e.memFile(spec.ID), NetNS: spec.NetNS, Prepared: true}
 	cfg, err := vminit.Config{Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir, User: spec.User,
-		DiskMiB: spec.DiskMiB, DNS: spec.DNS}.Encode()
+		DiskMiB: spec.DiskMiB, DNS: spec.DNS, Net: spec.NetNS != ""}.Encode()
 	if err != nil {
 		return m, prepared, err
 	}
@@ -408,6 +406,11 @@ func (e *Engine) args(id string, m vmMeta, memPath string, share bool, incoming 
 		"-pidfile", filepath.Join(dir, "pid"),
 		"-daemonize",
 	}
+	if m.NetNS != "" {
+		// User-mode networking: the guest's traffic leaves from QEMU's
+		// sockets in the sandbox's namespace, under its address and policy.
+		a = append(a, "-netdev", "user,id=net0", "-device", "virtio-net-device,netdev=net0")
+	}
 	if incoming {
 		// A restored guest's kernel is in its RAM already: QEMU need not
 		// read the 50 MB vmlinux and the initramfs for every child.
@@ -433,6 +436,9 @@ func (e *Engine) launch(ctx context.Context, id string, args []string) error {
 	defer logf.Close()
 	start, _ := logf.Seek(0, io.SeekEnd)
 	cmd := exec.CommandContext(ctx, e.cfg.QEMU, args...)
+	if m, err := readMeta(dir); err == nil && m.NetNS != "" {
+		cmd = exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + m.NetNS, "--", e.cfg.QEMU}, args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second
@@ -897,6 +903,9 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	// The guest's disk layout must match the checkpoint's: its root image
 	// and disk cap are the checkpointed ones.
 	m.RootImage, m.DiskMiB = sm.RootImage, sm.DiskMiB
+	if (sm.NetNS != "") != (spec.NetNS != "") {
+		return nil, errdefs.New(errdefs.InvalidArgument, "the checkpoint in %s was taken with a network card %v and the new sandbox asks for one %v: a VM's devices must match its checkpoint's; restore it with the same network mode", dir, sm.NetNS != "", spec.NetNS != "")
+	}
 	memPath, share := m.MemPath, true
 	if sm.Format == "shared" {
 		memPath, share = filepath.Join(dir, "mem"), false
