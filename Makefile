@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 RUNSC_VERSION := $(shell awk '$$1 == "gvisor.dev/gvisor" {print $$2}' tools/runsc/go.mod)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: help deps build demo test soak bench gobench lint fmt generate clean
+.PHONY: help deps deps-qemu build demo test test-qemu soak bench gobench lint fmt generate clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -24,6 +24,13 @@ deps: ## install what clade needs: Debian packages and runsc (pinned, built from
 		-o ../../$(BIN)/runsc gvisor.dev/gvisor/runsc; fi
 	@$(BIN)/runsc --version | head -1
 
+QEMU_DIR ?= /var/cache/clade/qemu
+
+deps-qemu: ## what the qemu engine needs: Debian's qemu-system-x86, and the cloud kernel extracted into $(QEMU_DIR) (not installed)
+	@command -v qemu-system-x86_64 >/dev/null && command -v lz4 >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 lz4)
+	@./scripts/qemu-guest.sh $(QEMU_DIR)
+
 build: ## build bin/clade and bin/clade-agent (static)
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/clade ./cmd/clade
 	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o $(BIN)/clade-agent ./cmd/clade-agent
@@ -35,6 +42,10 @@ test: deps ## run the whole test suite (needs root: real runsc)
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	$(GO) test -count=1 -timeout 45m ./...
+
+test-qemu: deps deps-qemu ## the qemu engine's tests (real microVMs; slow under TCG, so not in `make test`)
+	$(GO) vet -tags qemu ./internal/engine/qemu/
+	$(GO) test -tags qemu -count=1 -p 1 -timeout 30m -v ./internal/engine/qemu/
 
 soak: deps ## chaos soak: CLADE_SOAK_OPS (500) random operations under daemon kills and a full disk; CLADE_SOAK_SEED repeats a run
 	CLADE_SOAK_OPS=$${CLADE_SOAK_OPS:-500} $(GO) test -count=1 -v -run TestSoak -timeout 4h ./internal/soak/

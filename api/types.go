@@ -21,7 +21,9 @@ type Sandbox struct {
 	CPUs      float64  `json:"cpus"`
 	Env       []string `json:"env,omitempty"`
 	// DiskMiB caps what the sandbox may write.
-	DiskMiB   int               `json:"disk_mib,omitempty"`
+	DiskMiB int `json:"disk_mib,omitempty"`
+	// Engine is the engine the sandbox runs in; empty: the daemon's default.
+	Engine    string            `json:"engine,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	Error     string            `json:"error,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
@@ -110,6 +112,9 @@ type CreateSandboxRequest struct {
 	// DiskMiB caps what the sandbox may write (its files); writes past it
 	// fail with ENOSPC inside. 0 takes the daemon's default.
 	DiskMiB int `json:"disk_mib,omitempty"`
+	// Engine names the engine to run the sandbox in (e.g. gvisor, qemu);
+	// empty means the daemon's default.
+	Engine string `json:"engine,omitempty"`
 	// Labels are key=value pairs to find sandboxes by.
 	Labels map[string]string `json:"labels,omitempty"`
 	// FromSnapshot restores the new sandbox from a snapshot (id or name)

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/clade-sandbox/clade/internal/agent"
+	"github.com/clade-sandbox/clade/internal/vminit"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,6 +22,13 @@ const SocketEnv = "CLADE_AGENT_SOCKET"
 
 func main() {
 	runtime.GOMAXPROCS(1)
+	if vminit.IsVM() {
+		// The first stage of a qemu guest: it execs the agent again from
+		// the sandbox's root, or fails and the VM powers off.
+		_ = vminit.Main(SocketEnv)
+		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		os.Exit(1)
+	}
 	sock := os.Getenv(SocketEnv)
 	if sock == "" {
 		fmt.Fprintln(os.Stderr, "clade-agent runs inside a clade sandbox; "+SocketEnv+" is not set")

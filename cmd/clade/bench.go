@@ -34,6 +34,7 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "discarded samples before them")
 	fs.IntVar(&cfg.Density, "density", cfg.Density, "idle sandboxes the density phase aims for")
 	fs.StringVar(&cfg.Image, "image", "", "image of every sandbox (default: the daemon's default)")
+	fs.StringVar(&cfg.Engine, "engine", "", "engine of every sandbox: gvisor or qemu (default: the daemon's)")
 	fs.IntVar(&cfg.MemoryMiB, "memory", 0, "memory limit in MiB of every sandbox but density's (default: the daemon's);\nthe daemon admits a fork of N only if N times this fits in free memory")
 	fs.IntVar(&cfg.DensityMemoryMiB, "density-memory", cfg.DensityMemoryMiB, "memory limit in MiB of the density phase's idle sandboxes")
 	fs.IntVar(&cfg.MemforkChildren, "memfork-children", 0, "children of the memfork phase (default: the largest --fanout <= 16)")

@@ -65,6 +65,7 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.Float64Var(&req.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
 	fs.Var(&env, "env", "environment variable K=V for every process (repeatable)")
 	fs.StringVar(&req.Name, "name", "", "unique name, usable wherever an id is")
+	fs.StringVar(&req.Engine, "engine", "", "engine to run the sandbox in: gvisor or qemu (a microVM; default: the daemon's)")
 	fs.StringVar(&req.FromSnapshot, "from", "", "restore from this snapshot instead of booting the image")
 	mode := fs.String("network", "", "internet (own address, egress under the policy) or none (loopback only); default: the daemon's --default-network")
 	pol := policyFlags(fs)

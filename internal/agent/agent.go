@@ -64,8 +64,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	go a.reaper.run(ctx)
 	ignoreInitSignals(ctx)
 	backoff := time.Millisecond
+	port := isCharDevice(a.cfg.Socket)
+	var quiesced bool
 	for ctx.Err() == nil {
-		nc, err := (&net.Dialer{}).DialContext(ctx, "unix", a.cfg.Socket)
+		var nc net.Conn
+		var err error
+		if port {
+			nc, err = dialPort(ctx, a.cfg.Socket, quiesced)
+		} else {
+			nc, err = (&net.Dialer{}).DialContext(ctx, "unix", a.cfg.Socket)
+		}
 		if err != nil {
 			if time.Now().Before(a.fastUntil) {
 				backoff = time.Millisecond
@@ -83,6 +91,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		backoff = time.Millisecond
 		a.boot++
 		err = a.serve(ctx, nc)
+		quiesced = errors.Is(err, errQuiesce)
 		a.cfg.Log.Info("host connection ended", "err", err)
 	}
 	return ctx.Err()
@@ -153,6 +162,9 @@ func (s *session) handle(ctx context.Context, f wire.Frame) error {
 	case wire.Quiesce:
 		s.a.fastUntil = time.Now().Add(time.Minute)
 		s.detachAll()
+		// Say so before hanging up: over a virtio port (a VM) the host
+		// does not see the hang-up itself.
+		_ = s.conn.Write(wire.Quiesce, 0, nil)
 		return errQuiesce
 	case wire.Ping:
 		return s.conn.Write(wire.Pong, f.Channel, f.Payload)

@@ -571,8 +571,21 @@ func (ch *channel) dial() wire.ExitMsg {
 }
 
 func (ch *channel) identity() wire.ExitMsg {
-	if err := syscall.Sethostname([]byte(ch.req.Hostname)); err != nil {
-		return errExit(fmt.Errorf("sethostname: %w", err))
+	if ch.req.Hostname != "" {
+		if err := syscall.Sethostname([]byte(ch.req.Hostname)); err != nil {
+			return errExit(fmt.Errorf("sethostname: %w", err))
+		}
+	}
+	if ch.req.ClockNS != 0 {
+		tv := syscall.NsecToTimeval(ch.req.ClockNS)
+		if err := syscall.Settimeofday(&tv); err != nil {
+			return errExit(fmt.Errorf("set the clock: %w", err))
+		}
+	}
+	if len(ch.req.Seed) > 0 {
+		if err := reseed(ch.req.Seed); err != nil {
+			return errExit(fmt.Errorf("reseed: %w", err))
+		}
 	}
 	return wire.ExitMsg{}
 }

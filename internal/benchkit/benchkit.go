@@ -30,6 +30,8 @@ type Config struct {
 	// Density is how many idle sandboxes the density phase aims for.
 	Density int    `json:"density"`
 	Image   string `json:"image,omitempty"`
+	// Engine runs every sandbox in this engine ("" the daemon's default).
+	Engine string `json:"engine,omitempty"`
 	// MemoryMiB is the limit of every sandbox but density's; 0 leaves the
 	// daemon's default (512). The daemon admits a fork only if all its
 	// children could grow to their limit, so wide forks need small limits.
@@ -183,7 +185,7 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
 	r := &runner{cfg: cfg, c: c, prog: cfg.Progress,
-		clade: &cladeTarget{c: c, image: cfg.Image, memoryMiB: cfg.MemoryMiB, prefix: "bench-" + hex.EncodeToString(tag[:])}}
+		clade: &cladeTarget{c: c, image: cfg.Image, memoryMiB: cfg.MemoryMiB, engine: cfg.Engine, prefix: "bench-" + hex.EncodeToString(tag[:])}}
 	var baseErr error
 	if cfg.Baseline {
 		mem := orDefault(cfg.MemoryMiB, daemonMemoryMiB)

@@ -101,6 +101,8 @@ type cladeTarget struct {
 	c         *sdk.Client
 	image     string
 	memoryMiB int
+	// engine is the engine of every sandbox ("" the daemon's default).
+	engine string
 	// prefix names every sandbox and snapshot this run makes, so the final
 	// sweep also finds ones whose create was interrupted before it answered.
 	prefix string
@@ -113,7 +115,7 @@ func (t *cladeTarget) side() string { return "clade" }
 func (t *cladeTarget) name() string { return fmt.Sprintf("%s-%d", t.prefix, t.seq.Add(1)) }
 
 func (t *cladeTarget) create(ctx context.Context) (string, error) {
-	sb, err := t.c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: t.name(), Image: t.image, MemoryMiB: t.memoryMiB})
+	sb, err := t.c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: t.name(), Image: t.image, MemoryMiB: t.memoryMiB, Engine: t.engine})
 	if err != nil {
 		return "", fmt.Errorf("create: %w", err)
 	}

@@ -14,6 +14,9 @@ import (
 type Spec struct {
 	// ID is clade's fixed-length sandbox id; engines name their resources by it.
 	ID string
+	// Engine names the engine that runs the sandbox when a daemon serves
+	// several (package multi); empty means the default one.
+	Engine string
 	// RootFS is the image's root directory on the host. Engines never write
 	// to it: a sandbox's writes go to its own upper layer.
 	RootFS string

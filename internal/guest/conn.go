@@ -238,6 +238,9 @@ func (c *Conn) Quiesce(ctx context.Context) error {
 	}
 }
 
+// errAgentQuiesced ends a session the agent hung up after a Quiesce.
+var errAgentQuiesced = errors.New("the agent hung up for a snapshot")
+
 // errNotResponding is the message of a failed liveness check.
 const errNotResponding = "agent is not responding (stopped? `kill -STOP 1` inside the sandbox freezes it)"
 
@@ -370,6 +373,10 @@ func (s *session) readLoop(r *wire.Reader) error {
 		f, err := r.Read()
 		if err != nil {
 			return err
+		}
+		if f.Type == wire.Quiesce {
+			// The agent acknowledges a quiesce and hangs up.
+			return errAgentQuiesced
 		}
 		if f.Type == wire.Pong {
 			s.mu.Lock()

@@ -315,15 +315,25 @@ func (c *Conn) Stat(ctx context.Context, path string) (FileInfo, error) {
 type Config struct {
 	// Hostname is the sandbox's hostname.
 	Hostname string
+	// Clock, when set, steps the guest's clock to it (a restored VM wakes
+	// with its parent's time).
+	Clock time.Time
+	// Seed, when set, is mixed into the guest kernel's entropy pool and
+	// the pool reseeded (a restored VM has its parent's pool).
+	Seed []byte
 }
 
 // Reconfigure applies cfg's non-zero fields. It is idempotent; the error is
 // classed by the agent's answer, or Unavailable when it is not connected.
 func (c *Conn) Reconfigure(ctx context.Context, cfg Config) error {
-	if cfg.Hostname == "" {
+	if cfg.Hostname == "" && cfg.Clock.IsZero() && len(cfg.Seed) == 0 {
 		return nil
 	}
-	ch, err := c.open(ctx, wire.Request{Op: wire.OpIdentity, Hostname: cfg.Hostname})
+	req := wire.Request{Op: wire.OpIdentity, Hostname: cfg.Hostname, Seed: cfg.Seed}
+	if !cfg.Clock.IsZero() {
+		req.ClockNS = cfg.Clock.UnixNano()
+	}
+	ch, err := c.open(ctx, req)
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,7 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB}}
+	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB, Engine: sh.Engine}}
 	if sh.Network != "" {
 		// The policy is the claimer's: the claim applies it.
 		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network, Egress: "deny"}

@@ -268,7 +268,9 @@ func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string,
 
 // shapeOf is the warm-pool shape of a sandbox.
 func (m *Manager) shapeOf(image string, memoryMiB int, cpus float64, env []string, o store.Options) pool.Shape {
-	return pool.ShapeOf(image, memoryMiB, cpus, env, o.DiskMiB, networkMode(o))
+	sh := pool.ShapeOf(image, memoryMiB, cpus, env, o.DiskMiB, networkMode(o))
+	sh.Engine = o.Engine // a sandbox of one engine never takes another's
+	return sh
 }
 
 // networkMode is o's network mode, "" when it has none recorded.
@@ -291,7 +293,7 @@ func (m *Manager) spec(rec store.Sandbox, img image.Image) engine.Spec {
 	if rootfs == "" {
 		rootfs = img.RootFS
 	}
-	return engine.Spec{ID: rec.Engine(), RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, DiskMiB: rec.Opts.DiskMiB,
+	return engine.Spec{ID: rec.Engine(), Engine: rec.Opts.Engine, RootFS: rootfs, Hostname: host, MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, DiskMiB: rec.Opts.DiskMiB,
 		Env: append(append([]string(nil), img.Config.Env...), rec.Env...), Workdir: img.Config.WorkingDir, User: img.Config.User}
 }
 

@@ -43,7 +43,7 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB}}
+	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB, Engine: sh.Engine}}
 	if sh.Network != "" {
 		// The policy is the taker's: the start it is taken for applies it.
 		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network, Egress: "deny"}

@@ -69,6 +69,9 @@ type Sandbox struct {
 type Options struct {
 	// DiskMiB caps what the sandbox may write (0: the daemon's default).
 	DiskMiB int `json:"disk_mib,omitempty"`
+	// Engine names the engine the sandbox runs in ("" the daemon's
+	// default). Snapshots record it; fork children inherit it.
+	Engine string `json:"engine,omitempty"`
 	// Labels are the user's key=value labels.
 	Labels map[string]string `json:"labels,omitempty"`
 	// Network is the sandbox's network settings; nil means loopback only.

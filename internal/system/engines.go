@@ -10,6 +10,8 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/engine/gvisor"
+	"github.com/clade-sandbox/clade/internal/engine/multi"
+	"github.com/clade-sandbox/clade/internal/engine/qemu"
 )
 
 // engines maps an engine's name to its constructor: the one place a new
@@ -18,6 +20,9 @@ var engines = map[string]func(o Options, log *slog.Logger) (engine.Engine, error
 	"gvisor": func(o Options, log *slog.Logger) (engine.Engine, error) {
 		return gvisor.New(gvisor.Config{StateDir: filepath.Join(o.DataDir, "gvisor"), Runsc: o.Runsc, AgentPath: o.AgentPath, Log: log,
 			UpperRoot: o.upperRoot})
+	},
+	"qemu": func(o Options, log *slog.Logger) (engine.Engine, error) {
+		return qemu.New(qemu.Config{StateDir: filepath.Join(o.DataDir, "qemu"), AgentPath: o.AgentPath, Log: log})
 	},
 }
 
@@ -40,7 +45,29 @@ func newEngine(o Options, log *slog.Logger) (engine.Engine, error) {
 	if !ok {
 		return nil, fmt.Errorf("unknown engine %q: use one of %s", name, strings.Join(Engines(), ", "))
 	}
-	return mk(o, log)
+	def, err := mk(o, log)
+	if err != nil {
+		return nil, err
+	}
+	// The other engines serve beside the default one (clade create
+	// --engine) when this host has what they need; one that cannot start
+	// here (e.g. no QEMU installed) is left out with a note in the log.
+	all := map[string]engine.Engine{name: def}
+	for _, n := range Engines() {
+		if n == name {
+			continue
+		}
+		eng, err := engines[n](o, log)
+		if err != nil {
+			log.Info("engine not available", "engine", n, "why", err)
+			continue
+		}
+		all[n] = eng
+	}
+	if len(all) == 1 {
+		return def, nil
+	}
+	return multi.New(name, all)
 }
 
 // engineVersion is the engine's version for /v1/health, if it tells one.

@@ -61,7 +61,8 @@ const (
 	// connection and redials every millisecond, so that it reconnects at
 	// once in the running parent and in every restored copy. A dialled-out
 	// connection caught by a checkpoint would otherwise look alive to the
-	// agent forever.
+	// agent forever. The agent answers with a Quiesce of its own before it
+	// hangs up: over a virtio port (a VM) the host cannot see the hang-up.
 	Quiesce
 	// Resize (host -> agent): a terminal channel's new size, encoded by
 	// stream.ResizePayload. Only sent to an agent whose hello lists
@@ -201,6 +202,12 @@ type Request struct {
 	Path  string `json:"path,omitempty"`
 	// Hostname is the new hostname for OpIdentity.
 	Hostname string `json:"hostname,omitempty"`
+	// ClockNS, when set, steps the guest's clock to this Unix time in
+	// nanoseconds (OpIdentity; a restored VM wakes with its parent's time).
+	ClockNS int64 `json:"clock_ns,omitempty"`
+	// Seed, when set, is mixed into the guest kernel's entropy pool, which
+	// is then reseeded (OpIdentity; a restored VM has its parent's pool).
+	Seed []byte `json:"seed,omitempty"`
 	// Exclude lists absolute paths an OpTarGet leaves out, with what is
 	// below them.
 	Exclude []string `json:"exclude,omitempty"`

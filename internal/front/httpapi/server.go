@@ -249,7 +249,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 
 func toAPI(sb store.Sandbox) api.Sandbox {
 	out := api.Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
-		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC(),
+		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Engine: sb.Opts.Engine, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC(),
 		Public: sb.Opts.Public, IdleSleepMS: sb.Opts.IdleSleepMS, TimeoutMS: sb.Opts.TimeoutMS, ExpiresAt: sb.Opts.ExpiresAt, OnTimeout: sb.Opts.OnTimeout,
 		Volumes: volumeMountsToAPI(sb.Opts.Volumes), Secrets: secretRefsToAPI(sb.Opts.Secrets)}
 	if n := sb.Opts.Network; n != nil {
@@ -277,7 +277,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	creq := sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
-		Opts: store.Options{DiskMiB: req.DiskMiB, Labels: req.Labels,
+		Opts: store.Options{DiskMiB: req.DiskMiB, Engine: req.Engine, Labels: req.Labels,
 			Public: req.Public, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout,
 			Volumes: volumeMountsFromAPI(req.Volumes), Secrets: secretRefsFromAPI(req.Secrets)}}
 	if n := req.Network; n != nil {

@@ -35,6 +35,8 @@ type Shape struct {
 	Env       string // NUL-joined
 	DiskMiB   int
 	Network   string
+	// Engine is the engine that made it ("" the default).
+	Engine string
 }
 
 // ShapeOf returns the shape of a sandbox.

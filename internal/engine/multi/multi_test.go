@@ -1,0 +1,86 @@
+package multi_test
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/engine/fake"
+	"github.com/clade-sandbox/clade/internal/engine/multi"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// owner is a fake engine that claims checkpoint dirs named "*.vm".
+type owner struct{ *fake.Engine }
+
+func (o owner) IsCheckpoint(dir string) bool { return strings.HasSuffix(dir, ".vm") }
+
+func TestDispatch(t *testing.T) {
+	a, b := fake.New(), owner{fake.New()}
+	m, err := multi.New("a", map[string]engine.Engine{"a": a, "b": b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	has := func(e engine.Engine, id string) bool {
+		ids, _ := e.List(ctx)
+		return slices.Contains(ids, id)
+	}
+	tests := []struct {
+		name, engine, id string
+		inA, inB         bool
+	}{
+		{"default", "", "sb1", true, false},
+		{"named default", "a", "sb2", true, false},
+		{"other", "b", "sb3", false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := m.Create(ctx, engine.Spec{ID: tc.id, Engine: tc.engine}); err != nil {
+				t.Fatal(err)
+			}
+			if has(a, tc.id) != tc.inA || has(b, tc.id) != tc.inB {
+				t.Fatalf("%s: in a %v, in b %v; want %v, %v", tc.id, has(a, tc.id), has(b, tc.id), tc.inA, tc.inB)
+			}
+		})
+	}
+	if _, err := m.Create(ctx, engine.Spec{ID: "x", Engine: "firecracker"}); !errdefs.Is(err, errdefs.InvalidArgument) || !strings.Contains(err.Error(), "a, b") {
+		t.Fatalf("unknown engine: %v; want invalid-argument naming the engines", err)
+	}
+	// A checkpoint goes to the engine holding the id; its restore to the
+	// engine that claims the directory, whatever the spec says.
+	dir := filepath.Join(t.TempDir(), "snap.vm")
+	if err := m.Checkpoint(ctx, "sb3", dir, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Restore(ctx, engine.Spec{ID: "kid"}, dir); err != nil {
+		t.Fatal(err)
+	}
+	if !has(b, "kid") || has(a, "kid") {
+		t.Fatal("the restored child is not in the engine that made the checkpoint")
+	}
+	// A sandbox prepared in one engine gives way to a create in another.
+	if err := m.Prepare(ctx, engine.Spec{ID: "warm"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create(ctx, engine.Spec{ID: "warm", Engine: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if has(a, "warm") || !has(b, "warm") {
+		t.Fatal("a prepared sandbox of the default engine was not moved to the engine asked for")
+	}
+	ids, _ := m.List(ctx)
+	if want := []string{"kid", "sb1", "sb2", "sb3", "warm"}; !slices.Equal(ids, want) {
+		t.Fatalf("List = %v, want %v", ids, want)
+	}
+	for _, id := range ids {
+		if err := m.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids, _ := m.List(ctx); len(ids) != 0 {
+		t.Fatalf("after destroying everything: %v", ids)
+	}
+}

@@ -1,0 +1,91 @@
+//go:build qemu
+
+package qemu_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// TestDaemonServesBothEngines: one daemon runs a gVisor sandbox and a
+// qemu one side by side (clade create --engine qemu); the qemu one
+// execs, forks and is removed without leaving a VM behind.
+func TestDaemonServesBothEngines(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	ctx := t.Context()
+	h, err := c.Health(ctx)
+	if err != nil || !strings.Contains(h.EngineVersion, "qemu") {
+		t.Fatalf("health: %+v, %v; want the qemu engine listed", h, err)
+	}
+	t.Logf("engines: %s", h.EngineVersion)
+	run := func(id string, cmd ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		st, err := c.Exec(ctx, id, sdk.ExecRequest{Cmd: cmd, Stdout: &out, Stderr: &errb})
+		if err != nil || st.Code != 0 {
+			t.Fatalf("exec %v in %s: %+v %v %s", cmd, id, st, err, errb.String())
+		}
+		return out.String()
+	}
+	g, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{MemoryMiB: 256, Engine: "qemu", Name: "vm", Network: &sdk.Network{Mode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.Engine != "qemu" || g.Engine != "" {
+		t.Fatalf("engines recorded: gvisor sandbox %q, qemu sandbox %q", g.Engine, vm.Engine)
+	}
+	// A VM has a kernel of its own; gVisor's is its own emulation.
+	if k := run(vm.ID, "uname", "-r"); !strings.Contains(k, "cloud-amd64") {
+		t.Fatalf("uname in the VM: %q", k)
+	}
+	if k := run(g.ID, "uname", "-r"); strings.Contains(k, "cloud-amd64") {
+		t.Fatalf("uname in the gVisor sandbox: %q", k)
+	}
+	run(vm.ID, "sh", "-c", "echo parent > /root/f")
+	res, err := c.Fork(ctx, vm.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range res.Children {
+		if ch.Error != "" {
+			t.Fatalf("fork child: %+v", ch)
+		}
+		if out := run(ch.ID, "cat", "/root/f"); out != "parent\n" {
+			t.Fatalf("child %s: %q", ch.ID, out)
+		}
+		if sb, err := c.GetSandbox(ctx, ch.ID); err != nil || sb.Engine != "qemu" {
+			t.Fatalf("child %s: %+v %v; want engine qemu", ch.ID, sb, err)
+		}
+	}
+	// Sleep and wake keep it a VM with its files.
+	if _, err := c.Sleep(ctx, vm.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wake(ctx, vm.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(vm.ID, "sh", "-c", "cat /root/f; uname -r"); !strings.HasPrefix(out, "parent\n") || !strings.Contains(out, "cloud-amd64") {
+		t.Fatalf("after wake: %q", out)
+	}
+	if _, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Engine: "firecracker"}); err == nil || !strings.Contains(err.Error(), "gvisor, qemu") {
+		t.Fatalf("create with an unknown engine: %v; want an error naming the engines", err)
+	}
+	all, _ := c.ListSandboxes(ctx)
+	for _, sb := range all {
+		if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left := testenv.ProcessesMentioning(d.DataDir + "/qemu/"); len(left) > 0 {
+		t.Fatalf("qemu processes left after rm: %v", left)
+	}
+}
