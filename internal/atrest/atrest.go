@@ -25,6 +25,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -124,7 +126,44 @@ func (fs *FS) Unmount() error {
 			return fmt.Errorf("unmount %s: %w", fs.Plain, err)
 		}
 	}
-	return nil
+	// The gocryptfs server exits once the kernel lets go of the mount,
+	// which is not at once: wait for it, so that nothing of the daemon
+	// outlives its exit (and end it if it lingers).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		pids := serverPIDs(fs.Plain)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			for _, pid := range pids {
+				_ = unix.Kill(pid, unix.SIGTERM)
+			}
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond) // polling the server's exit
+	}
+}
+
+// serverPIDs returns the gocryptfs processes serving plain.
+func serverPIDs(plain string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) > 0 && filepath.Base(args[0]) == "gocryptfs" && slices.Contains(args, plain) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // mounted reports whether dir is a mount point.
