@@ -109,6 +109,7 @@ func Run(ctx context.Context, o Options) error {
 	// stateDir holds what sandboxes write and what snapshots hold.
 	stateDir := o.DataDir
 	liveEngineSandboxes := func() int { return 1 } // set once the engine exists
+	liveAtExit := -1                                // counted before the engine closes
 	if o.EncryptAtRest {
 		fs, err := atrest.Mount(ctx, filepath.Join(o.DataDir, "encrypted"), filepath.Join(o.DataDir, "plain"), secrets.Key().Derive(atrest.Purpose))
 		if err != nil {
@@ -119,7 +120,11 @@ func Run(ctx context.Context, o Options) error {
 		log.Info("encryption at rest: snapshots, sleep images, volumes and upper layers are encrypted", "dir", fs.Cipher)
 		// Last out: unmounted only when no sandbox runs on it.
 		defer func() {
-			if n := liveEngineSandboxes(); n > 0 {
+			n := liveAtExit
+			if n < 0 {
+				n = liveEngineSandboxes()
+			}
+			if n > 0 {
 				log.Info("keeping the encrypted view mounted for the sandboxes that run on", "sandboxes", n)
 				return
 			}
@@ -175,6 +180,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	mgr := sandbox.New(o.Sandbox, eng, st, images)
 	defer mgr.Close()
+	// Before mgr.Close closes the engine, which can no longer list then.
+	defer func() { liveAtExit = liveEngineSandboxes() }()
 	start := time.Now()
 	if err := mgr.Reconcile(ctx); err != nil {
 		log.Error("reconcile finished with errors", "err", err)
