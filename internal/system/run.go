@@ -109,7 +109,7 @@ func Run(ctx context.Context, o Options) error {
 	// stateDir holds what sandboxes write and what snapshots hold.
 	stateDir := o.DataDir
 	liveEngineSandboxes := func() int { return 1 } // set once the engine exists
-	liveAtExit := -1                                // counted before the engine closes
+	liveAtExit := -1                               // counted before the engine closes
 	if o.EncryptAtRest {
 		fs, err := atrest.Mount(ctx, filepath.Join(o.DataDir, "encrypted"), filepath.Join(o.DataDir, "plain"), secrets.Key().Derive(atrest.Purpose))
 		if err != nil {
