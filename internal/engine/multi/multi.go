@@ -271,3 +271,17 @@ func (e *Engine) Started(ctx context.Context, id string) bool {
 	}
 	return false
 }
+
+// Stats implements engine.Statser: the use read by the engine that holds
+// id, when that engine can read it.
+func (e *Engine) Stats(ctx context.Context, id string) (engine.Stats, error) {
+	eng, ok := e.holder(ctx, id)
+	if !ok {
+		return engine.Stats{}, errdefs.New(errdefs.NotFound, "sandbox %s is not running", id)
+	}
+	s, ok := eng.(engine.Statser)
+	if !ok {
+		return engine.Stats{}, errdefs.New(errdefs.InvalidArgument, "the %s engine cannot read sandboxes' resource use", eng.Name())
+	}
+	return s.Stats(ctx, id)
+}
