@@ -162,7 +162,7 @@ func (n *Network) adopt() error {
 			}
 		}
 	}
-	links, err := netlink.LinkList()
+	links, err := linkList()
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
@@ -651,4 +651,15 @@ func Resources(prefix string) []string {
 		}
 	}
 	return out
+}
+
+// linkList lists the host's links, again when the kernel says the dump was
+// interrupted by a change under it (links come and go as sandboxes do).
+func linkList() ([]netlink.Link, error) {
+	for try := 0; ; try++ {
+		links, err := netlink.LinkList()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || try == 4 {
+			return links, err
+		}
+	}
 }
