@@ -6,6 +6,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"net/http"
 )
 
 // Class is a category of error that callers can act on.
@@ -61,3 +62,23 @@ func IsAlreadyExists(err error) bool   { return Is(err, AlreadyExists) }
 func IsInvalidArgument(err error) bool { return Is(err, InvalidArgument) }
 func IsConflict(err error) bool        { return Is(err, Conflict) }
 func IsUnavailable(err error) bool     { return Is(err, Unavailable) }
+
+// HTTPStatus is the one mapping from error classes to HTTP status codes,
+// shared by every HTTP front.
+func HTTPStatus(c Class) int {
+	switch c {
+	case NotFound:
+		return http.StatusNotFound
+	case AlreadyExists, Conflict:
+		return http.StatusConflict
+	case InvalidArgument:
+		return http.StatusBadRequest
+	case Unavailable:
+		return http.StatusServiceUnavailable
+	case ResourceExhausted:
+		return http.StatusTooManyRequests
+	case Unauthenticated:
+		return http.StatusUnauthorized
+	}
+	return http.StatusInternalServerError
+}

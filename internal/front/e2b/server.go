@@ -155,24 +155,8 @@ type apiError struct {
 	Message string `json:"message"`
 }
 
-// statusOf maps error classes to the statuses E2B answers with.
-func statusOf(c errdefs.Class) int {
-	switch c {
-	case errdefs.NotFound:
-		return http.StatusNotFound
-	case errdefs.AlreadyExists, errdefs.Conflict:
-		return http.StatusConflict
-	case errdefs.InvalidArgument:
-		return http.StatusBadRequest
-	case errdefs.Unavailable:
-		return http.StatusServiceUnavailable
-	case errdefs.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case errdefs.Unauthenticated:
-		return http.StatusUnauthorized
-	}
-	return http.StatusInternalServerError
-}
+// statusOf is errdefs.HTTPStatus.
+func statusOf(c errdefs.Class) int { return errdefs.HTTPStatus(c) }
 
 func writeError(w http.ResponseWriter, err error) {
 	st := statusOf(errdefs.ClassOf(err))

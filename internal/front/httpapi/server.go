@@ -149,24 +149,8 @@ func RequireToken(token string, h http.Handler) http.Handler {
 	})
 }
 
-// statusOf is the one mapping from error classes to HTTP status codes.
-func statusOf(c errdefs.Class) int {
-	switch c {
-	case errdefs.NotFound:
-		return http.StatusNotFound
-	case errdefs.AlreadyExists, errdefs.Conflict:
-		return http.StatusConflict
-	case errdefs.InvalidArgument:
-		return http.StatusBadRequest
-	case errdefs.Unavailable:
-		return http.StatusServiceUnavailable
-	case errdefs.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case errdefs.Unauthenticated:
-		return http.StatusUnauthorized
-	}
-	return http.StatusInternalServerError
-}
+// statusOf is errdefs.HTTPStatus.
+func statusOf(c errdefs.Class) int { return errdefs.HTTPStatus(c) }
 
 func writeError(w http.ResponseWriter, err error) {
 	c := errdefs.ClassOf(err)
