@@ -6,7 +6,7 @@ BIN=${BIN:-bin}
 IMAGES_DIR=${IMAGES_DIR:-/var/cache/clade/images}
 WORK=$(mktemp -d /tmp/clade-bench.XXXXXX)
 SOCK=$WORK/clade.sock
-"$BIN/clade" daemon --data-dir "$WORK/data" --images-dir "$IMAGES_DIR" --socket "$SOCK" --memory-overcommit 4 >"$WORK/daemon.log" 2>&1 &
+"$BIN/clade" daemon --data-dir "$WORK/data" --images-dir "$IMAGES_DIR" --socket "$SOCK" --memory-overcommit 4 --network-prefix cbench --network-range 10.199.0.0/16 >"$WORK/daemon.log" 2>&1 &
 DAEMON=$!
 cleanup() {
 	kill "$DAEMON" 2>/dev/null || true

@@ -14,6 +14,7 @@ func (n *Network) Abandon() {
 	n.mu.Unlock()
 	n.filling.Wait()
 	n.dns.shutdown()
+	n.claim.Close() // the kernel drops a killed daemon's lock
 }
 
 // SetPolicyUnlimited is SetPolicy without the limit on the number of

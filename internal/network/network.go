@@ -77,6 +77,7 @@ type Network struct {
 	kick    chan struct{}
 	stop    chan struct{}
 	filling sync.WaitGroup
+	claim   *os.File // holds the prefix and range for this daemon (claim.go)
 }
 
 type held struct {
@@ -120,11 +121,16 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, err
 	}
+	claim, err := claimPrefix(cfg.Prefix, cfg.Range)
+	if err != nil {
+		return nil, err
+	}
 	if err := enableForwarding(cfg.Prefix); err != nil {
+		claim.Close()
 		return nil, err
 	}
 	p := plan{prefix: cfg.Prefix, rng: cfg.Range}
-	n := &Network{cfg: cfg, plan: p, held: map[string]*held{}, used: map[int]bool{},
+	n := &Network{cfg: cfg, plan: p, held: map[string]*held{}, used: map[int]bool{}, claim: claim,
 		rs:   &ruleset{table: &nftables.Table{Name: cfg.Prefix, Family: nftables.TableFamilyINet}, prefix: cfg.Prefix + "-", rng: cfg.Range},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	upstreams := cfg.Upstreams
@@ -136,9 +142,13 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	}
 	n.dns = newForwarder(n, upstreams, cfg.Log)
 	if err := n.adopt(); err != nil {
+		n.dns.shutdown()
+		claim.Close()
 		return nil, err
 	}
 	if err := n.rebuild(); err != nil {
+		n.dns.shutdown()
+		claim.Close()
 		return nil, err
 	}
 	n.filling.Add(1)
@@ -604,6 +614,7 @@ func (n *Network) Close() error {
 		}
 		errs = append(errs, err)
 	}
+	n.claim.Close() // last: the table is gone, another daemon may take the prefix
 	return errors.Join(errs...)
 }
 

@@ -384,3 +384,68 @@ func TestSlotsSurviveIPNetnsAdd(t *testing.T) {
 		t.Fatalf("release after ip netns add: %v", err)
 	}
 }
+
+// Two daemons on one prefix would remove each other's slots as a killed
+// daemon's leftovers, and two on overlapping ranges would hand out the
+// same addresses: the second one is refused, saying which daemon holds
+// them, until the first one closes.
+func TestPrefixAndRangeAreClaimed(t *testing.T) {
+	p := testenv.ReserveNet(t)
+	cfg := network.Config{StateDir: t.TempDir(), Range: p.Range, Prefix: p.Prefix, PoolSize: 1, NoUpstream: true}
+	n1, err := network.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = n1.Close()
+		}
+	})
+	s, err := n1.Acquire(t.Context(), "live", network.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strconv.Itoa(os.Getpid())
+	for _, tc := range []struct {
+		name string
+		cfg  network.Config
+		want string
+	}{
+		{"same prefix", network.Config{StateDir: t.TempDir(), Range: netip.MustParsePrefix("10.199.250.0/24"), Prefix: p.Prefix, NoUpstream: true},
+			"network prefix \"" + p.Prefix + "\" is in use by another clade daemon on this host (pid " + pid + ")"},
+		{"overlapping range", network.Config{StateDir: t.TempDir(), Range: p.Range, Prefix: p.Prefix + "x", NoUpstream: true},
+			"overlaps " + p.Range.String() + " of the clade daemon with network prefix \"" + p.Prefix + "\" (pid " + pid + ")"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n2, err := network.New(t.Context(), tc.cfg)
+			if err == nil {
+				_ = n2.Close()
+				t.Fatal("a second daemon's network started")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := os.Stat(s.NetNS); err != nil {
+		t.Fatalf("the refused daemon touched the live slot: %v", err)
+	}
+	if err := n1.Reclaim(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	n3, err := network.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("the prefix stayed claimed after Close: %v", err)
+	}
+	if err := n3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if leaks := p.NetLeaks(); len(leaks) > 0 {
+		t.Errorf("leaked: %v", leaks)
+	}
+}

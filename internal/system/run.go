@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/atrest"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/ingress"
@@ -362,6 +363,9 @@ func startNetwork(ctx context.Context, o *Options, log *slog.Logger) (*network.H
 	cfg.Log = log
 	n, nerr := network.New(ctx, cfg)
 	if nerr != nil {
+		if errdefs.Is(nerr, errdefs.Conflict) {
+			return nil, nerr // another daemon's prefix or range: the message says what to do
+		}
 		if o.DefaultNetwork == network.ModeInternet {
 			return nil, fmt.Errorf("sandbox networking: %w (run as root on a kernel with nftables, or use --default-network none)", nerr)
 		}
