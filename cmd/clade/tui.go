@@ -4,37 +4,41 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	tea "github.com/charmbracelet/bubbletea"
+	"github.com/spf13/cobra"
 
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-func cmdTUI(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("tui", "tui [--interval DUR]\n\nA live view of the daemon's sandboxes (state, image, age, CPU, memory,\nprocesses) and snapshots, with keys to sleep, wake, snapshot, fork and\nremove. Press ? in it for the keys.")
-	interval := fs.Duration("interval", time.Second, "refresh period")
-	if err := parse(fs, args); err != nil {
+func newTUICmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "tui [flags]",
+		Aliases: []string{"top"},
+		Short:   "A live terminal view with keys to exec, sleep, wake, snapshot, fork, remove",
+		Long: "A live view of the daemon's sandboxes (state, image, age, CPU, memory,\n" +
+			"processes) and snapshots, with keys to open a shell, sleep, wake, snapshot,\n" +
+			"fork and remove. Press ? in it for the keys.",
+		Args: nargs(0, 0),
+	}
+	interval := cmd.Flags().Duration("interval", time.Second, "refresh period")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		if *interval < 100*time.Millisecond {
+			return fmt.Errorf("--interval %s is too short: use at least 100ms", *interval)
+		}
+		m := &tuiModel{c: c, ctx: ctx, interval: *interval, width: 80, height: 24, stats: map[string]sdk.SandboxStats{}, cpu: map[string]float64{}}
+		p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
+		_, err := p.Run()
+		if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
+			return nil
+		}
 		return err
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "clade tui: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
-	}
-	if *interval < 100*time.Millisecond {
-		return fmt.Errorf("--interval %s is too short: use at least 100ms", *interval)
-	}
-	m := &tuiModel{c: c, ctx: ctx, interval: *interval, width: 80, height: 24, stats: map[string]sdk.SandboxStats{}, cpu: map[string]float64{}}
-	p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
-	_, err := p.Run()
-	if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
-		return nil
-	}
-	return err
+	})
+	return cmd
 }
 
 // tuiModel is the state of `clade tui`. Every daemon call runs in a

@@ -21,11 +21,17 @@ type tmux struct {
 
 func startTUI(t *testing.T, bin, host string) *tmux {
 	t.Helper()
+	return startTmux(t, "env", "CLADE_HOST="+host, bin, "tui", "--interval", "200ms")
+}
+
+// startTmux runs argv in a new 80x24 tmux window of the test's own.
+func startTmux(t *testing.T, argv ...string) *tmux {
+	t.Helper()
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux not installed (apt-get install tmux)")
 	}
 	tm := &tmux{t: t, socket: fmt.Sprintf("clade-tui-test-%d-%d", os.Getpid(), time.Now().UnixNano())}
-	tm.run("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", "env", "CLADE_HOST="+host, bin, "tui", "--interval", "200ms")
+	tm.run(append([]string{"new-session", "-d", "-s", "tui", "-x", "80", "-y", "24"}, argv...)...)
 	t.Cleanup(func() { _ = exec.Command("tmux", "-L", tm.socket, "kill-server").Run() })
 	return tm
 }
