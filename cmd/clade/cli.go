@@ -110,6 +110,35 @@ func newRoot() *cobra.Command {
 		&cobra.Group{ID: groupStore, Title: "Images, volumes and secrets:"},
 		&cobra.Group{ID: groupOps, Title: "Running and watching clade:"},
 	)
+	// Without a verb: the help, on stderr, and exit 2.
+	root.RunE = func(cmd *cobra.Command, args []string) error {
+		cmd.SetOut(cmd.ErrOrStderr())
+		_ = cmd.Help()
+		return errUsage
+	}
+	root.SetHelpCommand(&cobra.Command{
+		Use:   "help [VERB...]",
+		Short: "Show a verb's help",
+		Args:  cobra.ArbitraryArgs,
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			c, _, _ := cmd.Root().Find(args)
+			var out []string
+			for _, sub := range c.Commands() {
+				if sub.IsAvailableCommand() && strings.HasPrefix(sub.Name(), toComplete) {
+					out = append(out, sub.Name())
+				}
+			}
+			return out, cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, rest, err := cmd.Root().Find(args)
+			if err != nil || len(rest) > 0 {
+				return usagef(cmd, "no verb %q: see clade --help", strings.Join(args, " "))
+			}
+			c.SetOut(cmd.OutOrStdout())
+			return c.Help()
+		},
+	})
 	root.SetHelpCommandGroupID(groupOps)
 	for _, v := range []struct {
 		group string
@@ -181,7 +210,7 @@ func normalizeArgs(root *cobra.Command, args []string) []string {
 			if eq {
 				f = nil
 			}
-		} else {
+		} else if !eq {
 			f = shorthandFlag(cmd, name)
 		}
 		out = append(out, a)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -39,6 +40,13 @@ func TestNormalizeArgs(t *testing.T) {
 // TestEveryVerbHelps: every verb and sub-verb has a summary and a --help
 // that exits 0.
 func TestEveryVerbHelps(t *testing.T) {
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = null
+	t.Cleanup(func() { os.Stdout = stdout; null.Close() })
 	var walk func(c *cobra.Command)
 	n := 0
 	walk = func(c *cobra.Command) {

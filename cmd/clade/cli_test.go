@@ -210,7 +210,7 @@ func TestCLI(t *testing.T) {
 		var kids []string
 		for _, l := range strings.Split(out, "\n") {
 			if _, v, ok := strings.Cut(l, `"id": "`); ok {
-				kids = append(kids, strings.TrimSuffix(strings.TrimSpace(v), `",`))
+				kids = append(kids, strings.TrimRight(strings.TrimSpace(v), `",`))
 			}
 		}
 		if out, errs, code := cli(t, d, "", append([]string{"rm"}, kids...)...); code != 0 {

@@ -49,7 +49,7 @@ func TestCompletion(t *testing.T) {
 		{[]string{"fork", ""}, []string{"comp-snap", snap.ID, "comp-box", sb.ID}, true},
 		{[]string{"snapshot", "rm", ""}, []string{"comp-snap", snap.ID}, true},
 		{[]string{"snapshot", ""}, []string{"ls", "rm", "comp-box", sb.ID}, false},
-		{[]string{"create", "--from", "c"}, []string{"comp-snap"}, true},
+		{[]string{"create", "--from", "comp-"}, []string{"comp-snap"}, true},
 		{[]string{"create", "--image", "def"}, []string{"default"}, true},
 		{[]string{"create", "--network", ""}, []string{"internet", "none"}, true},
 		{[]string{"create", "--volume", "comp"}, []string{"comp-vol:/"}, true},

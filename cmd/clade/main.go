@@ -48,12 +48,6 @@ func run(args []string) int {
 	defer stop()
 	stopSignals = stop
 	root := newRoot()
-	if len(args) == 0 {
-		root.SetOut(os.Stderr)
-		root.SetArgs([]string{"--help"})
-		_ = root.Execute()
-		return 2
-	}
 	root.SetArgs(normalizeArgs(root, args))
 	cmd, err := root.ExecuteContextC(ctx)
 	return exitCode(cmd, err)

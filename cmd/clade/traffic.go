@@ -51,7 +51,10 @@ func newSleepCmd() *cobra.Command {
 			return err
 		}
 		if (len(refs) > 0) == (*all || want != nil) {
-			return usagef(cmd, "give sandboxes, or --all or --label, not both\nUsage: %s", cmd.UseLine())
+			if len(refs) == 0 {
+				return usagef(cmd, "give sandboxes, --all or --label\nUsage: %s", cmd.UseLine())
+			}
+			return usagef(cmd, "give sandboxes or --all or --label, not both\nUsage: %s", cmd.UseLine())
 		}
 		if len(refs) == 0 {
 			sbs, err := c.ListSandboxesLabeled(ctx, want)

@@ -613,7 +613,7 @@ func (m *tuiModel) View() string {
 		status = fmt.Sprintf("fork %s into how many children? %s_  (enter starts, other keys cancel)", short(m.selected), m.forkN)
 	}
 	lines = append(lines, fit(status, w))
-	keys := "e shell  s sleep  w wake  p snapshot  f fork  d remove  tab snaps  ? help  q quit"
+	keys := "e shell  s sleep  w wake  p snapshot  f fork  d remove  tab snapshots  q quit"
 	if m.snapView {
 		keys = "↑↓ move  f fork  d remove  tab sandboxes  ? help  q quit"
 	}
