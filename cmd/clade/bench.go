@@ -18,20 +18,16 @@ import (
 )
 
 func newBenchCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "bench [flags]",
-		Short: "Measure clade on this host (optionally against plain runsc)",
-		Args:  nargs(0, 0),
-		Long: "Measures clade on this host: latency percentiles of create, exec, snapshot, fork and\n" +
-			"wake, host memory per forked child, and how many idle sandboxes fit. With --baseline\n" +
-			"the same work is also done with plain runsc commands, interleaved, and the table shows\n" +
-			"clade/runsc ratios. The network phases compare clade with itself, side by side:\n" +
-			"netcreate (create with a network vs without), proxy (a request and a download through\n" +
-			"the ingress, or the API's port-forward on a daemon without one, vs straight to the\n" +
-			"sandbox's address), proxywake (a request to a slept app until its answer) and masswake\n" +
-			"(N slept apps woken by one request each at once). They need a daemon with networking.\n" +
-			"Removes everything it made, also on Ctrl-C. Exits 1 if a phase failed.",
-	}
+	cmd := verb("bench [flags]", "Measures clade on this host: latency percentiles of create, exec, snapshot, fork and\n"+
+		"wake, host memory per forked child, and how many idle sandboxes fit. With --baseline\n"+
+		"the same work is also done with plain runsc commands, interleaved, and the table shows\n"+
+		"clade/runsc ratios. The network phases compare clade with itself, side by side:\n"+
+		"netcreate (create with a network vs without), proxy (a request and a download through\n"+
+		"the ingress, or the API's port-forward on a daemon without one, vs straight to the\n"+
+		"sandbox's address), proxywake (a request to a slept app until its answer) and masswake\n"+
+		"(N slept apps woken by one request each at once). They need a daemon with networking.\n"+
+		"Removes everything it made, also on Ctrl-C. Exits 1 if a phase failed.")
+	cmd.Short, cmd.Args = "Measure clade on this host (optionally against plain runsc)", nargs(0, 0)
 	fs := cmd.Flags()
 	cfg := benchkit.DefaultConfig()
 	phases := fs.String("phases", strings.Join(cfg.Phases, ","), "phases to run, in order")
@@ -54,47 +50,51 @@ func newBenchCmd() *cobra.Command {
 	settle := fs.Duration("settle", time.Duration(cfg.SettleMS)*time.Millisecond, "before each sample, wait up to this long for the daemon's background work\n(warm pool refill) to finish; 0 disables")
 	jsonPath := fs.String("json", "", "also write the full result as JSON to `FILE`")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-		cfg.Phases = splitList(*phases)
-		cfg.SettleMS = int(settle.Milliseconds())
-		var err error
-		if cfg.Fanout, err = parseInts(*fanout); err != nil {
-			fmt.Fprintf(os.Stderr, "clade bench: --fanout: %v\n", err)
-			return errUsage
-		}
-		if cfg.Baseline && cfg.Runsc == "" {
-			cfg.Runsc = findRunsc()
-		}
-		cfg.CladeVersion = versionString()
-		cfg.CommandLine = os.Args
-		fi, _ := os.Stderr.Stat()
-		cfg.Progress = benchkit.NewProgress(os.Stderr, fi != nil && fi.Mode()&os.ModeCharDevice != 0)
-		if err := cfg.Validate(); err != nil {
-			fmt.Fprintf(os.Stderr, "clade bench: %v\n", err)
-			return errUsage
-		}
+		return runBench(ctx, c, &cfg, phases, fanout, settle, jsonPath)
+	})
+	return cmd
+}
 
-		res, err := benchkit.Run(ctx, c, cfg)
+func runBench(ctx context.Context, c *sdk.Client, cfg *benchkit.Config, phases, fanout *string, settle *time.Duration, jsonPath *string) error {
+	cfg.Phases = splitList(*phases)
+	cfg.SettleMS = int(settle.Milliseconds())
+	var err error
+	if cfg.Fanout, err = parseInts(*fanout); err != nil {
+		fmt.Fprintf(os.Stderr, "clade bench: --fanout: %v\n", err)
+		return errUsage
+	}
+	if cfg.Baseline && cfg.Runsc == "" {
+		cfg.Runsc = findRunsc()
+	}
+	cfg.CladeVersion = versionString()
+	cfg.CommandLine = os.Args
+	fi, _ := os.Stderr.Stat()
+	cfg.Progress = benchkit.NewProgress(os.Stderr, fi != nil && fi.Mode()&os.ModeCharDevice != 0)
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "clade bench: %v\n", err)
+		return errUsage
+	}
+
+	res, err := benchkit.Run(ctx, c, *cfg)
+	if err != nil {
+		return err
+	}
+	if err := benchkit.WriteTable(os.Stdout, res); err != nil {
+		return err
+	}
+	if *jsonPath != "" {
+		b, err := json.MarshalIndent(res, "", "  ")
 		if err != nil {
 			return err
 		}
-		if err := benchkit.WriteTable(os.Stdout, res); err != nil {
+		if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
-		if *jsonPath != "" {
-			b, err := json.MarshalIndent(res, "", "  ")
-			if err != nil {
-				return err
-			}
-			if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
-				return err
-			}
-		}
-		if res.Failed() {
-			return exitError{1}
-		}
-		return nil
-	})
-	return cmd
+	}
+	if res.Failed() {
+		return exitError{1}
+	}
+	return nil
 }
 
 // findRunsc prefers the runsc installed beside clade (what `make deps`

@@ -64,6 +64,9 @@ func withClient(f func(context.Context, *sdk.Client, []string) error) func(*cobr
 	}
 }
 
+// verb is a command with its usage line and long help.
+func verb(use, long string) *cobra.Command { return &cobra.Command{Use: use, Long: long} }
+
 // group is a verb that only holds sub-verbs: alone it shows its help and
 // exits 2, with an unknown sub-verb it says so.
 func group(cmd *cobra.Command) *cobra.Command {

@@ -83,10 +83,10 @@ type tuiModel struct {
 
 	// The events stream drives the lists: every lifecycle event reloads
 	// them at once. lastSeq is the last event seen, to resume from.
-	events     <-chan tea.Msg
-	live       bool
-	streamLost error
-	lastSeq    uint64
+	events         <-chan tea.Msg
+	live, everLive bool
+	streamLost     error
+	lastSeq        uint64
 }
 
 type tuiAction struct {
@@ -215,7 +215,7 @@ func (m *tuiModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		}
 		return m, tea.Tick(m.interval, func(time.Time) tea.Msg { return tuiTick{} })
 	case tuiStreamUp:
-		m.live = true
+		m.live, m.everLive = true, true
 		if m.streamLost != nil {
 			m.streamLost = nil
 			m.status = "events stream back"
@@ -232,6 +232,10 @@ func (m *tuiModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		m.live, m.streamLost = false, msg.err
 		if sdk.IsNotFound(msg.err) {
 			m.lastSeq = 0 // the events after it are gone: reload and follow from now
+		}
+		if !m.everLive {
+			// Never up: the daemon is away, which the screen says.
+			return m, tea.Tick(time.Second, func(time.Time) tea.Msg { return tuiReconnect{} })
 		}
 		m.status = "events stream lost, reconnecting"
 		if m.lastSeq > 0 {
