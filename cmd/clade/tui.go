@@ -481,9 +481,12 @@ func (m *tuiModel) shell(id string) tea.Cmd {
 	m.busy[id] = "shell"
 	m.status = "shell in " + short(id) + "..."
 	return tea.ExecProcess(exec.Command(self, args...), func(err error) tea.Msg {
+		// A code is the shell's own (its last command's), or clade exec's
+		// 1 when it could not start one: say it, as what it printed is
+		// gone with the shell's screen.
 		var ee *exec.ExitError
-		if errors.As(err, &ee) && ee.ExitCode() > 0 && ee.ExitCode() < 126 {
-			err = nil // the shell's own exit status, e.g. of its last command
+		if errors.As(err, &ee) && ee.ExitCode() > 0 {
+			err = fmt.Errorf("ended with exit code %d", ee.ExitCode())
 		}
 		return tuiShellDone{id: id, err: err}
 	})
