@@ -11,14 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/clade-sandbox/clade/internal/benchkit"
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("bench", "bench [--phases LIST] [--fanout LIST] [--samples N] [--warmup N] [--density N]\n"+
-		"             [--image NAME] [--memory MIB] [--baseline] [--json FILE]\n\n"+
-		"Measures clade on this host: latency percentiles of create, exec, snapshot, fork and\n"+
+func newBenchCmd() *cobra.Command {
+	cmd := verb("bench [flags]", "Measures clade on this host: latency percentiles of create, exec, snapshot, fork and\n"+
 		"wake, host memory per forked child, and how many idle sandboxes fit. With --baseline\n"+
 		"the same work is also done with plain runsc commands, interleaved, and the table shows\n"+
 		"clade/runsc ratios. The network phases compare clade with itself, side by side:\n"+
@@ -27,6 +27,8 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 		"sandbox's address), proxywake (a request to a slept app until its answer) and masswake\n"+
 		"(N slept apps woken by one request each at once). They need a daemon with networking.\n"+
 		"Removes everything it made, also on Ctrl-C. Exits 1 if a phase failed.")
+	cmd.Short, cmd.Args = "Measure clade on this host (optionally against plain runsc)", nargs(0, 0)
+	fs := cmd.Flags()
 	cfg := benchkit.DefaultConfig()
 	phases := fs.String("phases", strings.Join(cfg.Phases, ","), "phases to run, in order")
 	fanout := fs.String("fanout", joinInts(cfg.Fanout), "fork widths")
@@ -47,13 +49,13 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "the daemon's data dir: the env block reports its filesystem,\n--settle watches the processes that mention it")
 	settle := fs.Duration("settle", time.Duration(cfg.SettleMS)*time.Millisecond, "before each sample, wait up to this long for the daemon's background work\n(warm pool refill) to finish; 0 disables")
 	jsonPath := fs.String("json", "", "also write the full result as JSON to `FILE`")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "clade bench: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
-	}
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		return runBench(ctx, c, &cfg, phases, fanout, settle, jsonPath)
+	})
+	return cmd
+}
+
+func runBench(ctx context.Context, c *sdk.Client, cfg *benchkit.Config, phases, fanout *string, settle *time.Duration, jsonPath *string) error {
 	cfg.Phases = splitList(*phases)
 	cfg.SettleMS = int(settle.Milliseconds())
 	var err error
@@ -73,7 +75,7 @@ func cmdBench(ctx context.Context, c *sdk.Client, args []string) error {
 		return errUsage
 	}
 
-	res, err := benchkit.Run(ctx, c, cfg)
+	res, err := benchkit.Run(ctx, c, *cfg)
 	if err != nil {
 		return err
 	}

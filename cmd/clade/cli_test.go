@@ -150,9 +150,74 @@ func TestCLI(t *testing.T) {
 	})
 
 	t.Run("help", func(t *testing.T) {
-		_, errs, code := cli(t, d, "", "exec", "--help")
-		if code != 0 || !strings.Contains(errs, "Usage: clade exec") || !strings.Contains(errs, "--timeout") {
-			t.Fatalf("exec --help: %d %q", code, errs)
+		for _, args := range [][]string{{"exec", "--help"}, {"exec", "-help"}, {"help", "exec"}, {"exec", "-h"}} {
+			out, errs, code := cli(t, d, "", args...)
+			if code != 0 || !strings.Contains(out, "clade exec [flags] ID [--] CMD") || !strings.Contains(out, "--timeout duration") {
+				t.Fatalf("%q: %d %q %q", args, code, out, errs)
+			}
+		}
+		out, _, code := cli(t, d, "", "image", "pull", "--help")
+		if code != 0 || !strings.Contains(out, "clade image pull REF") || !strings.Contains(out, "--platform") || !strings.Contains(out, "--host") {
+			t.Fatalf("image pull --help: %d %q", code, out)
+		}
+		// Usage errors exit 2 and say what is wrong on stderr.
+		for _, tc := range []struct {
+			args []string
+			err  string
+		}{
+			{nil, "Usage:"},
+			{[]string{"rm"}, "missing argument"},
+			{[]string{"exec", id}, "missing"},
+			{[]string{"ls", "--bogus"}, "unknown flag: --bogus"},
+			{[]string{"image"}, "Available Commands"},
+			{[]string{"image", "frob"}, `unknown verb "frob"`},
+			{[]string{"fork", id, "-n", "x"}, "invalid argument"},
+			{[]string{"create", "extra"}, `unexpected argument "extra"`},
+		} {
+			if _, errs, code := cli(t, d, "", tc.args...); code != 2 || !strings.Contains(errs, tc.err) {
+				t.Errorf("clade %q: %d %q, want 2 and %q", tc.args, code, errs, tc.err)
+			}
+		}
+	})
+
+	t.Run("old flag forms", func(t *testing.T) {
+		// The flag package's single-dash long flags and flags after the
+		// arguments, as scripts wrote them.
+		out, errs, code := cli(t, d, "", "ls", "-json")
+		if code != 0 || !strings.Contains(out, `"id": "`+id+`"`) {
+			t.Fatalf("ls -json: %d %q %q", code, out, errs)
+		}
+		out, errs, code = cli(t, d, "", "-host", d.Socket, "exec", "-env", "Y=2", "-workdir=/tmp", id, "sh", "-c", "echo $Y $(pwd) $0", "-json")
+		if code != 0 || out != "2 /tmp -json\n" {
+			t.Fatalf("exec with single-dash flags and no --: %d %q %q", code, out, errs)
+		}
+		out, errs, code = cli(t, d, "", "exec", id, "--", "sh", "-c", "echo $1", "sh", "--help")
+		if code != 0 || out != "--help\n" {
+			t.Fatalf("exec passes --help after -- on: %d %q %q", code, out, errs)
+		}
+		out, errs, code = cli(t, d, "", "snapshot", id, "-name", "old-form")
+		if code != 0 || len(strings.TrimSpace(out)) != 16 {
+			t.Fatalf("snapshot ID -name: %d %q %q", code, out, errs)
+		}
+		out, errs, code = cli(t, d, "", "snapshot", "ls", "-json")
+		if code != 0 || !strings.Contains(out, `"name": "old-form"`) {
+			t.Fatalf("snapshot ls -json: %d %q %q", code, out, errs)
+		}
+		out, errs, code = cli(t, d, "", "fork", "old-form", "-n", "2", "-json")
+		if code != 0 || strings.Count(out, `"id"`) != 2 {
+			t.Fatalf("fork SNAP -n 2 -json: %d %q %q", code, out, errs)
+		}
+		var kids []string
+		for _, l := range strings.Split(out, "\n") {
+			if _, v, ok := strings.Cut(l, `"id": "`); ok {
+				kids = append(kids, strings.TrimRight(strings.TrimSpace(v), `",`))
+			}
+		}
+		if out, errs, code := cli(t, d, "", append([]string{"rm"}, kids...)...); code != 0 {
+			t.Fatalf("rm children: %q %q", out, errs)
+		}
+		if _, errs, code := cli(t, d, "", "snapshot", "rm", "old-form"); code != 0 {
+			t.Fatalf("snapshot rm: %q", errs)
 		}
 	})
 

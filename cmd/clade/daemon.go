@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -9,13 +8,24 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/system"
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-func cmdDaemon(ctx context.Context, args []string) error {
-	fs := newFlags("daemon", "daemon [flags]\n\nServes the clade API. Sandboxes outlive the daemon: a restarted daemon\nreattaches to them and cleans up work a killed one left half done.")
+func newDaemonCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "daemon [flags]",
+		Short: "Serve the clade API",
+		Long: "Serves the clade API. Sandboxes outlive the daemon: a restarted daemon\n" +
+			"reattaches to them and cleans up work a killed one left half done.",
+		Example: "  sudo clade daemon\n" +
+			"  sudo clade daemon --listen 127.0.0.1:7070 --token-file /etc/clade/token --ingress 127.0.0.1:8080 --ingress-domain clade.localhost",
+		Args: nargs(0, 0),
+	}
+	fs := cmd.Flags()
 	o := system.Options{Version: versionString()}
 	fs.StringVar(&o.DataDir, "data-dir", "/var/lib/clade", "state: database, images, sandboxes")
 	fs.StringVar(&o.ImagesDir, "images-dir", "", "image directory (default DATA-DIR/images)")
@@ -49,50 +59,54 @@ func cmdDaemon(ctx context.Context, args []string) error {
 	fs.StringVar(&o.KeyEnv, "key-env", "CLADE_KEY", "environment variable that, when set, holds the host key (hex or base64 of 32 bytes) instead of --key-file")
 	fs.BoolVar(&o.EncryptAtRest, "encrypt-at-rest", false, "keep snapshots, sleep images, volumes and sandbox upper layers encrypted on disk (gocryptfs under DATA-DIR/encrypted, keyed by the host key; needs gocryptfs and fuse3)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	rng, err := netip.ParsePrefix(*netRange)
-	if err != nil {
-		return fmt.Errorf("bad --network-range %q: use an IPv4 CIDR such as %s", *netRange, network.DefaultRange)
-	}
-	o.Network.Range = rng
-	switch *dnsUp {
-	case "":
-	case "none":
-		o.Network.NoUpstream = true
-	default:
-		for _, u := range strings.Split(*dnsUp, ",") {
-			if a, err := netip.ParseAddr(u); err == nil {
-				u = netip.AddrPortFrom(a, 53).String()
-			} else if _, err := netip.ParseAddrPort(u); err != nil {
-				return fmt.Errorf("bad --dns-upstream %q: use IP or IP:PORT", u)
-			}
-			o.Network.Upstreams = append(o.Network.Upstreams, u)
-		}
-	}
-	if *tokenFile != "" {
-		b, err := os.ReadFile(*tokenFile)
+	_ = cmd.RegisterFlagCompletionFunc("engine", fixedValues(system.Engines()...))
+	_ = cmd.RegisterFlagCompletionFunc("default-network", fixedValues("internet", "none"))
+	_ = cmd.RegisterFlagCompletionFunc("log-level", fixedValues("debug", "info", "warn", "error"))
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		rng, err := netip.ParsePrefix(*netRange)
 		if err != nil {
-			return fmt.Errorf("token file: %w", err)
+			return fmt.Errorf("bad --network-range %q: use an IPv4 CIDR such as %s", *netRange, network.DefaultRange)
 		}
-		o.Token = strings.TrimSpace(string(b))
-		if o.Token == "" {
-			return fmt.Errorf("token file %s is empty", *tokenFile)
+		o.Network.Range = rng
+		switch *dnsUp {
+		case "":
+		case "none":
+			o.Network.NoUpstream = true
+		default:
+			for _, u := range strings.Split(*dnsUp, ",") {
+				if a, err := netip.ParseAddr(u); err == nil {
+					u = netip.AddrPortFrom(a, 53).String()
+				} else if _, err := netip.ParseAddrPort(u); err != nil {
+					return fmt.Errorf("bad --dns-upstream %q: use IP or IP:PORT", u)
+				}
+				o.Network.Upstreams = append(o.Network.Upstreams, u)
+			}
 		}
-	}
-	if o.AgentPath == "" {
-		if exe, err := os.Executable(); err == nil {
-			o.AgentPath = filepath.Join(filepath.Dir(exe), "clade-agent")
+		if *tokenFile != "" {
+			b, err := os.ReadFile(*tokenFile)
+			if err != nil {
+				return fmt.Errorf("token file: %w", err)
+			}
+			o.Token = strings.TrimSpace(string(b))
+			if o.Token == "" {
+				return fmt.Errorf("token file %s is empty", *tokenFile)
+			}
 		}
+		if o.AgentPath == "" {
+			if exe, err := os.Executable(); err == nil {
+				o.AgentPath = filepath.Join(filepath.Dir(exe), "clade-agent")
+			}
+		}
+		// Only tests set this: it makes the daemon SIGKILL itself at a named
+		// point of a create or remove.
+		o.Sandbox.CrashAt = os.Getenv("CLADE_CRASH_AT")
+		var lvl slog.Level
+		if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+			return fmt.Errorf("bad --log-level %q", *level)
+		}
+		o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+		return system.Run(ctx, o)
 	}
-	// Only tests set this: it makes the daemon SIGKILL itself at a named
-	// point of a create or remove.
-	o.Sandbox.CrashAt = os.Getenv("CLADE_CRASH_AT")
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-		return fmt.Errorf("bad --log-level %q", *level)
-	}
-	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	return system.Run(ctx, o)
+	return cmd
 }

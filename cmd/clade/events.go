@@ -7,54 +7,62 @@ import (
 	"os"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-func cmdEvents(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("events", "events [--follow] [--since SEQ] [--sandbox ID] [--label K=V]... [--json]\n\nPrints the daemon's lifecycle events (created, started, exec.started, exec.ended,\nsnapshotted, forked, slept, woken, stopped, removed, admission.refused), oldest\nfirst: the recent ones it keeps, or with --follow the new ones as they happen.\nEach line starts with the event's seq; --since SEQ resumes after it.")
-	follow := fs.Bool("follow", false, "keep printing new events until interrupted")
-	fs.BoolVar(follow, "f", false, "short for --follow")
-	since := fs.Uint64("since", 0, "print the kept events after this seq first (with --follow: else only new ones)")
-	sandbox := fs.String("sandbox", "", "only events of this sandbox (id or name)")
+func newEventsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "events [flags]",
+		Short: "Print lifecycle events, or follow them as they happen",
+		Long: "Prints the daemon's lifecycle events (created, started, exec.started, exec.ended,\n" +
+			"snapshotted, forked, slept, woken, stopped, removed, admission.refused), oldest\n" +
+			"first: the recent ones it keeps, or with --follow the new ones as they happen.\n" +
+			"Each line starts with the event's seq; --since SEQ resumes after it.",
+		Example: "  clade events --follow --sandbox box\n  clade events -f --since 1200 --json",
+		Args:    nargs(0, 0),
+	}
+	fs := cmd.Flags()
+	follow := fs.BoolP("follow", "f", false, "keep printing new events until interrupted")
+	since := fs.Uint64("since", 0, "print the kept events after this `seq` first (with --follow: else only new ones)")
+	sandbox := fs.String("sandbox", "", "only events of this sandbox (`id` or name)")
 	var labels multi
-	fs.Var(&labels, "label", "only events of sandboxes with label K=V (repeatable; all must match)")
+	fs.Var(&labels, "label", "only events of sandboxes with label `K=V` (repeatable; all must match)")
 	asJSON := fs.Bool("json", false, "print each event as a line of JSON")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return errUsage
-	}
-	f := sdk.EventFilter{Sandbox: *sandbox, Follow: *follow, Since: *since}
-	for _, kv := range labels {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return fmt.Errorf("--label %q: give K=V", kv)
+	_ = cmd.RegisterFlagCompletionFunc("sandbox", completeSandboxes)
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		f := sdk.EventFilter{Sandbox: *sandbox, Follow: *follow, Since: *since}
+		for _, kv := range labels {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("--label %q: give K=V", kv)
+			}
+			if f.Labels == nil {
+				f.Labels = map[string]string{}
+			}
+			f.Labels[k] = v
 		}
-		if f.Labels == nil {
-			f.Labels = map[string]string{}
-		}
-		f.Labels[k] = v
-	}
-	evs, err := c.Events(ctx, f)
-	if err != nil {
-		return err
-	}
-	enc := json.NewEncoder(os.Stdout)
-	for e, err := range evs {
+		evs, err := c.Events(ctx, f)
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			if err := enc.Encode(e); err != nil {
+		enc := json.NewEncoder(os.Stdout)
+		for e, err := range evs {
+			if err != nil {
 				return err
 			}
-			continue
+			if *asJSON {
+				if err := enc.Encode(e); err != nil {
+					return err
+				}
+				continue
+			}
+			fmt.Println(formatEvent(e))
 		}
-		fmt.Println(formatEvent(e))
-	}
-	return nil
+		return nil
+	})
+	return cmd
 }
 
 // formatEvent is one event as a line for people.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"os"
 	"os/signal"
 	"strings"
@@ -11,52 +10,6 @@ import (
 
 	"github.com/clade-sandbox/clade/sdk"
 )
-
-// expandShortFlags splits joined one-letter boolean flags ("-it", "-ti")
-// into separate ones for the flag package, up to the first argument that
-// is not a flag of fs (flags that take a value skip it).
-func expandShortFlags(fs *flag.FlagSet, args []string) []string {
-	var out []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
-			return append(out, args[i:]...)
-		}
-		name := strings.TrimLeft(a, "-")
-		if f := fs.Lookup(name); f != nil || strings.Contains(name, "=") {
-			out = append(out, a)
-			if f != nil && !isBoolFlag(f) && i+1 < len(args) {
-				i++
-				out = append(out, args[i])
-			}
-			continue
-		}
-		if !strings.HasPrefix(a, "--") && len(name) > 1 && allBoolFlags(fs, name) {
-			for _, c := range name {
-				out = append(out, "-"+string(c))
-			}
-			continue
-		}
-		out = append(out, a)
-	}
-	return out
-}
-
-func isBoolFlag(f *flag.Flag) bool {
-	b, ok := f.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
-}
-
-// allBoolFlags reports whether every letter of s is a boolean flag of fs.
-func allBoolFlags(fs *flag.FlagSet, s string) bool {
-	for _, c := range s {
-		f := fs.Lookup(string(c))
-		if f == nil || !isBoolFlag(f) {
-			return false
-		}
-	}
-	return true
-}
 
 // localTerm is the user's terminal during `exec -t`: in raw mode while
 // keys go to the sandbox (so Ctrl-C is a byte for the remote terminal, not

@@ -2,148 +2,144 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-func cmdSnapshot(ctx context.Context, c *sdk.Client, args []string) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "ls", "list":
-			return cmdSnapshotList(ctx, c, args[1:])
-		case "rm", "remove":
-			return cmdSnapshotRemove(ctx, c, args[1:])
-		}
+func newSnapshotCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "snapshot ID [flags]",
+		Aliases: []string{"snapshots"},
+		Short:   "Snapshot a running sandbox (it keeps running); list and remove snapshots",
+		Long: "Freezes a running sandbox's memory and files into a snapshot, which it keeps\n" +
+			"running through, and prints the snapshot's id. Restore it with\n" +
+			"clade create --from SNAP or clade fork SNAP -n N.",
+		Example:           "  clade snapshot box --name warm\n  clade snapshot ls\n  clade snapshot rm warm",
+		Args:              nargs(1, 1),
+		ValidArgsFunction: firstArg(completeSandboxes),
 	}
-	fs := newFlags("snapshot", "snapshot ID [--name NAME]   freeze a running sandbox (it keeps running); prints the snapshot id\n       clade snapshot ls [--json]\n       clade snapshot rm SNAP...")
-	name := fs.String("name", "", "unique name for the snapshot")
-	ref, err := parseOneArg(fs, args)
-	if err != nil {
-		return err
-	}
-	snap, err := c.SnapshotSandbox(ctx, ref, *name)
-	if err != nil {
-		return err
-	}
-	fmt.Println(snap.ID)
-	return nil
-}
-
-// parseOneArg parses flags around exactly one positional argument, which
-// may come before or after them.
-func parseOneArg(fs *flag.FlagSet, args []string) (string, error) {
-	var pos string
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		pos, args = args[0], args[1:]
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return "", exitError{0}
-		}
-		return "", errUsage
-	}
-	rest := fs.Args()
-	if pos == "" && len(rest) > 0 {
-		pos, rest = rest[0], rest[1:]
-	}
-	if pos == "" || len(rest) > 0 {
-		fs.Usage()
-		return "", errUsage
-	}
-	return pos, nil
-}
-
-func cmdSnapshotList(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("snapshot ls", "snapshot ls [--json]\n\nLists snapshots and the sandboxes restored from them.")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	snaps, err := c.ListSnapshots(ctx)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(snaps)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tSANDBOX\tSIZE\tUSED BY\tCREATED")
-	for _, s := range snaps {
-		name := dash(s.Name)
-		if s.Implicit {
-			name = "(implicit)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%dMiB\t%d\t%s ago\n", s.ID, name, s.Sandbox, s.SizeBytes>>20, len(s.UsedBy), time.Since(s.CreatedAt).Round(time.Second))
-	}
-	return tw.Flush()
-}
-
-func cmdSnapshotRemove(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("snapshot rm", "snapshot rm SNAP...\n\nRemoves snapshots no sandbox was restored from.")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errUsage
-	}
-	return removeEach(fs.Args(), false, func(ref string) error { return c.DeleteSnapshot(ctx, ref) })
-}
-
-func cmdFork(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("fork", "fork SNAP|ID -n N [--json]\n\nRestores N new sandboxes from a snapshot, or from a running sandbox (which is\nsnapshotted first and keeps running), in one call. Prints one child id per\nline; a child that failed is reported on stderr and the exit code is 1.")
-	n := fs.Int("n", 1, "number of children")
-	asJSON := fs.Bool("json", false, "print the whole result as JSON")
-	src, err := parseOneArg(fs, args)
-	if err != nil {
-		return err
-	}
-	res, err := c.Fork(ctx, src, *n)
-	if err != nil {
-		return err
-	}
-	failed := 0
-	for _, ch := range res.Children {
-		if ch.Error != "" {
-			failed++
-		}
-	}
-	if *asJSON {
-		if err := printJSON(res); err != nil {
+	name := cmd.Flags().String("name", "", "unique name for the snapshot")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		snap, err := c.SnapshotSandbox(ctx, args[0], *name)
+		if err != nil {
 			return err
 		}
-	} else {
-		for _, ch := range res.Children {
-			if ch.Error != "" {
-				fmt.Fprintln(os.Stderr, "clade: child failed:", ch.Error)
-				continue
-			}
-			fmt.Println(ch.ID)
-		}
-	}
-	if failed > 0 {
-		fmt.Fprintf(os.Stderr, "clade: %d of %d children failed\n", failed, len(res.Children))
-		return exitError{1}
-	}
-	return nil
+		fmt.Println(snap.ID)
+		return nil
+	})
+	cmd.AddCommand(newSnapshotListCmd(), newSnapshotRemoveCmd())
+	return cmd
 }
 
-func cmdWake(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("wake", "wake ID\n\nRestores a sleeping sandbox in place: same id, files and running processes.")
-	ref, err := parseOneArg(fs, args)
-	if err != nil {
-		return err
+func newSnapshotListCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "ls [flags]",
+		Aliases: []string{"list"},
+		Short:   "List snapshots and the sandboxes restored from them",
+		Args:    nargs(0, 0),
 	}
-	sb, err := c.Wake(ctx, ref)
-	if err != nil {
-		return err
+	asJSON := cmd.Flags().Bool("json", false, "print JSON")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		snaps, err := c.ListSnapshots(ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(snaps)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tNAME\tSANDBOX\tSIZE\tUSED BY\tCREATED")
+		for _, s := range snaps {
+			name := dash(s.Name)
+			if s.Implicit {
+				name = "(implicit)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%dMiB\t%d\t%s ago\n", s.ID, name, s.Sandbox, s.SizeBytes>>20, len(s.UsedBy), time.Since(s.CreatedAt).Round(time.Second))
+		}
+		return tw.Flush()
+	})
+	return cmd
+}
+
+func newSnapshotRemoveCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:               "rm SNAP...",
+		Aliases:           []string{"remove"},
+		Short:             "Remove snapshots no sandbox was restored from",
+		Args:              nargs(1, -1),
+		ValidArgsFunction: completeSnapshots,
+		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+			return removeEach(args, false, func(ref string) error { return c.DeleteSnapshot(ctx, ref) })
+		}),
 	}
-	fmt.Println(sb.ID)
-	return nil
+}
+
+func newForkCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "fork SNAP|ID [flags]",
+		Short: "Restore N new sandboxes from a snapshot or a running sandbox",
+		Long: "Restores N new sandboxes from a snapshot, or from a running sandbox (which is\n" +
+			"snapshotted first and keeps running), in one call. Prints one child id per\n" +
+			"line; a child that failed is reported on stderr and the exit code is 1.",
+		Example:           "  clade fork box -n 16\n  clade fork warm -n 4 --json",
+		Args:              nargs(1, 1),
+		ValidArgsFunction: firstArg(complete(snapshotNames, sandboxNames)),
+	}
+	n := cmd.Flags().IntP("count", "n", 1, "number of children")
+	asJSON := cmd.Flags().Bool("json", false, "print the whole result as JSON")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		res, err := c.Fork(ctx, args[0], *n)
+		if err != nil {
+			return err
+		}
+		failed := 0
+		for _, ch := range res.Children {
+			if ch.Error != "" {
+				failed++
+			}
+		}
+		if *asJSON {
+			if err := printJSON(res); err != nil {
+				return err
+			}
+		} else {
+			for _, ch := range res.Children {
+				if ch.Error != "" {
+					fmt.Fprintln(os.Stderr, "clade: child failed:", ch.Error)
+					continue
+				}
+				fmt.Println(ch.ID)
+			}
+		}
+		if failed > 0 {
+			fmt.Fprintf(os.Stderr, "clade: %d of %d children failed\n", failed, len(res.Children))
+			return exitError{1}
+		}
+		return nil
+	})
+	return cmd
+}
+
+func newWakeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:               "wake ID",
+		Short:             "Wake a sleeping sandbox",
+		Long:              "Restores a sleeping sandbox in place: same id, files and running processes.",
+		Args:              nargs(1, 1),
+		ValidArgsFunction: firstArg(completeSandboxes),
+		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+			sb, err := c.Wake(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Println(sb.ID)
+			return nil
+		}),
+	}
 }

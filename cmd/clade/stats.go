@@ -10,62 +10,73 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/clade-sandbox/clade/sdk"
 	"golang.org/x/sys/unix"
 )
 
-func cmdStats(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("stats", "stats [--no-stream] [--json] [--interval DUR] [ID...]\n\nShows the CPU, memory and process count of the sandboxes (every sandbox\nwithout IDs), refreshed every --interval until interrupted. CPU % is of one\ncore: 200% is two cores busy.")
+func newStatsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "stats [flags] [ID...]",
+		Short: "Show sandboxes' CPU, memory and processes, refreshed live",
+		Long: "Shows the CPU, memory and process count of the sandboxes (every sandbox\n" +
+			"without IDs), refreshed every --interval until interrupted. CPU % is of one\n" +
+			"core: 200% is two cores busy.",
+		Example:           "  clade stats\n  clade stats --no-stream box other",
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: completeSandboxes,
+	}
+	fs := cmd.Flags()
 	noStream := fs.Bool("no-stream", false, "print one reading and exit")
 	asJSON := fs.Bool("json", false, "print one reading of each sandbox as JSON and exit (CPU as cumulative cpu_ns)")
 	interval := fs.Duration("interval", time.Second, "time between refreshes (and, with --no-stream, between the two readings CPU % is taken from)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *interval < 10*time.Millisecond {
-		return fmt.Errorf("--interval %s is too short: use at least 10ms", *interval)
-	}
-	ids := fs.Args()
-	if *asJSON {
-		sts, err := c.StatsList(ctx, ids...)
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, ids []string) error {
+		if *interval < 10*time.Millisecond {
+			return fmt.Errorf("--interval %s is too short: use at least 10ms", *interval)
+		}
+		if *asJSON {
+			sts, err := c.StatsList(ctx, ids...)
+			if err != nil {
+				return err
+			}
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(sts)
+		}
+		prev, err := c.StatsList(ctx, ids...)
 		if err != nil {
 			return err
 		}
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(sts)
-	}
-	prev, err := c.StatsList(ctx, ids...)
-	if err != nil {
-		return err
-	}
-	wait := *interval
-	if *noStream {
-		wait = min(*interval, 500*time.Millisecond)
-	}
-	tty := isTerminal(os.Stdout)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
+		wait := *interval
+		if *noStream {
+			wait = min(*interval, 500*time.Millisecond)
 		}
-		cur, err := c.StatsList(ctx, ids...)
-		if err != nil {
-			if ctx.Err() != nil {
+		tty := isTerminal(os.Stdout)
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+			cur, err := c.StatsList(ctx, ids...)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			if tty && !*noStream {
+				fmt.Print("\033[H\033[2J") // home and clear, like top
+			}
+			writeStats(os.Stdout, prev, cur)
+			if *noStream {
 				return nil
 			}
-			return err
+			prev = cur
 		}
-		if tty && !*noStream {
-			fmt.Print("\033[H\033[2J") // home and clear, like top
-		}
-		writeStats(os.Stdout, prev, cur)
-		if *noStream {
-			return nil
-		}
-		prev = cur
-	}
+	})
+	return cmd
 }
 
 // writeStats prints a table of the readings in cur, CPU % from prev.

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -31,175 +32,178 @@ func parseLabels(kvs []string) (map[string]string, error) {
 	return out, nil
 }
 
-// parseArgs parses flags that may come before, between or after the
-// positional arguments, and returns those.
-func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := parse(fs, args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		if rest[0] == "--" {
-			return append(pos, rest[1:]...), nil
-		}
-		pos, args = append(pos, rest[0]), rest[1:]
+func newSleepCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sleep ID... | --all | --label K=V...",
+		Short: "Put sandboxes to sleep: to disk, at zero RAM",
+		Long: "Snapshots sandboxes to disk and stops them: each keeps its id and uses no\n" +
+			"memory until `clade wake`, the next exec or the next ingress request.",
+		Example:           "  clade sleep box\n  clade sleep --label team=ml\n  clade sleep --all",
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: completeSandboxes,
 	}
-}
-
-func cmdSleep(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("sleep", "sleep ID...\n       clade sleep --all | --label K=V...\n\nSnapshots sandboxes to disk and stops them: each keeps its id and uses no\nmemory until `clade wake`, the next exec or the next ingress request.")
-	all := fs.Bool("all", false, "put every running sandbox to sleep")
+	all := cmd.Flags().Bool("all", false, "put every running sandbox to sleep")
 	var labels multi
-	fs.Var(&labels, "label", "put the running sandboxes with label K=V to sleep (repeatable: all must match)")
-	refs, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	want, err := parseLabels(labels)
-	if err != nil {
-		return err
-	}
-	if (len(refs) > 0) == (*all || want != nil) {
-		fs.Usage()
-		return errUsage
-	}
-	if len(refs) == 0 {
-		sbs, err := c.ListSandboxesLabeled(ctx, want)
+	cmd.Flags().Var(&labels, "label", "put the running sandboxes with label `K=V` to sleep (repeatable: all must match)")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, refs []string) error {
+		want, err := parseLabels(labels)
 		if err != nil {
 			return err
 		}
-		for _, sb := range sbs {
-			if sb.State == "running" {
-				refs = append(refs, sb.ID)
+		if (len(refs) > 0) == (*all || want != nil) {
+			if len(refs) == 0 {
+				return usagef(cmd, "give sandboxes, --all or --label\nUsage: %s", cmd.UseLine())
 			}
+			return usagef(cmd, "give sandboxes or --all or --label, not both\nUsage: %s", cmd.UseLine())
 		}
-	}
-	failed := false
-	for _, ref := range refs {
-		sb, err := c.Sleep(ctx, ref)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "clade:", err)
-			failed = true
-			continue
-		}
-		fmt.Println(sb.ID)
-	}
-	if failed {
-		return exitError{1}
-	}
-	return nil
-}
-
-func cmdTimeout(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("timeout", "timeout ID DUR [--on-timeout rm|sleep]\n\nRenews a sandbox's timeout: it now ends DUR from now (e.g. 30m; 0 removes\nthe timeout), by removal or sleep as --on-timeout says.")
-	onTimeout := fs.String("on-timeout", "", "what the timeout does: rm removes the sandbox, sleep puts it to sleep (default: as before, else rm)")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 2 {
-		fs.Usage()
-		return errUsage
-	}
-	d, err := time.ParseDuration(pos[1])
-	if err != nil || d < 0 {
-		return fmt.Errorf("timeout %q: give a duration such as 90s, 30m or 2h (0 removes the timeout)", pos[1])
-	}
-	sb, err := c.SetTimeout(ctx, pos[0], d, *onTimeout)
-	if err != nil {
-		return err
-	}
-	if sb.ExpiresAt != nil {
-		fmt.Printf("%s %s at %s\n", sb.ID, sb.OnTimeout, sb.ExpiresAt.Local().Format(time.RFC3339))
-	} else {
-		fmt.Printf("%s no timeout\n", sb.ID)
-	}
-	return nil
-}
-
-func cmdURL(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("url", "url [--ttl DUR] ID PORT\n\nPrints a URL of port PORT inside the sandbox, through the daemon's ingress, that\nneeds no traffic token until it expires (--ttl, default 1h, at most 30 days):\nopen it in a browser or hand it to someone. It is for that sandbox and port only.")
-	ttl := fs.Duration("ttl", time.Hour, "how long the URL works, e.g. 15m or 24h")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 2 {
-		fs.Usage()
-		return errUsage
-	}
-	port, err := strconv.Atoi(pos[1])
-	if err != nil || port < 1 || port > 65535 {
-		return fmt.Errorf("port %q: give a TCP port, 1 to 65535", pos[1])
-	}
-	if *ttl <= 0 {
-		return fmt.Errorf("--ttl %s: give a positive duration, e.g. 15m", *ttl)
-	}
-	u, err := c.SignedURL(ctx, pos[0], port, *ttl)
-	if err != nil {
-		return err
-	}
-	fmt.Println(u.URL)
-	fmt.Fprintf(os.Stderr, "valid until %s\n", u.ExpiresAt.Local().Format(time.RFC3339))
-	return nil
-}
-
-func cmdPortForward(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("port-forward", "port-forward [--address ADDR] ID [LOCAL:]REMOTE\n\nForwards TCP connections to local port LOCAL (default: REMOTE; 0 picks a free\none) to port REMOTE inside the sandbox, through the daemon, until\ninterrupted. A connection to a sleeping sandbox wakes it. Prints the local\naddress it listens on.")
-	addr := fs.String("address", "127.0.0.1", "local address to listen on")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 2 {
-		fs.Usage()
-		return errUsage
-	}
-	ref := pos[0]
-	local, remote, found := strings.Cut(pos[1], ":")
-	if !found {
-		local, remote = pos[1], pos[1]
-	}
-	rport, err := strconv.Atoi(remote)
-	lport, lerr := strconv.Atoi(local)
-	if err != nil || lerr != nil || rport < 1 || rport > 65535 || lport < 0 || lport > 65535 {
-		return fmt.Errorf("port-forward %q: use [LOCAL:]REMOTE with TCP ports, e.g. 5432 or 15432:5432", pos[1])
-	}
-	// Fail early on an unknown sandbox.
-	if _, err := c.GetSandbox(ctx, ref); err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(*addr, strconv.Itoa(lport)))
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	fmt.Printf("forwarding %s -> %s:%d\n", ln.Addr(), ref, rport)
-	for {
-		lc, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		go func() {
-			defer lc.Close()
-			rc, err := c.DialPort(ctx, ref, rport)
+		if len(refs) == 0 {
+			sbs, err := c.ListSandboxesLabeled(ctx, want)
 			if err != nil {
-				fmt.Fprintf(os.Stderr, "clade: port-forward: %v\n", err)
-				return
+				return err
 			}
-			defer rc.Close()
-			pipe(lc, rc)
-		}()
+			for _, sb := range sbs {
+				if sb.State == "running" {
+					refs = append(refs, sb.ID)
+				}
+			}
+		}
+		failed := false
+		for _, ref := range refs {
+			sb, err := c.Sleep(ctx, ref)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "clade:", err)
+				failed = true
+				continue
+			}
+			fmt.Println(sb.ID)
+		}
+		if failed {
+			return exitError{1}
+		}
+		return nil
+	})
+	return cmd
+}
+
+func newTimeoutCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "timeout ID DUR [flags]",
+		Short: "Renew a sandbox's lifetime",
+		Long: "Renews a sandbox's timeout: it now ends DUR from now (e.g. 30m; 0 removes\n" +
+			"the timeout), by removal or sleep as --on-timeout says.",
+		Example:           "  clade timeout box 2h\n  clade timeout box 30m --on-timeout sleep\n  clade timeout box 0",
+		Args:              nargs(2, 2),
+		ValidArgsFunction: firstArg(completeSandboxes),
 	}
+	onTimeout := cmd.Flags().String("on-timeout", "", "what the timeout does: rm removes the sandbox, sleep puts it to sleep (default: as before, else rm)")
+	_ = cmd.RegisterFlagCompletionFunc("on-timeout", fixedValues("rm", "sleep"))
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, pos []string) error {
+		d, err := time.ParseDuration(pos[1])
+		if err != nil || d < 0 {
+			return fmt.Errorf("timeout %q: give a duration such as 90s, 30m or 2h (0 removes the timeout)", pos[1])
+		}
+		sb, err := c.SetTimeout(ctx, pos[0], d, *onTimeout)
+		if err != nil {
+			return err
+		}
+		if sb.ExpiresAt != nil {
+			fmt.Printf("%s %s at %s\n", sb.ID, sb.OnTimeout, sb.ExpiresAt.Local().Format(time.RFC3339))
+		} else {
+			fmt.Printf("%s no timeout\n", sb.ID)
+		}
+		return nil
+	})
+	return cmd
+}
+
+func newURLCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "url [flags] ID PORT",
+		Short: "Print a URL of a sandbox's port that needs no token until it expires",
+		Long: "Prints a URL of port PORT inside the sandbox, through the daemon's ingress, that\n" +
+			"needs no traffic token until it expires (--ttl, default 1h, at most 30 days):\n" +
+			"open it in a browser or hand it to someone. It is for that sandbox and port only.",
+		Example:           "  clade url --ttl 24h box 8000",
+		Args:              nargs(2, 2),
+		ValidArgsFunction: firstArg(completeSandboxes),
+	}
+	ttl := cmd.Flags().Duration("ttl", time.Hour, "how long the URL works, e.g. 15m or 24h")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, pos []string) error {
+		port, err := strconv.Atoi(pos[1])
+		if err != nil || port < 1 || port > 65535 {
+			return fmt.Errorf("port %q: give a TCP port, 1 to 65535", pos[1])
+		}
+		if *ttl <= 0 {
+			return fmt.Errorf("--ttl %s: give a positive duration, e.g. 15m", *ttl)
+		}
+		u, err := c.SignedURL(ctx, pos[0], port, *ttl)
+		if err != nil {
+			return err
+		}
+		fmt.Println(u.URL)
+		fmt.Fprintf(os.Stderr, "valid until %s\n", u.ExpiresAt.Local().Format(time.RFC3339))
+		return nil
+	})
+	return cmd
+}
+
+func newPortForwardCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "port-forward [flags] ID [LOCAL:]REMOTE",
+		Short: "Forward a local TCP port to a port in a sandbox",
+		Long: "Forwards TCP connections to local port LOCAL (default: REMOTE; 0 picks a free\n" +
+			"one) to port REMOTE inside the sandbox, through the daemon, until\n" +
+			"interrupted. A connection to a sleeping sandbox wakes it. Prints the local\n" +
+			"address it listens on.",
+		Example:           "  clade port-forward db 15432:5432",
+		Args:              nargs(2, 2),
+		ValidArgsFunction: firstArg(completeSandboxes),
+	}
+	addr := cmd.Flags().String("address", "127.0.0.1", "local `address` to listen on")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, pos []string) error {
+		ref := pos[0]
+		local, remote, found := strings.Cut(pos[1], ":")
+		if !found {
+			local, remote = pos[1], pos[1]
+		}
+		rport, err := strconv.Atoi(remote)
+		lport, lerr := strconv.Atoi(local)
+		if err != nil || lerr != nil || rport < 1 || rport > 65535 || lport < 0 || lport > 65535 {
+			return fmt.Errorf("port-forward %q: use [LOCAL:]REMOTE with TCP ports, e.g. 5432 or 15432:5432", pos[1])
+		}
+		// Fail early on an unknown sandbox.
+		if _, err := c.GetSandbox(ctx, ref); err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(*addr, strconv.Itoa(lport)))
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		stop := context.AfterFunc(ctx, func() { ln.Close() })
+		defer stop()
+		fmt.Printf("forwarding %s -> %s:%d\n", ln.Addr(), ref, rport)
+		for {
+			lc, err := ln.Accept()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			go func() {
+				defer lc.Close()
+				rc, err := c.DialPort(ctx, ref, rport)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "clade: port-forward: %v\n", err)
+					return
+				}
+				defer rc.Close()
+				pipe(lc, rc)
+			}()
+		}
+	})
+	return cmd
 }
 
 // pipe copies a to b and b to a, passing each direction's end on as a

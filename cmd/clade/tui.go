@@ -5,36 +5,44 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	tea "github.com/charmbracelet/bubbletea"
+	"github.com/spf13/cobra"
 
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-func cmdTUI(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("tui", "tui [--interval DUR]\n\nA live view of the daemon's sandboxes (state, image, age, CPU, memory,\nprocesses) and snapshots, with keys to sleep, wake, snapshot, fork and\nremove. Press ? in it for the keys.")
-	interval := fs.Duration("interval", time.Second, "refresh period")
-	if err := parse(fs, args); err != nil {
+func newTUICmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "tui [flags]",
+		Aliases: []string{"top"},
+		Short:   "A live terminal view with keys to exec, sleep, wake, snapshot, fork, remove",
+		Long: "A live view of the daemon's sandboxes (state, image, age, CPU, memory,\n" +
+			"processes) and snapshots, with keys to open a shell, sleep, wake, snapshot,\n" +
+			"fork and remove. Press ? in it for the keys.",
+		Args: nargs(0, 0),
+	}
+	interval := cmd.Flags().Duration("interval", time.Second, "how often CPU and memory refresh (the list follows the daemon's events at once)")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		if *interval < 100*time.Millisecond {
+			return fmt.Errorf("--interval %s is too short: use at least 100ms", *interval)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel() // ends the events stream when the program quits
+		m := &tuiModel{c: c, ctx: ctx, interval: *interval, width: 80, height: 24, stats: map[string]sdk.SandboxStats{}, cpu: map[string]float64{}}
+		p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
+		_, err := p.Run()
+		if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
+			return nil
+		}
 		return err
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "clade tui: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
-	}
-	if *interval < 100*time.Millisecond {
-		return fmt.Errorf("--interval %s is too short: use at least 100ms", *interval)
-	}
-	m := &tuiModel{c: c, ctx: ctx, interval: *interval, width: 80, height: 24, stats: map[string]sdk.SandboxStats{}, cpu: map[string]float64{}}
-	p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
-	_, err := p.Run()
-	if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
-		return nil
-	}
-	return err
+	})
+	return cmd
 }
 
 // tuiModel is the state of `clade tui`. Every daemon call runs in a
@@ -69,6 +77,16 @@ type tuiModel struct {
 	busy    map[string]string // id -> action in flight
 
 	refreshing, again bool
+	// againFull asks the refresh after the one in flight to reload the
+	// lists too, not only the stats.
+	againFull bool
+
+	// The events stream drives the lists: every lifecycle event reloads
+	// them at once. lastSeq is the last event seen, to resume from.
+	events         <-chan tea.Msg
+	live, everLive bool
+	streamLost     error
+	lastSeq        uint64
 }
 
 type tuiAction struct {
@@ -79,10 +97,21 @@ type tuiAction struct {
 type (
 	tuiTick    struct{}
 	tuiRefresh struct {
+		full      bool // sandboxes and snapshots were listed, not only stats
 		sandboxes []sdk.Sandbox
 		snapshots []sdk.Snapshot
 		stats     []sdk.SandboxStats
 		err       error
+	}
+	// The events stream's messages: up (every event from now on is in
+	// it), an event, and its end with the error.
+	tuiStreamUp  struct{}
+	tuiEvent     struct{ ev sdk.Event }
+	tuiStreamErr struct{ err error }
+	tuiReconnect struct{}
+	tuiShellDone struct {
+		id  string
+		err error
 	}
 	tuiDone struct {
 		id, text string
@@ -90,21 +119,77 @@ type (
 	}
 )
 
-func (m *tuiModel) Init() tea.Cmd { m.refreshing = true; return m.refresh() }
+func (m *tuiModel) Init() tea.Cmd {
+	m.refreshing = true
+	return tea.Batch(m.refresh(true), m.watch())
+}
 
-func (m *tuiModel) refresh() tea.Cmd {
+// refresh reads the stats, and with full the sandboxes and snapshots.
+func (m *tuiModel) refresh(full bool) tea.Cmd {
 	return func() tea.Msg {
 		ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
 		defer cancel()
-		var r tuiRefresh
-		if r.sandboxes, r.err = m.c.ListSandboxes(ctx); r.err != nil {
-			return r
-		}
-		if r.snapshots, r.err = m.c.ListSnapshots(ctx); r.err != nil {
-			return r
+		r := tuiRefresh{full: full}
+		if full {
+			if r.sandboxes, r.err = m.c.ListSandboxes(ctx); r.err != nil {
+				return r
+			}
+			if r.snapshots, r.err = m.c.ListSnapshots(ctx); r.err != nil {
+				return r
+			}
 		}
 		r.stats, r.err = m.c.StatsList(ctx)
 		return r
+	}
+}
+
+// watch opens the events stream, resuming after lastSeq, and returns the
+// command that delivers its first message.
+func (m *tuiModel) watch() tea.Cmd {
+	ch := make(chan tea.Msg, 16)
+	m.events = ch
+	ctx, since := m.ctx, m.lastSeq
+	go func() {
+		defer close(ch)
+		send := func(msg tea.Msg) bool {
+			select {
+			case ch <- msg:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		evs, err := m.c.Events(ctx, sdk.EventFilter{Follow: true, Since: since})
+		if err != nil {
+			send(tuiStreamErr{err})
+			return
+		}
+		if !send(tuiStreamUp{}) {
+			return
+		}
+		for e, err := range evs {
+			if err != nil {
+				send(tuiStreamErr{err})
+				return
+			}
+			if !send(tuiEvent{e}) {
+				return
+			}
+		}
+		if ctx.Err() == nil {
+			send(tuiStreamErr{errors.New("the daemon ended the events stream")})
+		}
+	}()
+	return m.nextEvent()
+}
+
+func (m *tuiModel) nextEvent() tea.Cmd {
+	ch := m.events
+	return func() tea.Msg {
+		if msg, ok := <-ch; ok {
+			return msg
+		}
+		return nil
 	}
 }
 
@@ -116,16 +201,58 @@ func (m *tuiModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		if m.refreshing {
 			return m, nil
 		}
+		// The lists follow the events; the tick refreshes the stats, and
+		// everything while the daemon is away or the stream is down.
 		m.refreshing = true
-		return m, m.refresh()
+		return m, m.refresh(!m.loaded || m.unreachable != nil || !m.live)
 	case tuiRefresh:
 		m.refreshing = false
 		m.apply(msg)
 		if m.again {
-			m.again, m.refreshing = false, true
-			return m, m.refresh()
+			full := m.againFull
+			m.again, m.againFull, m.refreshing = false, false, true
+			return m, m.refresh(full)
 		}
 		return m, tea.Tick(m.interval, func(time.Time) tea.Msg { return tuiTick{} })
+	case tuiStreamUp:
+		m.live, m.everLive = true, true
+		if m.streamLost != nil {
+			m.streamLost = nil
+			m.status = "events stream back"
+		}
+		// Whatever happened while it was down is in this reload.
+		return m, tea.Batch(m.refreshNow(), m.nextEvent())
+	case tuiEvent:
+		m.lastSeq = msg.ev.Seq
+		if strings.HasPrefix(msg.ev.Type, "exec.") {
+			return m, m.nextEvent()
+		}
+		return m, tea.Batch(m.refreshNow(), m.nextEvent())
+	case tuiStreamErr:
+		m.live, m.streamLost = false, msg.err
+		if sdk.IsNotFound(msg.err) {
+			m.lastSeq = 0 // the events after it are gone: reload and follow from now
+		}
+		if !m.everLive {
+			// Never up: the daemon is away, which the screen says.
+			return m, tea.Tick(time.Second, func(time.Time) tea.Msg { return tuiReconnect{} })
+		}
+		m.status = "events stream lost, reconnecting"
+		if m.lastSeq > 0 {
+			m.status += fmt.Sprintf(" from event %d", m.lastSeq)
+		}
+		m.status += ": " + msg.err.Error()
+		return m, tea.Tick(time.Second, func(time.Time) tea.Msg { return tuiReconnect{} })
+	case tuiReconnect:
+		return m, m.watch()
+	case tuiShellDone:
+		delete(m.busy, msg.id)
+		if msg.err != nil {
+			m.status = "shell in " + short(msg.id) + ": " + msg.err.Error()
+		} else {
+			m.status = "shell in " + short(msg.id) + " ended"
+		}
+		return m, m.refreshNow()
 	case tuiDone:
 		delete(m.busy, msg.id)
 		if msg.err != nil {
@@ -154,11 +281,11 @@ func (m *tuiModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 // refresh in flight.
 func (m *tuiModel) refreshNow() tea.Cmd {
 	if m.refreshing {
-		m.again = true
+		m.again, m.againFull = true, true
 		return nil
 	}
 	m.refreshing = true
-	return m.refresh()
+	return m.refresh(true)
 }
 
 func (m *tuiModel) apply(r tuiRefresh) {
@@ -166,8 +293,11 @@ func (m *tuiModel) apply(r tuiRefresh) {
 		m.unreachable = r.err
 		return
 	}
-	m.unreachable, m.loaded, m.lastOK = nil, true, time.Now()
-	m.sandboxes, m.snapshots = r.sandboxes, r.snapshots
+	m.unreachable, m.lastOK = nil, time.Now()
+	if r.full {
+		m.loaded = true
+		m.sandboxes, m.snapshots = r.sandboxes, r.snapshots
+	}
 	slices.SortStableFunc(m.sandboxes, func(a, b sdk.Sandbox) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	slices.SortStableFunc(m.snapshots, func(a, b sdk.Snapshot) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	next := map[string]sdk.SandboxStats{}
@@ -302,6 +432,8 @@ func (m *tuiModel) key(k tea.KeyMsg) (tea.Model, tea.Cmd) {
 		return m, nil
 	}
 	switch key {
+	case "e", "enter":
+		return m, m.shell(id)
 	case "s":
 		return m, m.do(id, "sleeping", func(ctx context.Context) (string, error) {
 			_, err := m.c.Sleep(ctx, id)
@@ -326,6 +458,38 @@ func (m *tuiModel) key(k tea.KeyMsg) (tea.Model, tea.Cmd) {
 		m.status = fmt.Sprintf("remove sandbox %s and all its files? y/n", short(id))
 	}
 	return m, nil
+}
+
+// shell suspends the screen for an interactive shell in sandbox id, bash
+// if it has one: `clade exec -it ID` of this same binary, the path a
+// person takes, which wakes a sleeping sandbox. The screen is back when
+// the shell exits.
+func (m *tuiModel) shell(id string) tea.Cmd {
+	self, err := os.Executable()
+	if err != nil {
+		m.status = "shell: " + err.Error()
+		return nil
+	}
+	var args []string
+	if host != "" {
+		args = append(args, "--host", host)
+	}
+	args = append(args, "exec", "-it", id, "--", "sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash; fi; exec sh")
+	if m.busy == nil {
+		m.busy = map[string]string{}
+	}
+	m.busy[id] = "shell"
+	m.status = "shell in " + short(id) + "..."
+	return tea.ExecProcess(exec.Command(self, args...), func(err error) tea.Msg {
+		// A code is the shell's own (its last command's), or clade exec's
+		// 1 when it could not start one: say it, as what it printed is
+		// gone with the shell's screen.
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() > 0 {
+			err = fmt.Errorf("ended with exit code %d", ee.ExitCode())
+		}
+		return tuiShellDone{id: id, err: err}
+	})
 }
 
 // do runs an action on id in the background; the row shows what.
@@ -365,6 +529,13 @@ func (m *tuiModel) View() string {
 	if m.loaded {
 		title += " · updated " + m.lastOK.Format("15:04:05")
 	}
+	if m.loaded && m.unreachable == nil {
+		if m.live {
+			title += " · live"
+		} else {
+			title += " · events lost, polling"
+		}
+	}
 	add(title)
 	if m.unreachable != nil {
 		add("")
@@ -380,6 +551,7 @@ func (m *tuiModel) View() string {
 	if m.help {
 		for _, l := range []string{"",
 			"sandboxes view:", "  ↑/↓ j/k  move        s  sleep          w  wake",
+			"  e/enter  a shell in it (bash if it has it; exit returns here)",
 			"  p        snapshot    f  fork N children (type N, enter)",
 			"  d        remove (asks y/n)                   tab  snapshots view",
 			"snapshots view:", "  f  fork N children   d  remove (asks y/n)   tab  sandboxes view",
@@ -448,7 +620,7 @@ func (m *tuiModel) View() string {
 		status = fmt.Sprintf("fork %s into how many children? %s_  (enter starts, other keys cancel)", short(m.selected), m.forkN)
 	}
 	lines = append(lines, fit(status, w))
-	keys := "↑↓ move  s sleep  w wake  p snapshot  f fork  d remove  tab snapshots  q quit"
+	keys := "e shell  s sleep  w wake  p snapshot  f fork  d remove  tab snapshots  q quit"
 	if m.snapView {
 		keys = "↑↓ move  f fork  d remove  tab sandboxes  ? help  q quit"
 	}

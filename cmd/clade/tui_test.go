@@ -19,13 +19,19 @@ type tmux struct {
 	socket string
 }
 
-func startTUI(t *testing.T, bin, host string) *tmux {
+func startTUI(t *testing.T, bin, host, interval string) *tmux {
+	t.Helper()
+	return startTmux(t, "env", "CLADE_HOST="+host, bin, "tui", "--interval", interval)
+}
+
+// startTmux runs argv in a new 80x24 tmux window of the test's own.
+func startTmux(t *testing.T, argv ...string) *tmux {
 	t.Helper()
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux not installed (apt-get install tmux)")
 	}
 	tm := &tmux{t: t, socket: fmt.Sprintf("clade-tui-test-%d-%d", os.Getpid(), time.Now().UnixNano())}
-	tm.run("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24", "env", "CLADE_HOST="+host, bin, "tui", "--interval", "200ms")
+	tm.run(append([]string{"new-session", "-d", "-s", "tui", "-x", "80", "-y", "24"}, argv...)...)
 	t.Cleanup(func() { _ = exec.Command("tmux", "-L", tm.socket, "kill-server").Run() })
 	return tm
 }
@@ -63,15 +69,17 @@ func (tm *tmux) waitFor(re string) string {
 
 // TestTUI drives `clade tui` in an 80x24 tmux window as a person would:
 // the list shows a created sandbox, s sleeps it and the screen says so,
-// w wakes it, d asks before it removes, and an unreachable daemon is said
-// plainly.
+// w wakes it, what others do shows at once, e opens a shell, d asks before
+// it removes, and an unreachable daemon is said plainly. Stats refresh
+// every hour: whatever changes on screen came from the events stream or
+// the TUI's own actions, not from a poll.
 func TestTUI(t *testing.T) {
 	d := testenv.StartDaemon(t)
 	sb, err := d.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "tui-box", MemoryMiB: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm := startTUI(t, d.Bin, d.Socket)
+	tm := startTUI(t, d.Bin, d.Socket, "1h")
 	row := "> " + sb.ID + ` tui-box +`
 	screen := tm.waitFor(row + `running +default +\d+s +[0-9.]+ +\d+M/256M +\d+`)
 	for i, l := range strings.Split(screen, "\n") {
@@ -89,6 +97,44 @@ func TestTUI(t *testing.T) {
 	tm.keys("w")
 	tm.waitFor(row + `running +default`)
 	tm.waitFor(`woke ` + sb.ID[:8])
+	tm.waitFor(`· live`)
+
+	// Made from outside: the screen follows the events.
+	if _, err := d.Client.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	tm.waitFor(row + `sleeping +default`)
+	two, err := d.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "tui-two", MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm.waitFor(`(?m)^  ` + two.ID + ` tui-two +running`)
+	if err := d.Client.DeleteSandbox(t.Context(), two.ID); err != nil {
+		t.Fatal(err)
+	}
+	tm.waitFor(`clade · 1 sandboxes`)
+
+	// e: a shell in the (sleeping) sandbox, which it wakes; its output on
+	// the screen; exit gives the list back.
+	tm.keys("e")
+	tm.waitFor(`(?m)[#$]\s*$`)
+	tm.keys("echo hi-$((6*7)) $(tty)", "Enter")
+	tm.waitFor(`(?m)^hi-42 /dev/pts/\d+`)
+	tm.keys("exit", "Enter")
+	tm.waitFor(`shell in ` + sb.ID[:8] + ` ended`)
+	tm.waitFor(row + `running +default`)
+
+	// A lost stream is said, and followed again once the daemon is back.
+	d.Stop()
+	func() {
+		defer d.Start(nil) // also when the wait fails: the sandbox needs its daemon to be cleaned up
+		tm.waitFor(`events stream lost, reconnecting`)
+	}()
+	tm.waitFor(`events stream back`)
+	if _, err := d.Client.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	tm.waitFor(row + `sleeping +default`)
 
 	tm.keys("d")
 	tm.waitFor(`remove sandbox ` + sb.ID[:8] + `.*\? y/n`)
@@ -107,6 +153,6 @@ func TestTUI(t *testing.T) {
 	}
 	tm.keys("q")
 
-	gone := startTUI(t, d.Bin, testenv.TempDir(t)+"/no-daemon.sock")
+	gone := startTUI(t, d.Bin, testenv.TempDir(t)+"/no-daemon.sock", "200ms")
 	gone.waitFor(`DAEMON UNREACHABLE: cannot reach the clade daemon`)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,56 +16,37 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-// errUsage means the flags were wrong; the flag package already said why.
-var errUsage = errors.New("usage")
-
-// multi collects a repeatable string flag.
-type multi []string
-
-func (m *multi) String() string     { return strings.Join(*m, ",") }
-func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
-
-func newFlags(name, synopsis string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: clade %s\n", synopsis)
-		var any bool
-		fs.VisitAll(func(*flag.Flag) { any = true })
-		if any {
-			fmt.Fprintln(fs.Output(), "\nFlags:")
-			fs.PrintDefaults()
-		}
+func newCreateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create a sandbox and print its id",
+		Long:  "Creates a sandbox, from an image or (--from) a snapshot, waits until it is ready and prints its id.",
+		Example: "  clade create --name box --memory 1024 --cpus 2\n" +
+			"  clade create --image python:3.12-slim --network none --timeout 1h\n" +
+			"  clade create --egress deny --allow pypi.org --allow '*.pythonhosted.org'\n" +
+			"  clade create --volume data:/data --secret api-key:API_KEY\n" +
+			"  clade create --from SNAP --name copy",
+		Args: nargs(0, 0),
 	}
-	return fs
-}
-
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitError{0}
-		}
-		return errUsage
-	}
-	return nil
-}
-
-func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("create", "create [--image REF] [--memory MIB] [--cpus N] [--disk SIZE] [--env K=V]... [--label K=V]... [--name NAME]\n       [--network internet|none] [--egress allow|deny] [--allow HOST|*.DOMAIN|CIDR]... [--deny CIDR]...\n              [--public] [--idle-sleep DUR] [--timeout DUR [--on-timeout rm|sleep]]\n              [--volume NAME:/path[:ro]]... [--volume-shared NAME:/path[:ro]]...\n              [--secret NAME[:ENVVAR]]... [--secret-file NAME:/run/secrets/FILE]...\n       clade create --from SNAP [--name NAME]\n\nCreates a sandbox, waits until it is ready and prints its id.")
+	fs := cmd.Flags()
 	var req sdk.CreateSandboxRequest
 	var env, labels multi
 	disk := fs.String("disk", "", "cap on what the sandbox may write, e.g. 2GiB or 512MiB (default: the daemon's --default-disk)")
-	fs.Var(&labels, "label", "label K=V to find the sandbox by (repeatable)")
-	fs.StringVar(&req.Image, "image", "", "image to boot: a name or a reference it was pulled as (see `clade image ls`; default: default)")
+	fs.Var(&labels, "label", "label `K=V` to find the sandbox by (repeatable)")
+	fs.StringVar(&req.Image, "image", "", "`image` to boot: a name or a reference it was pulled as (see clade image ls; default: default)")
 	fs.IntVar(&req.MemoryMiB, "memory", 0, "memory limit in MiB (default 512)")
 	fs.Float64Var(&req.CPUs, "cpus", 0, "CPU limit in cores (default 1)")
-	fs.Var(&env, "env", "environment variable K=V for every process (repeatable)")
+	fs.Var(&env, "env", "environment variable `K=V` for every process (repeatable)")
 	fs.StringVar(&req.Name, "name", "", "unique name, usable wherever an id is")
 	fs.StringVar(&req.Engine, "engine", "", "engine to run the sandbox in: gvisor or qemu (a microVM; default: the daemon's)")
-	fs.StringVar(&req.FromSnapshot, "from", "", "restore from this snapshot instead of booting the image")
+	fs.StringVar(&req.FromSnapshot, "from", "", "restore from this `snapshot` instead of booting the image")
 	mode := fs.String("network", "", "internet (own address, egress under the policy) or none (loopback only); default: the daemon's --default-network")
 	pol := policyFlags(fs)
 	fs.BoolVar(&req.Public, "public", false, "serve the sandbox's ports through the daemon's ingress without its traffic token (by default requests need header X-Clade-Traffic-Token, shown by clade inspect)")
@@ -75,92 +55,120 @@ func cmdCreate(ctx context.Context, c *sdk.Client, args []string) error {
 	fs.StringVar(&req.OnTimeout, "on-timeout", "", "what --timeout does: rm removes the sandbox (default), sleep puts it to sleep (a wake starts a new --timeout)")
 	volumes := volumeFlags(fs)
 	secrets := secretFlags(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	var err error
-	if req.Volumes, err = volumes(); err != nil {
-		return err
-	}
-	if req.Secrets, err = secrets(); err != nil {
-		return err
-	}
-	if *idle < 0 || *idle%time.Millisecond != 0 || *timeout < 0 || *timeout%time.Millisecond != 0 {
-		return errors.New("--idle-sleep and --timeout take a positive duration in whole milliseconds, e.g. 90s")
-	}
-	req.IdleSleepMS, req.TimeoutMS = idle.Milliseconds(), timeout.Milliseconds()
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "clade create: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
-	}
-	req.Env = env
-	if *disk != "" {
-		mib, err := parseMiB(*disk)
+	_ = cmd.RegisterFlagCompletionFunc("image", completeImages)
+	_ = cmd.RegisterFlagCompletionFunc("volume", completeSuffix(":/", volumeNames))
+	_ = cmd.RegisterFlagCompletionFunc("volume-shared", completeSuffix(":/", volumeNames))
+	_ = cmd.RegisterFlagCompletionFunc("secret", completeSecrets)
+	_ = cmd.RegisterFlagCompletionFunc("secret-file", completeSuffix(":/run/secrets/", secretNames))
+	_ = cmd.RegisterFlagCompletionFunc("egress", fixedValues("allow", "deny"))
+	_ = cmd.RegisterFlagCompletionFunc("from", completeSnapshots)
+	_ = cmd.RegisterFlagCompletionFunc("engine", fixedValues("gvisor", "qemu"))
+	_ = cmd.RegisterFlagCompletionFunc("network", fixedValues("internet", "none"))
+	_ = cmd.RegisterFlagCompletionFunc("on-timeout", fixedValues("rm", "sleep"))
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		var err error
+		if req.Volumes, err = volumes(); err != nil {
+			return err
+		}
+		if req.Secrets, err = secrets(); err != nil {
+			return err
+		}
+		if *idle < 0 || *idle%time.Millisecond != 0 || *timeout < 0 || *timeout%time.Millisecond != 0 {
+			return errors.New("--idle-sleep and --timeout take a positive duration in whole milliseconds, e.g. 90s")
+		}
+		req.IdleSleepMS, req.TimeoutMS = idle.Milliseconds(), timeout.Milliseconds()
+		req.Env = env
+		if *disk != "" {
+			mib, err := parseMiB(*disk)
+			if err != nil {
+				return fmt.Errorf("--disk: %w", err)
+			}
+			req.DiskMiB = mib
+		}
+		for _, kv := range labels {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("--label %q: use KEY=VALUE", kv)
+			}
+			if req.Labels == nil {
+				req.Labels = map[string]string{}
+			}
+			req.Labels[k] = v
+		}
+		if *mode != "" || pol.set() {
+			n := pol.network()
+			n.Mode = *mode
+			req.Network = &n
+		}
+		sb, err := c.CreateSandbox(ctx, req)
 		if err != nil {
-			return fmt.Errorf("--disk: %w", err)
+			return err
 		}
-		req.DiskMiB = mib
-	}
-	for _, kv := range labels {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return fmt.Errorf("--label %q: use KEY=VALUE", kv)
-		}
-		if req.Labels == nil {
-			req.Labels = map[string]string{}
-		}
-		req.Labels[k] = v
-	}
-	if *mode != "" || pol.set() {
-		n := pol.network()
-		n.Mode = *mode
-		req.Network = &n
-	}
-	sb, err := c.CreateSandbox(ctx, req)
-	if err != nil {
-		return err
-	}
-	fmt.Println(sb.ID)
-	return nil
+		fmt.Println(sb.ID)
+		return nil
+	})
+	return cmd
 }
 
-func cmdExec(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("exec", "exec [-i] [-t] [--env K=V]... [--workdir DIR] [--timeout DUR] ID -- CMD [ARG...]\n\nRuns CMD in the sandbox, streaming its output, and exits with its exit code\n(128+N if killed by signal N, 124 on --timeout, 127 if CMD is not found).\n`clade exec -it ID -- bash` is an interactive shell on a terminal in the sandbox.")
-	var env multi
-	interactive := fs.Bool("i", false, "forward stdin to the command")
-	tty := fs.Bool("t", false, "run the command on a terminal in the sandbox (stdout and stderr merged); with -i, keys go to it as typed (Ctrl-C interrupts it) and window size changes follow")
-	fs.Var(&env, "env", "environment variable K=V (repeatable)")
-	workdir := fs.String("workdir", "", "working directory inside the sandbox (default /)")
-	timeout := fs.Duration("timeout", 0, "kill the command and its children after this long, e.g. 30s")
-	if err := parse(fs, expandShortFlags(fs, args)); err != nil {
-		return err
+func newExecCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "exec [flags] ID [--] CMD [ARG...]",
+		Short: "Run a command in a sandbox",
+		Long: "Runs CMD in the sandbox, streaming its output, and exits with its exit code\n" +
+			"(128+N if killed by signal N, 124 on --timeout, 127 if CMD is not found).\n" +
+			"Flags go before ID: everything after ID is the command and its arguments.\n" +
+			"A sleeping sandbox is woken first.",
+		Example: "  clade exec box -- python3 -c 'print(6*7)'\n" +
+			"  clade exec -it box -- bash          # an interactive shell on a terminal\n" +
+			"  echo hi | clade exec -i box -- cat\n" +
+			"  clade exec --workdir /tmp --env X=1 --timeout 30s box -- make test",
+		Args:              nargs(2, -1),
+		ValidArgsFunction: firstArg(completeSandboxes),
 	}
-	rest := fs.Args()
+	fs := cmd.Flags()
+	fs.SetInterspersed(false)
+	var env multi
+	interactive := fs.BoolP("interactive", "i", false, "forward stdin to the command")
+	tty := fs.BoolP("tty", "t", false, "run the command on a terminal in the sandbox (stdout and stderr merged);\nwith -i, keys go to it as typed (Ctrl-C interrupts it) and window size changes follow")
+	fs.Var(&env, "env", "environment variable `K=V` (repeatable)")
+	workdir := fs.String("workdir", "", "working `directory` inside the sandbox (default /)")
+	timeout := fs.Duration("timeout", 0, "kill the command and its children after this long, e.g. 30s")
+	cmd.RunE = func(cmd *cobra.Command, rest []string) error {
+		ctx := context.Background() // exec forwards signals itself
+		stopSignals()
+		c, err := sdk.New(host)
+		if err != nil {
+			return err
+		}
+		return runExec(ctx, cmd, c, rest, env, *interactive, *tty, *workdir, *timeout)
+	}
+	return cmd
+}
+
+func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest []string, env multi, interactive, tty bool, workdir string, timeout time.Duration) error {
 	if len(rest) > 0 && rest[0] == "--" {
 		rest = rest[1:]
 	}
 	if len(rest) < 2 {
-		fs.Usage()
-		return errUsage
+		return usagef(cobraCmd, "missing CMD\nUsage: %s", cobraCmd.UseLine())
 	}
 	ref, cmd := rest[0], rest[1:]
 	if cmd[0] == "--" {
 		cmd = cmd[1:]
 	}
 	if len(cmd) == 0 {
-		fs.Usage()
-		return errUsage
+		return usagef(cobraCmd, "missing CMD\nUsage: %s", cobraCmd.UseLine())
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
-	req := sdk.ExecRequest{Cmd: cmd, Env: env, Workdir: *workdir, Timeout: *timeout,
+	req := sdk.ExecRequest{Cmd: cmd, Env: env, Workdir: workdir, Timeout: timeout,
 		Stdout: os.Stdout, Stderr: os.Stderr, Signals: sigs}
-	if *interactive {
+	if interactive {
 		req.Stdin = os.Stdin
 	}
-	if *tty {
-		lt, err := openLocalTerm(*interactive)
+	if tty {
+		lt, err := openLocalTerm(interactive)
 		if err != nil {
 			return err
 		}
@@ -180,7 +188,7 @@ func cmdExec(ctx context.Context, c *sdk.Client, args []string) error {
 	}
 	switch {
 	case st.TimedOut:
-		fmt.Fprintf(os.Stderr, "clade: command timed out after %s\n", *timeout)
+		fmt.Fprintf(os.Stderr, "clade: command timed out after %s\n", timeout)
 		return exitError{124}
 	case st.Error != "":
 		fmt.Fprintln(os.Stderr, "clade:", st.Error)
@@ -194,10 +202,10 @@ type policyFlagSet struct {
 	allow, deny multi
 }
 
-func policyFlags(fs *flag.FlagSet) *policyFlagSet {
+func policyFlags(fs *pflag.FlagSet) *policyFlagSet {
 	p := &policyFlagSet{egress: fs.String("egress", "", "allow or deny: what happens to destinations no rule names (default allow)")}
-	fs.Var(&p.allow, "allow", "allow HOST, *.DOMAIN or IPv4 CIDR (repeatable); any makes the policy an allowlist")
-	fs.Var(&p.deny, "deny", "refuse this IPv4 CIDR (repeatable)")
+	fs.Var(&p.allow, "allow", "allow a `RULE`: HOST, *.DOMAIN or IPv4 CIDR (repeatable); any makes the policy an allowlist")
+	fs.Var(&p.deny, "deny", "refuse this IPv4 `CIDR` (repeatable)")
 	return p
 }
 
@@ -207,54 +215,72 @@ func (p *policyFlagSet) network() sdk.Network {
 	return sdk.Network{Egress: *p.egress, Allow: p.allow, Deny: p.deny}
 }
 
-func cmdNetwork(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("network", "network ID [--egress allow|deny] [--allow RULE]... [--deny CIDR]...\n\nWithout flags prints the sandbox's network (mode, policy, address) as JSON.\nWith flags replaces its egress policy: what is not given takes the default\n(egress allow, no rules). A running sandbox follows it at once.")
-	pol := policyFlags(fs)
-	ref, err := parseOneArg(fs, args)
-	if err != nil {
-		return err
+func newNetworkCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "network ID [flags]",
+		Short: "Show or replace a sandbox's egress policy",
+		Long: "Without flags prints the sandbox's network (mode, policy, address) as JSON.\n" +
+			"With flags replaces its egress policy: what is not given takes the default\n" +
+			"(egress allow, no rules). A running sandbox follows it at once.",
+		Example:           "  clade network box --egress deny --allow github.com --allow 10.0.0.0/8",
+		Args:              nargs(1, 1),
+		ValidArgsFunction: firstArg(completeSandboxes),
 	}
-	var sb sdk.Sandbox
-	if pol.set() {
-		sb, err = c.SetNetwork(ctx, ref, pol.network())
-	} else {
-		sb, err = c.GetSandbox(ctx, ref)
-	}
-	if err != nil {
-		return err
-	}
-	if sb.Network == nil {
-		return printJSON(sdk.Network{Mode: "none"})
-	}
-	return printJSON(sb.Network)
+	pol := policyFlags(cmd.Flags())
+	_ = cmd.RegisterFlagCompletionFunc("egress", fixedValues("allow", "deny"))
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		ref := args[0]
+		var sb sdk.Sandbox
+		var err error
+		if pol.set() {
+			sb, err = c.SetNetwork(ctx, ref, pol.network())
+		} else {
+			sb, err = c.GetSandbox(ctx, ref)
+		}
+		if err != nil {
+			return err
+		}
+		if sb.Network == nil {
+			return printJSON(sdk.Network{Mode: "none"})
+		}
+		return printJSON(sb.Network)
+	})
+	return cmd
 }
 
-func cmdList(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("ls", "ls [--json] [--label K=V]...\n\nLists sandboxes.")
+func newListCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "ls [flags]",
+		Aliases: []string{"list", "ps"},
+		Short:   "List sandboxes",
+		Example: "  clade ls --label team=ml --json",
+		Args:    nargs(0, 0),
+	}
+	fs := cmd.Flags()
 	asJSON := fs.Bool("json", false, "print JSON")
 	var labels multi
-	fs.Var(&labels, "label", "list only sandboxes with label K=V (repeatable: all must match)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	want, err := parseLabels(labels)
-	if err != nil {
-		return err
-	}
-	sbs, err := c.ListSandboxesLabeled(ctx, want)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(sbs)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
-	for _, sb := range sbs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%dMiB\t%g\t%s ago\n", sb.ID, dash(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs,
-			time.Since(sb.CreatedAt).Round(time.Second))
-	}
-	return tw.Flush()
+	fs.Var(&labels, "label", "list only sandboxes with label `K=V` (repeatable: all must match)")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		want, err := parseLabels(labels)
+		if err != nil {
+			return err
+		}
+		sbs, err := c.ListSandboxesLabeled(ctx, want)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(sbs)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
+		for _, sb := range sbs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%dMiB\t%g\t%s ago\n", sb.ID, dash(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs,
+				time.Since(sb.CreatedAt).Round(time.Second))
+		}
+		return tw.Flush()
+	})
+	return cmd
 }
 
 func dash(s string) string {
@@ -270,40 +296,44 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-func cmdInspect(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("inspect", "inspect ID...\n\nPrints sandboxes as JSON.")
-	if err := parse(fs, args); err != nil {
-		return err
+func newInspectCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:               "inspect ID...",
+		Short:             "Print sandboxes as JSON",
+		Args:              nargs(1, -1),
+		ValidArgsFunction: completeSandboxes,
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errUsage
-	}
-	var out []sdk.Sandbox
-	for _, ref := range fs.Args() {
-		sb, err := c.GetSandbox(ctx, ref)
-		if err != nil {
-			return err
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		var out []sdk.Sandbox
+		for _, ref := range args {
+			sb, err := c.GetSandbox(ctx, ref)
+			if err != nil {
+				return err
+			}
+			out = append(out, sb)
 		}
-		out = append(out, sb)
-	}
-	if len(out) == 1 {
-		return printJSON(out[0])
-	}
-	return printJSON(out)
+		if len(out) == 1 {
+			return printJSON(out[0])
+		}
+		return printJSON(out)
+	})
+	return cmd
 }
 
-func cmdRemove(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("rm", "rm [-f] ID...\n\nRemoves sandboxes, stopping what runs in them.")
-	force := fs.Bool("f", false, "do not fail on sandboxes that do not exist")
-	if err := parse(fs, args); err != nil {
-		return err
+func newRemoveCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:               "rm [flags] ID...",
+		Aliases:           []string{"remove"},
+		Short:             "Remove sandboxes, stopping what runs in them",
+		Long:              "Removes sandboxes, stopping what runs in them. Prints each one removed.",
+		Args:              nargs(1, -1),
+		ValidArgsFunction: completeSandboxes,
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errUsage
-	}
-	return removeEach(fs.Args(), *force, func(ref string) error { return c.DeleteSandbox(ctx, ref) })
+	force := cmd.Flags().BoolP("force", "f", false, "do not fail on sandboxes that do not exist")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		return removeEach(args, *force, func(ref string) error { return c.DeleteSandbox(ctx, ref) })
+	})
+	return cmd
 }
 
 // removeEach removes every ref, printing each removed one and reporting
@@ -338,16 +368,29 @@ func splitRef(s string) (ref, path string, ok bool) {
 	return s[:i], s[i+1:], true
 }
 
-func cmdCopy(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("cp", "cp SRC DST\n\nCopies files between the host and a sandbox; one of SRC and DST is ID:PATH\nwith an absolute PATH. Directories copy recursively. If DST is an existing\ndirectory SRC is copied into it, else SRC is copied as DST.")
-	if err := parse(fs, args); err != nil {
-		return err
+func newCopyCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy files between the host and a sandbox",
+		Long: "Copies files between the host and a sandbox; one of SRC and DST is ID:PATH\n" +
+			"with an absolute PATH. Directories copy recursively. If DST is an existing\n" +
+			"directory SRC is copied into it, else SRC is copied as DST.",
+		Example: "  clade cp ./src box:/work/\n  clade cp box:/work/out.csv .",
+		Args:    nargs(2, 2),
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			if strings.Contains(toComplete, ":") || strings.Contains(toComplete, "/") {
+				return nil, cobra.ShellCompDirectiveDefault
+			}
+			return completeSuffix(":", sandboxNames)(cmd, args, toComplete)
+		},
 	}
-	if fs.NArg() != 2 {
-		fs.Usage()
-		return errUsage
-	}
-	src, dst := fs.Arg(0), fs.Arg(1)
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		return runCopy(ctx, c, args[0], args[1])
+	})
+	return cmd
+}
+
+func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 	sref, spath, sIn := splitRef(src)
 	dref, dpath, dIn := splitRef(dst)
 	switch {
@@ -391,67 +434,6 @@ func cmdCopy(ctx context.Context, c *sdk.Client, args []string) error {
 		}
 		return nil
 	}
-}
-
-const imageUsage = `Usage: clade image ls [--json]
-       clade image pull REF [--name NAME] [--platform linux/amd64] [--quiet] [--insecure]
-       clade image import FILE|DIR [--name NAME] [--quiet]  a docker save tarball, an OCI layout dir or its tar
-       clade image build NAME --from IMAGE [--run CMD]... [--copy SRC:DST]... [--env K=V]... [--workdir DIR] [--start CMD [--ready CMD]]
-       clade image inspect NAME
-       clade image rm NAME...`
-
-func cmdImage(ctx context.Context, c *sdk.Client, args []string) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "pull":
-			return cmdImagePull(ctx, c, args[1:])
-		case "import":
-			return cmdImageImport(ctx, c, args[1:])
-		case "build":
-			return cmdImageBuild(ctx, c, args[1:])
-		case "inspect":
-			return cmdImageInspect(ctx, c, args[1:])
-		case "rm", "remove":
-			fs := newFlags("image rm", "image rm NAME|REF...\n\nRemoves images no sandbox or snapshot uses, by name or by the reference\nthey were pulled or imported as.")
-			if err := parse(fs, args[1:]); err != nil {
-				return err
-			}
-			if fs.NArg() == 0 {
-				fs.Usage()
-				return errUsage
-			}
-			return removeEach(fs.Args(), false, func(name string) error { return c.DeleteImage(ctx, name) })
-		}
-	}
-	if len(args) == 0 || (args[0] != "ls" && args[0] != "list") {
-		fmt.Fprintln(os.Stderr, imageUsage)
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			return nil
-		}
-		return errUsage
-	}
-	fs := newFlags("image ls", "image ls [--json]\n\nLists images.")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, args[1:]); err != nil {
-		return err
-	}
-	imgs, err := c.ListImages(ctx)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(imgs)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tREF\tSIZE\tCREATED\tSOURCE")
-	for _, img := range imgs {
-		ref := img.Ref
-		if ref == "" {
-			ref = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%dMiB\t%s\t%s\n", img.Name, ref, img.SizeBytes>>20, img.CreatedAt.Format(time.DateOnly), img.Source)
-	}
-	return tw.Flush()
 }
 
 // parseMiB reads a size such as 512, 512M, 512MiB, 2G or 2GiB as MiB (a

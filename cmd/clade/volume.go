@@ -2,124 +2,131 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-func cmdVolume(ctx context.Context, c *sdk.Client, args []string) error {
-	const synopsis = "volume create NAME [--size SIZE]   make a named volume (default 1GiB)\n       clade volume ls [--json]\n       clade volume inspect NAME...\n       clade volume rm NAME...\n\nA volume outlives sandboxes: clade create --volume NAME:/path[:ro] mounts it."
-	if len(args) > 0 {
-		switch args[0] {
-		case "create":
-			return cmdVolumeCreate(ctx, c, args[1:])
-		case "ls", "list":
-			return cmdVolumeList(ctx, c, args[1:])
-		case "inspect":
-			return cmdVolumeInspect(ctx, c, args[1:])
-		case "rm", "remove":
-			return cmdVolumeRemove(ctx, c, args[1:])
+func newVolumeCmd() *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "volume VERB",
+		Aliases: []string{"volumes"},
+		Short:   "Make, list and remove named volumes",
+		Long:    "A volume outlives sandboxes: clade create --volume NAME:/path[:ro] mounts it.",
+	})
+	cmd.AddCommand(newVolumeCreateCmd(), newVolumeListCmd(), newVolumeInspectCmd(), newVolumeRemoveCmd())
+	return cmd
+}
+
+func newVolumeCreateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "create NAME [flags]",
+		Short:   "Make a named volume",
+		Long:    "Makes a named volume of a fixed size: writes past it fail with ENOSPC inside the sandbox.",
+		Example: "  clade volume create data --size 10GiB\n  clade create --volume data:/data",
+		Args:    nargs(1, 1),
+	}
+	size := cmd.Flags().String("size", "", "the volume's `size`, e.g. 10GiB or 512MiB (default 1GiB)")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		req := sdk.CreateVolumeRequest{Name: args[0]}
+		if *size != "" {
+			mib, err := parseMiB(*size)
+			if err != nil {
+				return fmt.Errorf("--size: %w", err)
+			}
+			req.SizeBytes = int64(mib) << 20
 		}
-	}
-	fs := newFlags("volume", synopsis)
-	fs.Usage()
-	return errUsage
-}
-
-func cmdVolumeCreate(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("volume create", "volume create NAME [--size SIZE]\n\nMakes a named volume of a fixed size: writes past it fail with ENOSPC inside the sandbox.")
-	size := fs.String("size", "", "the volume's size, e.g. 10GiB or 512MiB (default 1GiB)")
-	name, err := parseOneArg(fs, args)
-	if err != nil {
-		return err
-	}
-	req := sdk.CreateVolumeRequest{Name: name}
-	if *size != "" {
-		mib, err := parseMiB(*size)
-		if err != nil {
-			return fmt.Errorf("--size: %w", err)
-		}
-		req.SizeBytes = int64(mib) << 20
-	}
-	v, err := c.CreateVolume(ctx, req)
-	if err != nil {
-		return err
-	}
-	fmt.Println(v.Name)
-	return nil
-}
-
-func cmdVolumeList(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("volume ls", "volume ls [--json]\n\nLists volumes and the sandboxes that mount them.")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	vs, err := c.ListVolumes(ctx)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(vs)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSIZE\tON DISK\tUSED BY\tCREATED")
-	for _, v := range vs {
-		fmt.Fprintf(tw, "%s\t%dMiB\t%dMiB\t%s\t%s ago\n", v.Name, v.SizeBytes>>20, v.UsedBytes>>20, dash(strings.Join(v.UsedBy, ",")), time.Since(v.CreatedAt).Round(time.Second))
-	}
-	return tw.Flush()
-}
-
-func cmdVolumeInspect(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("volume inspect", "volume inspect NAME...\n\nPrints volumes as JSON.")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errUsage
-	}
-	var out []sdk.Volume
-	for _, ref := range fs.Args() {
-		v, err := c.GetVolume(ctx, ref)
+		v, err := c.CreateVolume(ctx, req)
 		if err != nil {
 			return err
 		}
-		out = append(out, v)
-	}
-	if len(out) == 1 {
-		return printJSON(out[0])
-	}
-	return printJSON(out)
+		fmt.Println(v.Name)
+		return nil
+	})
+	return cmd
 }
 
-func cmdVolumeRemove(ctx context.Context, c *sdk.Client, args []string) error {
-	fs := newFlags("volume rm", "volume rm NAME...\n\nRemoves volumes and their data; a volume a sandbox mounts is refused.")
-	if err := parse(fs, args); err != nil {
-		return err
+func newVolumeListCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "ls [flags]",
+		Aliases: []string{"list"},
+		Short:   "List volumes and the sandboxes that mount them",
+		Args:    nargs(0, 0),
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errUsage
-	}
-	for _, ref := range fs.Args() {
-		if err := c.DeleteVolume(ctx, ref); err != nil {
+	asJSON := cmd.Flags().Bool("json", false, "print JSON")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		vs, err := c.ListVolumes(ctx)
+		if err != nil {
 			return err
 		}
+		if *asJSON {
+			return printJSON(vs)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tSIZE\tON DISK\tUSED BY\tCREATED")
+		for _, v := range vs {
+			fmt.Fprintf(tw, "%s\t%dMiB\t%dMiB\t%s\t%s ago\n", v.Name, v.SizeBytes>>20, v.UsedBytes>>20, dash(strings.Join(v.UsedBy, ",")), time.Since(v.CreatedAt).Round(time.Second))
+		}
+		return tw.Flush()
+	})
+	return cmd
+}
+
+func newVolumeInspectCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:               "inspect NAME...",
+		Short:             "Print volumes as JSON",
+		Args:              nargs(1, -1),
+		ValidArgsFunction: completeVolumes,
 	}
-	return nil
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		var out []sdk.Volume
+		for _, ref := range args {
+			v, err := c.GetVolume(ctx, ref)
+			if err != nil {
+				return err
+			}
+			out = append(out, v)
+		}
+		if len(out) == 1 {
+			return printJSON(out[0])
+		}
+		return printJSON(out)
+	})
+	return cmd
+}
+
+func newVolumeRemoveCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:               "rm NAME...",
+		Aliases:           []string{"remove"},
+		Short:             "Remove volumes and their data",
+		Long:              "Removes volumes and their data; a volume a sandbox mounts is refused.",
+		Args:              nargs(1, -1),
+		ValidArgsFunction: completeVolumes,
+		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+			for _, ref := range args {
+				if err := c.DeleteVolume(ctx, ref); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+	}
 }
 
 // volumeFlags adds create's --volume and --volume-shared.
-func volumeFlags(fs *flag.FlagSet) func() ([]sdk.VolumeMount, error) {
+func volumeFlags(fs *pflag.FlagSet) func() ([]sdk.VolumeMount, error) {
 	var own, shared multi
-	fs.Var(&own, "volume", "mount volume NAME at /path, read-write or :ro (repeatable); fork children get their own copy as it was at the snapshot")
-	fs.Var(&shared, "volume-shared", "like --volume, but fork children mount this same volume (repeatable)")
+	fs.Var(&own, "volume", "mount volume NAME at /path, read-write or :ro: `NAME:/path[:ro]` (repeatable);\nfork children get their own copy as it was at the snapshot")
+	fs.Var(&shared, "volume-shared", "like --volume, but fork children mount this same volume: `NAME:/path[:ro]` (repeatable)")
 	return func() ([]sdk.VolumeMount, error) {
 		var out []sdk.VolumeMount
 		for _, set := range []struct {

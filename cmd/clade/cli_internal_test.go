@@ -1,0 +1,75 @@
+package main
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+func TestNormalizeArgs(t *testing.T) {
+	for _, tc := range []struct {
+		in, want []string
+	}{
+		{[]string{"ls", "-json"}, []string{"ls", "--json"}},
+		{[]string{"-host", "/s", "ls", "-label=a=b"}, []string{"--host", "/s", "ls", "--label=a=b"}},
+		{[]string{"-host=/s", "images", "ls", "-json"}, []string{"--host=/s", "images", "ls", "--json"}},
+		{[]string{"rm", "-f", "x"}, []string{"rm", "-f", "x"}},
+		{[]string{"fork", "x", "-n", "3", "-json"}, []string{"fork", "x", "-n", "3", "--json"}},
+		// Flags that take a value keep it as it is.
+		{[]string{"create", "-name", "-json"}, []string{"create", "--name", "-json"}},
+		{[]string{"exec", "--timeout", "-5s", "-it", "ID"}, []string{"exec", "--timeout", "-5s", "-it", "ID"}},
+		// exec: after the sandbox and after -- everything is the command's.
+		{[]string{"exec", "-it", "-workdir", "/tmp", "ID", "ls", "-json"}, []string{"exec", "-it", "--workdir", "/tmp", "ID", "ls", "-json"}},
+		{[]string{"exec", "ID", "--", "ls", "-env"}, []string{"exec", "ID", "--", "ls", "-env"}},
+		{[]string{"snapshot", "ID", "-name", "n"}, []string{"snapshot", "ID", "--name", "n"}},
+		{[]string{"ls", "-help"}, []string{"ls", "--help"}},
+		{[]string{"-version"}, []string{"--version"}},
+		// Unknown ones are left for cobra to refuse.
+		{[]string{"ls", "-bogus"}, []string{"ls", "-bogus"}},
+		{[]string{"__complete", "ls", "-js"}, []string{"__complete", "ls", "-js"}},
+	} {
+		if got := normalizeArgs(newRoot(), tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("normalizeArgs(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestEveryVerbHelps: every verb and sub-verb has a summary and a --help
+// that exits 0.
+func TestEveryVerbHelps(t *testing.T) {
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = null
+	t.Cleanup(func() { os.Stdout = stdout; null.Close() })
+	var walk func(c *cobra.Command)
+	n := 0
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" {
+				continue
+			}
+			n++
+			if sub.Short == "" || strings.HasSuffix(sub.Short, ".") {
+				t.Errorf("%s: summary %q: want one line without a full stop", sub.CommandPath(), sub.Short)
+			}
+			if sub.Runnable() && sub.Args == nil {
+				t.Errorf("%s: no check of its arguments", sub.CommandPath())
+			}
+			args := append(strings.Fields(sub.CommandPath())[1:], "--help")
+			if code := run(args); code != 0 {
+				t.Errorf("clade %s: exit %d", strings.Join(args, " "), code)
+			}
+			walk(sub)
+		}
+	}
+	walk(newRoot())
+	if n < 35 {
+		t.Errorf("only %d verbs found", n)
+	}
+}
