@@ -16,8 +16,9 @@ help: ## show this help
 
 deps: ## install what clade needs: Debian packages and runsc (pinned, built from the Go module proxy)
 	@command -v debootstrap >/dev/null && command -v ip >/dev/null && command -v mkfs.ext4 >/dev/null && \
-		command -v gocryptfs >/dev/null && command -v fusermount3 >/dev/null && command -v mkfs.xfs >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap iproute2 e2fsprogs xfsprogs gocryptfs fuse3 ca-certificates)
+		command -v gocryptfs >/dev/null && command -v fusermount3 >/dev/null && command -v mkfs.xfs >/dev/null && \
+		command -v tmux >/dev/null && test -f /usr/share/bash-completion/bash_completion || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap iproute2 e2fsprogs xfsprogs gocryptfs fuse3 ca-certificates tmux bash-completion)
 	@mkdir -p $(BIN)
 	@if [ ! -x $(BIN)/runsc ]; then echo "building runsc (about a minute)"; \
 		CGO_ENABLED=0 $(GO) build -C tools/runsc -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$(RUNSC_VERSION)" \
