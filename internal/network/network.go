@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -433,10 +434,23 @@ func (n *Network) Acquire(ctx context.Context, owner string, p Policy) (Slot, er
 	if err := os.WriteFile(n.ownerFile(h.slot.Index), []byte(owner), 0o600); err != nil {
 		return Slot{}, errors.Join(err, n.Release(ctx, owner))
 	}
+	if n.current(h, r) {
+		// Already its rules (a pool's sandbox prepared with the policy
+		// most sandboxes have): no nftables batch on the start's path.
+		return *h.slot, nil
+	}
 	if err := n.apply(h, r); err != nil {
 		return Slot{}, errors.Join(err, n.Release(ctx, owner))
 	}
 	return *h.slot, nil
+}
+
+// current reports whether h's slot already has the rules r (apply set
+// them, and nothing changed them since).
+func (n *Network) current(h *held, r *rules) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return h.policy != nil && reflect.DeepEqual(h.policy, r)
 }
 
 // apply gives h's slot the rules r; h keeps its former rules (in the
