@@ -62,6 +62,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		m.relive(rec.ID, sb)
 		return errors.Join(fmt.Errorf("sleep %s: %w", rec.ID, err), os.RemoveAll(dir), m.rollbackLocked(ctx, rec, store.StateRunning))
 	}
+	sealed := time.Now()
 	m.crashPoint("sleep-after-checkpoint")
 	if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {
 		m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
@@ -69,27 +70,29 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	if err := m.moveLocked(ctx, rec, store.StateSleeping, ""); err != nil {
 		return err
 	}
-	go m.preverify(dir)
+	go m.preverify(dir, sealed)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
 	return nil
 }
 
 // preverify checks a new sleep image in the background once its files
-// are old enough for stateimg to remember the check (preverifyAfter): the
+// are old enough for stateimg to remember the check (preverifyAfter after
+// the seal, which wrote them last): the
 // wake that comes later then finds it verified and does not read the
 // whole image on the request's path. A wake before that verifies it
 // itself; an image woken (and removed) meanwhile is an error nobody needs.
-func (m *Manager) preverify(dir string) {
+func (m *Manager) preverify(dir string, sealed time.Time) {
 	select {
 	case <-m.bg.Done():
 		return
-	case <-time.After(preverifyAfter):
+	case <-time.After(time.Until(sealed.Add(preverifyAfter))):
 	}
 	_ = verifySleepImage(dir, "the sleep image "+dir)
 }
 
-// preverifyAfter is stateimg's settle time (a second) and a margin.
-const preverifyAfter = 1100 * time.Millisecond
+// preverifyAfter is how long after its seal a sleep image is checked:
+// stateimg's settle time (100 ms) and a margin.
+const preverifyAfter = 120 * time.Millisecond
 
 // relive puts back a live engine sandbox that an operation had dropped.
 func (m *Manager) relive(id string, sb engine.Sandbox) {
@@ -135,11 +138,13 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	if err := verifySleepImage(dir, "the sleep image of sandbox "+rec.ID); err != nil {
 		return err
 	}
+	tv := time.Now()
 	release, err := m.admit(rec.MemoryMiB)
 	if err != nil {
 		return err
 	}
 	defer release()
+	ta := time.Now()
 	// Restores at once beyond a few per core only share the CPU and the
 	// memory bandwidth: every one of them ends late. Queued, the first
 	// wakes of a mass wake end early (20 slept apps on 2 cores: see
@@ -199,7 +204,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		m.log.Warn("remove sleep image", "sandbox", rec.ID, "err", err)
 	}
 	m.log.Info("sandbox awake", "sandbox", rec.ID)
-	m.log.Debug("wake", "sandbox", rec.ID, "admit", t1.Sub(t0), "record", t2.Sub(t1), "start", t3.Sub(t2), "after", time.Since(t3))
+	m.log.Debug("wake", "sandbox", rec.ID, "verify", tv.Sub(t0), "admit", ta.Sub(tv), "queue", t1.Sub(ta), "record", t2.Sub(t1), "start", t3.Sub(t2), "after", time.Since(t3))
 	return nil
 }
 
