@@ -531,9 +531,16 @@ func (n *Network) Dial(ctx context.Context, owner string, port int) (net.Conn, e
 	if !ok {
 		return nil, errdefs.New(errdefs.NotFound, "%s holds no network slot", owner)
 	}
-	var d net.Dialer
+	// Bounded: a sandbox whose network stack does not answer (it never
+	// takes more than milliseconds when it works) must not hold the
+	// caller for the kernel's two minutes of SYN retries; the ingress then
+	// tries the agent's way.
+	d := net.Dialer{Timeout: dialTimeout}
 	return d.DialContext(ctx, "tcp4", netip.AddrPortFrom(s.Addr, uint16(port)).String())
 }
+
+// dialTimeout bounds Dial's connect.
+const dialTimeout = 3 * time.Second
 
 // Release frees the slot owner holds: the namespace, veth, rules and
 // resolver are removed (a slot is never handed out twice; the pool builds
