@@ -24,6 +24,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -50,6 +51,9 @@ type Proxy struct {
 	log    *slog.Logger
 	rp     *httputil.ReverseProxy
 	tr     *http.Transport
+
+	mu     sync.Mutex
+	access map[string]access // by ref: see lookup
 }
 
 // New returns the proxy for the sandboxes of mgr.
@@ -57,7 +61,7 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{mgr: mgr, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log}
+	p := &Proxy{mgr: mgr, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log, access: map[string]access{}}
 	p.tr = &http.Transport{
 		// The address is "ID:PORT" (see rewrite), one pool per sandbox port.
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -80,8 +84,11 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 		Rewrite:       p.rewrite,
 		Transport:     p.tr,
 		FlushInterval: -1, // stream: every write reaches the client at once
-		ErrorHandler:  p.proxyError,
-		ErrorLog:      slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
+		// Bodies are copied in large pieces: a GiB takes 4096 reads and
+		// writes rather than 32768 with http's 32 KiB buffers.
+		BufferPool:   bufferPool{},
+		ErrorHandler: p.proxyError,
+		ErrorLog:     slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
 	}
 	return p
 }
@@ -126,26 +133,62 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, http.StatusNotFound, fmt.Sprintf("%q is not a sandbox address: use Host: PORT-ID.%s (ID a sandbox id or name)", r.Host, p.domain))
 		return
 	}
-	rec, err := p.mgr.Get(r.Context(), ref)
+	a, err := p.lookup(r.Context(), ref)
 	if err != nil {
 		p.failErr(w, err)
 		return
 	}
-	if !rec.Opts.Public && !p.authorized(w, r, rec.Opts.TrafficToken, rec.ID, ref, port) {
+	if !a.public && !p.authorized(w, r, a.token, a.id, ref, port) {
 		return
 	}
 	// Busy from here until the answer is done (an upgraded connection
 	// until it closes): no idle sleep under a request.
-	release := p.mgr.Hold(rec.ID)
+	release := p.mgr.Hold(a.id)
 	defer release()
 	// Wake it now, so that a refused wake is told apart from a refused
 	// port; for a running sandbox this is a map lookup.
-	if _, err := p.mgr.Guest(r.Context(), rec.ID); err != nil {
+	if _, err := p.mgr.Guest(r.Context(), a.id); err != nil {
 		p.failErr(w, err)
 		return
 	}
-	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, route{id: rec.ID, port: port}))
+	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, route{id: a.id, port: port}))
 	p.rp.ServeHTTP(w, r)
+}
+
+// access is what a request to a sandbox needs of its record: none of it
+// changes in the sandbox's life.
+type access struct {
+	id, token string
+	public    bool
+}
+
+// maxAccess bounds the access cache (only sandboxes that exist get in:
+// a client's made-up names do not).
+const maxAccess = 4096
+
+// lookup returns ref's access. A running sandbox's comes from the cache,
+// with no database read on a request's path: while its id runs, ref (its
+// id, or its name, which no other sandbox can take while it exists)
+// still names it. Anything else is read from the store.
+func (p *Proxy) lookup(ctx context.Context, ref string) (access, error) {
+	p.mu.Lock()
+	a, ok := p.access[ref]
+	p.mu.Unlock()
+	if ok && p.mgr.Running(a.id) {
+		return a, nil
+	}
+	rec, err := p.mgr.Get(ctx, ref)
+	if err != nil {
+		return access{}, err
+	}
+	a = access{id: rec.ID, token: rec.Opts.TrafficToken, public: rec.Opts.Public}
+	p.mu.Lock()
+	if len(p.access) >= maxAccess {
+		clear(p.access)
+	}
+	p.access[ref] = a
+	p.mu.Unlock()
+	return a, nil
 }
 
 // authorized checks a request to a private sandbox's port: its traffic
@@ -248,5 +291,21 @@ func stripCookie(h http.Header) {
 		if len(keep) > 0 {
 			h.Add("Cookie", strings.Join(keep, "; "))
 		}
+	}
+}
+
+// bufferPool lends the proxy's body copies copyBufSize buffers.
+type bufferPool struct{}
+
+const copyBufSize = 256 << 10
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+func (bufferPool) Get() []byte { return *copyBufs.Get().(*[]byte) }
+
+func (bufferPool) Put(b []byte) {
+	if cap(b) == copyBufSize {
+		b = b[:copyBufSize]
+		copyBufs.Put(&b)
 	}
 }

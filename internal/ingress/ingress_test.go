@@ -214,6 +214,35 @@ func TestIngressProxy(t *testing.T) {
 			t.Errorf("public sandbox without token: %d %s", code, body)
 		}
 	})
+	t.Run("a name made again takes its new sandbox's token", func(t *testing.T) {
+		// The proxy keeps a running sandbox's token by name: a sandbox of
+		// that name removed and made again must not answer to the old one.
+		old, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: "again"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		startApp(t, c, old.ID)
+		otg := newTarget(t, old, appPort)
+		otg.base = strings.Replace(otg.base, old.ID, "again", 1)
+		if code, body, _ := otg.get(t, "/hello", old.Ingress.TrafficToken); code != http.StatusOK {
+			t.Fatalf("by name with its token: %d %s", code, body)
+		}
+		if err := c.DeleteSandbox(ctx, old.ID); err != nil {
+			t.Fatal(err)
+		}
+		nw, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: "again"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.DeleteSandbox(ctx, nw.ID)
+		startApp(t, c, nw.ID)
+		if code, body, _ := otg.get(t, "/hello", old.Ingress.TrafficToken); code != http.StatusUnauthorized {
+			t.Fatalf("the removed sandbox's token on the new one: %d %s, want 401", code, body)
+		}
+		if code, body, _ := otg.get(t, "/hello", nw.Ingress.TrafficToken); code != http.StatusOK {
+			t.Fatalf("the new sandbox's token: %d %s", code, body)
+		}
+	})
 	t.Run("signed URL", func(t *testing.T) {
 		su, err := c.SignedURL(ctx, sb.ID, appPort, time.Minute)
 		if err != nil {

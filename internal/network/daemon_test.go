@@ -314,12 +314,14 @@ func BenchmarkCreateNetwork(b *testing.B) {
 }
 
 // TestDaemonNetworkHotPool: sandboxes claimed from the hot pool (started
-// with egress denied before anyone asked for them) get the policy their
-// create asks for, their own name as hostname, and serve the host.
+// with the default policy before anyone asked for them) get the policy
+// their create asks for, their own name as hostname, and serve the host;
+// sandboxes woken into the warm pool's prepared sandboxes (slotted with
+// the default policy too) keep theirs.
 func TestDaemonNetworkHotPool(t *testing.T) {
 	hp := testenv.ReserveNet(t)
 	host := testenv.StartTestHost(t, hp)
-	d := testenv.StartDaemon(t, "--dns-upstream", host.DNS, "--hot-pool", "2")
+	d := testenv.StartDaemon(t, "--dns-upstream", host.DNS, "--hot-pool", "2", "--warm-pool", "2")
 	c := d.Client
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -370,4 +372,66 @@ func TestDaemonNetworkHotPool(t *testing.T) {
 	if !strings.Contains(string(b), "clade_hot_pool_hits_total 2") {
 		t.Errorf("metrics do not count the two claims:\n%s", b)
 	}
+	// Woken into prepared sandboxes: the policy is applied over the
+	// default one they were slotted with.
+	deny, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "warm-deny", Network: &sdk.Network{Egress: "deny"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits0 := poolHits(t, d)
+	for _, id := range []string{deny.ID, byCIDR.ID} {
+		if _, err := c.Sleep(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			h, err := c.Health(t.Context())
+			if err == nil && h.Warm >= 1 {
+				break
+			}
+			if time.Now().After(deadline.Add(time.Minute)) {
+				t.Fatalf("the warm pool did not fill: %+v %v", h, err)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the pool's background refill
+		}
+		if _, err := c.Wake(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hits := poolHits(t, d) - hits0; hits != 2 {
+		t.Fatalf("the wakes took %d prepared sandboxes, want 2", hits)
+	}
+	if got := fetch(t, c, deny.ID, hostURL); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("a woken egress-deny sandbox reaches the test host: %q", got)
+	}
+	if got := fetch(t, c, byCIDR.ID, hostURL); got != want {
+		t.Fatalf("egress of a woken sandbox allowed by CIDR: %q", got)
+	}
+	if got := fetch(t, c, byCIDR.ID, "http://"+host.Private.String()+"/"); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("a woken allowlist sandbox reaches what its list does not name: %q", got)
+	}
+}
+
+// poolHits reads the daemon's count of warm-pool hits from /metrics.
+func poolHits(t *testing.T, d *testenv.Daemon) int {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", d.Socket)
+	}}}
+	resp, err := hc.Get("http://clade/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "clade_pool_hits_total "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return int(n)
+		}
+	}
+	t.Fatalf("no clade_pool_hits_total in /metrics:\n%s", b)
+	return 0
 }

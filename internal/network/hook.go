@@ -183,12 +183,13 @@ func (h *Hook) Dial(ctx context.Context, rec store.Sandbox, port int) (net.Conn,
 	return h.n.Dial(ctx, rec.Engine(), port)
 }
 
-// DialPort implements sandbox.PortDialer: a connection over the sandbox's
-// veth to a server on its own address (one bound to its loopback only is
-// reached through the agent instead).
-func (h *Hook) DialPort(ctx context.Context, rec store.Sandbox, port int) (net.Conn, error) {
-	if !internet(rec) {
-		return nil, errdefs.New(errdefs.NotFound, "sandbox %s has no network of its own", rec.ID)
+// DialPort implements sandbox.PortDialer: a connection over the veth of
+// the sandbox engineID to a server on its own address (one bound to its
+// loopback only is reached through the agent instead). NotFound when the
+// sandbox holds no slot (network none).
+func (h *Hook) DialPort(ctx context.Context, engineID string, port int) (net.Conn, error) {
+	if h.n == nil {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s has no network of its own", engineID)
 	}
-	return h.Dial(ctx, rec, port)
+	return h.n.Dial(ctx, engineID, port)
 }

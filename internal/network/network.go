@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -443,10 +444,23 @@ func (n *Network) Acquire(ctx context.Context, owner string, p Policy) (Slot, er
 	if err := os.WriteFile(n.ownerFile(h.slot.Index), []byte(owner), 0o600); err != nil {
 		return Slot{}, errors.Join(err, n.Release(ctx, owner))
 	}
+	if n.current(h, r) {
+		// Already its rules (a pool's sandbox prepared with the policy
+		// most sandboxes have): no nftables batch on the start's path.
+		return *h.slot, nil
+	}
 	if err := n.apply(h, r); err != nil {
 		return Slot{}, errors.Join(err, n.Release(ctx, owner))
 	}
 	return *h.slot, nil
+}
+
+// current reports whether h's slot already has the rules r (apply set
+// them, and nothing changed them since).
+func (n *Network) current(h *held, r *rules) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return h.policy != nil && reflect.DeepEqual(h.policy, r)
 }
 
 // apply gives h's slot the rules r; h keeps its former rules (in the
@@ -527,9 +541,16 @@ func (n *Network) Dial(ctx context.Context, owner string, port int) (net.Conn, e
 	if !ok {
 		return nil, errdefs.New(errdefs.NotFound, "%s holds no network slot", owner)
 	}
-	var d net.Dialer
+	// Bounded: a sandbox whose network stack does not answer (it never
+	// takes more than milliseconds when it works) must not hold the
+	// caller for the kernel's two minutes of SYN retries; the ingress then
+	// tries the agent's way.
+	d := net.Dialer{Timeout: dialTimeout}
 	return d.DialContext(ctx, "tcp4", netip.AddrPortFrom(s.Addr, uint16(port)).String())
 }
+
+// dialTimeout bounds Dial's connect.
+const dialTimeout = 3 * time.Second
 
 // Release frees the slot owner holds: the namespace, veth, rules and
 // resolver are removed (a slot is never handed out twice; the pool builds

@@ -53,8 +53,10 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	}
 	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB, Engine: sh.Engine}}
 	if sh.Network != "" {
-		// The policy is the claimer's: the claim applies it.
-		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network, Egress: "deny"}
+		// The default policy (see prepare): a claim with it sends no
+		// nftables batch; another policy is applied by the claim, before
+		// the claimer runs anything (until then only the agent runs).
+		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network}
 	}
 	// Marked first: a restart destroys a marked sandbox nobody claimed.
 	if err := m.store.AddPoolSandbox(ctx, rec.ID); err != nil {

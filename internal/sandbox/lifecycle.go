@@ -218,16 +218,20 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 // the engine sandbox is destroyed and the hooks' AfterStop has run.
 // Guarded by rec's lock.
 func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engine.Spec, reconf bool, start func(engine.Spec) (engine.Sandbox, error)) (engine.Sandbox, error) {
+	t0 := time.Now()
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
 		return nil, m.diskFull(err)
 	}
+	t1 := time.Now()
 	sb, err := start(spec)
 	err = m.diskFull(err)
+	t2 := time.Now()
 	if err == nil && reconf {
 		if err = sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname}); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
 		}
 	}
+	t3 := time.Now()
 	if err == nil {
 		if err = m.afterStart(ctx, rec, sb); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
@@ -236,6 +240,7 @@ func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engin
 	if err != nil {
 		return nil, errors.Join(err, m.afterStop(ctx, rec))
 	}
+	m.log.Debug("start", "sandbox", rec.ID, "netns", spec.NetNS != "", "before_hooks", t1.Sub(t0), "engine", t2.Sub(t1), "reconfigure", t3.Sub(t2), "after_hooks", time.Since(t3))
 	return sb, nil
 }
 
@@ -369,17 +374,25 @@ func (m *Manager) running(ctx context.Context, ref string) (engine.Sandbox, erro
 // nor sleeping, the wake's error for a failed wake, and Unavailable when the
 // agent does not connect.
 func (m *Manager) Guest(ctx context.Context, ref string) (*guest.Conn, error) {
+	sb, err := m.ready(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return sb.Guest(), nil
+}
+
+// ready is Guest's engine sandbox.
+func (m *Manager) ready(ctx context.Context, ref string) (engine.Sandbox, error) {
 	sb, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	g := sb.Guest()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := g.Ready(rctx); err != nil {
+	if err := sb.Guest().Ready(rctx); err != nil {
 		return nil, err
 	}
-	return g, nil
+	return sb, nil
 }
 
 // Destroy removes a sandbox and everything it holds. It waits for an

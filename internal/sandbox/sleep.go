@@ -62,6 +62,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		m.relive(rec.ID, sb)
 		return errors.Join(fmt.Errorf("sleep %s: %w", rec.ID, err), os.RemoveAll(dir), m.rollbackLocked(ctx, rec, store.StateRunning))
 	}
+	sealed := time.Now()
 	m.crashPoint("sleep-after-checkpoint")
 	if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {
 		m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
@@ -69,9 +70,29 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	if err := m.moveLocked(ctx, rec, store.StateSleeping, ""); err != nil {
 		return err
 	}
+	go m.preverify(dir, sealed)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
 	return nil
 }
+
+// preverify checks a new sleep image in the background once its files
+// are old enough for stateimg to remember the check (preverifyAfter after
+// the seal, which wrote them last): the
+// wake that comes later then finds it verified and does not read the
+// whole image on the request's path. A wake before that verifies it
+// itself; an image woken (and removed) meanwhile is an error nobody needs.
+func (m *Manager) preverify(dir string, sealed time.Time) {
+	select {
+	case <-m.bg.Done():
+		return
+	case <-time.After(time.Until(sealed.Add(preverifyAfter))):
+	}
+	_ = verifySleepImage(dir, "the sleep image "+dir)
+}
+
+// preverifyAfter is how long after its seal a sleep image is checked:
+// stateimg's settle time (100 ms) and a margin.
+const preverifyAfter = 120 * time.Millisecond
 
 // relive puts back a live engine sandbox that an operation had dropped.
 func (m *Manager) relive(id string, sb engine.Sandbox) {
@@ -112,15 +133,18 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	default:
 		return errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a sleeping sandbox can wake", rec.ID, rec.State)
 	}
+	t0 := time.Now()
 	dir := m.sleepDir(rec.ID)
 	if err := verifySleepImage(dir, "the sleep image of sandbox "+rec.ID); err != nil {
 		return err
 	}
+	tv := time.Now()
 	release, err := m.admit(rec.MemoryMiB)
 	if err != nil {
 		return err
 	}
 	defer release()
+	ta := time.Now()
 	// Restores at once beyond a few per core only share the CPU and the
 	// memory bandwidth: every one of them ends late. Queued, the first
 	// wakes of a mass wake end early (20 slept apps on 2 cores: see
@@ -131,6 +155,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	t1 := time.Now()
 	img, err := m.images.Get(ctx, rec.Image)
 	if err != nil {
 		return err
@@ -150,9 +175,11 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return err
 	}
 	m.crashPoint("wake-before-engine")
+	t2 := time.Now()
 	sb, err := m.startLocked(ctx, *rec, m.spec(*rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
 		return snapper.Restore(ctx, spec, dir)
 	})
+	t3 := time.Now()
 	if err == nil {
 		if err = m.moveLocked(ctx, rec, store.StateRunning, ""); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec))
@@ -177,6 +204,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		m.log.Warn("remove sleep image", "sandbox", rec.ID, "err", err)
 	}
 	m.log.Info("sandbox awake", "sandbox", rec.ID)
+	m.log.Debug("wake", "sandbox", rec.ID, "verify", tv.Sub(t0), "admit", ta.Sub(tv), "queue", t1.Sub(ta), "record", t2.Sub(t1), "start", t3.Sub(t2), "after", time.Since(t3))
 	return nil
 }
 

@@ -94,11 +94,21 @@ func (m *Manager) Hold(id string) (release func()) {
 	}
 }
 
+// Running reports whether sandbox id (an id, not a name) runs now: a map
+// lookup, for callers that keep what they read of a running sandbox.
+func (m *Manager) Running(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id] != nil
+}
+
 // PortDialer is a hook that reaches a port of a running sandbox by a
 // faster way than its agent's connection (the network hook: over the
-// sandbox's own veth). An error sends the dial to the agent.
+// sandbox's own veth). It is given the sandbox's engine id, which is all
+// it may need: a dial reads no record. An error sends the dial to the
+// agent.
 type PortDialer interface {
-	DialPort(ctx context.Context, rec store.Sandbox, port int) (net.Conn, error)
+	DialPort(ctx context.Context, engineID string, port int) (net.Conn, error)
 }
 
 // Dial connects to port inside sandbox ref, waking the sandbox if it
@@ -117,11 +127,12 @@ func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, err
 		until time.Time // the hold's end: fixed by the wake it follows, never renewed
 	)
 	for attempt := 0; ; attempt++ {
-		g, err := m.Guest(ctx, ref)
+		sb, err := m.ready(ctx, ref)
 		if err != nil {
 			return nil, err
 		}
-		if c := m.dialDirect(ctx, ref, port); c != nil {
+		g := sb.Guest()
+		if c := m.dialDirect(ctx, sb.ID(), port); c != nil {
 			return c, nil
 		}
 		c, err := g.Dial(ctx, port)
@@ -179,11 +190,12 @@ const (
 	// portGrace is how long after a sandbox wakes a connection to a port
 	// nothing listens on is held (retried) rather than refused.
 	portGrace = 30 * time.Second
-	// portRetry is the first pause between two tries within the grace;
-	// the pauses double up to portRetryMax (many held connections, e.g.
-	// requests whose clients left, must not poll the agent and the store
-	// 40 times a second each).
-	portRetry    = 25 * time.Millisecond
+	// portRetry is the first pause between two tries within the grace:
+	// short, since a woken server usually accepts within milliseconds of
+	// the wake. The pauses double up to portRetryMax (many held
+	// connections, e.g. requests whose clients left, must not poll the
+	// agent many times a second each): seven tries in the first 130 ms.
+	portRetry    = 2 * time.Millisecond
 	portRetryMax = 500 * time.Millisecond
 )
 
@@ -200,22 +212,14 @@ func (m *Manager) wokeAtOf(g *guest.Conn) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// dialDirect tries the PortDialer hooks; nil when none reached port.
-func (m *Manager) dialDirect(ctx context.Context, ref string, port int) net.Conn {
-	var rec store.Sandbox
+// dialDirect tries the PortDialer hooks on the engine sandbox engineID;
+// nil when none reached port.
+func (m *Manager) dialDirect(ctx context.Context, engineID string, port int) net.Conn {
 	for _, h := range m.cfg.Hooks {
-		pd, ok := h.(PortDialer)
-		if !ok {
-			continue
-		}
-		if rec.ID == "" {
-			var err error
-			if rec, err = m.store.GetSandbox(ctx, ref); err != nil {
-				return nil
+		if pd, ok := h.(PortDialer); ok {
+			if c, err := pd.DialPort(ctx, engineID, port); err == nil {
+				return c
 			}
-		}
-		if c, err := pd.DialPort(ctx, rec, port); err == nil {
-			return c
 		}
 	}
 	return nil

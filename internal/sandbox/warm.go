@@ -45,8 +45,11 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 	}
 	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB, Engine: sh.Engine}}
 	if sh.Network != "" {
-		// The policy is the taker's: the start it is taken for applies it.
-		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network, Egress: "deny"}
+		// Slotted with the policy most sandboxes have (a create's default:
+		// egress allow, no rules), so that their start sends no nftables
+		// batch; a taker with another policy gets it applied by the start
+		// it is taken for, before anything of it runs.
+		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network}
 	}
 	spec := m.spec(rec, img)
 	// The hooks set it up as for a start (e.g. its network slot: runsc

@@ -235,15 +235,16 @@ func checksum(path string) (uint32, error) {
 
 // The verified cache: dir -> stamp of its files when last verified. A
 // write to any file changes its ctime, which userspace cannot set back;
-// but ctimes tick coarsely (a jiffy), so an image is remembered only when
-// its newest ctime is older than settle: a write after the verification
-// then surely gets a later one.
+// but ctimes tick coarsely (the kernel's coarse clock: at most a jiffy,
+// 10 ms at HZ=100, behind), so an image is remembered only when its
+// newest ctime is older than settle, ten such ticks: a write after the
+// verification then surely gets a later one.
 var (
 	cacheMu sync.Mutex
 	cache   = map[string]string{}
 )
 
-const settle = time.Second
+const settle = 100 * time.Millisecond
 
 // stamp identifies the current version of dir's files; settled says
 // whether all are older than settle.

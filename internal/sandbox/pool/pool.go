@@ -87,6 +87,9 @@ type Pool struct {
 	missed map[Shape]time.Time // guarded by mu: untargeted shapes' last miss, by missKey
 	failed map[Shape]time.Time // guarded by mu: shapes whose prepare failed, until when to leave them
 	closed bool                // guarded by mu: drained; a prepare that finishes now is destroyed
+	// preparing counts the prepares under way (Drain waits for them);
+	// added to under mu, and only while the pool is open.
+	preparing sync.WaitGroup
 
 	hits, misses atomic.Int64
 }
@@ -343,9 +346,22 @@ func (p *Pool) Run(ctx context.Context) {
 			}
 			continue
 		}
+		// Counted while under way, so that Drain waits for it: a daemon
+		// that exits under a prepare would leave its sandbox behind (and
+		// what its hooks set up for it) until the next start.
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return
+		}
+		p.preparing.Add(1)
+		p.mu.Unlock()
 		id, err := p.cfg.Prepare(ctx, sh)
 		if err == nil {
 			p.add(ctx, sh, id)
+		}
+		p.preparing.Done()
+		if err == nil {
 			continue
 		}
 		if ctx.Err() != nil {
@@ -360,8 +376,11 @@ func (p *Pool) Run(ctx context.Context) {
 	}
 }
 
-// Drain destroys every prepared sandbox in the pool and forgets the targets.
+// Drain destroys every prepared sandbox in the pool and forgets the
+// targets. It waits (until ctx ends) for a prepare under way, whose
+// sandbox is then destroyed as it is made; no prepare starts after.
 func (p *Pool) Drain(ctx context.Context) {
+	defer p.waitPrepares(ctx)
 	p.mu.Lock()
 	var ids []string
 	for _, s := range p.slots {
@@ -378,6 +397,21 @@ func (p *Pool) Drain(ctx context.Context) {
 		if p.cfg.Destroy != nil {
 			_ = p.cfg.Destroy(ctx, id)
 		}
+	}
+}
+
+// waitPrepares waits until no prepare is under way, or ctx ends. Call it
+// once the pool is closed.
+func (p *Pool) waitPrepares(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		p.preparing.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		p.cfg.Log.Warn("pool: a prepare under way did not end in time; its sandbox is destroyed when it does, or by the next start")
 	}
 }
 

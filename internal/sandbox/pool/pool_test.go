@@ -129,7 +129,7 @@ func TestAFailingShapeDoesNotHoldUpOthers(t *testing.T) {
 	waitLen(t, p, 2)
 }
 
-func TestPrepareFinishingAfterDrainIsDestroyed(t *testing.T) {
+func TestDrainWaitsForAPrepareUnderWay(t *testing.T) {
 	f := &fakePrep{made: make(chan string, 1)}
 	release := make(chan struct{})
 	started := make(chan struct{})
@@ -145,11 +145,49 @@ func TestPrepareFinishingAfterDrainIsDestroyed(t *testing.T) {
 	p.Want(ShapeOf("a", 1, 1, nil, 0, ""), 1)
 	<-started
 	cancel()
-	p.Drain(t.Context())
+	drained := make(chan struct{})
+	go func() { p.Drain(t.Context()); close(drained) }()
+	select {
+	case <-drained:
+		t.Fatal("Drain returned while a prepare was under way: a daemon exiting now leaves its sandbox behind")
+	case <-time.After(50 * time.Millisecond): // Drain must still be waiting
+	}
 	close(release)
+	<-drained
+	f.mu.Lock()
+	destroyed := len(f.destroyed)
+	f.mu.Unlock()
+	if p.Len() != 0 || destroyed != 1 {
+		t.Fatalf("a prepare that finished during Drain: %d kept, %d destroyed by the time Drain returned", p.Len(), destroyed)
+	}
 	<-done
+}
+
+func TestDrainWaitsOnlyUntilItsContextEnds(t *testing.T) {
+	f := &fakePrep{made: make(chan string, 1)}
+	release := make(chan struct{})
+	started := make(chan struct{})
+	prepare := func(ctx context.Context, sh Shape) (string, error) {
+		close(started)
+		<-release
+		return f.prepare(ctx, sh)
+	}
+	p := New(Config{Limit: 1, Prepare: prepare, Destroy: f.destroy})
+	runCtx, stop := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { p.Run(runCtx); close(done) }()
+	p.Want(ShapeOf("a", 1, 1, nil, 0, ""), 1)
+	<-started
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	p.Drain(ctx) // returns once ctx ends, the prepare still under way
+	close(release)
+	stop()
+	<-done // Run returns only after the prepare it was in
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if p.Len() != 0 || len(f.destroyed) != 1 {
-		t.Fatalf("a prepare that finished after Drain: %d kept, %d destroyed", p.Len(), len(f.destroyed))
+		t.Fatalf("a prepare that finished after Drain gave up: %d kept, %d destroyed", p.Len(), len(f.destroyed))
 	}
 }
 
