@@ -53,8 +53,19 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	}
 	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB, Engine: sh.Engine}}
 	if sh.Network != "" {
-		// The policy is the claimer's: the claim applies it.
-		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network, Egress: "deny"}
+		// Until a claim only the agent runs in it: it starts with the
+		// policy a plain create gets (the daemon's defaults), so the
+		// common claim has no rules to apply; a claim asking for another
+		// policy has its hooks apply that one.
+		o := store.Options{Network: &store.NetworkOptions{Mode: sh.Network}}
+		for _, h := range m.cfg.Hooks {
+			if oh, ok := h.(OptionsHook); ok {
+				if err := oh.CompleteOptions(&o); err != nil {
+					return "", err
+				}
+			}
+		}
+		rec.Opts.Network = o.Network
 	}
 	// Marked first: a restart destroys a marked sandbox nobody claimed.
 	if err := m.store.AddPoolSandbox(ctx, rec.ID); err != nil {
@@ -155,13 +166,14 @@ func (m *Manager) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
 // in a spec the hot sandbox was not started with (a mount, a secret in
 // the environment), it is replaced by a sandbox started cold for rec. On
 // error nothing of it is left.
-func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox) (engine.Sandbox, error) {
+func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox, st *steps) (engine.Sandbox, error) {
 	spec := m.spec(rec, img)
 	// The hooks see a start (that is how they apply options to a slot the
 	// sandbox already has).
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
 		return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
 	}
+	st.mark("hooks")
 	if want, have := spec, h.spec; !sameStart(want, have) {
 		m.log.Info("hot pool: the sandbox's hooks ask for more than a hot sandbox has; starting it cold", "sandbox", rec.ID)
 		if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
@@ -171,7 +183,13 @@ func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Ima
 			return m.eng.Create(ctx, spec)
 		})
 	}
-	err := h.sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
+	var err error
+	if spec.Hostname != h.spec.Hostname {
+		// A claim without a name keeps the hostname the hot sandbox
+		// started with: both are made from its id.
+		err = h.sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
+	}
+	st.mark("hostname")
 	if err == nil {
 		err = m.afterStart(ctx, rec, h.sb)
 	}

@@ -114,14 +114,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if req.FromSnapshot != "" {
 		return m.createFrom(ctx, req)
 	}
+	st := m.newSteps()
 	if err := m.validate(&req); err != nil {
 		return store.Sandbox{}, err
 	}
+	st.mark("validate")
 	release, err := m.admit(req.MemoryMiB)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
 	defer release()
+	st.mark("admit")
 	// Held until the record exists: an image removal checks the records.
 	m.imageMu.Lock()
 	imageLocked := true
@@ -146,6 +149,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 	}
 	sh := m.shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
+	st.mark("image")
 	// A started sandbox from the hot pool, else a prepared one from the
 	// warm pool, else a new one.
 	id, hot, isHot := m.takeHot(ctx, sh, img.RootFS)
@@ -163,7 +167,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: freshOptions(req.Opts, time.Now()), CreatedAt: time.Now()}
 	unlock := m.locks.lock(rec.ID)
 	defer unlock()
-	if err := m.store.InsertSandbox(ctx, rec); err != nil {
+	st.mark("take")
+	insert := m.store.InsertSandbox
+	if isHot {
+		// Recorded and no longer the pool's in one write.
+		insert = m.store.ClaimPoolSandbox
+	}
+	if err := insert(ctx, rec); err != nil {
 		// Untouched yet: back to its pool.
 		switch {
 		case isHot:
@@ -173,20 +183,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 		return store.Sandbox{}, err
 	}
+	st.mark("insert")
 	m.emitRec(rec, events.Event{Type: events.Created})
 	m.imageMu.Unlock()
 	imageLocked = false
 	// A half-made sandbox would only have to be cleaned up again.
 	ctx = context.WithoutCancel(ctx)
-	if isHot {
-		// Recorded now: no longer the pool's (a restart that finds the
-		// mark and the record just drops the mark).
-		_ = m.store.RemovePoolSandbox(ctx, id)
-	}
 	m.crashPoint("create-before-engine")
 	var sb engine.Sandbox
 	if isHot {
-		sb, err = m.claimHot(ctx, rec, img, hot)
+		sb, err = m.claimHot(ctx, rec, img, hot, st)
 	} else {
 		sb, err = m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
 			sb, err := m.eng.Create(ctx, spec)
@@ -194,11 +200,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 			return sb, err
 		})
 	}
+	st.mark("start")
 	if err == nil {
 		if err = m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
 		}
 	}
+	st.mark("running")
 	if err != nil {
 		if derr := errors.Join(m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID)); derr != nil {
 			err = errors.Join(err, derr)
@@ -206,7 +214,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	m.track(rec.ID, sb)
+	st.mark("track")
 	m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
+	st.log(m.log, "create timings", "sandbox", rec.ID, "hot", isHot)
 	return rec, nil
 }
 
