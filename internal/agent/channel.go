@@ -72,8 +72,9 @@ func (ch *channel) run(ctx context.Context) {
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}
-	ch.stdout.Close()
-	ch.stderr.Close()
+	// No end-of-stream frames: the host ends both streams at Exit.
+	ch.stdout.MarkClosed()
+	ch.stderr.MarkClosed()
 	if ch.stdin != nil {
 		ch.stdin.CloseWithError(io.EOF)
 	}

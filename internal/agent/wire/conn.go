@@ -141,6 +141,16 @@ func (s *Sender) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// MarkClosed ends the stream without a frame: the channel's Exit frame,
+// sent next, ends every stream of the channel for the host, so a short
+// channel (an exec of `true`, a stat) costs one write, not three. Later
+// Close calls send nothing.
+func (s *Sender) MarkClosed() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+}
+
 // Close sends end-of-stream (an empty data frame) once.
 func (s *Sender) Close() error {
 	s.mu.Lock()
