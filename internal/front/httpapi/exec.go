@@ -109,7 +109,7 @@ func streamProcess(r *http.Request, p *guest.Process, out *stream.Writer) {
 		st = api.ExitStatus{Code: -1, Error: err.Error(), ErrorClass: string(errdefs.ClassOf(err))}
 	}
 	b, _ := json.Marshal(st)
-	_ = out.Write(stream.Exit, b)
+	_ = out.WriteLast(stream.Exit, b)
 }
 
 // readClientFrames forwards stdin and signals from an upgraded connection
