@@ -19,7 +19,7 @@ import (
 )
 
 // Phases are the phase names, in the order a default run takes them.
-var Phases = []string{"create", "exec", "snapshot", "fork", "wake", "memfork", "density", "volwake", "netcreate", "proxy", "proxywake", "masswake"}
+var Phases = []string{"create", "claim", "exec", "snapshot", "fork", "wake", "memfork", "density", "volwake", "netcreate", "proxy", "proxywake", "masswake"}
 
 // Config is one run's settings; DefaultConfig has the defaults.
 type Config struct {
@@ -247,10 +247,11 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 }
 
 // noBaseline are the phases without a plain-runsc side.
-var noBaseline = map[string]bool{"density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
+var noBaseline = map[string]bool{"claim": true, "density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
 
 var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"create":    (*runner).phaseCreate,
+	"claim":     (*runner).phaseClaim,
 	"exec":      (*runner).phaseExec,
 	"snapshot":  (*runner).phaseSnapshot,
 	"fork":      (*runner).phaseFork,
