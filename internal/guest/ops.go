@@ -235,7 +235,7 @@ func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
 	}
 	defer ch.close()
 	go func() {
-		if _, err := io.Copy(ch.stdin, r); err == nil {
+		if _, err := io.CopyBuffer(ch.stdin, r, make([]byte, wire.ChunkSize)); err == nil {
 			_ = ch.stdin.Close()
 		}
 	}()
