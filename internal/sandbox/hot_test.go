@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
 )
 
@@ -170,5 +171,30 @@ func TestHotPoolConcurrentClaims(t *testing.T) {
 		if !seen[id] && !slices.Contains(marks, id) {
 			t.Fatalf("engine sandbox %s is neither recorded nor marked", id)
 		}
+	}
+}
+
+// TestHotPoolTakenName: a create whose name is taken is refused before it
+// touches the hot pool, which a claim renames before it records: a client
+// repeating such creates must not make the daemon burn hot sandboxes.
+func TestHotPoolTakenName(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 1})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 1)
+	if _, err := e.m.Create(t.Context(), CreateRequest{Name: "dup"}); err != nil {
+		t.Fatal(err)
+	}
+	waitHot(t, e.m, 1)
+	before, _ := e.eng.List(t.Context())
+	hits, _ := e.m.HotPoolStats()
+	for range 3 {
+		if _, err := e.m.Create(t.Context(), CreateRequest{Name: "dup"}); !errdefs.Is(err, errdefs.AlreadyExists) {
+			t.Fatalf("create of a taken name: %v, want AlreadyExists", err)
+		}
+	}
+	after, _ := e.eng.List(t.Context())
+	if h, _ := e.m.HotPoolStats(); h != hits || e.m.Hot() != 1 || !slices.Equal(before, after) {
+		t.Fatalf("creates of a taken name touched the hot pool: hits %d -> %d, hot %d, engine %v -> %v", hits, h, e.m.Hot(), before, after)
 	}
 }

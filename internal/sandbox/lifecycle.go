@@ -150,6 +150,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	}
 	sh := m.shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
 	st.mark("image")
+	if req.Name != "" {
+		// A taken name is refused before a pooled sandbox is touched: a
+		// claim renames its hot sandbox before the insert finds the name
+		// taken (an insert that loses a race still refuses it).
+		if _, err := m.store.GetSandbox(ctx, req.Name); err == nil {
+			return store.Sandbox{}, errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", req.Name)
+		}
+	}
 	// A started sandbox from the hot pool, else a prepared one from the
 	// warm pool, else a new one.
 	id, hot, isHot := m.takeHot(ctx, sh, img.RootFS)
@@ -169,15 +177,20 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	defer unlock()
 	st.mark("take")
 	insert := m.store.InsertSandbox
+	var renamed <-chan error
 	if isHot {
 		// Recorded and no longer the pool's in one write.
 		insert = m.store.ClaimPoolSandbox
+		renamed = m.renameHot(ctx, m.spec(rec, img).Hostname, hot)
 	}
 	if err := insert(ctx, rec); err != nil {
-		// Untouched yet: back to its pool.
 		switch {
+		case isHot && renamed != nil:
+			// Renamed already: not the pool's sandbox any more.
+			<-renamed
+			_ = m.destroyHot(context.WithoutCancel(ctx), id)
 		case isHot:
-			m.giveBackHot(sh, id, hot)
+			m.giveBackHot(sh, id, hot) // untouched: back to its pool
 		case ok:
 			m.pool.Put(ctx, sh, id)
 		}
@@ -192,7 +205,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	m.crashPoint("create-before-engine")
 	var sb engine.Sandbox
 	if isHot {
-		sb, err = m.claimHot(ctx, rec, img, hot, st)
+		sb, err = m.claimHot(ctx, rec, img, hot, renamed, st)
 	} else {
 		sb, err = m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
 			sb, err := m.eng.Create(ctx, spec)
