@@ -49,11 +49,15 @@ type Config struct {
 	MassWakeMemoryMiB int `json:"mass_wake_memory_mib"`
 	// StormWidths are the storm phase's waves: that many creates (each
 	// with an exec) sent at once, with DensityMemoryMiB sandboxes.
-	StormWidths []int  `json:"storm_widths"`
-	Baseline    bool   `json:"baseline"`
-	Runsc       string `json:"runsc,omitempty"`
-	RootFS      string `json:"rootfs,omitempty"`
-	DataDir     string `json:"data_dir"`
+	StormWidths []int `json:"storm_widths"`
+	// FilesMiB is the files phase's large file, FilesSmall how many 4 KiB
+	// files follow it.
+	FilesMiB   int    `json:"files_mib"`
+	FilesSmall int    `json:"files_small"`
+	Baseline   bool   `json:"baseline"`
+	Runsc      string `json:"runsc,omitempty"`
+	RootFS     string `json:"rootfs,omitempty"`
+	DataDir    string `json:"data_dir"`
 	// SettleMS bounds the wait before each sample for the daemon's and the
 	// baseline's processes to go idle (see settle); 0 skips it.
 	SettleMS int `json:"settle_ms"`
@@ -88,6 +92,8 @@ func DefaultConfig() Config {
 		MassWake:          20,
 		MassWakeMemoryMiB: 256,
 		StormWidths:       []int{16, 64, 256},
+		FilesMiB:          1024,
+		FilesSmall:        10000,
 		SettleMS:          5000,
 		RootFS:            "/var/cache/clade/images/default/rootfs",
 		DataDir:           "/var/lib/clade",
@@ -129,6 +135,9 @@ func (c *Config) Validate() error {
 		if len(c.StormWidths) == 0 || slices.Min(c.StormWidths) < 1 {
 			return errors.New("storm needs widths >= 1")
 		}
+	}
+	if slices.Contains(c.Phases, "files") && (c.FilesMiB < 1 || c.FilesSmall < 1) {
+		return errors.New("files needs a large file >= 1 MiB and >= 1 small file")
 	}
 	if c.MemforkMiB < 1 {
 		return errors.New("memfork needs a held size >= 1 MiB")

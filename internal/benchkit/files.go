@@ -27,21 +27,18 @@ type Files struct {
 	PushSmallMiB float64 `json:"push_small_mib_s"`
 }
 
-// The files phase's sizes: the issue's 1 GiB file and 10,000 files of 4 KiB.
-const (
-	filesLargeMiB  = 1024
-	filesSmall     = 10000
-	filesSmallSize = 4 << 10
-)
+// filesSmallSize is the size of the files phase's small files.
+const filesSmallSize = 4 << 10
 
-// phaseFiles pushes a 1 GiB file into a sandbox and pulls it back, then
-// 10,000 files of 4 KiB, all through the SDK's CopyTo and CopyFrom, and
+// phaseFiles pushes a FilesMiB file (1 GiB) into a sandbox and pulls it
+// back, then FilesSmall files of 4 KiB (10,000), all through the SDK's CopyTo and CopyFrom, and
 // reports MiB/s and files/s. The data is random (nothing on the path can
 // compress it) and the pulled archives are read to their end and counted.
 // The sandbox gets a disk cap that holds both. No baseline: plain runsc
 // has no file transfer of its own.
 func (r *runner) phaseFiles(ctx context.Context, ph *Phase) {
 	t := r.clade
+	filesLargeMiB, filesSmall := r.cfg.FilesMiB, r.cfg.FilesSmall
 	sb, err := t.c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: t.name(), Image: t.image, MemoryMiB: t.memoryMiB, Engine: t.engine,
 		DiskMiB: filesLargeMiB*2 + 1024})
 	if err != nil {
@@ -118,21 +115,21 @@ func (r *runner) phaseFiles(ctx context.Context, ph *Phase) {
 		return
 	}
 	d := time.Since(start).Seconds()
-	f.PushFilesPS = round3(filesSmall / d)
+	f.PushFilesPS = round3(float64(filesSmall) / d)
 	f.PushSmallMiB = round3(float64(filesSmall*filesSmallSize) / (1 << 20) / d)
 
 	r.settle(ctx)
 	r.prog.Update("files: pull %d files", filesSmall)
 	start = time.Now()
 	got, n, err = pull(ctx, t.c, sb.ID, "/var/tmp/small")
-	if err == nil && (n != filesSmall || got != filesSmall*filesSmallSize) {
+	if err == nil && (n != filesSmall || got != int64(filesSmall*filesSmallSize)) {
 		err = fmt.Errorf("got %d bytes in %d files, want %d in %d", got, n, filesSmall*filesSmallSize, filesSmall)
 	}
 	if err != nil {
 		ph.Error = fmt.Sprintf("pull %d files: %v", filesSmall, err)
 		return
 	}
-	f.PullFilesPS = round3(filesSmall / time.Since(start).Seconds())
+	f.PullFilesPS = round3(float64(filesSmall) / time.Since(start).Seconds())
 }
 
 // tarStream returns the archive fill writes, produced as it is read.

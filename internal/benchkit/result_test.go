@@ -82,7 +82,7 @@ func TestSchema(t *testing.T) {
 		"runsc", "clade_version", "clade_commit", "go_version", "data_dir", "data_dir_fs", "reflink", "baseline_runsc",
 		"baseline_runsc_version", "command_line")
 	wantKeys(t, "config", doc["config"], "phases", "fanout", "samples", "warmup", "density", "density_memory_mib",
-		"memfork_mib", "settle_ms", "baseline", "rootfs", "data_dir", "proxy_mib", "mass_wake", "mass_wake_memory_mib", "storm_widths")
+		"memfork_mib", "settle_ms", "baseline", "rootfs", "data_dir", "proxy_mib", "mass_wake", "mass_wake_memory_mib", "storm_widths", "files_mib", "files_small")
 	if doc["config"].(map[string]any)["baseline"] != true {
 		t.Error("config.baseline lost")
 	}
