@@ -83,7 +83,14 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 		return ExitStatus{}, err
 	}
 	defer resp.Body.Close()
-	return readStream(resp.Body, req)
+	st, err := readStream(resp.Body, req)
+	if err == nil || st.Code == -1 {
+		// The exit frame is the stream's last: read the response's end
+		// too, so the connection goes back to the pool for the next
+		// call (a body closed early takes its connection along).
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	}
+	return st, err
 }
 
 // timeoutMS converts an exec timeout to the API's milliseconds, exactly.

@@ -142,7 +142,15 @@ type Writer struct {
 func NewWriter(w io.Writer, flush func() error) *Writer { return &Writer{w: w, flush: flush} }
 
 // Write sends one frame. A payload above MaxPayload is refused.
-func (f *Writer) Write(t Type, p []byte) error {
+func (f *Writer) Write(t Type, p []byte) error { return f.write(t, p, true) }
+
+// WriteLast sends the stream's last frame (exit) without the flush: the
+// end of the HTTP response flushes it together with the response's own
+// end, so the client reads both at once and the connection is ready for
+// its next request.
+func (f *Writer) WriteLast(t Type, p []byte) error { return f.write(t, p, false) }
+
+func (f *Writer) write(t Type, p []byte, flush bool) error {
 	if len(p) > MaxPayload {
 		return fmt.Errorf("stream: payload of %d bytes exceeds %d", len(p), MaxPayload)
 	}
@@ -156,7 +164,7 @@ func (f *Writer) Write(t Type, p []byte) error {
 		f.err = err
 		return err
 	}
-	if f.flush != nil {
+	if flush && f.flush != nil {
 		if err := f.flush(); err != nil {
 			f.err = err
 		}

@@ -181,6 +181,14 @@ func (s *session) handle(ctx context.Context, f wire.Frame) error {
 		ch := newChannel(s, f.Channel, req)
 		s.chans[f.Channel] = ch
 		s.mu.Unlock()
+		if req.Op == wire.OpIdentity {
+			// Applied in order, before any later frame is read: a
+			// channel the host opens after it sees the new identity
+			// (a claimed hot sandbox's hostname), and it costs no
+			// goroutine. It never blocks on the host.
+			ch.run(ctx)
+			return nil
+		}
 		go ch.run(ctx)
 		return nil
 	}

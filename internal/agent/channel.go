@@ -2,6 +2,7 @@ package agent
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -72,8 +73,9 @@ func (ch *channel) run(ctx context.Context) {
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}
-	ch.stdout.Close()
-	ch.stderr.Close()
+	// No end-of-stream frames: the host ends both streams at Exit.
+	ch.stdout.MarkClosed()
+	ch.stderr.MarkClosed()
 	if ch.stdin != nil {
 		ch.stdin.CloseWithError(io.EOF)
 	}
@@ -350,7 +352,14 @@ func (ch *channel) tarGet() wire.ExitMsg {
 		}
 		return wire.ExitMsg{}
 	}
-	if err := tarx.CreateFiltered(ch.stdout, ch.req.Path, filepath.Base(ch.req.Path), skip); err != nil {
+	// Buffered: the tar writer writes each header and file on its own,
+	// and every write would be a frame and a flush (three per small file).
+	bw := bufio.NewWriterSize(ch.stdout, wire.ChunkSize)
+	err := tarx.CreateFiltered(bw, ch.req.Path, filepath.Base(ch.req.Path), skip)
+	if ferr := bw.Flush(); err == nil {
+		err = ferr
+	}
+	if err != nil {
 		return errExit(err)
 	}
 	return wire.ExitMsg{}

@@ -19,7 +19,7 @@ import (
 )
 
 // Phases are the phase names, in the order a default run takes them.
-var Phases = []string{"create", "exec", "snapshot", "fork", "wake", "memfork", "density", "volwake", "netcreate", "proxy", "proxywake", "masswake"}
+var Phases = []string{"create", "claim", "exec", "snapshot", "fork", "wake", "memfork", "density", "volwake", "netcreate", "proxy", "proxywake", "masswake", "files", "storm"}
 
 // Config is one run's settings; DefaultConfig has the defaults.
 type Config struct {
@@ -45,12 +45,19 @@ type Config struct {
 	ProxyMiB int `json:"proxy_mib"`
 	// MassWake is how many slept apps the masswake phase wakes at once,
 	// each with a MassWakeMemoryMiB limit.
-	MassWake          int    `json:"mass_wake"`
-	MassWakeMemoryMiB int    `json:"mass_wake_memory_mib"`
-	Baseline          bool   `json:"baseline"`
-	Runsc             string `json:"runsc,omitempty"`
-	RootFS            string `json:"rootfs,omitempty"`
-	DataDir           string `json:"data_dir"`
+	MassWake          int `json:"mass_wake"`
+	MassWakeMemoryMiB int `json:"mass_wake_memory_mib"`
+	// StormWidths are the storm phase's waves: that many creates (each
+	// with an exec) sent at once, with DensityMemoryMiB sandboxes.
+	StormWidths []int `json:"storm_widths"`
+	// FilesMiB is the files phase's large file, FilesSmall how many 4 KiB
+	// files follow it.
+	FilesMiB   int    `json:"files_mib"`
+	FilesSmall int    `json:"files_small"`
+	Baseline   bool   `json:"baseline"`
+	Runsc      string `json:"runsc,omitempty"`
+	RootFS     string `json:"rootfs,omitempty"`
+	DataDir    string `json:"data_dir"`
 	// SettleMS bounds the wait before each sample for the daemon's and the
 	// baseline's processes to go idle (see settle); 0 skips it.
 	SettleMS int `json:"settle_ms"`
@@ -84,6 +91,9 @@ func DefaultConfig() Config {
 		ProxyMiB:          1024,
 		MassWake:          20,
 		MassWakeMemoryMiB: 256,
+		StormWidths:       []int{16, 64, 256},
+		FilesMiB:          1024,
+		FilesSmall:        10000,
 		SettleMS:          5000,
 		RootFS:            "/var/cache/clade/images/default/rootfs",
 		DataDir:           "/var/lib/clade",
@@ -120,6 +130,14 @@ func (c *Config) Validate() error {
 	}
 	if slices.Contains(c.Phases, "masswake") && (c.MassWake < 1 || c.MassWakeMemoryMiB < 1) {
 		return errors.New("masswake needs --masswake N >= 1 and --masswake-memory MIB >= 1")
+	}
+	if slices.Contains(c.Phases, "storm") {
+		if len(c.StormWidths) == 0 || slices.Min(c.StormWidths) < 1 {
+			return errors.New("storm needs widths >= 1")
+		}
+	}
+	if slices.Contains(c.Phases, "files") && (c.FilesMiB < 1 || c.FilesSmall < 1) {
+		return errors.New("files needs a large file >= 1 MiB and >= 1 small file")
 	}
 	if c.MemforkMiB < 1 {
 		return errors.New("memfork needs a held size >= 1 MiB")
@@ -247,10 +265,11 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 }
 
 // noBaseline are the phases without a plain-runsc side.
-var noBaseline = map[string]bool{"density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
+var noBaseline = map[string]bool{"claim": true, "files": true, "storm": true, "density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
 
 var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"create":    (*runner).phaseCreate,
+	"claim":     (*runner).phaseClaim,
 	"exec":      (*runner).phaseExec,
 	"snapshot":  (*runner).phaseSnapshot,
 	"fork":      (*runner).phaseFork,
@@ -262,6 +281,8 @@ var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"proxywake": (*runner).phaseProxywake,
 	"masswake":  (*runner).phaseMasswake,
 	"volwake":   (*runner).phaseVolwake,
+	"files":     (*runner).phaseFiles,
+	"storm":     (*runner).phaseStorm,
 }
 
 // orDefault returns v, or def when v is 0.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/clade-sandbox/clade/sdk"
 )
 
 // sampleFunc takes one sample: one duration per series of its phase.
@@ -115,20 +117,43 @@ func (r *runner) phaseCreate(ctx context.Context, ph *Phase) {
 	})
 }
 
-// phaseExec: a round trip of `true` in a running sandbox.
+// phaseExec: a round trip of `true` in a running sandbox; then, on clade
+// alone, of a command the agent does not find (exit 127, no process
+// started): the protocol's own cost, SDK to agent and back.
 func (r *runner) phaseExec(ctx context.Context, ph *Phase) {
+	var sandboxes [2]string
 	r.latency(ctx, ph, []string{"exec"}, func(t target) (sampleFunc, error) {
 		id, err := t.create(ctx)
 		if err != nil {
 			return nil, err
 		}
+		sandboxes[sideIndex(t)] = id
 		return func(ctx context.Context) ([]time.Duration, error) {
 			start := time.Now()
 			err := t.exec(ctx, id)
 			return []time.Duration{time.Since(start)}, err
 		}, nil
 	})
+	if sandboxes[0] == "" {
+		return
+	}
+	c, id := r.clade.c, sandboxes[0]
+	series, errs := r.measure(ctx, "exec, no spawn", []string{"exec, no spawn"}, [2]sampleFunc{func(ctx context.Context) ([]time.Duration, error) {
+		start := time.Now()
+		st, err := c.Exec(ctx, id, sdk.ExecRequest{Cmd: []string{noSuchCommand}})
+		d := time.Since(start)
+		if err == nil && st.Code != 127 {
+			err = fmt.Errorf("exec %s in %s: exit %d, want 127 (not found)", noSuchCommand, id, st.Code)
+		}
+		return []time.Duration{d}, err
+	}})
+	ph.Latency = append(ph.Latency, series...)
+	ph.record(errs)
 }
+
+// noSuchCommand is a command no image has: the agent answers 127 after
+// its PATH search, with no process started.
+const noSuchCommand = "clade-bench-no-such-command"
 
 // phaseSnapshot: a checkpoint of an idle sandbox that keeps running.
 func (r *runner) phaseSnapshot(ctx context.Context, ph *Phase) {

@@ -38,14 +38,16 @@ type Phase struct {
 	Seconds float64 `json:"seconds"`
 	// SettleSeconds is the part of Seconds spent waiting for an idle host
 	// before samples; it is in no sample.
-	SettleSeconds float64   `json:"settle_seconds,omitempty"`
-	Error         string    `json:"error,omitempty"`
-	BaselineError string    `json:"baseline_error,omitempty"`
-	Latency       []Series  `json:"latency,omitempty"`
-	Memfork       *Memfork  `json:"memfork,omitempty"`
-	Density       *Density  `json:"density,omitempty"`
-	Proxy         *Proxy    `json:"proxy,omitempty"`
-	MassWake      *MassWake `json:"mass_wake,omitempty"`
+	SettleSeconds float64     `json:"settle_seconds,omitempty"`
+	Error         string      `json:"error,omitempty"`
+	BaselineError string      `json:"baseline_error,omitempty"`
+	Latency       []Series    `json:"latency,omitempty"`
+	Memfork       *Memfork    `json:"memfork,omitempty"`
+	Density       *Density    `json:"density,omitempty"`
+	Proxy         *Proxy      `json:"proxy,omitempty"`
+	MassWake      *MassWake   `json:"mass_wake,omitempty"`
+	Files         *Files      `json:"files,omitempty"`
+	Storm         []StormWave `json:"storm,omitempty"`
 }
 
 // Proxy is the throughput of one download from a sandbox's HTTP server,

@@ -35,6 +35,8 @@ func sampleResult() *Result {
 				PerSandboxMiB: 15, Steps: []DensityStep{{Sandboxes: 0, MemAvailableMiB: 1000}}, Create: st, RemoveSeconds: 1}},
 			{Name: "proxy", Proxy: &Proxy{Via: "ingress", MiB: 1024, ViaMiBs: 150, DirectMiBs: 180}},
 			{Name: "masswake", MassWake: &MassWake{Apps: 20, MemoryMiB: 256, Latency: st, Retried: 1, Failed: 0, Seconds: 2, MemAvailableLowMiB: 900}},
+			{Name: "files", Files: &Files{LargeMiB: 1024, PushMiBs: 500, PullMiBs: 600, SmallFiles: 10000, SmallKiB: 4, PushFilesPS: 3000, PullFilesPS: 4000, PushSmallMiB: 12}},
+			{Name: "storm", Storm: []StormWave{{Width: 16, Seconds: 3, PerSecond: 5, Latency: st, Deferred: 2, Retried: 1, Failed: 1, FirstError: "boom"}}},
 		},
 	}
 }
@@ -80,7 +82,7 @@ func TestSchema(t *testing.T) {
 		"runsc", "clade_version", "clade_commit", "go_version", "data_dir", "data_dir_fs", "reflink", "baseline_runsc",
 		"baseline_runsc_version", "command_line")
 	wantKeys(t, "config", doc["config"], "phases", "fanout", "samples", "warmup", "density", "density_memory_mib",
-		"memfork_mib", "settle_ms", "baseline", "rootfs", "data_dir", "proxy_mib", "mass_wake", "mass_wake_memory_mib")
+		"memfork_mib", "settle_ms", "baseline", "rootfs", "data_dir", "proxy_mib", "mass_wake", "mass_wake_memory_mib", "storm_widths", "files_mib", "files_small")
 	if doc["config"].(map[string]any)["baseline"] != true {
 		t.Error("config.baseline lost")
 	}
@@ -99,6 +101,10 @@ func TestSchema(t *testing.T) {
 	wantKeys(t, "density", dn, "target", "reached", "memory_mib", "stop_cause", "per_sandbox_mib", "steps", "create", "remove_seconds")
 	wantKeys(t, "density step", dn.(map[string]any)["steps"].([]any)[0], "sandboxes", "mem_available_mib", "seconds")
 	wantKeys(t, "proxy", phases[4].(map[string]any)["proxy"], "via", "mib", "via_mib_s", "direct_mib_s")
+	wantKeys(t, "files", phases[6].(map[string]any)["files"], "large_mib", "push_mib_s", "pull_mib_s", "small_files", "small_kib",
+		"push_files_s", "pull_files_s", "push_small_mib_s")
+	wantKeys(t, "storm wave", phases[7].(map[string]any)["storm"].([]any)[0], "width", "seconds", "per_second", "latency", "deferred",
+		"retried", "failed", "first_error")
 	wantKeys(t, "masswake", phases[5].(map[string]any)["mass_wake"], "apps", "memory_mib", "latency", "retried", "failed", "seconds", "mem_available_low_mib")
 
 	// And it reads back into the same thing.

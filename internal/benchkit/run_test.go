@@ -75,8 +75,18 @@ func TestRunCreateExec(t *testing.T) {
 		t.Fatalf("%d phases, want 2", len(res.Phases))
 	}
 	for _, ph := range res.Phases {
-		if len(ph.Latency) != 1 {
-			t.Fatalf("%s: %d series, want 1", ph.Name, len(ph.Latency))
+		want := 1
+		if ph.Name == "exec" {
+			want = 2 // and the clade-only exec without a spawn
+		}
+		if len(ph.Latency) != want {
+			t.Fatalf("%s: %d series, want %d", ph.Name, len(ph.Latency), want)
+		}
+		if want == 2 {
+			ns := ph.Latency[1]
+			if ns.Name != "exec, no spawn" || ns.Clade == nil || ns.Clade.N != 3 || ns.Baseline != nil || ns.Clade.P50 > ph.Latency[0].Clade.P50 {
+				t.Errorf("exec without a spawn: %+v (exec of true: %+v)", ns, ph.Latency[0].Clade)
+			}
 		}
 		s := ph.Latency[0]
 		for side, st := range map[string]*Stats{"clade": s.Clade, "baseline": s.Baseline} {
@@ -282,4 +292,38 @@ func TestRunNetworkPhases(t *testing.T) {
 		}
 		assertClean(t, d, baselineDirs())
 	})
+}
+
+// TestRunClaimFilesStorm runs the claim, files and storm phases, small,
+// against a real daemon with a hot pool: every claim sample is taken, the
+// transfers move and count real bytes, every storm client succeeds, and
+// nothing is left behind.
+func TestRunClaimFilesStorm(t *testing.T) {
+	d := testenv.StartDaemon(t, "--hot-pool", "1")
+	before := baselineDirs()
+	cfg := realConfig(t, d, "claim", "files", "storm")
+	cfg.Samples, cfg.Warmup = 2, 0
+	cfg.FilesMiB, cfg.FilesSmall = 8, 50
+	cfg.StormWidths = []int{2, 4}
+	res, err := Run(t.Context(), d.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed() {
+		t.Fatalf("run failed: %+v", res.Phases)
+	}
+	claim := res.Phases[0]
+	if len(claim.Latency) != 2 || claim.Latency[0].Name != "claim" || claim.Latency[0].Clade == nil || claim.Latency[0].Clade.N != 2 ||
+		claim.Latency[1].Clade.P50 < claim.Latency[0].Clade.P50 {
+		t.Fatalf("claim: %+v", claim.Latency)
+	}
+	if f := res.Phases[1].Files; f == nil || f.PushMiBs <= 0 || f.PullMiBs <= 0 || f.PushFilesPS <= 0 || f.PullFilesPS <= 0 || f.SmallFiles != 50 {
+		t.Fatalf("files: %+v", res.Phases[1].Files)
+	}
+	st := res.Phases[2].Storm
+	if len(st) != 2 || st[0].Width != 2 || st[1].Width != 4 || st[1].Failed != 0 || st[1].Latency == nil || st[1].Latency.N != 4 {
+		t.Fatalf("storm: %+v", st)
+	}
+	t.Logf("claim p50 %.2f ms; files %+v; storm 4: %+v", claim.Latency[0].Clade.P50, *res.Phases[1].Files, st[1])
+	assertClean(t, d, before)
 }

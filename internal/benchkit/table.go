@@ -48,7 +48,7 @@ func WriteTable(w io.Writer, res *Result) error {
 		if ph.BaselineError != "" {
 			errs = append(errs, fmt.Sprintf("%s (baseline): %s", ph.Name, ph.BaselineError))
 		}
-		if ph.Memfork != nil || ph.Density != nil || ph.MassWake != nil {
+		if ph.Memfork != nil || ph.Density != nil || ph.MassWake != nil || ph.Files != nil || ph.Storm != nil {
 			continue
 		}
 		if rows == 0 {
@@ -97,6 +97,20 @@ func WriteTable(w io.Writer, res *Result) error {
 				fmt.Fprintf(w, ", %.0f MiB/s straight to the sandbox's address", p.DirectMiBs)
 			}
 			fmt.Fprintln(w)
+		}
+		if f := ph.Files; f != nil {
+			fmt.Fprintf(w, "\nfiles: a %d MiB file pushed at %.0f MiB/s, pulled at %.0f MiB/s; %d files of %d KiB pushed at %.0f files/s (%.0f MiB/s), pulled at %.0f files/s\n",
+				f.LargeMiB, f.PushMiBs, f.PullMiBs, f.SmallFiles, f.SmallKiB, f.PushFilesPS, f.PushSmallMiB, f.PullFilesPS)
+		}
+		if len(ph.Storm) > 0 {
+			fmt.Fprintf(w, "\nstorm: creates+exec sent at once (ms from the wave's start to each exec's answer)\n")
+			for _, s := range ph.Storm {
+				fmt.Fprintf(w, "  %4d at once: %.1fs, %.1f/s", s.Width, s.Seconds, s.PerSecond)
+				if l := s.Latency; l != nil {
+					fmt.Fprintf(w, ", p50 %s p99 %s max %s", ms(l.P50), ms(l.P99), ms(l.Max))
+				}
+				fmt.Fprintf(w, "; %d failed, %d deferred (503, retried) in %d clients\n", s.Failed, s.Deferred, s.Retried)
+			}
 		}
 		if m := ph.MassWake; m != nil {
 			fmt.Fprintf(w, "\nmasswake: %d slept apps (%d MiB) woken by one request each at once, in %.1fs", m.Apps, m.MemoryMiB, m.Seconds)

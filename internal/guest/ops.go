@@ -235,7 +235,7 @@ func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
 	}
 	defer ch.close()
 	go func() {
-		if _, err := io.Copy(ch.stdin, r); err == nil {
+		if _, err := io.CopyBuffer(ch.stdin, r, make([]byte, wire.ChunkSize)); err == nil {
 			_ = ch.stdin.Close()
 		}
 	}()
@@ -326,8 +326,21 @@ type Config struct {
 // Reconfigure applies cfg's non-zero fields. It is idempotent; the error is
 // classed by the agent's answer, or Unavailable when it is not connected.
 func (c *Conn) Reconfigure(ctx context.Context, cfg Config) error {
+	wait, err := c.SendReconfigure(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return wait(ctx)
+}
+
+// SendReconfigure is Reconfigure in two steps: it returns once the request
+// is on the connection, with a function that waits for the agent's answer.
+// An agent of this version applies it on its read loop, before it reads
+// any request sent after it (older agents, inside snapshots, may not: use
+// Reconfigure with them).
+func (c *Conn) SendReconfigure(ctx context.Context, cfg Config) (wait func(context.Context) error, err error) {
 	if cfg.Hostname == "" && cfg.Clock.IsZero() && len(cfg.Seed) == 0 {
-		return nil
+		return func(context.Context) error { return nil }, nil
 	}
 	req := wire.Request{Op: wire.OpIdentity, Hostname: cfg.Hostname, Seed: cfg.Seed}
 	if !cfg.Clock.IsZero() {
@@ -335,14 +348,16 @@ func (c *Conn) Reconfigure(ctx context.Context, cfg Config) error {
 	}
 	ch, err := c.open(ctx, req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	exit, err := ch.wait(ctx)
-	if err != nil {
-		return err
-	}
-	if err := exitError(exit); err != nil {
-		return fmt.Errorf("set hostname: %w", err)
-	}
-	return nil
+	return func(ctx context.Context) error {
+		exit, err := ch.wait(ctx)
+		if err != nil {
+			return err
+		}
+		if err := exitError(exit); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
+		return nil
+	}, nil
 }

@@ -360,6 +360,32 @@ func TestDaemonNetworkHotPool(t *testing.T) {
 	if body, err := hostGet(t, allow.Network.Address, 8000); err != nil || !strings.Contains(body, "Directory listing") {
 		t.Fatalf("a claimed sandbox's server does not answer the host: %q %v", body, err)
 	}
+	// Hot sandboxes start with the default policy: a claim that asks for
+	// less must still get less, and one without a name its id's hostname.
+	waitHot := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			if h, err := c.Health(t.Context()); err == nil && h.Hot == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the hot pool did not refill to %d", n)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the pool's background refill
+		}
+	}
+	waitHot(2)
+	deny, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Network: &sdk.Network{Egress: "deny"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fetch(t, c, deny.ID, hostURL); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("a claimed sandbox created with egress deny reaches the host: %q", got)
+	}
+	if got, want := execOut(t, c, deny.ID, "hostname"), "sb-"+deny.ID[:8]; got != want {
+		t.Errorf("hostname of a claimed sandbox without a name: %q, want %q", got, want)
+	}
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", d.Socket)
 	}}}
@@ -369,12 +395,12 @@ func TestDaemonNetworkHotPool(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(b), "clade_hot_pool_hits_total 2") {
-		t.Errorf("metrics do not count the two claims:\n%s", b)
+	if !strings.Contains(string(b), "clade_hot_pool_hits_total 3") {
+		t.Errorf("metrics do not count the three claims:\n%s", b)
 	}
 	// Woken into prepared sandboxes: the policy is applied over the
 	// default one they were slotted with.
-	deny, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "warm-deny", Network: &sdk.Network{Egress: "deny"}})
+	deny, err = c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "warm-deny", Network: &sdk.Network{Egress: "deny"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -415,6 +414,14 @@ func (n *Network) Acquire(ctx context.Context, owner string, p Policy) (Slot, er
 		return Slot{}, errdefs.New(errdefs.Unavailable, "network is closed")
 	}
 	h := n.held[owner]
+	if h != nil && h.policy.equal(r) {
+		// Held with these rules already (a hot sandbox claimed with the
+		// policy it started with): its owner file and nftables rules are
+		// in place, and a claim pays no netlink batch.
+		s := *h.slot
+		n.mu.Unlock()
+		return s, nil
+	}
 	if h == nil && len(n.free) > 0 {
 		s := n.free[0] // the oldest: see make
 		n.free = n.free[1:]
@@ -444,23 +451,10 @@ func (n *Network) Acquire(ctx context.Context, owner string, p Policy) (Slot, er
 	if err := os.WriteFile(n.ownerFile(h.slot.Index), []byte(owner), 0o600); err != nil {
 		return Slot{}, errors.Join(err, n.Release(ctx, owner))
 	}
-	if n.current(h, r) {
-		// Already its rules (a pool's sandbox prepared with the policy
-		// most sandboxes have): no nftables batch on the start's path.
-		return *h.slot, nil
-	}
 	if err := n.apply(h, r); err != nil {
 		return Slot{}, errors.Join(err, n.Release(ctx, owner))
 	}
 	return *h.slot, nil
-}
-
-// current reports whether h's slot already has the rules r (apply set
-// them, and nothing changed them since).
-func (n *Network) current(h *held, r *rules) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return h.policy != nil && reflect.DeepEqual(h.policy, r)
 }
 
 // apply gives h's slot the rules r; h keeps its former rules (in the

@@ -82,6 +82,13 @@ func (r *rules) widens(old *rules) bool {
 		subset(old.hosts, r.hosts) && subset(old.domains, r.domains)
 }
 
+// equal reports whether r and o are the same rules; a nil r (no rules
+// applied yet) equals nothing.
+func (r *rules) equal(o *rules) bool {
+	return r != nil && o != nil && r.allowAll == o.allowAll && slices.Equal(r.allowCIDRs, o.allowCIDRs) &&
+		slices.Equal(r.hosts, o.hosts) && slices.Equal(r.domains, o.domains) && slices.Equal(r.denyCIDRs, o.denyCIDRs)
+}
+
 // subset reports whether every element of a is in b.
 func subset[T comparable](a, b []T) bool {
 	for _, x := range a {

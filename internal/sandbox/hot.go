@@ -53,10 +53,14 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	}
 	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB, Engine: sh.Engine}}
 	if sh.Network != "" {
-		// The default policy (see prepare): a claim with it sends no
-		// nftables batch; another policy is applied by the claim, before
-		// the claimer runs anything (until then only the agent runs).
-		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network}
+		// Until a claim only the agent runs in it: it starts with the
+		// policy a plain create gets, so the common claim has no rules to
+		// apply; a claim asking for another policy has its hooks apply it.
+		nw, err := m.poolNetwork(sh)
+		if err != nil {
+			return "", err
+		}
+		rec.Opts.Network = nw
 	}
 	// Marked first: a restart destroys a marked sandbox nobody claimed.
 	if err := m.store.AddPoolSandbox(ctx, rec.ID); err != nil {
@@ -157,12 +161,38 @@ func (m *Manager) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
 // in a spec the hot sandbox was not started with (a mount, a secret in
 // the environment), it is replaced by a sandbox started cold for rec. On
 // error nothing of it is left.
-func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox) (engine.Sandbox, error) {
+func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, error) {
 	spec := m.spec(rec, img)
 	// The hooks see a start (that is how they apply options to a slot the
 	// sandbox already has).
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
+		if renamed != nil {
+			<-renamed
+		}
 		return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+	}
+	st.mark("hooks")
+	if renamed != nil {
+		// The hostname was sent before the record was written, and the
+		// claim does not wait for its answer (a sandbox idle in the pool
+		// takes 1-2 ms to wake for it): the agent applies it on its read
+		// loop before any frame sent after it, so every later exec, copy
+		// or port connection through the agent sees it. It cannot fail
+		// for a valid name; if the agent's connection breaks first, the
+		// sandbox is unusable either way, and the answer says so in the log.
+		select {
+		case err := <-renamed: // answered already, or never sent
+			if err != nil {
+				err = fmt.Errorf("claim a hot sandbox: set its hostname: %w", err)
+				return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+			}
+		default:
+			go func() {
+				if err := <-renamed; err != nil {
+					m.log.Error("hot pool: the claimed sandbox did not take its hostname", "sandbox", rec.ID, "hostname", spec.Hostname, "err", err)
+				}
+			}()
+		}
 	}
 	if want, have := spec, h.spec; !sameStart(want, have) {
 		m.log.Info("hot pool: the sandbox's hooks ask for more than a hot sandbox has; starting it cold", "sandbox", rec.ID)
@@ -173,14 +203,32 @@ func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Ima
 			return m.eng.Create(ctx, spec)
 		})
 	}
-	err := h.sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname})
-	if err == nil {
-		err = m.afterStart(ctx, rec, h.sb)
-	}
-	if err != nil {
+	if err := m.afterStart(ctx, rec, h.sb); err != nil {
 		return nil, errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
 	}
 	return h.sb, nil
+}
+
+// renameHot sends the hot sandbox h its hostname and returns a channel
+// for the agent's answer, or nil when h has that name already (a claim
+// without a name keeps the one made from the id). A claim sends it
+// before it writes its record and does not wait for the answer (see
+// claimHot).
+func (m *Manager) renameHot(ctx context.Context, hostname string, h hotSandbox) <-chan error {
+	if hostname == h.spec.Hostname {
+		return nil
+	}
+	done := make(chan error, 1)
+	ctx = context.WithoutCancel(ctx)
+	// Sent here, before the create can answer: a request the client
+	// sends after the answer is on the connection after it.
+	wait, err := h.sb.Guest().SendReconfigure(ctx, guest.Config{Hostname: hostname})
+	if err != nil {
+		done <- err
+		return done
+	}
+	go func() { done <- wait(ctx) }()
+	return done
 }
 
 // sameStart reports whether a sandbox started with have serves one that

@@ -3,10 +3,13 @@ package sandbox
 import (
 	"archive/tar"
 	"bytes"
+	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
 )
 
@@ -119,4 +122,79 @@ func TestHotPoolFlushedUnderPressure(t *testing.T) {
 		t.Fatalf("engine sandboxes after a flush: %v", ids)
 	}
 	waitHot(t, e.m, 2) // memory is fine here: it refills
+}
+
+// TestHotPoolConcurrentClaims: creates racing for a small hot pool each
+// get a sandbox of their own (a hot one or a cold one), all running and
+// recorded, none claimed twice, and no pool mark left on a recorded one.
+func TestHotPoolConcurrentClaims(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 3})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 3)
+	const n = 12
+	ids := make(chan string, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			sb, err := e.m.Create(t.Context(), CreateRequest{Name: fmt.Sprintf("c%d", i)})
+			ids <- sb.ID
+			errs <- err
+		}()
+	}
+	seen := map[string]bool{}
+	for range n {
+		id, err := <-ids, <-errs
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[id] {
+			t.Fatalf("sandbox %s handed to two creates", id)
+		}
+		seen[id] = true
+		if st := e.state(t, id); st != "running" {
+			t.Fatalf("%s is %s", id, st)
+		}
+	}
+	if h, _ := e.m.HotPoolStats(); h < 3 {
+		t.Fatalf("hot hits %d, want the 3 hot sandboxes claimed", h)
+	}
+	marks, _ := e.st.PoolSandboxes(t.Context())
+	for _, id := range marks {
+		if seen[id] {
+			t.Fatalf("claimed sandbox %s is still marked as the pool's", id)
+		}
+	}
+	// Every engine sandbox is a recorded one or a hot one.
+	live, _ := e.eng.List(t.Context())
+	for _, id := range live {
+		if !seen[id] && !slices.Contains(marks, id) {
+			t.Fatalf("engine sandbox %s is neither recorded nor marked", id)
+		}
+	}
+}
+
+// TestHotPoolTakenName: a create whose name is taken is refused before it
+// touches the hot pool, which a claim renames before it records: a client
+// repeating such creates must not make the daemon burn hot sandboxes.
+func TestHotPoolTakenName(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 1})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 1)
+	if _, err := e.m.Create(t.Context(), CreateRequest{Name: "dup"}); err != nil {
+		t.Fatal(err)
+	}
+	waitHot(t, e.m, 1)
+	before, _ := e.eng.List(t.Context())
+	hits, _ := e.m.HotPoolStats()
+	for range 3 {
+		if _, err := e.m.Create(t.Context(), CreateRequest{Name: "dup"}); !errdefs.Is(err, errdefs.AlreadyExists) {
+			t.Fatalf("create of a taken name: %v, want AlreadyExists", err)
+		}
+	}
+	after, _ := e.eng.List(t.Context())
+	if h, _ := e.m.HotPoolStats(); h != hits || e.m.Hot() != 1 || !slices.Equal(before, after) {
+		t.Fatalf("creates of a taken name touched the hot pool: hits %d -> %d, hot %d, engine %v -> %v", hits, h, e.m.Hot(), before, after)
+	}
 }

@@ -114,14 +114,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if req.FromSnapshot != "" {
 		return m.createFrom(ctx, req)
 	}
+	st := m.newSteps()
 	if err := m.validate(&req); err != nil {
 		return store.Sandbox{}, err
 	}
+	st.mark("validate")
 	release, err := m.admit(req.MemoryMiB)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
 	defer release()
+	st.mark("admit")
 	// Held until the record exists: an image removal checks the records.
 	m.imageMu.Lock()
 	imageLocked := true
@@ -146,6 +149,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 	}
 	sh := m.shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
+	st.mark("image")
+	if req.Name != "" {
+		// A taken name is refused before a pooled sandbox is touched: a
+		// claim renames its hot sandbox before the insert finds the name
+		// taken (an insert that loses a race still refuses it).
+		if _, err := m.store.GetSandbox(ctx, req.Name); err == nil {
+			return store.Sandbox{}, errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", req.Name)
+		}
+	}
 	// A started sandbox from the hot pool, else a prepared one from the
 	// warm pool, else a new one.
 	id, hot, isHot := m.takeHot(ctx, sh, img.RootFS)
@@ -163,30 +175,37 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: freshOptions(req.Opts, time.Now()), CreatedAt: time.Now()}
 	unlock := m.locks.lock(rec.ID)
 	defer unlock()
-	if err := m.store.InsertSandbox(ctx, rec); err != nil {
-		// Untouched yet: back to its pool.
+	st.mark("take")
+	insert := m.store.InsertSandbox
+	var renamed <-chan error
+	if isHot {
+		// Recorded and no longer the pool's in one write.
+		insert = m.store.ClaimPoolSandbox
+		renamed = m.renameHot(ctx, m.spec(rec, img).Hostname, hot)
+	}
+	if err := insert(ctx, rec); err != nil {
 		switch {
+		case isHot && renamed != nil:
+			// Renamed already: not the pool's sandbox any more.
+			<-renamed
+			_ = m.destroyHot(context.WithoutCancel(ctx), id)
 		case isHot:
-			m.giveBackHot(sh, id, hot)
+			m.giveBackHot(sh, id, hot) // untouched: back to its pool
 		case ok:
 			m.pool.Put(ctx, sh, id)
 		}
 		return store.Sandbox{}, err
 	}
+	st.mark("insert")
 	m.emitRec(rec, events.Event{Type: events.Created})
 	m.imageMu.Unlock()
 	imageLocked = false
 	// A half-made sandbox would only have to be cleaned up again.
 	ctx = context.WithoutCancel(ctx)
-	if isHot {
-		// Recorded now: no longer the pool's (a restart that finds the
-		// mark and the record just drops the mark).
-		_ = m.store.RemovePoolSandbox(ctx, id)
-	}
 	m.crashPoint("create-before-engine")
 	var sb engine.Sandbox
 	if isHot {
-		sb, err = m.claimHot(ctx, rec, img, hot)
+		sb, err = m.claimHot(ctx, rec, img, hot, renamed, st)
 	} else {
 		sb, err = m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
 			sb, err := m.eng.Create(ctx, spec)
@@ -194,11 +213,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 			return sb, err
 		})
 	}
+	st.mark("start")
 	if err == nil {
 		if err = m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
 		}
 	}
+	st.mark("running")
 	if err != nil {
 		if derr := errors.Join(m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID)); derr != nil {
 			err = errors.Join(err, derr)
@@ -206,7 +227,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	m.track(rec.ID, sb)
+	st.mark("track")
 	m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
+	st.log(m.log, "create timings", "sandbox", rec.ID, "hot", isHot)
 	return rec, nil
 }
 

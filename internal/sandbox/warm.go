@@ -45,11 +45,14 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 	}
 	rec := store.Sandbox{ID: newID(), MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Env: sh.EnvList(), Opts: store.Options{DiskMiB: sh.DiskMiB, Engine: sh.Engine}}
 	if sh.Network != "" {
-		// Slotted with the policy most sandboxes have (a create's default:
-		// egress allow, no rules), so that their start sends no nftables
-		// batch; a taker with another policy gets it applied by the start
-		// it is taken for, before anything of it runs.
-		rec.Opts.Network = &store.NetworkOptions{Mode: sh.Network}
+		// Slotted with the policy most sandboxes have (see poolNetwork);
+		// a taker with another policy gets it applied by the start it is
+		// taken for, before anything of it runs.
+		nw, err := m.poolNetwork(sh)
+		if err != nil {
+			return "", err
+		}
+		rec.Opts.Network = nw
 	}
 	spec := m.spec(rec, img)
 	// The hooks set it up as for a start (e.g. its network slot: runsc
@@ -81,4 +84,19 @@ func (m *Manager) HotPoolStats() (hits, misses int64) { return m.hotPool.Stats()
 // hooks set up for it.
 func (m *Manager) destroyPrepared(ctx context.Context, id string) error {
 	return errors.Join(m.eng.Destroy(ctx, id), m.afterStop(ctx, store.Sandbox{ID: id}))
+}
+
+// poolNetwork is the network of a pool's sandbox of shape sh: the policy
+// a plain create gets (the hooks fill in the daemon's defaults), so that
+// the start or claim of the common create sends no nftables batch.
+func (m *Manager) poolNetwork(sh pool.Shape) (*store.NetworkOptions, error) {
+	o := store.Options{Network: &store.NetworkOptions{Mode: sh.Network}}
+	for _, h := range m.cfg.Hooks {
+		if oh, ok := h.(OptionsHook); ok {
+			if err := oh.CompleteOptions(&o); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return o.Network, nil
 }

@@ -105,7 +105,7 @@ func (s *Store) ListImages(ctx context.Context) ([]Image, error) {
 // the record it replaced (ok false if none). img's root stops being
 // pending; the replaced root stays until CollectImageRoots finds it unused.
 func (s *Store) PutImage(ctx context.Context, img Image) (old Image, ok bool, err error) {
-	err = s.imageTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		old, err = scanImage(tx.QueryRowContext(ctx, `SELECT `+imageCols+` FROM images WHERE name = ?`, img.Name))
 		switch {
 		case err == nil:
@@ -163,7 +163,7 @@ func (s *Store) SetImageSnapshot(ctx context.Context, name, snapshot string) (Im
 // ID") made from the image called name, its own template snapshot aside.
 func (s *Store) ImageUsers(ctx context.Context, name string) ([]string, error) {
 	var users []string
-	err := s.imageTx(ctx, func(tx *sql.Tx) (err error) {
+	err := s.inTx(ctx, func(tx *sql.Tx) (err error) {
 		users, err = imageUsers(ctx, tx, name)
 		return err
 	})
@@ -183,7 +183,7 @@ func imageUsers(ctx context.Context, tx *sql.Tx, name string) ([]string, error) 
 // no such image; Conflict, naming the users, if it is in use.
 func (s *Store) DeleteImage(ctx context.Context, name string) (Image, error) {
 	var img Image
-	err := s.imageTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		img, err = scanImage(tx.QueryRowContext(ctx, `SELECT `+imageCols+` FROM images WHERE name = ?`, name))
 		if errors.Is(err, sql.ErrNoRows) {
@@ -234,7 +234,7 @@ func (s *Store) FinishPendingImageRoots(ctx context.Context, roots ...string) er
 // transaction: the caller removes them from disk.
 func (s *Store) CollectImageRoots(ctx context.Context) ([]string, error) {
 	var roots []string
-	err := s.imageTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT rootfs FROM image_roots WHERE pending = 0
 			AND rootfs NOT IN (SELECT rootfs FROM images)
 			AND rootfs NOT IN (SELECT rootfs FROM sandboxes)
@@ -274,8 +274,8 @@ func (s *Store) BuildSandboxes(ctx context.Context) ([]string, error) {
 	return collect(rows, err, scanString)
 }
 
-// imageTx runs fn in a transaction, committing if it returns nil.
-func (s *Store) imageTx(ctx context.Context, fn func(*sql.Tx) error) error {
+// inTx runs fn in one transaction, committing if it returns nil.
+func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
 	if err := s.Check(); err != nil {
 		return err
 	}

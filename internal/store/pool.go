@@ -1,6 +1,9 @@
 package store
 
-import "context"
+import (
+	"context"
+	"database/sql"
+)
 
 // poolSchema records the engine sandboxes the hot pool started: they run
 // with no sandbox record until a create claims one, and a restart must
@@ -29,4 +32,18 @@ func (s *Store) RemovePoolSandbox(ctx context.Context, id string) error {
 func (s *Store) PoolSandboxes(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id FROM pool_sandboxes ORDER BY id`)
 	return collect(rows, err, scanString)
+}
+
+// ClaimPoolSandbox records sb, an engine sandbox the pool started under
+// sb.ID, and unmarks it, in one transaction: a restart finds either the
+// mark alone (unclaimed: destroyed) or the record alone. Errors as
+// InsertSandbox's; on error the mark stays.
+func (s *Store) ClaimPoolSandbox(ctx context.Context, sb Sandbox) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := insertSandbox(ctx, tx, sb); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM pool_sandboxes WHERE id = ?`, sb.ID)
+		return err
+	})
 }

@@ -63,7 +63,7 @@ func scanSecret(row scanner) (Secret, error) {
 // seal makes the sealed value of that version. It returns the record.
 func (s *Store) PutSecret(ctx context.Context, name string, seal func(version int) []byte) (Secret, error) {
 	var sc Secret
-	err := s.imageTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		now := time.Now()
 		old, err := scanSecret(tx.QueryRowContext(ctx, `SELECT name, version, created_at, updated_at FROM secrets WHERE name = ?`, name))
 		switch {
@@ -134,7 +134,7 @@ func (s *Store) AllSealedSecrets(ctx context.Context) (names []string, versions 
 // DeleteSecret removes a secret and all its versions; a missing one is not
 // an error.
 func (s *Store) DeleteSecret(ctx context.Context, name string) error {
-	return s.imageTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM secret_versions WHERE name = ?`, name); err != nil {
 			return err
 		}

@@ -268,13 +268,25 @@ func nullable(s string) any {
 
 // InsertSandbox records a new sandbox. A taken name or id is AlreadyExists.
 func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	return s.classify(insertSandbox(ctx, s.db, sb))
+}
+
+// execer is what a write runs on: the database or a transaction.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func insertSandbox(ctx context.Context, db execer, sb Sandbox) error {
 	env, _ := json.Marshal(sb.Env)
 	opts, _ := json.Marshal(sb.Opts)
 	now := sb.CreatedAt
 	if now.IsZero() {
 		now = time.Now()
 	}
-	_, err := s.exec(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, opts, created_at, updated_at)
+	_, err := db.ExecContext(ctx, `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, opts, created_at, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, sb.RootFS, string(opts), now.UnixNano(), now.UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {

@@ -109,7 +109,7 @@ func streamProcess(r *http.Request, p *guest.Process, out *stream.Writer) {
 		st = api.ExitStatus{Code: -1, Error: err.Error(), ErrorClass: string(errdefs.ClassOf(err))}
 	}
 	b, _ := json.Marshal(st)
-	_ = out.Write(stream.Exit, b)
+	_ = out.WriteLast(stream.Exit, b)
 }
 
 // readClientFrames forwards stdin and signals from an upgraded connection
@@ -205,7 +205,7 @@ func (s *Server) getFiles(w http.ResponseWriter, r *http.Request) error {
 	defer tr.Close()
 	w.Header().Set("Content-Type", "application/x-tar")
 	w.WriteHeader(http.StatusOK)
-	if _, err := io.Copy(w, tr); err != nil {
+	if _, err := io.CopyBuffer(w, tr, make([]byte, 256<<10)); err != nil {
 		// Too late for a status code: break the stream so the client sees
 		// a truncated archive fail instead of a short one succeed.
 		s.log.Warn("file transfer failed", "sandbox", id, "path", p, "err", err)
@@ -231,7 +231,7 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
-		_, err := io.Copy(pw, r.Body)
+		_, err := io.CopyBuffer(pw, r.Body, make([]byte, 256<<10))
 		pw.CloseWithError(err)
 	}()
 	// The handler may not return while the body is still being read. Only
