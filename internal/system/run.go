@@ -164,7 +164,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}()
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, hook)
-	vols, err := volume.New(volume.Config{Dir: filepath.Join(stateDir, "volumes"), Store: st, Log: log})
+	vols, err := volume.New(volume.Config{Dir: filepath.Join(stateDir, "volumes"), Store: st, Log: log, CrashAt: o.Sandbox.CrashAt})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,114 @@
+package volume_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// TestVolumeSnapshotDaemonKill kills the daemon (SIGKILL, at a named point:
+// CLADE_CRASH_AT) while a snapshot of a sandbox with a volume has it
+// stopped, and checks what the next daemon makes of it. With a sealed
+// checkpoint the sandbox is back running, in place: the same process, its
+// memory and its volume as they were, the volume writable (a copy cut
+// short held it frozen). With an unsealed one it is stopped saying why,
+// its volume intact. Either way the half-made snapshot is gone, files and
+// mounts included.
+func TestVolumeSnapshotDaemonKill(t *testing.T) {
+	for _, tc := range []struct {
+		point    string
+		restored bool
+	}{
+		{"snapshot-stopped-unsealed", false},
+		{"snapshot-stopped", true},
+		{"volume-copy-frozen", true},
+		{"snapshot-before-restore", true},
+	} {
+		t.Run(tc.point, func(t *testing.T) {
+			d := testenv.StartDaemon(t)
+			c := d.Client
+			newVolume(t, c, "db", 64)
+			sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "db", Path: "/data"}}})
+			// A process whose memory holds what it wrote, and its file
+			// on the volume.
+			mustSh(t, c, sb.ID, "dd if=/dev/urandom of=/data/blob bs=1M count=8 2>/dev/null; md5sum /data/blob > /tmp/sum; "+
+				"nohup sh -c 'm=in-memory-$$; while :; do sleep 1; done' > /dev/null 2>&1 & echo $! > /tmp/pid; sync")
+			pid := strings.TrimSpace(mustSh(t, c, sb.ID, "cat /tmp/pid"))
+			sum := mustSh(t, c, sb.ID, "md5sum /data/blob")
+
+			d.Kill()
+			d.Start([]string{"CLADE_CRASH_AT=" + tc.point})
+			if _, err := c.SnapshotSandbox(t.Context(), sb.ID, "cut"); err == nil {
+				t.Fatal("the snapshot succeeded; the daemon should have crashed in it")
+			}
+			_ = d.Wait()
+			d.Start(nil)
+
+			got, err := c.GetSandbox(t.Context(), sb.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if snaps, err := c.ListSnapshots(t.Context()); err != nil || len(snaps) != 0 {
+				t.Fatalf("snapshots after the restart: %+v %v, want the half-made one gone", snaps, err)
+			}
+			for _, dir := range []string{filepath.Join(d.DataDir, "snapshots"), filepath.Join(d.DataDir, "volumes", "snapshots")} {
+				if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+					t.Fatalf("%s holds %d entries after the restart: the half-made snapshot's files leaked", dir, len(ents))
+				}
+			}
+			if tc.restored {
+				if got.State != "running" {
+					t.Fatalf("after the restart the sandbox is %s (%s), want running: its checkpoint was sealed\n%s", got.State, got.Error, d.Log())
+				}
+				// The same process, in memory; the volume as it was, and
+				// writable (timeout: a frozen file system would hang).
+				if out := mustSh(t, c, sb.ID, "kill -0 "+pid+" && cat /tmp/sum"); out != sum {
+					t.Fatalf("after the restart: %q, want the process alive and its memory's file %q", out, sum)
+				}
+				if out := mustSh(t, c, sb.ID, "md5sum /data/blob; timeout 20 sh -c 'echo after > /data/g && sync' && cat /data/g"); out != sum+"after\n" {
+					t.Fatalf("the volume after the restart: %q, want %q and writable", out, sum+"after\n")
+				}
+				// Snapshots work again.
+				if _, err := c.SnapshotSandbox(t.Context(), sb.ID, ""); err != nil {
+					t.Fatalf("snapshot after the restart: %v", err)
+				}
+				if out := mustSh(t, c, sb.ID, "kill -0 "+pid+" && cat /data/g"); out != "after\n" {
+					t.Fatalf("after a second snapshot: %q", out)
+				}
+			} else {
+				if got.State != "stopped" || !strings.Contains(got.Error, "never sealed") || !strings.Contains(got.Error, "volumes are intact") {
+					t.Fatalf("after the restart the sandbox is %s (%q), want stopped saying its checkpoint was never sealed", got.State, got.Error)
+				}
+			}
+			if err := c.DeleteSandbox(t.Context(), sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			snaps, _ := c.ListSnapshots(t.Context())
+			for _, sn := range snaps {
+				if err := c.DeleteSnapshot(t.Context(), sn.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Nothing was lost: the volume holds what the sandbox wrote.
+			sb2 := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "db", Path: "/data"}}})
+			if out := mustSh(t, c, sb2.ID, "md5sum /data/blob"); out != sum {
+				t.Fatalf("the volume in a new sandbox: %q, want %q", out, sum)
+			}
+			if err := c.DeleteSandbox(t.Context(), sb2.ID); err != nil {
+				t.Fatal(err)
+			}
+			if leaks := testenv.Leaks(d.DataDir); len(leaks) > 0 {
+				t.Fatalf("leaks: %v\n%s", leaks, d.Log())
+			}
+			for _, sub := range []string{"sandboxes", "snapshots", "mnt"} {
+				if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "volumes", sub)); len(ents) != 0 {
+					t.Errorf("volumes/%s holds %d entries after every user is gone", sub, len(ents))
+				}
+			}
+		})
+	}
+}
