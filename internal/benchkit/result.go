@@ -46,6 +46,7 @@ type Phase struct {
 	Density       *Density  `json:"density,omitempty"`
 	Proxy         *Proxy    `json:"proxy,omitempty"`
 	MassWake      *MassWake `json:"mass_wake,omitempty"`
+	AtRest        *AtRest   `json:"atrest,omitempty"`
 }
 
 // Proxy is the throughput of one download from a sandbox's HTTP server,
