@@ -306,6 +306,10 @@ func (m *Manager) AfterStart(ctx context.Context, rec store.Sandbox, sb engine.S
 			return err
 		}
 		if r.File == "" {
+			if bytes.IndexByte(v, 0) >= 0 {
+				// No process could start with it in its environment.
+				return errdefs.New(errdefs.InvalidArgument, "secret %s holds a NUL byte, which an environment variable cannot: give it with --secret-file instead", r.Name)
+			}
 			env = append(env, r.Env+"="+string(v))
 			continue
 		}
