@@ -231,7 +231,17 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 		cut := m.cutSnapshot(ctx, rec)
 		if cut != nil && imageSealed(cut.Path) {
 			// Sealed after the engine stopped rec for the snapshot's
-			// copy: there is nothing to attach to.
+			// copy: rec runs only if the daemon died after restoring it
+			// (a moment). A short look keeps that run; otherwise it is
+			// restored from the checkpoint.
+			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			sb, err := m.attach(actx, rec)
+			cancel()
+			if err == nil {
+				m.track(rec.ID, sb)
+				m.log.Info("reconcile: reattached a sandbox restored after its snapshot", "sandbox", rec.ID)
+				return m.removeCutSnapshot(ctx, *cut)
+			}
 			_ = m.eng.Destroy(ctx, rec.Engine())
 			return m.reconcileCutSnapshotLocked(ctx, rec, *cut)
 		}

@@ -73,6 +73,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 			return fail(err)
 		}
 	}
+	m.crashPoint("snapshot-before-ready")
 	sn.SizeBytes = image.DirSize(sn.Path)
 	if err := m.store.SetSnapshotReady(ctx, id, sn.SizeBytes); err != nil {
 		return store.Snapshot{}, err

@@ -16,17 +16,21 @@ import (
 // checkpoint the sandbox is back running, in place: the same process, its
 // memory and its volume as they were, the volume writable (a copy cut
 // short held it frozen). With an unsealed one it is stopped saying why,
-// its volume intact. Either way the half-made snapshot is gone, files and
-// mounts included.
+// its volume intact. Restored already (the daemon died before recording
+// the snapshot ready), it is kept as it runs. Either way the half-made
+// snapshot is gone, files and mounts included.
 func TestVolumeSnapshotDaemonKill(t *testing.T) {
 	for _, tc := range []struct {
 		point    string
 		restored bool
+		// log is what the restarted daemon says it did.
+		log string
 	}{
-		{"snapshot-stopped-unsealed", false},
-		{"snapshot-stopped", true},
-		{"volume-copy-frozen", true},
-		{"snapshot-before-restore", true},
+		{"snapshot-stopped-unsealed", false, "cannot be restored"},
+		{"snapshot-stopped", true, "restored it in place"},
+		{"volume-copy-frozen", true, "restored it in place"},
+		{"snapshot-before-restore", true, "restored it in place"},
+		{"snapshot-before-ready", true, "reattached a sandbox restored after its snapshot"},
 	} {
 		t.Run(tc.point, func(t *testing.T) {
 			d := testenv.StartDaemon(t)
@@ -51,6 +55,9 @@ func TestVolumeSnapshotDaemonKill(t *testing.T) {
 			got, err := c.GetSandbox(t.Context(), sb.ID)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if !strings.Contains(d.Log(), tc.log) {
+				t.Errorf("the restarted daemon's log does not say %q", tc.log)
 			}
 			if snaps, err := c.ListSnapshots(t.Context()); err != nil || len(snaps) != 0 {
 				t.Fatalf("snapshots after the restart: %+v %v, want the half-made one gone", snaps, err)
