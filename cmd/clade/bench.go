@@ -43,6 +43,7 @@ func newBenchCmd() *cobra.Command {
 	fs.IntVar(&cfg.ProxyMiB, "proxy-mib", cfg.ProxyMiB, "size in MiB of the proxy phase's download")
 	fs.IntVar(&cfg.MassWake, "masswake", cfg.MassWake, "slept apps the masswake phase wakes at once")
 	fs.IntVar(&cfg.MassWakeMemoryMiB, "masswake-memory", cfg.MassWakeMemoryMiB, "memory limit in MiB of the masswake phase's apps")
+	fs.StringVar(&cfg.EncryptedHost, "encrypted-host", "", "socket (or URL) of a second daemon started with --encrypt-at-rest: the atrest\nphase (not in the default --phases) compares it with this one side by side")
 	fs.BoolVar(&cfg.Baseline, "baseline", false, "also do the work with plain runsc commands and report clade/runsc ratios")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc for the baseline (default: runsc next to clade, then $PATH)")
 	fs.StringVar(&cfg.RootFS, "rootfs", cfg.RootFS, "rootfs dir the baseline boots (match it to --image)")

@@ -48,6 +48,19 @@ type Agent struct {
 	// fastUntil makes the agent redial every millisecond until then: set
 	// by a quiesce, so reconnecting after a snapshot or restore is quick.
 	fastUntil time.Time
+
+	mu sync.Mutex
+	// secretEnv is merged into every exec's environment (wire.Request's
+	// SecretEnv). Memory only: it lives on in a checkpoint of the sandbox,
+	// never in a file. Guarded by mu.
+	secretEnv []string
+}
+
+// execEnv is the environment of an exec that asks for env.
+func (a *Agent) execEnv(env []string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return wire.MergeEnv(a.cfg.BaseEnv, a.secretEnv, env)
 }
 
 // New returns an agent. Call Run to serve.
@@ -136,7 +149,7 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	defer s.closeAll()
 	defer nc.Close()
 	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: os.Getpid(), Boot: a.boot,
-		Features: []string{wire.FeaturePTY}})
+		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv}})
 	if err := s.conn.Write(wire.Hello, 0, hello); err != nil {
 		return err
 	}

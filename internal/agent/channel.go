@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -146,7 +147,7 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	// Built by hand, not with exec.Command, which would search the agent's
 	// PATH: the exec's own PATH counts, and every stat is a round trip to
 	// the sandbox's file server.
-	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: wire.MergeEnv(ch.s.a.cfg.BaseEnv, ch.req.Env), Dir: ch.req.Dir}
+	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: ch.s.a.execEnv(ch.req.Env), Dir: ch.req.Dir}
 	if !strings.Contains(cmd.Path, "/") {
 		p, err := lookPath(cmd.Path, envValue(cmd.Env, "PATH"))
 		if err != nil {
@@ -580,6 +581,12 @@ func (ch *channel) dial() wire.ExitMsg {
 }
 
 func (ch *channel) identity() wire.ExitMsg {
+	if ch.req.SecretEnv != nil {
+		a := ch.s.a
+		a.mu.Lock()
+		a.secretEnv = slices.Clone(ch.req.SecretEnv)
+		a.mu.Unlock()
+	}
 	if ch.req.Hostname != "" {
 		if err := syscall.Sethostname([]byte(ch.req.Hostname)); err != nil {
 			return errExit(fmt.Errorf("sethostname: %w", err))

@@ -129,20 +129,29 @@ func (fs *FS) Unmount() error {
 	// The gocryptfs server exits once the kernel lets go of the mount,
 	// which is not at once: wait for it, so that nothing of the daemon
 	// outlives its exit (and end it if it lingers).
+	// On a loaded host one was seen still there after 5 s: SIGTERM, then
+	// SIGKILL (the mount is gone, it has nothing left to flush).
 	deadline := time.Now().Add(5 * time.Second)
-	for {
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL, 0} {
+		for time.Now().Before(deadline) {
+			if len(serverPIDs(fs.Plain)) == 0 {
+				return nil
+			}
+			time.Sleep(20 * time.Millisecond) // polling the server's exit
+		}
 		pids := serverPIDs(fs.Plain)
 		if len(pids) == 0 {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			for _, pid := range pids {
-				_ = unix.Kill(pid, unix.SIGTERM)
-			}
-			return nil
+		if sig == 0 {
+			return fmt.Errorf("gocryptfs serving %s did not exit (pids %v)", fs.Plain, pids)
 		}
-		time.Sleep(20 * time.Millisecond) // polling the server's exit
+		for _, pid := range pids {
+			_ = unix.Kill(pid, sig)
+		}
+		deadline = time.Now().Add(2 * time.Second)
 	}
+	return nil
 }
 
 // serverPIDs returns the gocryptfs processes serving plain.

@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
@@ -37,53 +35,6 @@ func marker(what string) string {
 	return "clade-" + what + "-" + hex.EncodeToString(b)
 }
 
-// scan returns the markers found in the raw bytes of every file under
-// root, except under skip, and of every deleted file under root that a
-// process still holds open (a running sandbox's upper layer is one).
-func scan(t *testing.T, root, skip string, markers []string) map[string][]string {
-	t.Helper()
-	found := map[string][]string{}
-	look := func(name string, b []byte) {
-		for _, m := range markers {
-			if bytes.Contains(b, []byte(m)) {
-				found[m] = append(found[m], name)
-			}
-		}
-	}
-	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if d.IsDir() && skip != "" && p == skip {
-			return filepath.SkipDir
-		}
-		if d.Type().IsRegular() {
-			if b, err := os.ReadFile(p); err == nil {
-				look(p, b)
-			}
-		}
-		return nil
-	})
-	procs, _ := os.ReadDir("/proc")
-	for _, pr := range procs {
-		fds, _ := os.ReadDir(filepath.Join("/proc", pr.Name(), "fd"))
-		for _, fd := range fds {
-			p := filepath.Join("/proc", pr.Name(), "fd", fd.Name())
-			target, err := os.Readlink(p)
-			if err != nil || !strings.HasPrefix(target, root+"/") || !strings.HasSuffix(target, " (deleted)") {
-				continue
-			}
-			if skip != "" && strings.HasPrefix(target, skip+"/") {
-				continue
-			}
-			if b, err := os.ReadFile(p); err == nil {
-				look(p+" -> "+target, b)
-			}
-		}
-	}
-	return found
-}
-
 // TestEncryptAtRest: with --encrypt-at-rest, markers placed in a
 // sandbox's memory, in a file it wrote, in a volume and in a secret are
 // nowhere in the raw bytes under the data dir after a snapshot, a fork
@@ -95,15 +46,18 @@ func TestEncryptAtRest(t *testing.T) {
 	}
 	d := testenv.StartDaemon(t, "--encrypt-at-rest")
 	c := d.Client
-	mem, file, vol, sec := marker("mem"), marker("file"), marker("vol"), marker("secret")
+	mem, file, vol, sec, envSec := marker("mem"), marker("file"), marker("vol"), marker("secret"), marker("envsecret")
 	if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "v", SizeBytes: 32 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.SetSecret(t.Context(), "s", []byte(sec)); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.SetSecret(t.Context(), "e", []byte(envSec)); err != nil {
+		t.Fatal(err)
+	}
 	sb, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: "/data"}},
-		Secrets: []sdk.SecretRef{{Name: "s", File: "/run/secrets/s"}}})
+		Secrets: []sdk.SecretRef{{Name: "s", File: "/run/secrets/s"}, {Name: "e", Env: "E_SECRET"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,27 +74,32 @@ func TestEncryptAtRest(t *testing.T) {
 	if err != nil || res.Children[0].Error != "" {
 		t.Fatalf("fork: %v %+v", err, res)
 	}
-	if got := sh(t, c, res.Children[0].ID, "cat /root/f /data/f"); got != file+"\n"+vol+"\n" {
+	if got := sh(t, c, res.Children[0].ID, "cat /root/f /data/f; env | grep ^E_SECRET="); got != file+"\n"+vol+"\nE_SECRET="+envSec+"\n" {
 		t.Fatalf("the child reads %q", got)
 	}
 	if _, err := c.Sleep(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	markers := []string{mem, file, vol, sec}
+	markers := []string{mem, file, vol, sec, envSec}
 	plain := filepath.Join(d.DataDir, "plain")
-	inPlain := scan(t, plain, "", markers)
-	for _, m := range []string{mem, vol} {
+	inPlain := testenv.FindMarkers(plain, "", markers)
+	for _, m := range []string{mem, vol, envSec} {
 		if len(inPlain[m]) == 0 {
 			t.Fatalf("the plain view does not hold %s: the scan cannot tell", m)
 		}
 	}
-	for m, where := range scan(t, d.DataDir, plain, markers) {
+	for m, where := range testenv.FindMarkers(d.DataDir, plain, markers) {
 		t.Errorf("marker %s is in plaintext on disk: %v", m, where)
 	}
 	if _, err := c.Wake(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := sh(t, c, sb.ID, "cat /root/f /data/f /run/secrets/s"); got != file+"\n"+vol+"\n"+sec {
+	if got := sh(t, c, sb.ID, "cat /root/f /data/f /run/secrets/s; echo; echo $E_SECRET"); got != file+"\n"+vol+"\n"+sec+"\n"+envSec+"\n" {
 		t.Fatalf("after the wake: %q", got)
+	}
+	// Running again (its upper layer an open deleted file, its bundle and
+	// runsc's state in place): still nowhere in plaintext.
+	for m, where := range testenv.FindMarkers(d.DataDir, plain, markers) {
+		t.Errorf("after the wake, marker %s is in plaintext on disk: %v", m, where)
 	}
 }

@@ -21,6 +21,10 @@ import (
 // Phases are the phase names, in the order a default run takes them.
 var Phases = []string{"create", "claim", "exec", "snapshot", "fork", "wake", "memfork", "density", "volwake", "netcreate", "proxy", "proxywake", "masswake", "files", "storm"}
 
+// OptionalPhases run only when asked for: they need more than one daemon
+// (atrest: a second one with --encrypt-at-rest, Config.EncryptedHost).
+var OptionalPhases = []string{"atrest"}
+
 // Config is one run's settings; DefaultConfig has the defaults.
 type Config struct {
 	Phases  []string `json:"phases"`
@@ -52,12 +56,15 @@ type Config struct {
 	StormWidths []int `json:"storm_widths"`
 	// FilesMiB is the files phase's large file, FilesSmall how many 4 KiB
 	// files follow it.
-	FilesMiB   int    `json:"files_mib"`
-	FilesSmall int    `json:"files_small"`
-	Baseline   bool   `json:"baseline"`
-	Runsc      string `json:"runsc,omitempty"`
-	RootFS     string `json:"rootfs,omitempty"`
-	DataDir    string `json:"data_dir"`
+	FilesMiB   int `json:"files_mib"`
+	FilesSmall int `json:"files_small"`
+	// EncryptedHost addresses a second daemon, started with
+	// --encrypt-at-rest, for the atrest phase (a socket path or URL).
+	EncryptedHost string `json:"encrypted_host,omitempty"`
+	Baseline      bool   `json:"baseline"`
+	Runsc         string `json:"runsc,omitempty"`
+	RootFS        string `json:"rootfs,omitempty"`
+	DataDir       string `json:"data_dir"`
 	// SettleMS bounds the wait before each sample for the daemon's and the
 	// baseline's processes to go idle (see settle); 0 skips it.
 	SettleMS int `json:"settle_ms"`
@@ -107,9 +114,12 @@ func (c *Config) Validate() error {
 		return errors.New("no phases: use --phases " + strings.Join(Phases, ","))
 	}
 	for _, p := range c.Phases {
-		if !slices.Contains(Phases, p) {
-			return fmt.Errorf("unknown phase %q: use some of %s", p, strings.Join(Phases, ","))
+		if !slices.Contains(Phases, p) && !slices.Contains(OptionalPhases, p) {
+			return fmt.Errorf("unknown phase %q: use some of %s", p, strings.Join(append(slices.Clone(Phases), OptionalPhases...), ","))
 		}
+	}
+	if slices.Contains(c.Phases, "atrest") && c.EncryptedHost == "" {
+		return errors.New("atrest needs a second daemon started with --encrypt-at-rest: pass its socket with --encrypted-host")
 	}
 	if c.Samples < 1 || c.Warmup < 0 {
 		return fmt.Errorf("need --samples >= 1 and --warmup >= 0")
@@ -168,6 +178,9 @@ type runner struct {
 	prog  *Progress
 	clade *cladeTarget
 	base  *runscTarget // nil without --baseline or when it could not start
+	// enc is the daemon with --encrypt-at-rest (atrest), nil without
+	// Config.EncryptedHost.
+	enc *cladeTarget
 	// settled is the time settle waited in the current phase.
 	settled time.Duration
 }
@@ -204,6 +217,16 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 	_, _ = rand.Read(tag[:])
 	r := &runner{cfg: cfg, c: c, prog: cfg.Progress,
 		clade: &cladeTarget{c: c, image: cfg.Image, memoryMiB: cfg.MemoryMiB, engine: cfg.Engine, prefix: "bench-" + hex.EncodeToString(tag[:])}}
+	if cfg.EncryptedHost != "" {
+		ec, err := sdk.New(cfg.EncryptedHost)
+		if err != nil {
+			return nil, fmt.Errorf("--encrypted-host: %w", err)
+		}
+		if _, err := ec.Health(ctx); err != nil {
+			return nil, fmt.Errorf("--encrypted-host %s: %w", cfg.EncryptedHost, err)
+		}
+		r.enc = &cladeTarget{c: ec, image: cfg.Image, memoryMiB: cfg.MemoryMiB, engine: cfg.Engine, prefix: r.clade.prefix}
+	}
 	var baseErr error
 	if cfg.Baseline {
 		mem := orDefault(cfg.MemoryMiB, daemonMemoryMiB)
@@ -252,6 +275,9 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 	defer cancel()
 	var errs []error
 	errs = append(errs, r.clade.sweep(cctx))
+	if r.enc != nil {
+		errs = append(errs, r.enc.sweep(cctx))
+	}
 	if r.base != nil {
 		errs = append(errs, r.base.close(cctx))
 	}
@@ -265,7 +291,7 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 }
 
 // noBaseline are the phases without a plain-runsc side.
-var noBaseline = map[string]bool{"claim": true, "files": true, "storm": true, "density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
+var noBaseline = map[string]bool{"atrest": true, "claim": true, "files": true, "storm": true, "density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
 
 var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"create":    (*runner).phaseCreate,
@@ -283,6 +309,7 @@ var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"volwake":   (*runner).phaseVolwake,
 	"files":     (*runner).phaseFiles,
 	"storm":     (*runner).phaseStorm,
+	"atrest":    (*runner).phaseAtrest,
 }
 
 // orDefault returns v, or def when v is 0.

@@ -48,6 +48,7 @@ type Phase struct {
 	MassWake      *MassWake   `json:"mass_wake,omitempty"`
 	Files         *Files      `json:"files,omitempty"`
 	Storm         []StormWave `json:"storm,omitempty"`
+	AtRest        *AtRest     `json:"atrest,omitempty"`
 }
 
 // Proxy is the throughput of one download from a sandbox's HTTP server,

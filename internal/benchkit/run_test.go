@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -326,4 +327,52 @@ func TestRunClaimFilesStorm(t *testing.T) {
 	}
 	t.Logf("claim p50 %.2f ms; files %+v; storm 4: %+v", claim.Latency[0].Clade.P50, *res.Phases[1].Files, st[1])
 	assertClean(t, d, before)
+}
+
+// TestRunAtrest runs the atrest phase, small, against a daemon without
+// encryption and one with --encrypt-at-rest side by side.
+func TestRunAtrest(t *testing.T) {
+	if _, err := exec.LookPath("gocryptfs"); err != nil {
+		t.Skip("gocryptfs is not installed (make deps)")
+	}
+	d := testenv.StartDaemon(t)
+	enc := testenv.StartDaemon(t, "--encrypt-at-rest")
+	cfg := realConfig(t, d, "atrest")
+	cfg.Baseline = false
+	cfg.Samples, cfg.Warmup = 1, 0
+	cfg.SettleMS = 0
+	if err := cfg.Validate(); err == nil {
+		t.Fatal("atrest without --encrypted-host validated")
+	}
+	cfg.EncryptedHost = enc.Socket
+	res, err := Run(t.Context(), d.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	_ = WriteTable(&b, res)
+	t.Logf("\n%s", b.String())
+	if res.Failed() {
+		t.Fatalf("run failed: %+v", res.Phases)
+	}
+	ph := res.Phases[0]
+	if len(ph.Latency) != 4 {
+		t.Fatalf("atrest series: %+v, want wake, fork, write, read", ph.Latency)
+	}
+	for _, s := range ph.Latency {
+		if s.Clade == nil || s.Baseline == nil || s.Ratio == nil {
+			t.Errorf("series %s incomplete: %+v", s.Name, s)
+		}
+	}
+	if a := ph.AtRest; a == nil || a.EncWriteMiBs <= 0 || a.PlainWriteMiBs <= 0 || a.EncReadMiBs <= 0 || a.PlainReadMiBs <= 0 {
+		t.Errorf("throughput: %+v", ph.AtRest)
+	}
+	for _, dd := range []*testenv.Daemon{d, enc} {
+		if sbs, err := dd.Client.ListSandboxes(t.Context()); err != nil || len(sbs) > 0 {
+			t.Errorf("sandboxes left: %+v %v", sbs, err)
+		}
+		if vols, err := dd.Client.ListVolumes(t.Context()); err != nil || len(vols) > 0 {
+			t.Errorf("volumes left: %+v %v", vols, err)
+		}
+	}
 }

@@ -24,7 +24,19 @@ func WriteTable(w io.Writer, res *Result) error {
 	fmt.Fprintf(w, "run      %s, %d samples after %d warm-up, %.0fs\n", strings.Join(e.CommandLine, " "), res.Config.Samples, res.Config.Warmup, res.Seconds)
 	fmt.Fprintln(w)
 
-	baseline := res.Config.Baseline
+	// The baseline columns: runsc's with --baseline; otherwise those of
+	// phases that compare clade with itself (their series name the
+	// baseline side, e.g. atrest's plain daemon).
+	baseline, baseName := res.Config.Baseline, "runsc"
+	if !baseline {
+		for _, ph := range res.Phases {
+			for _, s := range ph.Latency {
+				if s.Baseline != nil {
+					baseline, baseName = true, "base"
+				}
+			}
+		}
+	}
 	// Right-aligned numbers, left-aligned names: pad names to one width.
 	width := len("latency, ms")
 	for _, ph := range res.Phases {
@@ -37,7 +49,7 @@ func WriteTable(w io.Writer, res *Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := name("latency, ms") + "\tn\tp50\tp90\tp99\tmax\t"
 	if baseline {
-		head += "runsc p50\trunsc p99\tratio p50\tratio p99\t"
+		head += baseName + " p50\t" + baseName + " p99\tratio p50\tratio p99\t"
 	}
 	rows := 0
 	var errs []string
@@ -111,6 +123,10 @@ func WriteTable(w io.Writer, res *Result) error {
 				}
 				fmt.Fprintf(w, "; %d failed, %d deferred (503, retried) in %d clients\n", s.Failed, s.Deferred, s.Retried)
 			}
+		}
+		if a := ph.AtRest; a != nil {
+			fmt.Fprintf(w, "\natrest: volume sequential %d MiB, write+fsync %.0f MiB/s encrypted vs %.0f plain, read %.0f MiB/s encrypted vs %.0f plain (p50)\n",
+				a.MiB, a.EncWriteMiBs, a.PlainWriteMiBs, a.EncReadMiBs, a.PlainReadMiBs)
 		}
 		if m := ph.MassWake; m != nil {
 			fmt.Fprintf(w, "\nmasswake: %d slept apps (%d MiB) woken by one request each at once, in %.1fs", m.Apps, m.MemoryMiB, m.Seconds)

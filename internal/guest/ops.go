@@ -321,6 +321,10 @@ type Config struct {
 	// Seed, when set, is mixed into the guest kernel's entropy pool and
 	// the pool reseeded (a restored VM has its parent's pool).
 	Seed []byte
+	// SecretEnv, when set, is the environment (KEY=VALUE) the agent holds
+	// in memory and adds to every exec's: secrets that must not pass
+	// through the engine's files (it replaces what was given before).
+	SecretEnv []string
 }
 
 // Reconfigure applies cfg's non-zero fields. It is idempotent; the error is
@@ -339,10 +343,13 @@ func (c *Conn) Reconfigure(ctx context.Context, cfg Config) error {
 // any request sent after it (older agents, inside snapshots, may not: use
 // Reconfigure with them).
 func (c *Conn) SendReconfigure(ctx context.Context, cfg Config) (wait func(context.Context) error, err error) {
-	if cfg.Hostname == "" && cfg.Clock.IsZero() && len(cfg.Seed) == 0 {
+	if cfg.Hostname == "" && cfg.Clock.IsZero() && len(cfg.Seed) == 0 && cfg.SecretEnv == nil {
 		return func(context.Context) error { return nil }, nil
 	}
-	req := wire.Request{Op: wire.OpIdentity, Hostname: cfg.Hostname, Seed: cfg.Seed}
+	if cfg.SecretEnv != nil && !c.hasFeature(wire.FeatureSecretEnv) {
+		return nil, errdefs.New(errdefs.InvalidArgument, "the agent in this sandbox is too old to take secrets in its environment: rebuild the image or snapshot with this clade")
+	}
+	req := wire.Request{Op: wire.OpIdentity, Hostname: cfg.Hostname, Seed: cfg.Seed, SecretEnv: cfg.SecretEnv}
 	if !cfg.Clock.IsZero() {
 		req.ClockNS = cfg.Clock.UnixNano()
 	}
@@ -356,7 +363,7 @@ func (c *Conn) SendReconfigure(ctx context.Context, cfg Config) (wait func(conte
 			return err
 		}
 		if err := exitError(exit); err != nil {
-			return fmt.Errorf("set hostname: %w", err)
+			return fmt.Errorf("reconfigure the guest: %w", err)
 		}
 		return nil
 	}, nil

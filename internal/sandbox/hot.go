@@ -27,7 +27,9 @@ type hotSandbox struct {
 	sb   engine.Sandbox
 	root string
 	// spec is what it was started with, the hooks' additions included:
-	// a claim whose hooks ask for more (mounts, environment) starts cold.
+	// a claim whose hooks ask for more (mounts: volumes, the tmpfs of
+	// secret files) starts cold. Secret environment is no such thing: the
+	// secret hook hands it to the agent after the start (AfterStart).
 	spec engine.Spec
 }
 
@@ -158,8 +160,8 @@ func (m *Manager) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
 // claimHot makes the hot sandbox h the running sandbox rec (recorded,
 // creating, its lock held): the hooks apply rec's options to it (its
 // egress policy), and its guest gets rec's hostname. When the hooks fill
-// in a spec the hot sandbox was not started with (a mount, a secret in
-// the environment), it is replaced by a sandbox started cold for rec. On
+// in a spec the hot sandbox was not started with (a volume, the tmpfs of
+// secret files), it is replaced by a sandbox started cold for rec. On
 // error nothing of it is left.
 func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, error) {
 	spec := m.spec(rec, img)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -227,19 +228,110 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 		m.track(rec.ID, sb)
 		return os.RemoveAll(m.sleepDir(rec.ID))
 	case store.StateRunning:
+		cut := m.cutSnapshot(ctx, rec)
+		if cut != nil && imageSealed(cut.Path) {
+			// Sealed after the engine stopped rec for the snapshot's
+			// copy: rec runs only if the daemon died after restoring it
+			// (a moment). A short look keeps that run; otherwise it is
+			// restored from the checkpoint.
+			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			sb, err := m.attach(actx, rec)
+			cancel()
+			if err == nil {
+				m.track(rec.ID, sb)
+				m.log.Info("reconcile: reattached a sandbox restored after its snapshot", "sandbox", rec.ID)
+				return m.removeCutSnapshot(ctx, *cut)
+			}
+			_ = m.eng.Destroy(ctx, rec.Engine())
+			return m.reconcileCutSnapshotLocked(ctx, rec, *cut)
+		}
 		sb, err := m.attach(ctx, rec)
 		if errdefs.Is(err, errdefs.ResourceExhausted) {
 			return err // it may well run: settle retries once there is room
 		}
 		if err != nil {
-			m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
 			_ = m.eng.Destroy(ctx, rec.Engine())
+			if cut != nil {
+				return m.reconcileCutSnapshotLocked(ctx, rec, *cut)
+			}
+			m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
 			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped, err.Error()))
 		}
 		m.track(rec.ID, sb)
 		m.log.Info("reconcile: reattached", "sandbox", rec.ID)
 	}
 	return nil
+}
+
+// cutSnapshot returns the snapshot of rec a restart cut short, if any,
+// when it is of the kind that stops rec (snapshotStoppedLocked); a
+// snapshot that leaves rec running has nothing to undo.
+func (m *Manager) cutSnapshot(ctx context.Context, rec store.Sandbox) *store.Snapshot {
+	if _, stop := m.snapshotOptions(rec); !stop {
+		return nil
+	}
+	snaps, err := m.store.ListSnapshots(ctx)
+	if err != nil {
+		return nil
+	}
+	for _, sn := range snaps {
+		if sn.Sandbox == rec.ID && sn.State == store.SnapshotCreating {
+			return &sn
+		}
+	}
+	return nil
+}
+
+// reconcileCutSnapshotLocked settles a running sandbox whose engine
+// sandbox is gone because snapshot sn stopped it (one with volumes is
+// stopped for the copy) and the daemon died before restoring it. A sealed
+// checkpoint is whole and the volumes are as it left them (nothing ran
+// since): rec is restored in place from it, its processes and volumes
+// intact. An unsealed one cannot be trusted: rec is stopped, saying so;
+// its volumes are intact. Either way the half-made snapshot goes. Guarded
+// by rec's lock; rec's engine sandbox is destroyed.
+func (m *Manager) reconcileCutSnapshotLocked(ctx context.Context, rec store.Sandbox, sn store.Snapshot) error {
+	snapper, err := m.snapshotter()
+	if err != nil {
+		return err
+	}
+	// What the last run held (mounts, a slot) goes; the restore takes it
+	// again, as a wake does.
+	if err := m.afterStop(ctx, rec); err != nil {
+		m.log.Warn("reconcile: releasing a stopped sandbox's resources", "sandbox", rec.ID, "err", err)
+	}
+	why := ""
+	if !imageSealed(sn.Path) {
+		why = "its checkpoint was never sealed"
+	} else if verr := verifySnapshotImage(sn.Path, "the checkpoint of snapshot "+sn.ID); verr != nil {
+		why = verr.Error()
+	} else {
+		sb, rerr := m.restoreInPlaceLocked(ctx, snapper, rec, sn.Path)
+		if rerr == nil {
+			m.track(rec.ID, sb)
+			m.log.Info("reconcile: a snapshot had stopped the sandbox when the daemon died; restored it in place from the snapshot's checkpoint", "sandbox", rec.ID, "snapshot", sn.ID)
+			return m.removeCutSnapshot(ctx, sn)
+		}
+		if errdefs.Is(rerr, errdefs.ResourceExhausted) {
+			return rerr // settle retries once there is room
+		}
+		why = "its restore failed: " + rerr.Error()
+	}
+	m.log.Warn("reconcile: a snapshot had stopped the sandbox when the daemon died and it cannot be restored; it is stopped, its volumes intact", "sandbox", rec.ID, "snapshot", sn.ID, "reason", why)
+	if err := m.moveLocked(ctx, &rec, store.StateStopped, fmt.Sprintf(
+		"a daemon restart cut short snapshot %s, which had stopped this sandbox, and %s: its processes are gone; its volumes are intact (mount them in a new sandbox)", sn.ID, why)); err != nil {
+		return err
+	}
+	return m.removeCutSnapshot(ctx, sn)
+}
+
+// removeCutSnapshot removes a snapshot a restart cut short, under its
+// lock (taken after its sandbox's, the lock order).
+func (m *Manager) removeCutSnapshot(ctx context.Context, sn store.Snapshot) error {
+	unlock := m.locks.lock(sn.ID)
+	defer unlock()
+	m.log.Info("reconcile: removing incomplete snapshot", "snapshot", sn.ID, "state", sn.State)
+	return m.removeSnapshot(ctx, sn)
 }
 
 // attach reconnects to rec's engine sandbox.
@@ -280,8 +372,17 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	}
 	var errs []error
 	known := map[string]bool{}
+	m.mu.Lock()
+	settling := maps.Clone(m.settling)
+	m.mu.Unlock()
 	for _, sn := range snaps {
 		_, statErr := os.Stat(sn.Path)
+		if sn.State == store.SnapshotCreating && settling[sn.Sandbox] {
+			// Its sandbox may yet be restored from it once the disk
+			// has room (reconcileCutSnapshotLocked removes it then).
+			known[filepath.Base(sn.Path)] = true
+			continue
+		}
 		if sn.State == store.SnapshotCreating || statErr != nil {
 			m.log.Info("reconcile: removing incomplete snapshot", "snapshot", sn.ID, "state", sn.State)
 			errs = append(errs, m.removeSnapshot(ctx, sn))

@@ -179,12 +179,19 @@ func (m *Manager) Engine() engine.Engine { return m.eng }
 // Close drops the guest connections; sandboxes keep running for the next
 // daemon to reattach.
 func (m *Manager) Close() {
+	m.DrainPools()
+	_ = m.eng.Close()
+}
+
+// DrainPools stops background work and destroys the pools' sandboxes
+// (prepared and hot), so that the engine is left with the recorded
+// sandboxes only. Close calls it; calling it again is harmless.
+func (m *Manager) DrainPools() {
 	m.stopBg()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m.pool.Drain(ctx)
 	m.hotPool.Drain(ctx)
-	_ = m.eng.Close()
 }
 
 // IDLength is the length of every sandbox id: runsc matches ids by prefix, so

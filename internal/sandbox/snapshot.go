@@ -73,6 +73,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 			return fail(err)
 		}
 	}
+	m.crashPoint("snapshot-before-ready")
 	sn.SizeBytes = image.DirSize(sn.Path)
 	if err := m.store.SetSnapshotReady(ctx, id, sn.SizeBytes); err != nil {
 		return store.Snapshot{}, err
@@ -95,25 +96,38 @@ func (m *Manager) snapshotStoppedLocked(ctx context.Context, snapper engine.Snap
 		m.relive(rec.ID, sb) // the engine leaves it running
 		return err
 	}
+	// From here to the restore, rec is recorded running but its engine
+	// sandbox is stopped: a restart restores it in place from the sealed
+	// image (reconcileCutSnapshotLocked).
+	m.crashPoint("snapshot-stopped-unsealed")
 	err := sealImage(sn.Path)
+	m.crashPoint("snapshot-stopped")
 	if err == nil {
 		err = m.snapshotTaken(ctx, rec, sn)
 	}
 	if derr := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec)); derr != nil {
 		m.log.Warn("snapshot: cleanup failed; the restart retries", "sandbox", rec.ID, "err", derr)
 	}
-	img, ierr := m.images.Get(ctx, rec.Image)
-	if ierr != nil && rec.RootFS == "" {
-		return errors.Join(err, ierr, m.moveLocked(ctx, &rec, store.StateStopped, ierr.Error()))
-	}
-	nsb, rerr := m.startLocked(ctx, rec, m.spec(rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
-		return snapper.Restore(ctx, spec, sn.Path)
-	})
+	m.crashPoint("snapshot-before-restore")
+	nsb, rerr := m.restoreInPlaceLocked(ctx, snapper, rec, sn.Path)
 	if rerr != nil {
 		return errors.Join(err, rerr, m.moveLocked(ctx, &rec, store.StateStopped, "restart after snapshot: "+rerr.Error()))
 	}
 	m.track(rec.ID, nsb)
 	return err
+}
+
+// restoreInPlaceLocked starts rec's engine sandbox again from the
+// checkpoint in dir, keeping its id, volumes and network slot. Guarded by
+// rec's lock.
+func (m *Manager) restoreInPlaceLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, dir string) (engine.Sandbox, error) {
+	img, err := m.images.Get(ctx, rec.Image)
+	if err != nil && rec.RootFS == "" {
+		return nil, err
+	}
+	return m.startLocked(ctx, rec, m.spec(rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
+		return snapper.Restore(ctx, spec, dir)
+	})
 }
 
 // GetSnapshot returns a snapshot and the sandboxes restored from it.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -273,44 +274,44 @@ func (m *Manager) CompleteCreate(o *store.Options) error {
 	return nil
 }
 
-// BeforeStart adds rec's environment secrets to spec's environment and the
-// tmpfs its secret files go to. (A restored or woken sandbox has them in
-// its memory already; runsc is given the same bundle every time.)
+// BeforeStart adds the tmpfs rec's secret files go to. Environment
+// secrets are not in spec: the engine would write them into its files on
+// the host (runsc's bundle and state); AfterStart hands them to the agent
+// instead, which holds them in memory.
 func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error {
-	hasFiles := false
 	for _, r := range rec.Opts.Secrets {
 		if r.File != "" {
-			hasFiles = true
-			continue
+			spec.Mounts = append(spec.Mounts, engine.Mount{Type: engine.MountTmpfs, Destination: FileDir})
+			break
 		}
-		v, err := m.value(ctx, r)
-		if err != nil {
-			return err
-		}
-		spec.Env = append(spec.Env, r.Env+"="+string(v))
-	}
-	if hasFiles {
-		spec.Mounts = append(spec.Mounts, engine.Mount{Type: engine.MountTmpfs, Destination: FileDir})
 	}
 	return nil
 }
 
-// AfterStart writes the secret files of a sandbox booted from its image;
-// restored and woken sandboxes have them on their tmpfs already.
+// AfterStart gives a sandbox booted from its image (or claimed from the
+// hot pool) its secrets: the environment ones to its agent's memory, the
+// file ones onto its tmpfs. Restored and woken sandboxes have both in
+// their memory already (their checkpoint holds them).
 func (m *Manager) AfterStart(ctx context.Context, rec store.Sandbox, sb engine.Sandbox) error {
-	if rec.State != store.StateCreating || rec.Snapshot != "" {
+	if rec.State != store.StateCreating || rec.Snapshot != "" || len(rec.Opts.Secrets) == 0 {
 		return nil
 	}
+	var env []string
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	n := 0
 	for _, r := range rec.Opts.Secrets {
-		if r.File == "" {
-			continue
-		}
 		v, err := m.value(ctx, r)
 		if err != nil {
 			return err
+		}
+		if r.File == "" {
+			if bytes.IndexByte(v, 0) >= 0 {
+				// No process could start with it in its environment.
+				return errdefs.New(errdefs.InvalidArgument, "secret %s holds a NUL byte, which an environment variable cannot: give it with --secret-file instead", r.Name)
+			}
+			env = append(env, r.Env+"="+string(v))
+			continue
 		}
 		if err := tw.WriteHeader(&tar.Header{Name: path.Base(r.File), Mode: 0o400, Size: int64(len(v)), ModTime: time.Now(), Typeflag: tar.TypeReg}); err != nil {
 			return err
@@ -319,6 +320,11 @@ func (m *Manager) AfterStart(ctx context.Context, rec store.Sandbox, sb engine.S
 			return err
 		}
 		n++
+	}
+	if len(env) > 0 {
+		if err := sb.Guest().Reconfigure(ctx, guest.Config{SecretEnv: env}); err != nil {
+			return errors.New("give the sandbox its secret environment: " + err.Error())
+		}
 	}
 	if n == 0 {
 		return nil

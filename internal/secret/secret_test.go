@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/secret"
@@ -230,4 +231,103 @@ func TestKeyRoundTrip(t *testing.T) {
 	if _, err := secret.NewKey(raw[:16], "short"); err == nil {
 		t.Fatal("a 16-byte key was taken")
 	}
+}
+
+// TestSecretEnvNeverOnDisk: an environment secret reaches every exec
+// (also in a sandbox claimed from the hot pool, a woken one and a fork
+// child) and is in no file on the host while its sandbox runs: not in
+// runsc's bundle (config.json), not in runsc's --root state, not in the
+// upper layer, not anywhere under the data dir. (Sleep images and
+// snapshots hold the sandbox's memory, and so the secret: they are
+// encrypted with --encrypt-at-rest, TestEncryptAtRest.)
+func TestSecretEnvNeverOnDisk(t *testing.T) {
+	d := testenv.StartDaemon(t, "--hot-pool", "1")
+	c := d.Client
+	val := marker(t, "env")
+	if _, err := c.SetSecret(t.Context(), "token", []byte(val)); err != nil {
+		t.Fatal(err)
+	}
+	waitHot := func() {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			h, err := c.Health(t.Context())
+			if err == nil && h.Hot == 1 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the hot pool did not fill: %+v %v", h, err)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the pool's background refill
+		}
+	}
+	waitHot()
+	sb, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Secrets: []sdk.SecretRef{{Name: "token"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(d.Log(), "starting it cold") {
+		t.Errorf("a create with an env secret did not claim the hot sandbox:\n%s", d.Log())
+	}
+	want := "TOKEN=" + val + "\n"
+	if got := sh(t, c, sb.ID, "env | grep ^TOKEN="); got != want {
+		t.Fatalf("env in the sandbox: %q, want %q", got, want)
+	}
+	// An exec's own env still wins, as over any variable.
+	var out bytes.Buffer
+	if _, err := c.Exec(t.Context(), sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo $TOKEN"}, Env: []string{"TOKEN=mine"}, Stdout: &out}); err != nil || out.String() != "mine\n" {
+		t.Fatalf("an exec's own TOKEN: %q %v", out.String(), err)
+	}
+	noneOnDisk := func(when string, running bool) {
+		t.Helper()
+		for _, where := range testenv.FindMarkers(d.DataDir, "", []string{val}) {
+			t.Errorf("%s: the secret is in plaintext on disk: %v", when, where)
+		}
+		if bundles, _ := filepath.Glob(filepath.Join(d.DataDir, "gvisor", "sandboxes", "*", "config.json")); running && len(bundles) == 0 {
+			t.Fatalf("%s: no bundle under %s/gvisor/sandboxes: the scan looks in the wrong place", when, d.DataDir)
+		}
+	}
+	noneOnDisk("running", true)
+	if _, err := c.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, c, sb.ID, "env | grep ^TOKEN="); got != want { // wakes it
+		t.Fatalf("env after sleep and wake: %q", got)
+	}
+	noneOnDisk("woken", true)
+	snap, err := c.SnapshotSandbox(t.Context(), sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Fork(t.Context(), snap.ID, 1)
+	if err != nil || res.Children[0].Error != "" {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	if got := sh(t, c, res.Children[0].ID, "env | grep ^TOKEN="); got != want {
+		t.Fatalf("env in a fork child: %q", got)
+	}
+	for _, id := range []string{res.Children[0].ID, sb.ID} {
+		if err := c.DeleteSandbox(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteSnapshot(t.Context(), snap.ID); err != nil && !sdk.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	noneOnDisk("removed", false)
+	// A value no environment can hold is refused with what to do.
+	if _, err := c.SetSecret(t.Context(), "nul", []byte("a\x00b")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Secrets: []sdk.SecretRef{{Name: "nul"}}})
+	if !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "--secret-file") {
+		t.Fatalf("a NUL byte as env: %v, want a 400 pointing to --secret-file", err)
+	}
+	if sbs, err := c.ListSandboxes(t.Context()); err != nil || len(sbs) != 0 {
+		t.Fatalf("after a refused create: %+v %v", sbs, err)
+	}
+	// A daemon stopped while it refills its hot pool keeps that sandbox's
+	// nftables table until its next start (a known gap of the pool):
+	// let the refill finish before the leak census.
+	waitHot()
 }

@@ -165,7 +165,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}()
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, hook)
-	vols, err := volume.New(volume.Config{Dir: filepath.Join(stateDir, "volumes"), Store: st, Log: log})
+	vols, err := volume.New(volume.Config{Dir: filepath.Join(stateDir, "volumes"), Store: st, Log: log, CrashAt: o.Sandbox.CrashAt})
 	if err != nil {
 		return err
 	}
@@ -181,8 +181,13 @@ func Run(ctx context.Context, o Options) error {
 	}
 	mgr := sandbox.New(o.Sandbox, eng, st, images)
 	defer mgr.Close()
-	// Before mgr.Close closes the engine, which can no longer list then.
-	defer func() { liveAtExit = liveEngineSandboxes() }()
+	// Before mgr.Close closes the engine, which can no longer list then,
+	// and after the pools are drained: their sandboxes do not outlive the
+	// daemon, so they must not keep the encrypted view mounted.
+	defer func() {
+		mgr.DrainPools()
+		liveAtExit = liveEngineSandboxes()
+	}()
 	start := time.Now()
 	if err := mgr.Reconcile(ctx); err != nil {
 		log.Error("reconcile finished with errors", "err", err)

@@ -108,6 +108,9 @@ func mountImage(img, target string, readOnly bool) error {
 // unmount unmounts target if it is a mount point; the loop device goes
 // with it. A target that is not mounted (or gone) is not an error.
 func unmount(target string) error {
+	// An unmount of a frozen file system can hang on its final sync: a
+	// daemon killed mid-copy leaves the freeze behind.
+	thaw(target)
 	for try := 0; ; try++ {
 		err := unix.Unmount(target, 0)
 		switch {
@@ -126,6 +129,20 @@ func unmount(target string) error {
 			return fmt.Errorf("unmount %s: %w", target, err)
 		}
 	}
+}
+
+// thaw undoes a freeze of the file system mounted at target, if any
+// (FITHAW of a file system that is not frozen is EINVAL: nothing to do).
+func thaw(target string) {
+	if !mounted(target) {
+		return
+	}
+	f, err := os.Open(target)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_ = unix.IoctlSetInt(int(f.Fd()), fiThaw, 0)
 }
 
 // mounted reports whether target is a mount point.

@@ -71,7 +71,11 @@ func (m *Manager) ensureCopy(rec store.Sandbox, i int, img string) error {
 func (m *Manager) use(id, img, mnt string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.users[mnt]) == 0 && !mounted(mnt) {
+	if mounted(mnt) {
+		// A daemon killed while a snapshot copied the volume left it
+		// frozen; no copy runs now (it would hold mu).
+		thaw(mnt)
+	} else if len(m.users[mnt]) == 0 {
 		if err := mountImage(img, mnt, false); err != nil {
 			return err
 		}
@@ -172,7 +176,17 @@ func (m *Manager) copyFrozen(img, mnt, dst string) error {
 		defer unix.IoctlSetInt(int(f.Fd()), fiThaw, 0)
 	}
 	_, err := cloneFile(img, dst)
+	m.crashPoint("volume-copy-frozen")
 	return err
+}
+
+// crashPoint kills the process at the named point when configured to.
+func (m *Manager) crashPoint(name string) {
+	if m.cfg.CrashAt == name {
+		m.log.Warn("crashing on purpose", "point", name)
+		_ = unix.Kill(os.Getpid(), unix.SIGKILL)
+		select {} // the signal is on its way
+	}
 }
 
 // SnapshotRemoved deletes snapshot sn's copies. It is idempotent.
@@ -193,6 +207,8 @@ func (m *Manager) Reconcile(ctx context.Context, running, all []store.Sandbox) e
 			_, mnt := m.source(rec.ID, i, vm)
 			if !mounted(mnt) {
 				m.log.Warn("reconcile: running sandbox's volume is not mounted on the host", "sandbox", rec.ID, "volume", vm.Name)
+			} else {
+				thaw(mnt) // a killed snapshot may have left it frozen
 			}
 			if m.users[mnt] == nil {
 				m.users[mnt] = map[string]bool{}

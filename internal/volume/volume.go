@@ -59,6 +59,10 @@ type Config struct {
 	Dir   string
 	Store *store.Store
 	Log   *slog.Logger
+	// CrashAt names a point at which the process kills itself with
+	// SIGKILL, for tests of restart safety ("volume-copy-frozen": a
+	// snapshot's copy of a volume is made, its file system still frozen).
+	CrashAt string
 }
 
 // Manager creates, lists and removes named volumes, and (as a sandbox

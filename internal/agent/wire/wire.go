@@ -169,6 +169,9 @@ type HelloMsg struct {
 // takes Resize frames.
 const FeaturePTY = "pty"
 
+// FeatureSecretEnv: the agent takes an OpIdentity's SecretEnv.
+const FeatureSecretEnv = "secret-env"
+
 // Op names what a channel does.
 type Op string
 
@@ -208,6 +211,12 @@ type Request struct {
 	// Seed, when set, is mixed into the guest kernel's entropy pool, which
 	// is then reseeded (OpIdentity; a restored VM has its parent's pool).
 	Seed []byte `json:"seed,omitempty"`
+	// SecretEnv, when set, replaces the KEY=VALUE entries the agent holds
+	// in its memory only and merges into every later exec's environment
+	// (over its base environment, under the exec's own): the sandbox's
+	// secrets, which therefore never pass through the engine's files on
+	// the host (OpIdentity; only for an agent with FeatureSecretEnv).
+	SecretEnv []string `json:"secret_env,omitempty"`
 	// Exclude lists absolute paths an OpTarGet leaves out, with what is
 	// below them.
 	Exclude []string `json:"exclude,omitempty"`

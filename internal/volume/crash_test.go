@@ -1,0 +1,146 @@
+package volume_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// TestVolumeSnapshotDaemonKill kills the daemon (SIGKILL, at a named point:
+// CLADE_CRASH_AT) while a snapshot of a sandbox with a volume has it
+// stopped, and checks what the next daemon makes of it. With a sealed
+// checkpoint the sandbox is back running, in place: the same process, its
+// memory and its volume as they were, the volume writable (a copy cut
+// short held it frozen). With an unsealed one it is stopped saying why,
+// its volume intact. Restored already (the daemon died before recording
+// the snapshot ready), it is kept as it runs. Either way the half-made
+// snapshot is gone, files and mounts included.
+func TestVolumeSnapshotDaemonKill(t *testing.T) {
+	for _, tc := range []struct {
+		point    string
+		restored bool
+		// log is what the restarted daemon says it did.
+		log  string
+		args []string
+	}{
+		{"snapshot-stopped-unsealed", false, "cannot be restored", nil},
+		{"snapshot-stopped", true, "restored it in place", nil},
+		{"volume-copy-frozen", true, "restored it in place", nil},
+		{"snapshot-before-restore", true, "restored it in place", nil},
+		{"snapshot-before-ready", true, "reattached a sandbox restored after its snapshot", nil},
+		// The encrypted view outlives the killed daemon; the next one
+		// mounts it again and restores from it.
+		{"volume-copy-frozen", true, "restored it in place", []string{"--encrypt-at-rest"}},
+	} {
+		name := tc.point
+		if len(tc.args) > 0 {
+			name += "/encrypted"
+			if _, err := exec.LookPath("gocryptfs"); err != nil {
+				t.Logf("skipping %s: gocryptfs is not installed (make deps)", name)
+				continue
+			}
+		}
+		t.Run(name, func(t *testing.T) {
+			d := testenv.StartDaemon(t, tc.args...)
+			c := d.Client
+			newVolume(t, c, "db", 64)
+			sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "db", Path: "/data"}}})
+			// A process whose memory holds what it wrote, and its file
+			// on the volume.
+			mustSh(t, c, sb.ID, "dd if=/dev/urandom of=/data/blob bs=1M count=8 2>/dev/null; md5sum /data/blob > /tmp/sum; "+
+				"nohup sh -c 'm=in-memory-$$; while :; do sleep 1; done' > /dev/null 2>&1 & echo $! > /tmp/pid; sync")
+			pid := strings.TrimSpace(mustSh(t, c, sb.ID, "cat /tmp/pid"))
+			sum := mustSh(t, c, sb.ID, "md5sum /data/blob")
+
+			d.Kill()
+			d.Start([]string{"CLADE_CRASH_AT=" + tc.point})
+			if _, err := c.SnapshotSandbox(t.Context(), sb.ID, "cut"); err == nil {
+				t.Fatal("the snapshot succeeded; the daemon should have crashed in it")
+			}
+			_ = d.Wait()
+			d.Start(nil)
+
+			got, err := c.GetSandbox(t.Context(), sb.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(d.Log(), tc.log) {
+				t.Errorf("the restarted daemon's log does not say %q", tc.log)
+			}
+			if snaps, err := c.ListSnapshots(t.Context()); err != nil || len(snaps) != 0 {
+				t.Fatalf("snapshots after the restart: %+v %v, want the half-made one gone", snaps, err)
+			}
+			state := d.DataDir // where snapshots and volumes live
+			if len(tc.args) > 0 {
+				state = filepath.Join(d.DataDir, "plain")
+			}
+			for _, dir := range []string{filepath.Join(state, "snapshots"), filepath.Join(state, "volumes", "snapshots")} {
+				if _, err := os.Stat(dir); err != nil {
+					t.Fatalf("%s: %v: the check looks in the wrong place", dir, err)
+				}
+				if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+					t.Fatalf("%s holds %d entries after the restart: the half-made snapshot's files leaked", dir, len(ents))
+				}
+			}
+			if tc.restored {
+				if got.State != "running" {
+					t.Fatalf("after the restart the sandbox is %s (%s), want running: its checkpoint was sealed\n%s", got.State, got.Error, d.Log())
+				}
+				// The same process, in memory; the volume as it was, and
+				// writable (timeout: a frozen file system would hang).
+				if out := mustSh(t, c, sb.ID, "kill -0 "+pid+" && cat /tmp/sum"); out != sum {
+					t.Fatalf("after the restart: %q, want the process alive and its memory's file %q", out, sum)
+				}
+				if out := mustSh(t, c, sb.ID, "md5sum /data/blob; timeout 20 sh -c 'echo after > /data/g && sync' && cat /data/g"); out != sum+"after\n" {
+					t.Fatalf("the volume after the restart: %q, want %q and writable", out, sum+"after\n")
+				}
+				// Snapshots work again.
+				if _, err := c.SnapshotSandbox(t.Context(), sb.ID, ""); err != nil {
+					t.Fatalf("snapshot after the restart: %v", err)
+				}
+				if out := mustSh(t, c, sb.ID, "kill -0 "+pid+" && cat /data/g"); out != "after\n" {
+					t.Fatalf("after a second snapshot: %q", out)
+				}
+			} else {
+				if got.State != "stopped" || !strings.Contains(got.Error, "never sealed") || !strings.Contains(got.Error, "volumes are intact") {
+					t.Fatalf("after the restart the sandbox is %s (%q), want stopped saying its checkpoint was never sealed", got.State, got.Error)
+				}
+			}
+			if err := c.DeleteSandbox(t.Context(), sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			snaps, _ := c.ListSnapshots(t.Context())
+			for _, sn := range snaps {
+				if err := c.DeleteSnapshot(t.Context(), sn.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Nothing was lost: the volume holds what the sandbox wrote.
+			sb2 := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "db", Path: "/data"}}})
+			if out := mustSh(t, c, sb2.ID, "md5sum /data/blob"); out != sum {
+				t.Fatalf("the volume in a new sandbox: %q, want %q", out, sum)
+			}
+			if err := c.DeleteSandbox(t.Context(), sb2.ID); err != nil {
+				t.Fatal(err)
+			}
+			for _, sub := range []string{"sandboxes", "snapshots", "mnt"} {
+				if ents, _ := os.ReadDir(filepath.Join(state, "volumes", sub)); len(ents) != 0 {
+					t.Errorf("volumes/%s holds %d entries after every user is gone", sub, len(ents))
+				}
+			}
+			if len(tc.args) > 0 {
+				// The encrypted view is the daemon's while it runs: the
+				// census is of what outlives it.
+				d.Stop()
+			}
+			if leaks := testenv.Leaks(d.DataDir); len(leaks) > 0 {
+				t.Fatalf("leaks: %v\n%s", leaks, d.Log())
+			}
+		})
+	}
+}
