@@ -88,7 +88,7 @@ func newCreateCmd() *cobra.Command {
 		for _, kv := range labels {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" {
-				return fmt.Errorf("--label %q: use KEY=VALUE", kv)
+				return badArg("--label %q: use KEY=VALUE", kv)
 			}
 			if req.Labels == nil {
 				req.Labels = map[string]string{}
@@ -395,9 +395,9 @@ func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 	dref, dpath, dIn := splitRef(dst)
 	switch {
 	case sIn && dIn:
-		return errors.New("cp: copy between two sandboxes is not supported: copy through the host")
+		return badArg("copy between two sandboxes is not supported: copy through the host")
 	case !sIn && !dIn:
-		return errors.New("cp: one of SRC and DST must be ID:PATH")
+		return badArg("one of SRC and DST must be ID:PATH, e.g. clade cp ./f box:/tmp/")
 	case dIn:
 		if _, err := os.Lstat(spath); err != nil {
 			return fmt.Errorf("cp: %w", err)
