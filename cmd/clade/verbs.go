@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
 	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/sdk"
@@ -177,6 +178,11 @@ func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest [
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
 		req.TTY, req.Size, req.Resizes = true, lt.size, lt.resizes
+		if interactive && !term.IsTerminal(int(os.Stdin.Fd())) {
+			// A terminal has no end of input but its EOF character: piped
+			// into, the command would wait for more forever.
+			req.Stdin = &eofOnTTY{r: os.Stdin}
+		}
 		req.Signals = forwardSignals(sigs, lt.done, cancel)
 		if t := os.Getenv("TERM"); t != "" && !hasEnv(env, "TERM") {
 			req.Env = append([]string{"TERM=" + t}, req.Env...)
