@@ -591,6 +591,10 @@ func (ch *channel) identity() wire.ExitMsg {
 		if err := syscall.Sethostname([]byte(ch.req.Hostname)); err != nil {
 			return errExit(fmt.Errorf("sethostname: %w", err))
 		}
+		a := ch.s.a
+		a.mu.Lock()
+		a.hostEnv = []string{"HOSTNAME=" + ch.req.Hostname}
+		a.mu.Unlock()
 	}
 	if ch.req.ClockNS != 0 {
 		tv := syscall.NsecToTimeval(ch.req.ClockNS)
