@@ -29,7 +29,7 @@ while True:
 
 func probeCounts(t *testing.T, c *sdk.Client, id string) (tries, hits int) {
 	t.Helper()
-	out := execOut(t, c, id, "sh", "-c", "wc -c </tmp/tries; cat /tmp/hits 2>/dev/null | wc -c")
+	out := execOut(t, c, id, "sh", "-c", "cat /tmp/tries 2>/dev/null | wc -c; cat /tmp/hits 2>/dev/null | wc -c")
 	f := strings.Fields(out)
 	tries, _ = strconv.Atoi(f[0])
 	hits, _ = strconv.Atoi(f[1])
@@ -130,6 +130,29 @@ func TestDaemonNetworkDenyNeverOpens(t *testing.T) {
 	}
 	if tries, hits := waitTries(t, c, list.ID, 0); hits != 0 {
 		t.Fatalf("%s after restart reached the host: %d of %d", list.ID, hits, tries)
+	}
+	// Killed right after a claim returned: the restarted daemon keeps the
+	// sandbox's deny (its slot's rules are rebuilt closed, then its own).
+	deadline = time.Now().Add(time.Minute)
+	for {
+		h, err := c.Health(t.Context())
+		if err == nil && h.Hot == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hot pool did not refill: %+v %v", h, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the pool's background refill
+	}
+	late, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Network: &sdk.Network{Egress: "deny"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	execOut(t, c, late.ID, "sh", "-c", probeSh, host.Addr.String())
+	d.Kill()
+	d.Start(nil)
+	if tries, hits := waitTries(t, c, late.ID, 20); hits != 0 {
+		t.Fatalf("%s claimed before a kill reached the host: %d of %d", late.ID, hits, tries)
 	}
 }
 
