@@ -1,6 +1,7 @@
 package network_test
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,12 @@ import (
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Cleanup() // the binaries testenv built
+	os.Exit(code)
+}
 
 // probeSh starts, in the background, a loop that tries to connect to
 // argv[1]:80 every few ms, counting tries in /tmp/tries and successes in
