@@ -325,24 +325,23 @@ var (
 
 func sandboxNames(ctx context.Context, c *sdk.Client) []string {
 	sbs, _ := c.ListSandboxes(ctx)
-	var out []string
-	for _, s := range sbs {
-		if s.Name != "" {
-			out = append(out, s.Name)
-		}
-		out = append(out, s.ID)
-	}
-	return out
+	return namesAndIDs(sbs, func(s sdk.Sandbox) (string, string) { return s.Name, s.ID })
 }
 
 func snapshotNames(ctx context.Context, c *sdk.Client) []string {
 	snaps, _ := c.ListSnapshots(ctx)
+	return namesAndIDs(snaps, func(s sdk.Snapshot) (string, string) { return s.Name, s.ID })
+}
+
+// namesAndIDs lists each item's name (when it has one) and id.
+func namesAndIDs[T any](items []T, of func(T) (name, id string)) []string {
 	var out []string
-	for _, s := range snaps {
-		if s.Name != "" {
-			out = append(out, s.Name)
+	for _, it := range items {
+		name, id := of(it)
+		if name != "" {
+			out = append(out, name)
 		}
-		out = append(out, s.ID)
+		out = append(out, id)
 	}
 	return out
 }
