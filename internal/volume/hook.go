@@ -63,6 +63,10 @@ func (m *Manager) ensureCopy(rec store.Sandbox, i int, img string) error {
 	if _, err := cloneFile(m.snapshotImage(rec.Snapshot, i), tmp); err != nil {
 		return err
 	}
+	// The copy grows as the child writes: its room is taken now (reserve).
+	if err := reserve(tmp); err != nil {
+		return errors.Join(err, os.Remove(tmp))
+	}
 	return os.Rename(tmp, img)
 }
 
