@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
 	"golang.org/x/sys/unix"
@@ -251,5 +252,39 @@ func TestVolumesReserveRoom(t *testing.T) {
 	}
 	if _, err := os.Stat(m.ownImage(rec.ID, 0) + ".tmp"); !os.IsNotExist(err) {
 		t.Fatalf("a refused copy left its file: %v", err)
+	}
+}
+
+// TestMountRefusedWhileRemoving: a volume rm checks the users and marks the
+// volume removing before it deletes it; a sandbox recorded after that
+// check (a create racing the rm) must not mount the volume it deletes.
+func TestMountRefusedWhileRemoving(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	m, err := New(Config{Dir: filepath.Join(dir, "volumes"), Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := m.Create(t.Context(), "racy", MinSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.removeFiles(v.ID) })
+	rec := store.Sandbox{ID: "late", Opts: store.Options{Volumes: []store.VolumeMount{{Volume: v.ID, Name: v.Name, Path: "/data"}}}}
+	// Where an rm stands once its check found no users.
+	if err := st.SetVolumeState(t.Context(), v.ID, store.VolumeRemoving); err != nil {
+		t.Fatal(err)
+	}
+	var spec engine.Spec
+	err = m.BeforeStart(t.Context(), rec, &spec)
+	if !errdefs.IsNotFound(err) || len(spec.Mounts) != 0 {
+		t.Fatalf("mounting a volume being removed: %v, mounts %+v; want NotFound and no mount", err, spec.Mounts)
+	}
+	if mounted(m.mountPoint(namedKey(v.ID))) {
+		t.Fatal("the volume being removed is mounted")
 	}
 }

@@ -38,7 +38,20 @@ func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engi
 		} else if _, err := os.Stat(img); err != nil {
 			return errdefs.New(errdefs.NotFound, "volume %s of sandbox %s is gone (removed?): %v", vm.Name, rec.ID, err)
 		}
-		if err := m.use(rec.ID, img, mnt); err != nil {
+		check := func() error { return nil }
+		if !ownCopy(vm) {
+			// A volume rm that passed its check of the users before this
+			// sandbox was recorded has marked the volume removing (under
+			// mu, as use runs): it must not be mounted now.
+			check = func() error {
+				v, err := m.cfg.Store.GetVolume(ctx, vm.Volume)
+				if errdefs.IsNotFound(err) || (err == nil && v.State != store.VolumeReady) {
+					return errdefs.New(errdefs.NotFound, "volume %s of sandbox %s is being removed", vm.Name, rec.ID)
+				}
+				return err
+			}
+		}
+		if err := m.use(rec.ID, img, mnt, check); err != nil {
 			return fmt.Errorf("volume %s: %w", vm.Name, err)
 		}
 		spec.Mounts = append(spec.Mounts, engine.Mount{Source: mnt, Destination: vm.Path, ReadOnly: vm.ReadOnly})
@@ -72,9 +85,12 @@ func (m *Manager) ensureCopy(rec store.Sandbox, i int, img string) error {
 
 // use mounts img at mnt unless it is mounted, and records sandbox id as one
 // of its users.
-func (m *Manager) use(id, img, mnt string) error {
+func (m *Manager) use(id, img, mnt string, check func() error) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := check(); err != nil {
+		return err
+	}
 	if mounted(mnt) {
 		// A daemon killed while a snapshot copied the volume left it
 		// frozen; no copy runs now (it would hold mu).
