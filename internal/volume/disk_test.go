@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -286,5 +287,48 @@ func TestMountRefusedWhileRemoving(t *testing.T) {
 	}
 	if mounted(m.mountPoint(namedKey(v.ID))) {
 		t.Fatal("the volume being removed is mounted")
+	}
+}
+
+// TestVolumePathIsAFile: a volume path that is a file in the image (or
+// under one) is refused before anything is mounted, with a message saying
+// what to do; directories, new paths and paths through symlinks are left
+// to runsc.
+func TestVolumePathIsAFile(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"etc", "usr/bin"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("usr/bin", filepath.Join(root, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path string
+		ok   bool
+	}{
+		{"/etc/passwd", false},
+		{"/etc/passwd/x", false},
+		{"/etc", true},
+		{"/new/dir", true},
+		{"/bin/x", true},
+	} {
+		err := notAFile(root, tc.path)
+		if tc.ok != (err == nil) || (err != nil && (!errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "is a file in the image"))) {
+			t.Errorf("%s: %v, want ok=%v", tc.path, err, tc.ok)
+		}
+	}
+	m, err := New(Config{Dir: filepath.Join(t.TempDir(), "volumes")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := engine.Spec{RootFS: root}
+	rec := store.Sandbox{ID: "sb", Opts: store.Options{Volumes: []store.VolumeMount{{Volume: "v", Name: "v", Path: "/etc/passwd"}}}}
+	if err := m.BeforeStart(t.Context(), rec, &spec); !errdefs.IsInvalidArgument(err) || len(spec.Mounts) != 0 {
+		t.Fatalf("BeforeStart with a volume on a file: %v, mounts %+v", err, spec.Mounts)
 	}
 }

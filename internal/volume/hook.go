@@ -29,6 +29,11 @@ func (m *Manager) CompleteCreate(o *store.Options) error {
 // BeforeStart mounts rec's volumes on the host (a restored sandbox's own
 // copies are made first, from its snapshot's) and adds them to spec.
 func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error {
+	for _, vm := range rec.Opts.Volumes {
+		if err := notAFile(spec.RootFS, vm.Path); err != nil {
+			return err
+		}
+	}
 	for i, vm := range rec.Opts.Volumes {
 		img, mnt := m.source(rec.ID, i, vm)
 		if ownCopy(vm) {
@@ -55,6 +60,28 @@ func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engi
 			return fmt.Errorf("volume %s: %w", vm.Name, err)
 		}
 		spec.Mounts = append(spec.Mounts, engine.Mount{Source: mnt, Destination: vm.Path, ReadOnly: vm.ReadOnly})
+	}
+	return nil
+}
+
+// notAFile refuses a volume path that is (or goes through) a file other
+// than a directory in the image at rootfs: runsc cannot mount a directory
+// there and fails with nothing the user could act on. A symlink stops the
+// walk (it resolves inside the sandbox; runsc judges that).
+func notAFile(rootfs, p string) error {
+	if rootfs == "" {
+		return nil
+	}
+	cur := rootfs
+	for _, part := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+		cur = filepath.Join(cur, part)
+		fi, err := os.Lstat(cur)
+		if err != nil || fi.Mode()&os.ModeSymlink != 0 {
+			return nil // made by runsc, or resolved inside the sandbox
+		}
+		if !fi.IsDir() {
+			return errdefs.New(errdefs.InvalidArgument, "volume path %s: %s is a file in the image, not a directory: mount the volume at a directory or a new path", p, strings.TrimPrefix(cur, rootfs))
+		}
 	}
 	return nil
 }
