@@ -7,7 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
@@ -101,5 +104,93 @@ func TestEncryptAtRest(t *testing.T) {
 	// runsc's state in place): still nowhere in plaintext.
 	for m, where := range testenv.FindMarkers(d.DataDir, plain, markers) {
 		t.Errorf("after the wake, marker %s is in plaintext on disk: %v", m, where)
+	}
+}
+
+// TestAtRestModeKept: a data dir whose state is encrypted refuses a daemon
+// started without --encrypt-at-rest, and one whose state is plaintext
+// refuses a daemon started with it, both saying what to do and changing
+// nothing: started again as before, the sleeping sandbox wakes with its
+// volume and the snapshot is still there. (Started the other way, a daemon
+// found none of that state and dropped its records.)
+func TestAtRestModeKept(t *testing.T) {
+	if _, err := exec.LookPath("gocryptfs"); err != nil {
+		t.Skip("gocryptfs is not installed (make deps)")
+	}
+	for _, tc := range []struct {
+		name        string
+		first, then []string
+		want        string
+	}{
+		{"encrypted then plain", []string{"--encrypt-at-rest"}, nil, "start the daemon with --encrypt-at-rest"},
+		{"plain then encrypted", nil, []string{"--encrypt-at-rest"}, "start the daemon without it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := testenv.StartDaemon(t, tc.first...)
+			c := d.Client
+			mark := marker("mode")
+			if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "v", SizeBytes: 32 << 20}); err != nil {
+				t.Fatal(err)
+			}
+			sb, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: "/data"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sh(t, c, sb.ID, "echo "+mark+" > /data/f")
+			snap, err := c.SnapshotSandbox(t.Context(), sb.ID, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Sleep(t.Context(), sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			d.Stop()
+
+			_, agent := testenv.Binaries(t)
+			args := append([]string{"daemon", "--data-dir", d.DataDir, "--socket", filepath.Join(filepath.Dir(d.Socket), "other.sock"),
+				"--build-default-image=false", "--images-dir", testenv.ImagesDir(t), "--runsc", testenv.Runsc(t), "--agent", agent, "--warm-pool", "0", "--hot-pool", "0", "--dns-upstream", "none"},
+				append(d.Net.DaemonArgs(), tc.then...)...)
+			other := exec.Command(d.Bin, args...)
+			var out bytes.Buffer
+			other.Stdout, other.Stderr = &out, &out
+			if err := other.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- other.Wait() }()
+			oc, err := sdk.New(filepath.Join(filepath.Dir(d.Socket), "other.sock"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var werr error
+		wait:
+			for deadline := time.Now().Add(60 * time.Second); ; {
+				select {
+				case werr = <-exited:
+					break wait
+				case <-time.After(50 * time.Millisecond): // polling the socket while it starts
+				}
+				if _, err := oc.Health(t.Context()); err == nil || time.Now().After(deadline) {
+					_ = other.Process.Signal(syscall.SIGTERM)
+					werr = <-exited
+					t.Errorf("a daemon started %v on a data dir made %v started (%v): %s", tc.then, tc.first, werr, out.String())
+					break wait
+				}
+			}
+			if werr == nil || !strings.Contains(out.String(), tc.want) {
+				t.Errorf("the daemon started the other way: %v: %s, want %q", werr, out.String(), tc.want)
+			}
+
+			d.Start(nil)
+			if _, err := c.GetSnapshot(t.Context(), snap.ID); err != nil {
+				t.Errorf("the snapshot after the refused start: %v", err)
+			}
+			if _, err := c.Wake(t.Context(), sb.ID); err != nil {
+				t.Fatalf("wake after the refused start: %v", err)
+			}
+			if got := sh(t, c, sb.ID, "cat /data/f"); got != mark+"\n" {
+				t.Fatalf("the volume after the refused start holds %q", got)
+			}
+		})
 	}
 }

@@ -137,7 +137,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	if img.Snapshot != "" && len(req.Env) == 0 && len(req.Opts.Volumes) == 0 { // volumes: boot, the template's snapshot has none
+	// A template's snapshot has no volumes and none of the env or secrets
+	// asked for (its processes started without them): those boot.
+	if img.Snapshot != "" && len(req.Env) == 0 && len(req.Opts.Volumes) == 0 && len(req.Opts.Secrets) == 0 {
 		// A template: restore its ready snapshot (start command already
 		// running) when the sandbox asks for the snapshot's resources.
 		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs &&
@@ -271,6 +273,11 @@ func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engin
 func (m *Manager) createFrom(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
 	if req.Image != "" || req.MemoryMiB != 0 || req.CPUs != 0 || len(req.Env) != 0 || req.Opts.DiskMiB != 0 || req.Opts.Network != nil || len(req.Opts.Volumes) != 0 {
 		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot takes the snapshot's image, memory, cpus, env, disk, network and volumes: give only a name")
+	}
+	if len(req.Opts.Secrets) != 0 {
+		// Its memory is the snapshot's: the secrets it has are those the
+		// snapshotted sandbox had, and a new one would be dropped unseen.
+		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "a sandbox restored from a snapshot has the secrets its snapshot had (they are in its memory) and cannot take others: create it from an image with --secret instead")
 	}
 	if req.Name != "" {
 		if err := validName("sandbox", req.Name); err != nil {

@@ -331,3 +331,41 @@ func TestSecretEnvNeverOnDisk(t *testing.T) {
 	// let the refill finish before the leak census.
 	waitHot()
 }
+
+// TestSecretNotDroppedOnRestore: a sandbox asked for a secret either has it
+// or is refused. A template's sandbox with a secret boots (its snapshot's
+// memory has none of it); one restored from a snapshot cannot take one.
+func TestSecretNotDroppedOnRestore(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	val := marker(t, "restore")
+	cli(t, d, val, "secret", "set", "tok")
+	if _, err := c.Build(t.Context(), sdk.BuildRequest{Name: "sectmpl", From: "default", Start: "sleep 100000", Ready: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	tm, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Image: "sectmpl", Secrets: []sdk.SecretRef{{Name: "tok"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, c, tm.ID, "echo $TOK"); got != val+"\n" {
+		t.Fatalf("a template's sandbox asked for a secret has $TOK=%q, want the secret", got)
+	}
+	if in, _ := c.GetSandbox(t.Context(), tm.ID); len(in.Secrets) != 1 {
+		t.Fatalf("inspect of the template's sandbox: secrets %+v, want tok", in.Secrets)
+	}
+	src, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := c.SnapshotSandbox(t.Context(), src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{FromSnapshot: sn.ID, Secrets: []sdk.SecretRef{{Name: "tok"}}})
+	if !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "secret") {
+		t.Fatalf("create --from SNAP --secret: %v, want a 400 saying it cannot take a secret", err)
+	}
+	if strings.Contains(err.Error(), val) {
+		t.Fatal("the error carries the secret's value")
+	}
+}

@@ -107,6 +107,9 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if err := checkAtRestMode(ctx, st, o.DataDir, o.EncryptAtRest); err != nil {
+		return err
+	}
 	// stateDir holds what sandboxes write and what snapshots hold.
 	stateDir := o.DataDir
 	liveEngineSandboxes := func() int { return 1 } // set once the engine exists

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -39,6 +40,49 @@ func format(path string, size int64) error {
 	cmd := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", path)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return errors.Join(fmt.Errorf("mkfs.ext4 %s: %w: %s", path, err, strings.TrimSpace(string(out))), os.Remove(path))
+	}
+	// After mkfs, which punches holes into a regular file it discards.
+	if err := reserve(path); err != nil {
+		return errors.Join(err, os.Remove(path))
+	}
+	return nil
+}
+
+// reserve allocates the holes of the image at path, so every block the
+// volume's file system may write is the image's already. A sparse image
+// would take host disk as it is written: with the host's disk full (other
+// volumes, snapshots), the loop device's write fails, ext4 inside aborts its
+// journal and writes the sandbox saw succeed (fsync included) are lost.
+// The holes become unwritten extents: they cost no write, read as zeros and
+// a copy (SEEK_DATA) still skips them. ResourceExhausted when the host has
+// no room; on a file system that shares extents (a reflink clone) the shared
+// ones are not reserved. On FUSE (the gocryptfs view of --encrypt-at-rest)
+// the image stays sparse: a preallocated image there reads as data, so every
+// later copy of it (snapshot, fork child) would copy its whole size through
+// FUSE (measured: a 1 GiB volume's snapshot 12 s instead of 0.7 s).
+func reserve(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &sfs); err == nil && sfs.Type == fuseSuperMagic {
+		return nil
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	err = unix.Fallocate(int(f.Fd()), 0, 0, fi.Size())
+	if errors.Is(err, unix.ENOSPC) {
+		return errdefs.New(errdefs.ResourceExhausted, "the host's disk has no room to reserve %d MiB for a volume: free disk or pick a smaller --size", fi.Size()>>20)
+	}
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return nil // no fallocate here (e.g. some FUSE file systems): stays sparse
+	}
+	if err != nil {
+		return fmt.Errorf("reserve %s: %w", path, err)
 	}
 	return nil
 }
@@ -153,6 +197,9 @@ func mounted(target string) bool {
 	}
 	return st.Dev != parent.Dev
 }
+
+// fuseSuperMagic is a FUSE file system's statfs type (linux/magic.h).
+const fuseSuperMagic = 0x65735546
 
 // syncFS flushes the file system mounted at dir to its image.
 func syncFS(dir string) error {

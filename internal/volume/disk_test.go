@@ -6,10 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -167,4 +170,165 @@ func writeVolumeFile(path string, size int64) error {
 	}
 	_, err = f.WriteAt(bytes.Repeat([]byte("v"), 1<<20), 0)
 	return err
+}
+
+// TestVolumesReserveRoom: a volume takes its whole size on the host at
+// create, so volumes cannot promise more than the host's disk holds: with
+// sparse images a second volume fit, and filling both filled the host,
+// whereupon the loop device's writes failed and ext4 inside lost writes
+// the sandbox had seen succeed. A fork child's copy reserves its size too.
+func TestVolumesReserveRoom(t *testing.T) {
+	dir := t.TempDir()
+	host := filepath.Join(dir, "host.img")
+	f, err := os.Create(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(200 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", host).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", host, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if err := unmount(mnt); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	m, err := New(Config{Dir: filepath.Join(mnt, "volumes"), Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.Create(t.Context(), "a", 112<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := m.Get(t.Context(), a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.UsedBytes < a.SizeBytes {
+		t.Fatalf("a new volume takes %d MiB of its %d MiB on the host: not reserved", in.UsedBytes>>20, a.SizeBytes>>20)
+	}
+	_, err = m.Create(t.Context(), "b", 112<<20)
+	if !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("a second 112 MiB volume on a 200 MiB host: %v, want ResourceExhausted", err)
+	}
+	if vs, _ := st.ListVolumes(t.Context()); len(vs) != 1 {
+		t.Fatalf("after the refused create the store has %d volumes, want 1", len(vs))
+	}
+	if ents, _ := os.ReadDir(filepath.Join(mnt, "volumes", "named")); len(ents) != 1 {
+		t.Fatalf("after the refused create named/ holds %d entries, want 1", len(ents))
+	}
+
+	// A child's copy of a snapshot's (sparse) copy is reserved as well:
+	// a 64 MiB one does not fit in what is left.
+	sn := filepath.Join(mnt, "volumes", "snapshots", "sn1")
+	if err := os.MkdirAll(sn, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sn, "0.img"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(sn, "0.img"), 80<<20); err != nil {
+		t.Fatal(err)
+	}
+	rec := store.Sandbox{ID: "child1", Snapshot: "sn1", Opts: store.Options{Volumes: []store.VolumeMount{{Volume: a.ID, Name: "a", Path: "/a", Clone: CloneCopy}}}}
+	err = m.ensureCopy(rec, 0, m.ownImage(rec.ID, 0))
+	if !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("a child's 80 MiB copy with ~85 MiB left after a 112 MiB volume: %v, want ResourceExhausted", err)
+	}
+	if _, err := os.Stat(m.ownImage(rec.ID, 0) + ".tmp"); !os.IsNotExist(err) {
+		t.Fatalf("a refused copy left its file: %v", err)
+	}
+}
+
+// TestMountRefusedWhileRemoving: a volume rm checks the users and marks the
+// volume removing before it deletes it; a sandbox recorded after that
+// check (a create racing the rm) must not mount the volume it deletes.
+func TestMountRefusedWhileRemoving(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	m, err := New(Config{Dir: filepath.Join(dir, "volumes"), Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := m.Create(t.Context(), "racy", MinSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.removeFiles(v.ID) })
+	rec := store.Sandbox{ID: "late", Opts: store.Options{Volumes: []store.VolumeMount{{Volume: v.ID, Name: v.Name, Path: "/data"}}}}
+	// Where an rm stands once its check found no users.
+	if err := st.SetVolumeState(t.Context(), v.ID, store.VolumeRemoving); err != nil {
+		t.Fatal(err)
+	}
+	var spec engine.Spec
+	err = m.BeforeStart(t.Context(), rec, &spec)
+	if !errdefs.IsNotFound(err) || len(spec.Mounts) != 0 {
+		t.Fatalf("mounting a volume being removed: %v, mounts %+v; want NotFound and no mount", err, spec.Mounts)
+	}
+	if mounted(m.mountPoint(namedKey(v.ID))) {
+		t.Fatal("the volume being removed is mounted")
+	}
+}
+
+// TestVolumePathIsAFile: a volume path that is a file in the image (or
+// under one) is refused before anything is mounted, with a message saying
+// what to do; directories, new paths and paths through symlinks are left
+// to runsc.
+func TestVolumePathIsAFile(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"etc", "usr/bin"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("usr/bin", filepath.Join(root, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path string
+		ok   bool
+	}{
+		{"/etc/passwd", false},
+		{"/etc/passwd/x", false},
+		{"/etc", true},
+		{"/new/dir", true},
+		{"/bin/x", true},
+	} {
+		err := notAFile(root, tc.path)
+		if tc.ok != (err == nil) || (err != nil && (!errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "is a file in the image"))) {
+			t.Errorf("%s: %v, want ok=%v", tc.path, err, tc.ok)
+		}
+	}
+	m, err := New(Config{Dir: filepath.Join(t.TempDir(), "volumes")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := engine.Spec{RootFS: root}
+	rec := store.Sandbox{ID: "sb", Opts: store.Options{Volumes: []store.VolumeMount{{Volume: "v", Name: "v", Path: "/etc/passwd"}}}}
+	if err := m.BeforeStart(t.Context(), rec, &spec); !errdefs.IsInvalidArgument(err) || len(spec.Mounts) != 0 {
+		t.Fatalf("BeforeStart with a volume on a file: %v, mounts %+v", err, spec.Mounts)
+	}
 }

@@ -29,6 +29,11 @@ func (m *Manager) CompleteCreate(o *store.Options) error {
 // BeforeStart mounts rec's volumes on the host (a restored sandbox's own
 // copies are made first, from its snapshot's) and adds them to spec.
 func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error {
+	for _, vm := range rec.Opts.Volumes {
+		if err := notAFile(spec.RootFS, vm.Path); err != nil {
+			return err
+		}
+	}
 	for i, vm := range rec.Opts.Volumes {
 		img, mnt := m.source(rec.ID, i, vm)
 		if ownCopy(vm) {
@@ -38,10 +43,45 @@ func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engi
 		} else if _, err := os.Stat(img); err != nil {
 			return errdefs.New(errdefs.NotFound, "volume %s of sandbox %s is gone (removed?): %v", vm.Name, rec.ID, err)
 		}
-		if err := m.use(rec.ID, img, mnt); err != nil {
+		check := func() error { return nil }
+		if !ownCopy(vm) {
+			// A volume rm that passed its check of the users before this
+			// sandbox was recorded has marked the volume removing (under
+			// mu, as use runs): it must not be mounted now.
+			check = func() error {
+				v, err := m.cfg.Store.GetVolume(ctx, vm.Volume)
+				if errdefs.IsNotFound(err) || (err == nil && v.State != store.VolumeReady) {
+					return errdefs.New(errdefs.NotFound, "volume %s of sandbox %s is being removed", vm.Name, rec.ID)
+				}
+				return err
+			}
+		}
+		if err := m.use(rec.ID, img, mnt, check); err != nil {
 			return fmt.Errorf("volume %s: %w", vm.Name, err)
 		}
 		spec.Mounts = append(spec.Mounts, engine.Mount{Source: mnt, Destination: vm.Path, ReadOnly: vm.ReadOnly})
+	}
+	return nil
+}
+
+// notAFile refuses a volume path that is (or goes through) a file other
+// than a directory in the image at rootfs: runsc cannot mount a directory
+// there and fails with nothing the user could act on. A symlink stops the
+// walk (it resolves inside the sandbox; runsc judges that).
+func notAFile(rootfs, p string) error {
+	if rootfs == "" {
+		return nil
+	}
+	cur := rootfs
+	for _, part := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+		cur = filepath.Join(cur, part)
+		fi, err := os.Lstat(cur)
+		if err != nil || fi.Mode()&os.ModeSymlink != 0 {
+			return nil // made by runsc, or resolved inside the sandbox
+		}
+		if !fi.IsDir() {
+			return errdefs.New(errdefs.InvalidArgument, "volume path %s: %s is a file in the image, not a directory: mount the volume at a directory or a new path", p, strings.TrimPrefix(cur, rootfs))
+		}
 	}
 	return nil
 }
@@ -63,14 +103,21 @@ func (m *Manager) ensureCopy(rec store.Sandbox, i int, img string) error {
 	if _, err := cloneFile(m.snapshotImage(rec.Snapshot, i), tmp); err != nil {
 		return err
 	}
+	// The copy grows as the child writes: its room is taken now (reserve).
+	if err := reserve(tmp); err != nil {
+		return errors.Join(err, os.Remove(tmp))
+	}
 	return os.Rename(tmp, img)
 }
 
 // use mounts img at mnt unless it is mounted, and records sandbox id as one
 // of its users.
-func (m *Manager) use(id, img, mnt string) error {
+func (m *Manager) use(id, img, mnt string, check func() error) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := check(); err != nil {
+		return err
+	}
 	if mounted(mnt) {
 		// A daemon killed while a snapshot copied the volume left it
 		// frozen; no copy runs now (it would hold mu).

@@ -313,6 +313,28 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
+	// Checked and marked removing under mu: a sandbox mounting the volume
+	// (use, also under mu) is either recorded before the check (a user) or
+	// finds it removing.
+	m.mu.Lock()
+	err = m.checkUnused(ctx, ref, v)
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := m.removeFiles(v.ID); err != nil {
+		return err
+	}
+	if err := m.cfg.Store.DeleteVolume(context.WithoutCancel(ctx), v.ID); err != nil {
+		return err
+	}
+	m.log.Info("volume removed", "volume", v.ID, "name", v.Name)
+	return nil
+}
+
+// checkUnused refuses the removal of v while sandboxes or snapshots use it
+// and marks it removing otherwise. Guarded by mu.
+func (m *Manager) checkUnused(ctx context.Context, ref string, v store.Volume) error {
 	users, err := m.volumeUsers(ctx, v.ID)
 	if err != nil {
 		return err
@@ -327,18 +349,7 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	if sn := sharedBy(v.ID, snaps); len(sn) > 0 {
 		return errdefs.New(errdefs.Conflict, "volume %s is shared by the children of snapshot(s) %s; remove them first", ref, strings.Join(sn, ", "))
 	}
-	ctx = context.WithoutCancel(ctx)
-	if err := m.cfg.Store.SetVolumeState(ctx, v.ID, store.VolumeRemoving); err != nil {
-		return err
-	}
-	if err := m.removeFiles(v.ID); err != nil {
-		return err
-	}
-	if err := m.cfg.Store.DeleteVolume(ctx, v.ID); err != nil {
-		return err
-	}
-	m.log.Info("volume removed", "volume", v.ID, "name", v.Name)
-	return nil
+	return m.cfg.Store.SetVolumeState(context.WithoutCancel(ctx), v.ID, store.VolumeRemoving)
 }
 
 // removeFiles unmounts and deletes a named volume's files.
