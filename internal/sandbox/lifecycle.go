@@ -434,9 +434,11 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		return err
 	}
 	defer unlock()
-	ctx = context.WithoutCancel(ctx)
-	// Recorded first: a removal the store refuses (a full disk) changes
-	// nothing, and the sandbox serves on.
+	// A removal frees space: on a full disk its writes may use the store's
+	// reserve, so that the operator can always remove what filled it.
+	ctx = store.ForCleanup(context.WithoutCancel(ctx))
+	// Recorded first: a removal the store refuses (a full disk with no
+	// reserve left) changes nothing, and the sandbox serves on.
 	if err := m.moveLocked(ctx, &rec, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}

@@ -176,7 +176,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
 	if sn.State == store.SnapshotCreating {
 		return errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", ref)
 	}
-	return m.removeSnapshot(context.WithoutCancel(ctx), sn)
+	return m.removeSnapshot(store.ForCleanup(context.WithoutCancel(ctx)), sn)
 }
 
 // removeSnapshot deletes a snapshot's files and record. Guarded by the

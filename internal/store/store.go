@@ -15,7 +15,6 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"golang.org/x/sys/unix"
-	"modernc.org/sqlite"
 )
 
 // Sandbox states.
@@ -138,6 +137,7 @@ type Store struct {
 	// dev and ino identify the database file that was opened: a file
 	// removed or replaced under the daemon is noticed by its identity.
 	dev, ino uint64
+	reserve  reserve // room for removals on a full disk (reserve.go)
 }
 
 const schema = `
@@ -213,6 +213,8 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	st.dev, st.ino = fi.Dev, fi.Ino
+	st.reserve.path = path + ".reserve"
+	st.reserve.make()
 	return st, nil
 }
 
@@ -238,15 +240,18 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result
 	if err := s.Check(); err != nil {
 		return nil, err
 	}
-	res, err := s.db.ExecContext(ctx, query, args...)
-	return res, s.classify(err)
+	var res sql.Result
+	err := s.write(ctx, func() (err error) {
+		res, err = s.db.ExecContext(ctx, query, args...)
+		return err
+	})
+	return res, err
 }
 
 // classify says that an error from a write the full disk refused is
 // ResourceExhausted (a retryable 429), not an internal error.
 func (s *Store) classify(err error) error {
-	var se *sqlite.Error
-	if errors.As(err, &se) && se.Code()&0xff == sqliteFull {
+	if isFull(err) {
 		return errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("the disk holding the database %s is full: free some space and retry: %w", s.path, err))
 	}
 	return err
@@ -271,7 +276,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	if err := s.Check(); err != nil {
 		return err
 	}
-	return s.classify(insertSandbox(ctx, s.db, sb))
+	return s.write(ctx, func() error { return insertSandbox(ctx, s.db, sb) })
 }
 
 // execer is what a write runs on: the database or a transaction.

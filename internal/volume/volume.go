@@ -309,6 +309,7 @@ func sharedBy(id string, snaps []store.Snapshot) []string {
 // Remove removes a volume nobody uses. Errors: NotFound; Conflict naming
 // the sandboxes (and snapshots whose children would share it) that use it.
 func (m *Manager) Remove(ctx context.Context, ref string) error {
+	ctx = store.ForCleanup(ctx) // it frees space: see store.ForCleanup
 	v, err := m.cfg.Store.GetVolume(ctx, ref)
 	if err != nil {
 		return err
