@@ -1,7 +1,9 @@
 package main_test
 
 import (
+	"archive/tar"
 	"bytes"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -146,6 +148,31 @@ func TestCLI(t *testing.T) {
 		}
 		if _, errs, code := cli(t, d, "", "cp", id+":../etc/passwd", dst); code == 0 || !strings.Contains(errs, "absolute") {
 			t.Fatalf("cp of a relative path: code %d %q", code, errs)
+		}
+		// As in docker cp: - is a tar archive on stdout or stdin.
+		tarOut, errs, code := cli(t, d, "", "cp", id+":/root/tree", "-")
+		if code != 0 {
+			t.Fatalf("cp to -: %s", errs)
+		}
+		names := map[string]string{}
+		tr := tar.NewReader(strings.NewReader(tarOut))
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				break
+			}
+			b, _ := io.ReadAll(tr)
+			names[h.Name] = string(b)
+		}
+		if names["tree/a.txt"] != "alpha" {
+			t.Fatalf("cp to - wrote a tar of %v", names)
+		}
+		cli(t, d, "", "exec", id, "--", "mkdir", "/root/untarred")
+		if _, errs, code := cli(t, d, tarOut, "cp", "-", id+":/root/untarred"); code != 0 {
+			t.Fatalf("cp from -: %s", errs)
+		}
+		if out, _, _ := cli(t, d, "", "exec", id, "--", "cat", "/root/untarred/tree/a.txt"); out != "alpha" {
+			t.Fatalf("cp from - unpacked %q", out)
 		}
 	})
 

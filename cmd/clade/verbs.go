@@ -380,9 +380,12 @@ func newCopyCmd() *cobra.Command {
 		Short: "Copy files between the host and a sandbox",
 		Long: "Copies files between the host and a sandbox; one of SRC and DST is ID:PATH\n" +
 			"with an absolute PATH. Directories copy recursively. If DST is an existing\n" +
-			"directory SRC is copied into it, else SRC is copied as DST.",
-		Example: "  clade cp ./src box:/work/\n  clade cp box:/work/out.csv .",
-		Args:    nargs(2, 2),
+			"directory SRC is copied into it, else SRC is copied as DST. As in docker cp,\n" +
+			"- as DST writes a tar archive of SRC to stdout, and - as SRC reads a tar\n" +
+			"archive from stdin and unpacks it into the sandbox directory DST.",
+		Example: "  clade cp ./src box:/work/\n  clade cp box:/work/out.csv .\n" +
+			"  clade cp box:/work - | tar -t\n  tar -c ./src | clade cp - box:/work",
+		Args: nargs(2, 2),
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
 			if strings.Contains(toComplete, ":") || strings.Contains(toComplete, "/") {
 				return nil, cobra.ShellCompDirectiveDefault
@@ -404,6 +407,16 @@ func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 		return badArg("copy between two sandboxes is not supported: copy through the host")
 	case !sIn && !dIn:
 		return badArg("one of SRC and DST must be ID:PATH, e.g. clade cp ./f box:/tmp/")
+	case dIn && src == "-":
+		return c.CopyTo(ctx, dref, dpath, os.Stdin)
+	case sIn && dst == "-":
+		rc, err := c.CopyFrom(ctx, sref, spath)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		_, err = io.Copy(os.Stdout, rc)
+		return err
 	case dIn:
 		if _, err := os.Lstat(spath); err != nil {
 			return fmt.Errorf("cp: %w", err)
