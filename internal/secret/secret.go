@@ -270,6 +270,17 @@ func (m *Manager) CompleteCreate(o *store.Options) error {
 			return err
 		}
 		r.Version = sc.Version
+		if r.Env != "" {
+			// Checked before anything starts: no process could start
+			// with it in its environment.
+			v, err := m.value(context.Background(), *r)
+			if err != nil {
+				return err
+			}
+			if bytes.IndexByte(v, 0) >= 0 {
+				return errdefs.New(errdefs.InvalidArgument, "secret %s holds a NUL byte, which an environment variable cannot: give it with --secret-file instead", r.Name)
+			}
+		}
 	}
 	return nil
 }

@@ -320,8 +320,8 @@ func TestSecretEnvNeverOnDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Secrets: []sdk.SecretRef{{Name: "nul"}}})
-	if !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "--secret-file") {
-		t.Fatalf("a NUL byte as env: %v, want a 400 pointing to --secret-file", err)
+	if !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "--secret-file") || strings.Contains(err.Error(), "hot sandbox") {
+		t.Fatalf("a NUL byte as env: %v, want a 400 pointing to --secret-file (checked before any start)", err)
 	}
 	if sbs, err := c.ListSandboxes(t.Context()); err != nil || len(sbs) != 0 {
 		t.Fatalf("after a refused create: %+v %v", sbs, err)
