@@ -41,7 +41,7 @@ func TestStatsVerb(t *testing.T) {
 		{[]string{"stats", "--no-stream", "nope"}, 1, "no such sandbox"},
 		{[]string{"stats", "--interval", "1ns"}, 1, "too short"},
 		{[]string{"mcp", "--http", "0.0.0.0:0"}, 1, "set a token"},
-		{[]string{"mcp", "--token-file", "/dev/null"}, 1, "for --http"},
+		{[]string{"mcp", "--token-file", "/dev/null"}, 2, "for --http"}, // a usage error
 		{[]string{"mcp", "extra"}, 2, "unexpected argument"},
 	} {
 		if _, errs, code := cli(t, d, "", tc.args...); code != tc.code || !strings.Contains(errs, tc.stderr) {
