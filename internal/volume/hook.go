@@ -30,15 +30,15 @@ func (m *Manager) CompleteCreate(o *store.Options) error {
 // copies are made first, from its snapshot's) and adds them to spec.
 func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error {
 	for i, vm := range rec.Opts.Volumes {
-		img, mnt := m.source(rec.ID, i, vm)
+		data, mnt := m.source(rec.ID, i, vm)
 		if ownCopy(vm) {
-			if err := m.ensureCopy(rec, i, img); err != nil {
+			if err := m.ensureCopy(rec, i, vm, data); err != nil {
 				return fmt.Errorf("volume %s: %w", vm.Name, err)
 			}
-		} else if _, err := os.Stat(img); err != nil {
+		} else if _, err := os.Stat(data); err != nil {
 			return errdefs.New(errdefs.NotFound, "volume %s of sandbox %s is gone (removed?): %v", vm.Name, rec.ID, err)
 		}
-		if err := m.use(rec.ID, img, mnt); err != nil {
+		if err := m.use(ctx, rec.ID, vm, data, mnt); err != nil {
 			return fmt.Errorf("volume %s: %w", vm.Name, err)
 		}
 		spec.Mounts = append(spec.Mounts, engine.Mount{Source: mnt, Destination: vm.Path, ReadOnly: vm.ReadOnly})
@@ -48,7 +48,7 @@ func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engi
 
 // ensureCopy makes a restored sandbox's own copy of its i-th volume from
 // its snapshot's, unless it has one (it is waking).
-func (m *Manager) ensureCopy(rec store.Sandbox, i int, img string) error {
+func (m *Manager) ensureCopy(rec store.Sandbox, i int, vm store.VolumeMount, img string) error {
 	if _, err := os.Stat(img); err == nil {
 		return nil
 	}
@@ -59,16 +59,16 @@ func (m *Manager) ensureCopy(rec store.Sandbox, i int, img string) error {
 		return err
 	}
 	tmp := img + ".tmp"
-	_ = os.Remove(tmp) // a killed daemon's half copy
-	if _, err := cloneFile(m.snapshotImage(rec.Snapshot, i), tmp); err != nil {
+	_ = os.RemoveAll(tmp) // a killed daemon's half copy
+	if err := cloneData(m.snapshotImage(rec.Snapshot, i, vm), tmp); err != nil {
 		return err
 	}
 	return os.Rename(tmp, img)
 }
 
-// use mounts img at mnt unless it is mounted, and records sandbox id as one
-// of its users.
-func (m *Manager) use(id, img, mnt string) error {
+// use mounts data at mnt unless it is mounted (an encrypted volume's
+// plain view first), and records sandbox id as one of its users.
+func (m *Manager) use(ctx context.Context, id string, vm store.VolumeMount, data, mnt string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if mounted(mnt) {
@@ -76,8 +76,15 @@ func (m *Manager) use(id, img, mnt string) error {
 		// frozen; no copy runs now (it would hold mu).
 		thaw(mnt)
 	} else if len(m.users[mnt]) == 0 {
+		img := data
+		if len(vm.Key) > 0 {
+			var err error
+			if img, err = m.openView(ctx, vm.Volume, vm.Key, data, mnt); err != nil {
+				return err
+			}
+		}
 		if err := mountImage(img, mnt, false); err != nil {
-			return err
+			return errors.Join(err, closeView(mnt))
 		}
 	}
 	if m.users[mnt] == nil {
@@ -107,6 +114,7 @@ func (m *Manager) release(rec store.Sandbox) error {
 		if err := os.Remove(mnt); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, err)
 		}
+		errs = append(errs, closeView(mnt))
 	}
 	return errors.Join(errs...)
 }
@@ -148,7 +156,7 @@ func (m *Manager) SnapshotTaken(ctx context.Context, rec store.Sandbox, sn store
 			continue
 		}
 		img, mnt := m.source(rec.ID, i, vm)
-		dst := m.snapshotImage(sn.ID, i)
+		dst := m.snapshotImage(sn.ID, i, vm)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 			return err
 		}
@@ -159,8 +167,9 @@ func (m *Manager) SnapshotTaken(ctx context.Context, rec store.Sandbox, sn store
 	return nil
 }
 
-// copyFrozen copies img to dst; while img is mounted at mnt its file
-// system is frozen (flushed, writers held) for the copy.
+// copyFrozen copies img (or an encrypted volume's directory) to dst;
+// while it is mounted at mnt its file system is frozen (flushed, through
+// the plain view to the ciphertext, and writers held) for the copy.
 func (m *Manager) copyFrozen(img, mnt, dst string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -175,7 +184,7 @@ func (m *Manager) copyFrozen(img, mnt, dst string) error {
 		}
 		defer unix.IoctlSetInt(int(f.Fd()), fiThaw, 0)
 	}
-	_, err := cloneFile(img, dst)
+	err := cloneData(img, dst)
 	m.crashPoint("volume-copy-frozen")
 	return err
 }
@@ -219,7 +228,7 @@ func (m *Manager) Reconcile(ctx context.Context, running, all []store.Sandbox) e
 	ents, _ := os.ReadDir(filepath.Join(m.cfg.Dir, "mnt"))
 	for _, e := range ents {
 		mnt := m.mountPoint(e.Name())
-		if len(m.users[mnt]) > 0 {
+		if len(m.users[mnt]) > 0 || strings.HasPrefix(e.Name(), "c") {
 			continue
 		}
 		m.log.Info("reconcile: unmounting an unused volume", "mount", e.Name())
@@ -229,7 +238,18 @@ func (m *Manager) Reconcile(ctx context.Context, running, all []store.Sandbox) e
 		}
 		errs = append(errs, os.Remove(mnt))
 	}
+	// Encrypted volumes' plain views, once the loop mounts on them are off
+	// (a gocryptfs the killed daemon left is unmounted, and so exits).
+	for _, e := range ents {
+		name, ok := strings.CutPrefix(e.Name(), "c")
+		if !ok || len(m.users[m.mountPoint(name)]) > 0 {
+			continue
+		}
+		m.log.Info("reconcile: unmounting an unused encrypted volume view", "mount", e.Name())
+		errs = append(errs, closeView(m.mountPoint(name)))
+	}
 	m.mu.Unlock()
+	errs = append(errs, os.RemoveAll(filepath.Join(m.cfg.Dir, "tmp")), os.MkdirAll(filepath.Join(m.cfg.Dir, "tmp"), 0o700))
 
 	known := map[string]bool{}
 	for _, rec := range all {
