@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -371,6 +372,15 @@ func (m *Manager) importFiles(ctx context.Context, v store.Volume, r io.Reader) 
 	}
 	if !seen["gocryptfs.conf"] || !seen["gocryptfs.diriv"] || images != 1 {
 		return 0, bad("it needs gocryptfs.conf, gocryptfs.diriv and one image")
+	}
+	// The config is the exporter's: a huge scrypt cost would make gocryptfs
+	// take the host's memory before it finds out whether the key opens it.
+	var conf struct{ ScryptObject struct{ N, R, P int64 } }
+	if b, err := os.ReadFile(filepath.Join(cipher, "gocryptfs.conf")); err != nil || json.Unmarshal(b, &conf) != nil {
+		return 0, bad("gocryptfs.conf does not parse")
+	}
+	if sc := conf.ScryptObject; sc.N < 2 || sc.N > 1<<17 || sc.R < 1 || sc.R > 16 || sc.P < 1 || sc.P > 4 {
+		return 0, bad("gocryptfs.conf asks for a scrypt cost of N=%d r=%d p=%d (at most 2^17, 16, 4)", sc.N, sc.R, sc.P)
 	}
 	mnt := m.mountPoint("init-" + v.ID)
 	img, err := m.openView(ctx, v.ID, v.Key, cipher, mnt)

@@ -7,11 +7,15 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/atrest"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -229,6 +233,34 @@ func testEncryptedVolume(t *testing.T, args []string) {
 	if _, err := c2.ImportVolume(t.Context(), "evil", &evil, key); err == nil || !strings.Contains(err.Error(), "unexpected entry") {
 		t.Fatalf("import of an archive with ../: %v", err)
 	}
+	// The exporter's gocryptfs.conf asking for a huge scrypt cost.
+	var costly bytes.Buffer
+	tw := tar.NewWriter(&costly)
+	rawTar, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(rawTar)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		body, _ := io.ReadAll(tr)
+		if h.Name == "gocryptfs.conf" {
+			body = bytes.Replace(body, []byte(`"N": 1024`), []byte(`"N": 1073741824`), 1)
+		}
+		h.Size = int64(len(body))
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = tw.Write(body)
+	}
+	rawTar.Close()
+	tw.Close()
+	if _, err := c2.ImportVolume(t.Context(), "costly", &costly, key); err == nil || !strings.Contains(err.Error(), "scrypt cost") {
+		t.Fatalf("import of a config with a huge scrypt cost: %v", err)
+	}
 	empty("bad archives")
 	cli(t, d2, "volume", "import", "vault", archive, "--key-file", keyFile)
 	if out, err := exec.Command(d2.Bin, "--host", d2.Socket, "volume", "import", "vault", archive, "--key-file", keyFile).CombinedOutput(); err == nil || !strings.Contains(string(out), "already exists") {
@@ -299,4 +331,57 @@ func mustTar(t *testing.T, w *bytes.Buffer, name, body string) {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestEncryptedVolumeThroughput measures sequential write and cold read
+// of 512 MiB inside a sandbox, plain volume vs encrypted, interleaved, and
+// logs them. It is a measurement, not a check: run it with
+// CLADE_VOLUME_THROUGHPUT=1 (and -v); extra daemon flags in
+// CLADE_VOLUME_THROUGHPUT_ARGS (e.g. --encrypt-at-rest).
+func TestEncryptedVolumeThroughput(t *testing.T) {
+	if os.Getenv("CLADE_VOLUME_THROUGHPUT") == "" {
+		t.Skip("a measurement: set CLADE_VOLUME_THROUGHPUT=1")
+	}
+	requireGocryptfs(t)
+	d := testenv.StartDaemon(t, strings.Fields(os.Getenv("CLADE_VOLUME_THROUGHPUT_ARGS"))...)
+	c := d.Client
+	for _, enc := range []bool{false, true} {
+		name := "plain"
+		if enc {
+			name = "enc"
+		}
+		if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: name, SizeBytes: 1 << 30, Encrypt: enc}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const mib = 512
+	rate := map[string][]float64{}
+	for round := 0; round < 3; round++ {
+		for _, name := range []string{"plain", "enc"} {
+			w := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: name, Path: "/v"}}})
+			start := time.Now()
+			mustSh(t, c, w.ID, fmt.Sprintf("dd if=/dev/zero of=/v/f bs=1M count=%d conv=fsync 2>/dev/null", mib))
+			rate[name+" write"] = append(rate[name+" write"], mib/time.Since(start).Seconds())
+			if err := c.DeleteSandbox(t.Context(), w.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200); err != nil {
+				t.Fatal(err)
+			}
+			r := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: name, Path: "/v"}}})
+			start = time.Now()
+			mustSh(t, c, r.ID, "dd if=/v/f of=/dev/null bs=1M 2>/dev/null; rm /v/f")
+			rate[name+" read"] = append(rate[name+" read"], mib/time.Since(start).Seconds())
+			if err := c.DeleteSandbox(t.Context(), r.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	for _, k := range []string{"plain write", "enc write", "plain read", "enc read"} {
+		v := append([]float64(nil), rate[k]...)
+		slices.Sort(v)
+		t.Logf("%-12s median %6.0f MiB/s  (runs %.0f)", k, v[len(v)/2], rate[k])
+	}
+	t.Logf("load average: %s", strings.TrimSpace(string(load)))
 }
