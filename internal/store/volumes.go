@@ -133,28 +133,16 @@ func (s *Store) ListVolumes(ctx context.Context) ([]Volume, error) {
 }
 
 // DeleteVolume removes a volume's record; a missing one is not an error.
-// It deletes with SQLite's secure_delete on, so the freed page does not
-// keep an encrypted volume's sealed key, and checkpoints the WAL so that
-// no old page there holds it either.
+// The store deletes with secure_delete on (see Open), so the freed space
+// does not keep an encrypted volume's sealed key; the WAL is checkpointed
+// and truncated so that no old page there holds it either.
 func (s *Store) DeleteVolume(ctx context.Context, id string) error {
-	if err := s.Check(); err != nil {
-		return err
-	}
-	conn, err := s.db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `PRAGMA secure_delete = ON`); err != nil {
-		return err
-	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA secure_delete = OFF`)
-	res, err := conn.ExecContext(ctx, `DELETE FROM volumes WHERE id = ?`, id)
+	res, err := s.exec(ctx, `DELETE FROM volumes WHERE id = ?`, id)
 	if err != nil {
 		return err
 	}
 	if n, _ := res.RowsAffected(); n > 0 {
-		_, err = conn.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
+		_, err = s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	}
 	return err
 }

@@ -303,7 +303,7 @@ func testEncryptedVolume(t *testing.T, args []string) {
 	sealed := hex.EncodeToString(rec.Key)
 	for _, f := range []string{"clade.db", "clade.db-wal", "clade.db-shm"} {
 		raw, _ := os.ReadFile(filepath.Join(d.DataDir, f))
-		if bytes.Contains(raw, rec.Key) || strings.Contains(string(raw), sealed) {
+		if bytes.Contains(raw, rec.Key) || strings.Contains(string(raw), sealed) || strings.Contains(string(raw), base64.StdEncoding.EncodeToString(rec.Key)) {
 			t.Fatalf("%s still holds the removed volume's sealed key", f)
 		}
 	}
