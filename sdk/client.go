@@ -149,6 +149,9 @@ func IsUnavailable(err error) bool { return hasCode(err, "unavailable") }
 func IsResourceExhausted(err error) bool { return hasCode(err, "resource_exhausted") }
 
 func (c *Client) newRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	if err := checkRefs(path); err != nil {
+		return nil, err
+	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return nil, err
@@ -157,6 +160,30 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body io.Re
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	return req, nil
+}
+
+// checkRefs refuses a path in which an escaped id or name was empty, "."
+// or "..": the daemon's router cleans such a path into another endpoint's
+// ("/v1/sandboxes//exec" is "/v1/sandboxes/exec", "/v1/sandboxes/../stats"
+// is "/v1/stats"), so the caller would see a puzzling answer, or the wrong
+// endpoint's.
+func checkRefs(p string) error {
+	p, _, _ = strings.Cut(p, "?")
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		if i == 0 || s != "" && s != "." && s != ".." {
+			continue
+		}
+		kind := strings.TrimSuffix(segs[i-1], "s")
+		if kind == "sandboxe" {
+			kind = "sandbox"
+		}
+		if s == "" {
+			return &Error{Code: "invalid_argument", Message: fmt.Sprintf("the %s id or name is empty: give one (see `clade ls`)", kind)}
+		}
+		return &Error{Code: "invalid_argument", Message: fmt.Sprintf("%q is not a %s id or name (see `clade ls`)", s, kind)}
+	}
+	return nil
 }
 
 func (c *Client) do(req *http.Request) (*http.Response, error) {

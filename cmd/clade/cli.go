@@ -60,8 +60,19 @@ func withClient(f func(context.Context, *sdk.Client, []string) error) func(*cobr
 		if err != nil {
 			return err
 		}
-		return f(cmd.Context(), c, args)
+		err = f(cmd.Context(), c, args)
+		if ue, ok := err.(usageError); ok && ue.cmd == nil {
+			ue.cmd = cmd
+			return ue
+		}
+		return err
 	}
+}
+
+// badArg is a usage error of a verb run by withClient: an argument or
+// flag value it cannot use (exit 2, like a flag cobra cannot parse).
+func badArg(format string, args ...any) error {
+	return usageError{msg: fmt.Sprintf(format, args...)}
 }
 
 // verb is a command with its usage line and long help.

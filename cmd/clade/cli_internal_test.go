@@ -73,3 +73,26 @@ func TestEveryVerbHelps(t *testing.T) {
 		t.Errorf("only %d verbs found", n)
 	}
 }
+
+// TestBadValuesAreUsageErrors: an argument or flag value a verb cannot
+// use exits 2 like a flag cobra cannot parse, before any daemon is asked
+// (there is none here).
+func TestBadValuesAreUsageErrors(t *testing.T) {
+	host := t.TempDir() + "/no-daemon.sock"
+	for _, args := range [][]string{
+		{"events", "--label", "novalue"},
+		{"events", "--since", "abc"}, // cobra's, for comparison
+		{"create", "--label", "=x"},
+		{"cp", "a", "b"},
+		{"cp", "x:/a", "y:/b"},
+		{"timeout", "box", "soon"},
+		{"url", "box", "http"},
+		{"port-forward", "box", "0"},
+		{"mcp", "--log-level", "loud"},
+		{"mcp", "--token-file", "/dev/null"},
+	} {
+		if code := run(append([]string{"--host", host}, args...)); code != 2 {
+			t.Errorf("clade %s: exit %d, want 2", strings.Join(args, " "), code)
+		}
+	}
+}

@@ -36,7 +36,7 @@ func newEventsCmd() *cobra.Command {
 		for _, kv := range labels {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" {
-				return fmt.Errorf("--label %q: give K=V", kv)
+				return badArg("--label %q: give K=V", kv)
 			}
 			if f.Labels == nil {
 				f.Labels = map[string]string{}

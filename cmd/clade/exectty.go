@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -116,6 +117,40 @@ func forwardSignals(in <-chan os.Signal, done <-chan struct{}, cancel func()) <-
 		}
 	}()
 	return out
+}
+
+// eofOnTTY reads r, then the terminal's EOF character (^D) where r ends:
+// once at the start of a line, twice after a partial one (the first only
+// hands the partial line to the reader).
+type eofOnTTY struct {
+	r    io.Reader
+	last byte
+	tail []byte
+}
+
+func (e *eofOnTTY) Read(p []byte) (int, error) {
+	if e.r != nil {
+		n, err := e.r.Read(p)
+		if n > 0 {
+			e.last = p[n-1]
+		}
+		if err != io.EOF {
+			return n, err
+		}
+		e.r, e.tail = nil, []byte{0x04}
+		if e.last != 0 && e.last != '\n' {
+			e.tail = []byte{0x04, 0x04}
+		}
+		if n > 0 {
+			return n, nil
+		}
+	}
+	if len(e.tail) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, e.tail)
+	e.tail = e.tail[n:]
+	return n, nil
 }
 
 func hasEnv(env []string, key string) bool {

@@ -224,6 +224,21 @@ sys.exit(5)`
 		}
 	})
 
+	// Piped into, a terminal session ends where the input does (the
+	// command sees the terminal's EOF), with or without a last newline.
+	t.Run("piped stdin ends", func(t *testing.T) {
+		for _, in := range []string{"one\ntwo\n", "one\ntwo"} {
+			out, errs, code := cli(t, d, in, "exec", "-it", "--timeout", "30s", id, "--", "sh", "-c", "cat >/tmp/got; echo done")
+			if code != 0 || !strings.Contains(out, "done") {
+				t.Fatalf("exec -it with %q piped in: exit %d, stdout %q, stderr %q", in, code, out, errs)
+			}
+			got, _, _ := cli(t, d, "", "exec", id, "--", "cat", "/tmp/got")
+			if got != in {
+				t.Errorf("the command read %q, want %q", got, in)
+			}
+		}
+	})
+
 	t.Run("error restores", func(t *testing.T) {
 		p := openHostPTY(t, 24, 80)
 		before := p.termios(t)

@@ -39,13 +39,13 @@ func newMCPCmd() *cobra.Command {
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		var lvl slog.Level
 		if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-			return fmt.Errorf("bad --log-level %q", *level)
+			return badArg("bad --log-level %q: give debug, info, warn or error", *level)
 		}
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 		srv := cmcp.New(cmcp.Config{Client: c, Version: versionString(), MaxOutput: *maxOutput, Log: log})
 		if *httpAddr == "" {
 			if *tokenFile != "" {
-				return errors.New("--token-file is for --http: over stdio the agent that starts clade mcp is the only client")
+				return badArg("--token-file is for --http: over stdio the agent that starts clade mcp is the only client")
 			}
 			err := srv.Run(ctx, &mcpsdk.StdioTransport{})
 			if ctx.Err() != nil || errors.Is(err, context.Canceled) {

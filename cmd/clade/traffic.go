@@ -100,7 +100,7 @@ func newTimeoutCmd() *cobra.Command {
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, pos []string) error {
 		d, err := time.ParseDuration(pos[1])
 		if err != nil || d < 0 {
-			return fmt.Errorf("timeout %q: give a duration such as 90s, 30m or 2h (0 removes the timeout)", pos[1])
+			return badArg("timeout %q: give a duration such as 90s, 30m or 2h (0 removes the timeout)", pos[1])
 		}
 		sb, err := c.SetTimeout(ctx, pos[0], d, *onTimeout)
 		if err != nil {
@@ -131,7 +131,7 @@ func newURLCmd() *cobra.Command {
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, pos []string) error {
 		port, err := strconv.Atoi(pos[1])
 		if err != nil || port < 1 || port > 65535 {
-			return fmt.Errorf("port %q: give a TCP port, 1 to 65535", pos[1])
+			return badArg("port %q: give a TCP port, 1 to 65535", pos[1])
 		}
 		if *ttl <= 0 {
 			return fmt.Errorf("--ttl %s: give a positive duration, e.g. 15m", *ttl)
@@ -169,7 +169,7 @@ func newPortForwardCmd() *cobra.Command {
 		rport, err := strconv.Atoi(remote)
 		lport, lerr := strconv.Atoi(local)
 		if err != nil || lerr != nil || rport < 1 || rport > 65535 || lport < 0 || lport > 65535 {
-			return fmt.Errorf("port-forward %q: use [LOCAL:]REMOTE with TCP ports, e.g. 5432 or 15432:5432", pos[1])
+			return badArg("port-forward %q: use [LOCAL:]REMOTE with TCP ports, e.g. 5432 or 15432:5432", pos[1])
 		}
 		// Fail early on an unknown sandbox.
 		if _, err := c.GetSandbox(ctx, ref); err != nil {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -480,16 +482,59 @@ func (m *tuiModel) shell(id string) tea.Cmd {
 	}
 	m.busy[id] = "shell"
 	m.status = "shell in " + short(id) + "..."
-	return tea.ExecProcess(exec.Command(self, args...), func(err error) tea.Msg {
+	cmd := exec.Command(self, args...)
+	// On a terminal stderr is clade exec's own (the shell's is on the
+	// pty): keep its last line to say why a shell could not start.
+	said := &lastLine{}
+	cmd.Stderr = io.MultiWriter(os.Stderr, said)
+	return tea.ExecProcess(cmd, func(err error) tea.Msg {
 		// A code is the shell's own (its last command's), or clade exec's
 		// 1 when it could not start one: say it, as what it printed is
 		// gone with the shell's screen.
 		var ee *exec.ExitError
 		if errors.As(err, &ee) && ee.ExitCode() > 0 {
-			err = fmt.Errorf("ended with exit code %d", ee.ExitCode())
+			if msg := said.String(); strings.HasPrefix(msg, "clade: ") {
+				err = errors.New(strings.TrimPrefix(msg, "clade: "))
+			} else {
+				err = fmt.Errorf("ended with exit code %d", ee.ExitCode())
+			}
 		}
 		return tuiShellDone{id: id, err: err}
 	})
+}
+
+// lastLine keeps the last non-empty line written to it (of at most 512
+// bytes).
+type lastLine struct {
+	mu   sync.Mutex
+	cur  []byte
+	last string
+}
+
+func (l *lastLine) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range p {
+		switch {
+		case c == '\n' || c == '\r':
+			if s := strings.TrimSpace(string(l.cur)); s != "" {
+				l.last = s
+			}
+			l.cur = l.cur[:0]
+		case len(l.cur) < 512:
+			l.cur = append(l.cur, c)
+		}
+	}
+	return len(p), nil
+}
+
+func (l *lastLine) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := strings.TrimSpace(string(l.cur)); s != "" {
+		return s
+	}
+	return l.last
 }
 
 // do runs an action on id in the background; the row shows what.

@@ -129,6 +129,9 @@ func TestTUI(t *testing.T) {
 	func() {
 		defer d.Start(nil) // also when the wait fails: the sandbox needs its daemon to be cleaned up
 		tm.waitFor(`events stream lost, reconnecting`)
+		// The shell key with the daemon away says why there is no shell.
+		tm.keys("e")
+		tm.waitFor(`shell in ` + sb.ID[:8] + `: cannot reach the clade daemon`)
 	}()
 	tm.waitFor(`events stream back`)
 	if _, err := d.Client.Sleep(t.Context(), sb.ID); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
 	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/sdk"
@@ -88,7 +89,7 @@ func newCreateCmd() *cobra.Command {
 		for _, kv := range labels {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" {
-				return fmt.Errorf("--label %q: use KEY=VALUE", kv)
+				return badArg("--label %q: use KEY=VALUE", kv)
 			}
 			if req.Labels == nil {
 				req.Labels = map[string]string{}
@@ -177,6 +178,11 @@ func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest [
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
 		req.TTY, req.Size, req.Resizes = true, lt.size, lt.resizes
+		if interactive && !term.IsTerminal(int(os.Stdin.Fd())) {
+			// A terminal has no end of input but its EOF character: piped
+			// into, the command would wait for more forever.
+			req.Stdin = &eofOnTTY{r: os.Stdin}
+		}
 		req.Signals = forwardSignals(sigs, lt.done, cancel)
 		if t := os.Getenv("TERM"); t != "" && !hasEnv(env, "TERM") {
 			req.Env = append([]string{"TERM=" + t}, req.Env...)
@@ -395,9 +401,9 @@ func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 	dref, dpath, dIn := splitRef(dst)
 	switch {
 	case sIn && dIn:
-		return errors.New("cp: copy between two sandboxes is not supported: copy through the host")
+		return badArg("copy between two sandboxes is not supported: copy through the host")
 	case !sIn && !dIn:
-		return errors.New("cp: one of SRC and DST must be ID:PATH")
+		return badArg("one of SRC and DST must be ID:PATH, e.g. clade cp ./f box:/tmp/")
 	case dIn:
 		if _, err := os.Lstat(spath); err != nil {
 			return fmt.Errorf("cp: %w", err)

@@ -54,13 +54,18 @@ type Agent struct {
 	// SecretEnv). Memory only: it lives on in a checkpoint of the sandbox,
 	// never in a file. Guarded by mu.
 	secretEnv []string
+	// hostEnv is HOSTNAME once the host gave the sandbox a hostname (a
+	// claimed hot sandbox, a prepared one, a fork child): BaseEnv holds
+	// the one the agent started with (or the parent's, in a restored
+	// copy). Guarded by mu.
+	hostEnv []string
 }
 
 // execEnv is the environment of an exec that asks for env.
 func (a *Agent) execEnv(env []string) []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return wire.MergeEnv(a.cfg.BaseEnv, a.secretEnv, env)
+	return wire.MergeEnv(a.cfg.BaseEnv, a.hostEnv, a.secretEnv, env)
 }
 
 // New returns an agent. Call Run to serve.

@@ -136,8 +136,8 @@ func (ch *channel) abort() {
 }
 
 // drainGrace bounds how long exec keeps reading output after the process
-// exited: a background child that inherited stdout would otherwise hold the
-// call open for as long as it lives.
+// exited and all it wrote was read: a background child that inherited
+// stdout would otherwise hold the call open for as long as it lives.
 const drainGrace = 100 * time.Millisecond
 
 func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
@@ -241,19 +241,23 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	}
 	var pumps sync.WaitGroup
 	pumps.Add(2)
-	go pump(&pumps, ch.stdout, outR)
-	go pump(&pumps, ch.stderr, errR)
+	out, errp := newOutPump(ch.stdout, outR), newOutPump(ch.stderr, errR)
+	go out.run(&pumps)
+	go errp.run(&pumps)
 
-	return ch.waitExit(wait, pid, &pumps, func() {
+	return ch.waitExit(wait, pid, &pumps, []*outPump{out, errp}, func() {
 		outR.Close()
 		errR.Close()
 	})
 }
 
 // waitExit waits for the process pid (killing its group on the request's
-// timeout), then for its output pumps for at most drainGrace, and returns
-// its exit. closeOut stops the pumps (it is called once, in any case).
-func (ch *channel) waitExit(wait <-chan syscall.WaitStatus, pid int, pumps *sync.WaitGroup, closeOut func()) wire.ExitMsg {
+// timeout), then for its output pumps: until they end, or until each has
+// read all the process wrote before it exited and drainGrace passed (a
+// background child may hold the pipes), or has waited drainGrace for
+// output that does not come. It returns the exit. closeOut stops the
+// pumps (it is called once, in any case).
+func (ch *channel) waitExit(wait <-chan syscall.WaitStatus, pid int, pumps *sync.WaitGroup, outs []*outPump, closeOut func()) wire.ExitMsg {
 	var timeout <-chan time.Time
 	if ch.req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(ch.req.TimeoutMS) * time.Millisecond)
@@ -273,14 +277,32 @@ func (ch *channel) waitExit(wait <-chan syscall.WaitStatus, pid int, pumps *sync
 		// The whole tree was killed: the pipes close once its last member dies.
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}
+	for _, o := range outs {
+		o.exited()
+	}
 	pumpsDone := make(chan struct{})
 	go func() { pumps.Wait(); close(pumpsDone) }()
-	select {
-	case <-pumpsDone:
-	case <-time.After(drainGrace):
-		// Background processes still hold the pipes; stop reading them.
-		closeOut()
-		<-pumpsDone
+	// Output still on its way to a slow host is not cut off: a pump held
+	// up by the host's window has not read the pipe to its end yet.
+	tick := time.NewTicker(drainGrace / 4)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-pumpsDone:
+			break wait
+		case now := <-tick.C:
+			done := true
+			for _, o := range outs {
+				done = o.settled(now) && done
+			}
+			if done {
+				// Background processes still hold the pipes; stop reading them.
+				closeOut()
+				<-pumpsDone
+				break wait
+			}
+		}
 	}
 	closeOut()
 	exit := wire.ExitMsg{TimedOut: timedOut}
@@ -294,11 +316,72 @@ func (ch *channel) waitExit(wait <-chan syscall.WaitStatus, pid int, pumps *sync
 	return exit
 }
 
-func pump(wg *sync.WaitGroup, w io.Writer, r *os.File) {
+// outPump copies one output pipe (or terminal) of a process to the host,
+// keeping track of whether it has read all the process wrote before it
+// exited.
+type outPump struct {
+	w io.Writer
+	r *os.File
+
+	mu sync.Mutex
+	// gone: the process exited. drainedAt: when a read begun after that
+	// came back short (the pipe was empty then: what the process wrote
+	// is read). reads counts reads begun; reading: one is under way, since
+	// blockedSince (as seen by settled).
+	gone         bool
+	drainedAt    time.Time
+	reads        uint64
+	reading      bool
+	seenReads    uint64
+	blockedSince time.Time
+}
+
+func newOutPump(w io.Writer, r *os.File) *outPump { return &outPump{w: w, r: r} }
+
+// exited says the process exited.
+func (p *outPump) exited() {
+	p.mu.Lock()
+	p.gone = true
+	p.mu.Unlock()
+}
+
+// settled reports whether the pump may be stopped at now: all the process
+// wrote was read drainGrace ago, or one read has waited for nothing that
+// long.
+func (p *outPump) settled(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.drainedAt.IsZero() && now.Sub(p.drainedAt) >= drainGrace {
+		return true
+	}
+	if !p.reading {
+		p.blockedSince = time.Time{} // writing to the host, or between reads
+		return false
+	}
+	if p.blockedSince.IsZero() || p.seenReads != p.reads {
+		p.seenReads, p.blockedSince = p.reads, now
+		return false
+	}
+	return now.Sub(p.blockedSince) >= drainGrace
+}
+
+func (p *outPump) run(wg *sync.WaitGroup) {
 	defer wg.Done()
 	buf := make([]byte, wire.ChunkSize)
+	w := p.w
 	for {
-		n, err := r.Read(buf)
+		p.mu.Lock()
+		after := p.gone
+		p.reads++
+		p.reading = true
+		p.mu.Unlock()
+		n, err := p.r.Read(buf)
+		p.mu.Lock()
+		p.reading = false
+		if after && (n < len(buf) || err != nil) && p.drainedAt.IsZero() {
+			p.drainedAt = time.Now()
+		}
+		p.mu.Unlock()
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				// The host went away: keep draining so the process is not
@@ -591,6 +674,10 @@ func (ch *channel) identity() wire.ExitMsg {
 		if err := syscall.Sethostname([]byte(ch.req.Hostname)); err != nil {
 			return errExit(fmt.Errorf("sethostname: %w", err))
 		}
+		a := ch.s.a
+		a.mu.Lock()
+		a.hostEnv = []string{"HOSTNAME=" + ch.req.Hostname}
+		a.mu.Unlock()
 	}
 	if ch.req.ClockNS != 0 {
 		tv := syscall.NsecToTimeval(ch.req.ClockNS)

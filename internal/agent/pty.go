@@ -149,9 +149,10 @@ func (ch *channel) execTTY(cmd *exec.Cmd) wire.ExitMsg {
 	pumps.Add(1)
 	// The terminal's reads end with EIO once every holder of its slave
 	// side has closed it.
-	go pump(&pumps, ch.stdout, master)
+	out := newOutPump(ch.stdout, master)
+	go out.run(&pumps)
 	var once sync.Once
-	return ch.waitExit(wait, pid, &pumps, func() {
+	return ch.waitExit(wait, pid, &pumps, []*outPump{out}, func() {
 		once.Do(func() {
 			ch.mu.Lock()
 			ch.pty = nil

@@ -113,7 +113,10 @@ func (c *Config) Validate() error {
 	if len(c.Phases) == 0 {
 		return errors.New("no phases: use --phases " + strings.Join(Phases, ","))
 	}
-	for _, p := range c.Phases {
+	for i, p := range c.Phases {
+		if p == "encryption" { // the name for it
+			p, c.Phases[i] = "atrest", "atrest"
+		}
 		if !slices.Contains(Phases, p) && !slices.Contains(OptionalPhases, p) {
 			return fmt.Errorf("unknown phase %q: use some of %s", p, strings.Join(append(slices.Clone(Phases), OptionalPhases...), ","))
 		}

@@ -103,6 +103,11 @@ func TestValidate(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
+	enc := DefaultConfig()
+	enc.Phases, enc.EncryptedHost = []string{"encryption"}, "/tmp/enc.sock"
+	if err := enc.Validate(); err != nil || enc.Phases[0] != "atrest" {
+		t.Fatalf("the encryption phase (atrest's other name): %v %v", enc.Phases, err)
+	}
 	for name, mod := range map[string]func(*Config){
 		"unknown phase":     func(c *Config) { c.Phases = []string{"create", "nope"} },
 		"no phases":         func(c *Config) { c.Phases = nil },

@@ -42,6 +42,10 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		emu.Unlock()
 	}
 	known := map[string]bool{}
+	inEngine := map[string]bool{}
+	for _, id := range engIDs {
+		inEngine[id] = true
+	}
 	var unsettled []string // could not record their outcome: a full disk
 	for _, rec := range recs {
 		known[rec.Engine()] = true
@@ -51,6 +55,15 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			unlock := m.locks.lock(rec.ID)
 			defer unlock()
 			if rec, err := m.store.GetSandbox(ctx, rec.ID); err == nil {
+				if rec.State == store.StateSleeping && inEngine[rec.Engine()] {
+					// Asleep, so nothing of it runs: what the engine holds
+					// under its engine id is a leftover, the prepared
+					// sandbox a wake killed before it began had taken, or
+					// one a sleep failed to destroy. The wake would find
+					// the id taken.
+					m.log.Info("reconcile: destroying the leftover engine sandbox of a sleeping sandbox", "sandbox", rec.ID, "engine_sandbox", rec.Engine())
+					addErr(m.eng.Destroy(ctx, rec.Engine()))
+				}
 				err := m.reconcileLocked(ctx, rec)
 				if errdefs.Is(err, errdefs.ResourceExhausted) {
 					emu.Lock()

@@ -169,6 +169,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 			return errors.Join(err, m.destroyPrepared(ctx, engID))
 		}
 		rec.EngineID = engID
+		m.crashPoint("wake-after-engine-id")
 	}
 	defer m.pool.Want(sh, 1)
 	if err := m.moveLocked(ctx, rec, store.StateWaking, ""); err != nil {

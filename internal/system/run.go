@@ -232,15 +232,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := claimSocket(o.Socket); err != nil {
 		return err
 	}
-	uln, err := net.Listen("unix", o.Socket)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", o.Socket, err)
-	}
-	_ = os.Chmod(o.Socket, 0o660)
-	lns = append(lns, uln)
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 4)
-	go func() { errc <- hs.Serve(uln) }()
 	if o.Listen != "" {
 		if o.Token == "" {
 			return errors.New("--listen needs --token-file: a TCP API without a token would let anyone who reaches the port run code")
@@ -270,6 +262,16 @@ func Run(ctx context.Context, o Options) error {
 		defer ihs.Close()
 		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain)
 	}
+	// The socket last: a client that finds it answering finds every other
+	// listener (TCP, E2B, ingress) bound too.
+	uln, err := net.Listen("unix", o.Socket)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", o.Socket, err)
+	}
+	_ = os.Chmod(o.Socket, 0o660)
+	lns = append(lns, uln)
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	go func() { errc <- hs.Serve(uln) }()
 	log.Info("clade daemon serving", "socket", o.Socket, "data_dir", o.DataDir, "version", o.Version)
 	if o.BuildDefaultImage {
 		go func() {

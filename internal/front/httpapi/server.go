@@ -140,8 +140,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // TCP listeners use it, the unix socket relies on file permissions.
 func RequireToken(token string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(token)) != 1 {
+		// The scheme is case-insensitive (RFC 9110 11.1): "bearer" too.
+		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(tok), []byte(token)) != 1 {
 			writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong token: pass it as `Authorization: Bearer TOKEN` (the CLI reads CLADE_TOKEN)"))
 			return
 		}

@@ -63,9 +63,10 @@ type FileEntry struct {
 }
 
 type ListFilesOutput struct {
-	Path      string      `json:"path"`
-	Entries   []FileEntry `json:"entries"`
-	Truncated string      `json:"truncated,omitempty" jsonschema:"set when there were more entries than returned"`
+	Path       string      `json:"path"`
+	Entries    []FileEntry `json:"entries"`
+	Truncated  string      `json:"truncated,omitempty" jsonschema:"set when there were more entries than returned"`
+	Unreadable string      `json:"unreadable,omitempty" jsonschema:"set when some entries could not be read (e.g. /proc entries that vanished); the others are listed"`
 }
 
 // maxEntries bounds a listing's entries.
@@ -217,35 +218,42 @@ func (t *tools) listFiles(ctx context.Context, in ListFilesInput) (*mcpsdk.CallT
 	case depth < 0 || depth > 10:
 		return nil, ListFilesOutput{}, fmt.Errorf("depth %d: give 1 to 10", depth)
 	}
-	entries, more, err := t.list1(ctx, in.Sandbox, p, depth)
+	entries, more, unreadable, err := t.list1(ctx, in.Sandbox, p, depth)
 	if err != nil {
 		return nil, ListFilesOutput{}, err
 	}
-	out := ListFilesOutput{Path: p, Entries: entries}
+	out := ListFilesOutput{Path: p, Entries: entries, Unreadable: unreadable}
 	if more {
 		out.Truncated = fmt.Sprintf("only the first %d entries are returned: list a subdirectory or a smaller depth", maxEntries)
 	}
 	return nil, out, nil
 }
 
-// list1 lists the directory p in the sandbox with find(1).
-func (t *tools) list1(ctx context.Context, ref, p string, depth int) ([]FileEntry, bool, error) {
+// list1 lists the directory p in the sandbox with find(1). Entries find
+// could not read do not fail the listing (a find of /proc always meets
+// some that vanished): unreadable says what they were.
+func (t *tools) list1(ctx context.Context, ref, p string, depth int) (_ []FileEntry, more bool, unreadable string, _ error) {
 	var stdout, stderr bytes.Buffer
 	st, err := t.c.Exec(ctx, ref, sdk.ExecRequest{Stdout: &stdout, Stderr: &stderr, Timeout: time.Minute,
 		Cmd: []string{"find", p + "/", "-mindepth", "1", "-maxdepth", strconv.Itoa(depth),
 			"-printf", `%y\t%s\t%m\t%T@\t%l\t%P\0`}})
 	if err != nil {
-		return nil, false, err
+		return nil, false, "", err
 	}
-	if st.Code != 0 {
+	// find exits 1 when it could not read some entries, after listing the
+	// others; with nothing listed, p itself is the trouble.
+	if st.Code != 0 && (st.Code != 1 || st.Error != "" || stdout.Len() == 0) {
 		msg := strings.TrimSpace(stderr.String() + " " + st.Error)
 		if strings.Contains(msg, "Not a directory") {
 			msg = p + " is not a directory: use read_file for a file"
 		}
-		return nil, false, fmt.Errorf("list %s: %s", p, msg)
+		return nil, false, "", fmt.Errorf("list %s: %s", p, msg)
+	}
+	if st.Code != 0 {
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		unreadable = fmt.Sprintf("%d entries could not be read, e.g. %s", len(lines), lines[0])
 	}
 	entries := []FileEntry{}
-	more := false
 	for rec := range strings.SplitSeq(stdout.String(), "\x00") {
 		f := strings.SplitN(rec, "\t", 6)
 		if len(f) != 6 {
@@ -272,7 +280,7 @@ func (t *tools) list1(ctx context.Context, ref, p string, depth int) ([]FileEntr
 		}
 		entries = append(entries, e)
 	}
-	return entries, more, nil
+	return entries, more, unreadable, nil
 }
 
 // fileTemplate names a file or directory in a sandbox as a resource.
@@ -307,7 +315,7 @@ func (t *tools) readResource(ctx context.Context, req *mcpsdk.ReadResourceReques
 	p = path.Clean(p)
 	data, _, err := t.readUpTo(ctx, ref, p, t.cfg.MaxFileBytes)
 	if errors.Is(err, errIsDir) {
-		entries, _, err := t.list1(ctx, ref, p, 1)
+		entries, _, _, err := t.list1(ctx, ref, p, 1)
 		if err != nil {
 			return nil, err
 		}

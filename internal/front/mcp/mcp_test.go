@@ -179,8 +179,8 @@ func exercise(t *testing.T, cs *mcpsdk.ClientSession, maxOutput int) {
 		t.Fatalf("run_command with long output: truncated %q, %d bytes of stdout: %.200q...", run.Truncated, len(run.Stdout), run.Stdout)
 	}
 	call("run_command", map[string]any{"sandbox": sb.ID, "command": "sleep 30", "timeout_seconds": 1}, &run)
-	if !run.TimedOut {
-		t.Fatalf("run_command past its timeout: %+v", run)
+	if !run.TimedOut || run.ExitCode != 124 {
+		t.Fatalf("run_command past its timeout: %+v, want timed_out and exit code 124", run)
 	}
 
 	var wrote cmcp.WriteFileOutput
@@ -215,6 +215,13 @@ func exercise(t *testing.T, cs *mcpsdk.ClientSession, maxOutput int) {
 	call("list_files", map[string]any{"sandbox": sb.ID, "path": "/work/new", "depth": 3}, &ls)
 	if !slices.ContainsFunc(ls.Entries, func(e cmcp.FileEntry) bool { return e.Name == "dir/hello.py" && e.Type == "file" }) {
 		t.Fatalf("list_files depth 3: %+v", ls)
+	}
+
+	// find cannot read some of /proc/self (its own fds vanish as it lists
+	// them): the rest is listed, with a note.
+	call("list_files", map[string]any{"sandbox": sb.ID, "path": "/proc/self", "depth": 2}, &ls)
+	if !slices.ContainsFunc(ls.Entries, func(e cmcp.FileEntry) bool { return e.Name == "status" }) || ls.Unreadable == "" {
+		t.Fatalf("list_files of /proc/self: %d entries, unreadable %q", len(ls.Entries), ls.Unreadable)
 	}
 
 	// The file as a resource.

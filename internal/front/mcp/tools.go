@@ -209,6 +209,9 @@ func (t *tools) run(ctx context.Context, in RunInput) (*mcpsdk.CallToolResult, R
 		return nil, RunOutput{}, err
 	}
 	out := RunOutput{ExitCode: st.Code, Stdout: stdout.String(), Stderr: stderr.String(), TimedOut: st.TimedOut, Error: st.Error}
+	if st.TimedOut {
+		out.ExitCode = 124 // as the schema and `clade exec` say, not the kill's 137
+	}
 	var notes []string
 	if n := stdout.cut(); n > 0 {
 		notes = append(notes, fmt.Sprintf("%d bytes cut from the middle of stdout (%d in all)", n, stdout.total))
