@@ -150,26 +150,26 @@ func newVolumeExportCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		out, err := os.OpenFile(args[1], os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err != nil {
-			return err
-		}
-		if err := c.ExportVolume(ctx, args[0], out); err != nil {
-			out.Close()
-			os.Remove(args[1])
-			return err
-		}
-		if err := out.Close(); err != nil {
-			os.Remove(args[1])
-			return err
-		}
+		// Both files are new (never overwritten); on any failure neither is left.
 		kf, err := os.OpenFile(*keyFile, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if err != nil {
-			os.Remove(args[1])
 			return err
 		}
 		_, err = kf.WriteString(key + "\n")
 		if cerr := kf.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(*keyFile)
+			return err
+		}
+		out, err := os.OpenFile(args[1], os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			os.Remove(*keyFile)
+			return err
+		}
+		err = c.ExportVolume(ctx, args[0], out)
+		if cerr := out.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {

@@ -196,6 +196,9 @@ func testEncryptedVolume(t *testing.T, args []string) {
 	if out, err := exec.Command(d.Bin, "--host", d.Socket, "volume", "export", "vault", archive, "--key-file", keyFile+"2").CombinedOutput(); err == nil {
 		t.Fatalf("export over an existing file succeeded: %s", out)
 	}
+	if _, err := os.Stat(keyFile + "2"); !os.IsNotExist(err) {
+		t.Fatalf("a failed export left its key file: %v", err)
+	}
 
 	d2 := testenv.StartDaemon(t)
 	c2 := d2.Client
