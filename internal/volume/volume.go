@@ -19,9 +19,12 @@
 // collect what a killed daemon left half made:
 //
 //	named/<volume id>/disk.img         a named volume
-//	sandboxes/<sandbox id>/<i>.img     a restored sandbox's own copy of its i-th mount
-//	snapshots/<snapshot id>/<i>.img    a snapshot's copy of its sandbox's i-th mount
+//	named/<volume id>/crypt/           an encrypted one's gocryptfs dir (crypt.go)
+//	sandboxes/<sandbox id>/<i>.img     a restored sandbox's own copy of its i-th mount (.crypt/: encrypted)
+//	snapshots/<snapshot id>/<i>.img    a snapshot's copy of its sandbox's i-th mount (.crypt/: encrypted)
 //	mnt/<key>                          where an image is loop-mounted while in use
+//	mnt/c<key>                         an encrypted image's plain view, while in use
+//	tmp/                               exports being made (emptied at restart)
 package volume
 
 import (
