@@ -17,13 +17,31 @@ type Volume struct {
 	UsedBy []string `json:"used_by,omitempty"`
 	// Mounted says whether a running sandbox has it mounted now.
 	Mounted bool `json:"mounted,omitempty"`
+	// Encrypted says the volume has a key of its own (never shown here:
+	// GET /v1/volumes/{name}/key hands it out for an export).
+	Encrypted bool `json:"encrypted"`
 }
+
+// VolumeKey is the answer of GET /v1/volumes/{name}/key: an encrypted
+// volume's key, hex of 32 bytes. With an export (GET
+// /v1/volumes/{name}/export, a tar of ciphertext) it opens the volume on
+// another host: POST /v1/volumes/{name}/import with the tar as the body
+// and the key in the VolumeKeyHeader header.
+type VolumeKey struct {
+	Key string `json:"key"`
+}
+
+// VolumeKeyHeader carries an imported volume's key.
+const VolumeKeyHeader = "Clade-Volume-Key"
 
 // CreateVolumeRequest is the body of POST /v1/volumes.
 type CreateVolumeRequest struct {
 	Name string `json:"name"`
 	// SizeBytes is the volume's size; 0 takes the default (1 GiB).
 	SizeBytes int64 `json:"size_bytes,omitempty"`
+	// Encrypt gives the volume a key of its own, so that it can move to
+	// another host (export and import) and be opened there.
+	Encrypt bool `json:"encrypt,omitempty"`
 }
 
 // VolumeMount is a volume a sandbox mounts.

@@ -21,21 +21,25 @@ func newVolumeCmd() *cobra.Command {
 		Short:   "Make, list and remove named volumes",
 		Long:    "A volume outlives sandboxes: clade create --volume NAME:/path[:ro] mounts it.",
 	})
-	cmd.AddCommand(newVolumeCreateCmd(), newVolumeListCmd(), newVolumeInspectCmd(), newVolumeRemoveCmd())
+	cmd.AddCommand(newVolumeCreateCmd(), newVolumeListCmd(), newVolumeInspectCmd(), newVolumeRemoveCmd(),
+		newVolumeExportCmd(), newVolumeImportCmd())
 	return cmd
 }
 
 func newVolumeCreateCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "create NAME [flags]",
-		Short:   "Make a named volume",
-		Long:    "Makes a named volume of a fixed size: writes past it fail with ENOSPC inside the sandbox.",
-		Example: "  clade volume create data --size 10GiB\n  clade create --volume data:/data",
+		Use:   "create NAME [flags]",
+		Short: "Make a named volume",
+		Long: "Makes a named volume of a fixed size: writes past it fail with ENOSPC inside the sandbox.\n" +
+			"With --encrypt the volume has a key of its own (sealed under the host key): its bytes on disk are\n" +
+			"ciphertext, and `clade volume export` / `import` move it with its key to another host.",
+		Example: "  clade volume create data --size 10GiB\n  clade volume create vault --encrypt\n  clade create --volume data:/data",
 		Args:    nargs(1, 1),
 	}
 	size := cmd.Flags().String("size", "", "the volume's `size`, e.g. 10GiB or 512MiB (default 1GiB)")
+	encrypt := cmd.Flags().Bool("encrypt", false, "give the volume a key of its own (gocryptfs), so it can move to another host")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-		req := sdk.CreateVolumeRequest{Name: args[0]}
+		req := sdk.CreateVolumeRequest{Name: args[0], Encrypt: *encrypt}
 		if *size != "" {
 			mib, err := parseMiB(*size)
 			if err != nil {
@@ -70,9 +74,13 @@ func newVolumeListCmd() *cobra.Command {
 			return printJSON(vs)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tSIZE\tON DISK\tUSED BY\tCREATED")
+		fmt.Fprintln(tw, "NAME\tSIZE\tON DISK\tENCRYPTED\tUSED BY\tCREATED")
 		for _, v := range vs {
-			fmt.Fprintf(tw, "%s\t%dMiB\t%dMiB\t%s\t%s ago\n", v.Name, v.SizeBytes>>20, v.UsedBytes>>20, dash(strings.Join(v.UsedBy, ",")), time.Since(v.CreatedAt).Round(time.Second))
+			enc := "-"
+			if v.Encrypted {
+				enc = "yes"
+			}
+			fmt.Fprintf(tw, "%s\t%dMiB\t%dMiB\t%s\t%s\t%s ago\n", v.Name, v.SizeBytes>>20, v.UsedBytes>>20, enc, dash(strings.Join(v.UsedBy, ",")), time.Since(v.CreatedAt).Round(time.Second))
 		}
 		return tw.Flush()
 	})
@@ -120,6 +128,90 @@ func newVolumeRemoveCmd() *cobra.Command {
 			return nil
 		}),
 	}
+}
+
+func newVolumeExportCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "export NAME FILE --key-file KEYFILE",
+		Short: "Write an encrypted volume and its key to files, to move it to another host",
+		Long: "Writes encrypted volume NAME (made with --encrypt) to FILE, a tar of its ciphertext only, and its key\n" +
+			"to KEYFILE (created 0600; it must not exist). Keep the key apart from FILE: with it, FILE opens.\n" +
+			"A volume in use is copied consistently (its file system is frozen for the copy).",
+		Example:           "  clade volume export vault vault.tar --key-file vault.key\n  # on the other host:\n  clade volume import vault vault.tar --key-file vault.key",
+		Args:              nargs(2, 2),
+		ValidArgsFunction: completeVolumes,
+	}
+	keyFile := cmd.Flags().String("key-file", "", "write the volume's key to this `file` (required)")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		if *keyFile == "" {
+			return fmt.Errorf("--key-file is required: the export is useless without its key")
+		}
+		key, err := c.VolumeKey(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		// Both files are new (never overwritten); on any failure neither is left.
+		kf, err := os.OpenFile(*keyFile, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = kf.WriteString(key + "\n")
+		if cerr := kf.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(*keyFile)
+			return err
+		}
+		out, err := os.OpenFile(args[1], os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			os.Remove(*keyFile)
+			return err
+		}
+		err = c.ExportVolume(ctx, args[0], out)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(args[1])
+			os.Remove(*keyFile)
+		}
+		return err
+	})
+	return cmd
+}
+
+func newVolumeImportCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "import NAME FILE --key-file KEYFILE",
+		Short: "Make a volume of an export from another host",
+		Long: "Makes encrypted volume NAME of FILE and KEYFILE, as `clade volume export` wrote them. The key is checked\n" +
+			"to open the volume before anything is kept: a wrong key is an error, and nothing is imported.",
+		Example: "  clade volume import vault vault.tar --key-file vault.key",
+		Args:    nargs(2, 2),
+	}
+	keyFile := cmd.Flags().String("key-file", "", "the volume's key, as export wrote it (`file`, required)")
+	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		if *keyFile == "" {
+			return fmt.Errorf("--key-file is required")
+		}
+		key, err := os.ReadFile(*keyFile)
+		if err != nil {
+			return err
+		}
+		f, err := os.Open(args[1])
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		v, err := c.ImportVolume(ctx, args[0], f, strings.TrimSpace(string(key)))
+		if err != nil {
+			return err
+		}
+		fmt.Println(v.Name)
+		return nil
+	})
+	return cmd
 }
 
 // volumeFlags adds create's --volume and --volume-shared.

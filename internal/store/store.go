@@ -189,7 +189,10 @@ func (sb Sandbox) Engine() string {
 
 // Open opens (creating if needed) the database at path.
 func Open(ctx context.Context, path string) (*Store, error) {
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)")
+	// secure_delete: deleted rows are zeroed, so that a removed encrypted
+	// volume's sealed key (in its record and its copies' options) is not
+	// left in a free page.
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=secure_delete(1)")
 	if err != nil {
 		return nil, err
 	}

@@ -168,7 +168,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}()
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, hook)
-	vols, err := volume.New(volume.Config{Dir: filepath.Join(stateDir, "volumes"), Store: st, Log: log, CrashAt: o.Sandbox.CrashAt})
+	vols, err := volume.New(volume.Config{Dir: filepath.Join(stateDir, "volumes"), Store: st, Log: log, CrashAt: o.Sandbox.CrashAt, Sealer: secrets.Key()})
 	if err != nil {
 		return err
 	}

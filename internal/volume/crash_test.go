@@ -27,19 +27,29 @@ func TestVolumeSnapshotDaemonKill(t *testing.T) {
 		// log is what the restarted daemon says it did.
 		log  string
 		args []string
+		// encVol: the volume has a key of its own (volume create --encrypt).
+		encVol bool
 	}{
-		{"snapshot-stopped-unsealed", false, "cannot be restored", nil},
-		{"snapshot-stopped", true, "restored it in place", nil},
-		{"volume-copy-frozen", true, "restored it in place", nil},
-		{"snapshot-before-restore", true, "restored it in place", nil},
-		{"snapshot-before-ready", true, "reattached a sandbox restored after its snapshot", nil},
+		{"snapshot-stopped-unsealed", false, "cannot be restored", nil, false},
+		{"snapshot-stopped", true, "restored it in place", nil, false},
+		{"volume-copy-frozen", true, "restored it in place", nil, false},
+		{"snapshot-before-restore", true, "restored it in place", nil, false},
+		{"snapshot-before-ready", true, "reattached a sandbox restored after its snapshot", nil, false},
 		// The encrypted view outlives the killed daemon; the next one
 		// mounts it again and restores from it.
-		{"volume-copy-frozen", true, "restored it in place", []string{"--encrypt-at-rest"}},
+		{"volume-copy-frozen", true, "restored it in place", []string{"--encrypt-at-rest"}, false},
+		// Killed while the copy of an encrypted volume's gocryptfs dir runs,
+		// its file system frozen on the plain view.
+		{"volume-copy-frozen", true, "restored it in place", nil, true},
 	} {
 		name := tc.point
-		if len(tc.args) > 0 {
-			name += "/encrypted"
+		if tc.encVol {
+			name += "/encrypted-volume"
+		}
+		if len(tc.args) > 0 || tc.encVol {
+			if len(tc.args) > 0 {
+				name += "/encrypted"
+			}
 			if _, err := exec.LookPath("gocryptfs"); err != nil {
 				t.Logf("skipping %s: gocryptfs is not installed (make deps)", name)
 				continue
@@ -48,7 +58,9 @@ func TestVolumeSnapshotDaemonKill(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			d := testenv.StartDaemon(t, tc.args...)
 			c := d.Client
-			newVolume(t, c, "db", 64)
+			if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "db", SizeBytes: 64 << 20, Encrypt: tc.encVol}); err != nil {
+				t.Fatal(err)
+			}
 			sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "db", Path: "/data"}}})
 			// A process whose memory holds what it wrote, and its file
 			// on the volume.

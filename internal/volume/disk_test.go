@@ -212,7 +212,7 @@ func TestVolumesReserveRoom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := m.Create(t.Context(), "a", 112<<20)
+	a, err := m.Create(t.Context(), "a", 112<<20, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestVolumesReserveRoom(t *testing.T) {
 	if in.UsedBytes < a.SizeBytes {
 		t.Fatalf("a new volume takes %d MiB of its %d MiB on the host: not reserved", in.UsedBytes>>20, a.SizeBytes>>20)
 	}
-	_, err = m.Create(t.Context(), "b", 112<<20)
+	_, err = m.Create(t.Context(), "b", 112<<20, false)
 	if !errdefs.Is(err, errdefs.ResourceExhausted) {
 		t.Fatalf("a second 112 MiB volume on a 200 MiB host: %v, want ResourceExhausted", err)
 	}
@@ -247,11 +247,12 @@ func TestVolumesReserveRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := store.Sandbox{ID: "child1", Snapshot: "sn1", Opts: store.Options{Volumes: []store.VolumeMount{{Volume: a.ID, Name: "a", Path: "/a", Clone: CloneCopy}}}}
-	err = m.ensureCopy(rec, 0, m.ownImage(rec.ID, 0))
+	vm := rec.Opts.Volumes[0]
+	err = m.ensureCopy(rec, 0, vm, m.ownImage(rec.ID, 0, vm))
 	if !errdefs.Is(err, errdefs.ResourceExhausted) {
 		t.Fatalf("a child's 80 MiB copy with ~85 MiB left after a 112 MiB volume: %v, want ResourceExhausted", err)
 	}
-	if _, err := os.Stat(m.ownImage(rec.ID, 0) + ".tmp"); !os.IsNotExist(err) {
+	if _, err := os.Stat(m.ownImage(rec.ID, 0, vm) + ".tmp"); !os.IsNotExist(err) {
 		t.Fatalf("a refused copy left its file: %v", err)
 	}
 }
@@ -270,7 +271,7 @@ func TestMountRefusedWhileRemoving(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := m.Create(t.Context(), "racy", MinSize)
+	v, err := m.Create(t.Context(), "racy", MinSize, false)
 	if err != nil {
 		t.Fatal(err)
 	}

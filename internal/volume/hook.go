@@ -35,12 +35,12 @@ func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engi
 		}
 	}
 	for i, vm := range rec.Opts.Volumes {
-		img, mnt := m.source(rec.ID, i, vm)
+		data, mnt := m.source(rec.ID, i, vm)
 		if ownCopy(vm) {
-			if err := m.ensureCopy(rec, i, img); err != nil {
+			if err := m.ensureCopy(rec, i, vm, data); err != nil {
 				return fmt.Errorf("volume %s: %w", vm.Name, err)
 			}
-		} else if _, err := os.Stat(img); err != nil {
+		} else if _, err := os.Stat(data); err != nil {
 			return errdefs.New(errdefs.NotFound, "volume %s of sandbox %s is gone (removed?): %v", vm.Name, rec.ID, err)
 		}
 		check := func() error { return nil }
@@ -56,7 +56,7 @@ func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engi
 				return err
 			}
 		}
-		if err := m.use(rec.ID, img, mnt, check); err != nil {
+		if err := m.use(ctx, rec.ID, vm, data, mnt, check); err != nil {
 			return fmt.Errorf("volume %s: %w", vm.Name, err)
 		}
 		spec.Mounts = append(spec.Mounts, engine.Mount{Source: mnt, Destination: vm.Path, ReadOnly: vm.ReadOnly})
@@ -88,7 +88,7 @@ func notAFile(rootfs, p string) error {
 
 // ensureCopy makes a restored sandbox's own copy of its i-th volume from
 // its snapshot's, unless it has one (it is waking).
-func (m *Manager) ensureCopy(rec store.Sandbox, i int, img string) error {
+func (m *Manager) ensureCopy(rec store.Sandbox, i int, vm store.VolumeMount, img string) error {
 	if _, err := os.Stat(img); err == nil {
 		return nil
 	}
@@ -99,20 +99,25 @@ func (m *Manager) ensureCopy(rec store.Sandbox, i int, img string) error {
 		return err
 	}
 	tmp := img + ".tmp"
-	_ = os.Remove(tmp) // a killed daemon's half copy
-	if _, err := cloneFile(m.snapshotImage(rec.Snapshot, i), tmp); err != nil {
+	_ = os.RemoveAll(tmp) // a killed daemon's half copy
+	if err := cloneData(m.snapshotImage(rec.Snapshot, i, vm), tmp); err != nil {
 		return err
 	}
 	// The copy grows as the child writes: its room is taken now (reserve).
-	if err := reserve(tmp); err != nil {
-		return errors.Join(err, os.Remove(tmp))
+	// An encrypted volume's copy is a gocryptfs directory: its image is
+	// reserved, if at all, through its view.
+	if len(vm.Key) == 0 {
+		if err := reserve(tmp); err != nil {
+			return errors.Join(err, os.RemoveAll(tmp))
+		}
 	}
 	return os.Rename(tmp, img)
 }
 
-// use mounts img at mnt unless it is mounted, and records sandbox id as one
-// of its users.
-func (m *Manager) use(id, img, mnt string, check func() error) error {
+// use mounts data at mnt unless it is mounted (an encrypted volume's
+// plain view first), and records sandbox id as one of its users; check,
+// run under mu, may refuse it first.
+func (m *Manager) use(ctx context.Context, id string, vm store.VolumeMount, data, mnt string, check func() error) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := check(); err != nil {
@@ -123,8 +128,15 @@ func (m *Manager) use(id, img, mnt string, check func() error) error {
 		// frozen; no copy runs now (it would hold mu).
 		thaw(mnt)
 	} else if len(m.users[mnt]) == 0 {
+		img := data
+		if len(vm.Key) > 0 {
+			var err error
+			if img, err = m.openView(ctx, vm.Volume, vm.Key, data, mnt); err != nil {
+				return err
+			}
+		}
 		if err := mountImage(img, mnt, false); err != nil {
-			return err
+			return errors.Join(err, closeView(mnt))
 		}
 	}
 	if m.users[mnt] == nil {
@@ -154,6 +166,7 @@ func (m *Manager) release(rec store.Sandbox) error {
 		if err := os.Remove(mnt); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, err)
 		}
+		errs = append(errs, closeView(mnt))
 	}
 	return errors.Join(errs...)
 }
@@ -195,7 +208,7 @@ func (m *Manager) SnapshotTaken(ctx context.Context, rec store.Sandbox, sn store
 			continue
 		}
 		img, mnt := m.source(rec.ID, i, vm)
-		dst := m.snapshotImage(sn.ID, i)
+		dst := m.snapshotImage(sn.ID, i, vm)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 			return err
 		}
@@ -206,8 +219,9 @@ func (m *Manager) SnapshotTaken(ctx context.Context, rec store.Sandbox, sn store
 	return nil
 }
 
-// copyFrozen copies img to dst; while img is mounted at mnt its file
-// system is frozen (flushed, writers held) for the copy.
+// copyFrozen copies img (or an encrypted volume's directory) to dst;
+// while it is mounted at mnt its file system is frozen (flushed, through
+// the plain view to the ciphertext, and writers held) for the copy.
 func (m *Manager) copyFrozen(img, mnt, dst string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -222,7 +236,7 @@ func (m *Manager) copyFrozen(img, mnt, dst string) error {
 		}
 		defer unix.IoctlSetInt(int(f.Fd()), fiThaw, 0)
 	}
-	_, err := cloneFile(img, dst)
+	err := cloneData(img, dst)
 	m.crashPoint("volume-copy-frozen")
 	return err
 }
@@ -266,7 +280,7 @@ func (m *Manager) Reconcile(ctx context.Context, running, all []store.Sandbox) e
 	ents, _ := os.ReadDir(filepath.Join(m.cfg.Dir, "mnt"))
 	for _, e := range ents {
 		mnt := m.mountPoint(e.Name())
-		if len(m.users[mnt]) > 0 {
+		if len(m.users[mnt]) > 0 || strings.HasPrefix(e.Name(), "c") {
 			continue
 		}
 		m.log.Info("reconcile: unmounting an unused volume", "mount", e.Name())
@@ -276,7 +290,18 @@ func (m *Manager) Reconcile(ctx context.Context, running, all []store.Sandbox) e
 		}
 		errs = append(errs, os.Remove(mnt))
 	}
+	// Encrypted volumes' plain views, once the loop mounts on them are off
+	// (a gocryptfs the killed daemon left is unmounted, and so exits).
+	for _, e := range ents {
+		name, ok := strings.CutPrefix(e.Name(), "c")
+		if !ok || len(m.users[m.mountPoint(name)]) > 0 {
+			continue
+		}
+		m.log.Info("reconcile: unmounting an unused encrypted volume view", "mount", e.Name())
+		errs = append(errs, closeView(m.mountPoint(name)))
+	}
 	m.mu.Unlock()
+	errs = append(errs, os.RemoveAll(filepath.Join(m.cfg.Dir, "tmp")), os.MkdirAll(filepath.Join(m.cfg.Dir, "tmp"), 0o700))
 
 	known := map[string]bool{}
 	for _, rec := range all {

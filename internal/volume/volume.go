@@ -19,9 +19,12 @@
 // collect what a killed daemon left half made:
 //
 //	named/<volume id>/disk.img         a named volume
-//	sandboxes/<sandbox id>/<i>.img     a restored sandbox's own copy of its i-th mount
-//	snapshots/<snapshot id>/<i>.img    a snapshot's copy of its sandbox's i-th mount
+//	named/<volume id>/crypt/           an encrypted one's gocryptfs dir (crypt.go)
+//	sandboxes/<sandbox id>/<i>.img     a restored sandbox's own copy of its i-th mount (.crypt/: encrypted)
+//	snapshots/<snapshot id>/<i>.img    a snapshot's copy of its sandbox's i-th mount (.crypt/: encrypted)
 //	mnt/<key>                          where an image is loop-mounted while in use
+//	mnt/c<key>                         an encrypted image's plain view, while in use
+//	tmp/                               exports being made (emptied at restart)
 package volume
 
 import (
@@ -63,6 +66,9 @@ type Config struct {
 	// SIGKILL, for tests of restart safety ("volume-copy-frozen": a
 	// snapshot's copy of a volume is made, its file system still frozen).
 	CrashAt string
+	// Sealer seals encrypted volumes' keys under the host key; without it
+	// volume create --encrypt is refused.
+	Sealer Sealer
 }
 
 // Manager creates, lists and removes named volumes, and (as a sandbox
@@ -86,7 +92,7 @@ func New(cfg Config) (*Manager, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{cfg: cfg, log: cfg.Log, users: map[string]map[string]bool{}}
-	for _, d := range []string{"named", "sandboxes", "snapshots", "mnt"} {
+	for _, d := range []string{"named", "sandboxes", "snapshots", "mnt", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o700); err != nil {
 			return nil, err
 		}
@@ -168,7 +174,8 @@ func (m *Manager) mountPoint(key string) string {
 // sparse: it takes host disk as it is written, up to size. Errors:
 // InvalidArgument, AlreadyExists, ResourceExhausted when the host has less
 // free disk than size.
-func (m *Manager) Create(ctx context.Context, name string, size int64) (store.Volume, error) {
+// With encrypt, the volume has a key of its own (see Export).
+func (m *Manager) Create(ctx context.Context, name string, size int64, encrypt bool) (store.Volume, error) {
 	if err := ValidName(name); err != nil {
 		return store.Volume{}, err
 	}
@@ -184,18 +191,28 @@ func (m *Manager) Create(ctx context.Context, name string, size int64) (store.Vo
 		return store.Volume{}, errdefs.New(errdefs.ResourceExhausted, "volume %s of %d MiB does not fit: the host has %d MiB free; pick a smaller --size or free disk", name, size>>20, int64(fs.Bavail)*fs.Bsize>>20)
 	}
 	v := store.Volume{ID: newID(), Name: name, SizeBytes: size, State: store.VolumeCreating}
+	if encrypt {
+		var err error
+		if _, v.Key, err = m.newKey(v.ID); err != nil {
+			return store.Volume{}, err
+		}
+	}
 	if err := m.cfg.Store.InsertVolume(ctx, v); err != nil {
 		return store.Volume{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
-	if err := m.makeImage(v); err != nil {
+	mk := m.makeImage
+	if encrypt {
+		mk = func(v store.Volume) error { return m.makeEncrypted(ctx, v) }
+	}
+	if err := mk(v); err != nil {
 		return store.Volume{}, errors.Join(fmt.Errorf("create volume %s: %w", name, err), os.RemoveAll(m.namedDir(v.ID)), m.cfg.Store.DeleteVolume(ctx, v.ID))
 	}
 	if err := m.cfg.Store.SetVolumeState(ctx, v.ID, store.VolumeReady); err != nil {
 		return store.Volume{}, errors.Join(err, os.RemoveAll(m.namedDir(v.ID)), m.cfg.Store.DeleteVolume(ctx, v.ID))
 	}
 	v.State = store.VolumeReady
-	m.log.Info("volume created", "volume", v.ID, "name", name, "size_mib", size>>20)
+	m.log.Info("volume created", "volume", v.ID, "name", name, "size_mib", size>>20, "encrypted", encrypt)
 	return v, nil
 }
 
@@ -209,15 +226,7 @@ func (m *Manager) makeImage(v store.Volume) error {
 	if err := format(img, v.SizeBytes); err != nil {
 		return err
 	}
-	mnt := m.mountPoint("init-" + v.ID)
-	if err := mountImage(img, mnt, false); err != nil {
-		return err
-	}
-	err := os.Remove(filepath.Join(mnt, "lost+found"))
-	if err == nil {
-		err = os.Chmod(mnt, 0o755)
-	}
-	return errors.Join(err, unmount(mnt), os.Remove(mnt))
+	return emptyRoot(img, m.mountPoint("init-"+v.ID))
 }
 
 // Get returns a volume by id or name. Errors: NotFound.
@@ -238,10 +247,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (Info, error) {
 
 func (m *Manager) info(v store.Volume, users []string) Info {
 	in := Info{Volume: v, Users: users}
-	var st unix.Stat_t
-	if unix.Stat(m.namedImage(v.ID), &st) == nil {
-		in.UsedBytes = st.Blocks * 512
-	}
+	in.UsedBytes = diskUsage(m.namedData(v))
 	m.mu.Lock()
 	in.Mounted = len(m.users[m.mountPoint(namedKey(v.ID))]) > 0
 	m.mu.Unlock()
@@ -365,6 +371,9 @@ func (m *Manager) removeFiles(id string) error {
 		if err := os.Remove(mnt); err != nil && !os.IsNotExist(err) {
 			return err
 		}
+		if err := closeView(mnt); err != nil {
+			return err
+		}
 		delete(m.users, mnt)
 	}
 	return os.RemoveAll(m.namedDir(id))
@@ -401,7 +410,7 @@ func (m *Manager) Resolve(ctx context.Context, vms []store.VolumeMount) error {
 		if err != nil {
 			return err
 		}
-		vm.Volume, vm.Name = v.ID, v.Name
+		vm.Volume, vm.Name, vm.Key = v.ID, v.Name, v.Key
 	}
 	return nil
 }
@@ -412,18 +421,36 @@ func ownCopy(vm store.VolumeMount) bool { return vm.Clone != "" && !vm.Shared }
 
 func namedKey(id string) string { return "v-" + id }
 
-// source is the image and mount point of a sandbox's i-th mount.
-func (m *Manager) source(sandboxID string, i int, vm store.VolumeMount) (img, mnt string) {
-	if ownCopy(vm) {
-		return m.ownImage(sandboxID, i), m.mountPoint("s-" + sandboxID + "-" + strconv.Itoa(i))
+// namedData is where a named volume's bytes are: its image, or the
+// gocryptfs directory holding it.
+func (m *Manager) namedData(v store.Volume) string {
+	if v.Encrypted() {
+		return filepath.Join(m.namedDir(v.ID), cryptDir)
 	}
-	return m.namedImage(vm.Volume), m.mountPoint(namedKey(vm.Volume))
+	return m.namedImage(v.ID)
 }
 
-func (m *Manager) ownImage(sandboxID string, i int) string {
-	return filepath.Join(m.cfg.Dir, "sandboxes", sandboxID, strconv.Itoa(i)+".img")
+// source is the data (an image, or an encrypted volume's directory) and
+// mount point of a sandbox's i-th mount.
+func (m *Manager) source(sandboxID string, i int, vm store.VolumeMount) (data, mnt string) {
+	if ownCopy(vm) {
+		return m.ownImage(sandboxID, i, vm), m.mountPoint("s-" + sandboxID + "-" + strconv.Itoa(i))
+	}
+	return m.namedData(store.Volume{ID: vm.Volume, Key: vm.Key}), m.mountPoint(namedKey(vm.Volume))
 }
 
-func (m *Manager) snapshotImage(snapshotID string, i int) string {
-	return filepath.Join(m.cfg.Dir, "snapshots", snapshotID, strconv.Itoa(i)+".img")
+// dataExt is the suffix of a copy's data: an image or a directory.
+func dataExt(vm store.VolumeMount) string {
+	if len(vm.Key) > 0 {
+		return ".crypt"
+	}
+	return ".img"
+}
+
+func (m *Manager) ownImage(sandboxID string, i int, vm store.VolumeMount) string {
+	return filepath.Join(m.cfg.Dir, "sandboxes", sandboxID, strconv.Itoa(i)+dataExt(vm))
+}
+
+func (m *Manager) snapshotImage(snapshotID string, i int, vm store.VolumeMount) string {
+	return filepath.Join(m.cfg.Dir, "snapshots", snapshotID, strconv.Itoa(i)+dataExt(vm))
 }

@@ -497,9 +497,25 @@ func TestVolumeWarmPool(t *testing.T) {
 // content as its start command left it; each sandbox of the template gets
 // its own copy, and the named volume is not touched by them.
 func TestVolumeTemplate(t *testing.T) {
+	for _, enc := range []bool{false, true} {
+		name := "plain"
+		if enc {
+			name = "encrypted"
+			if _, err := exec.LookPath("gocryptfs"); err != nil {
+				t.Logf("skipping %s: gocryptfs is not installed (make deps)", name)
+				continue
+			}
+		}
+		t.Run(name, func(t *testing.T) { testVolumeTemplate(t, enc) })
+	}
+}
+
+func testVolumeTemplate(t *testing.T, encrypt bool) {
 	d := testenv.StartDaemon(t)
 	c := d.Client
-	newVolume(t, c, "seed", 32)
+	if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "seed", SizeBytes: 32 << 20, Encrypt: encrypt}); err != nil {
+		t.Fatal(err)
+	}
 	seeder := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "seed", Path: "/data"}}})
 	mustSh(t, c, seeder.ID, "echo seeded > /data/base")
 	if err := c.DeleteSandbox(t.Context(), seeder.ID); err != nil {
@@ -537,7 +553,22 @@ func TestVolumeTemplate(t *testing.T) {
 	if got := mustSh(t, c, check.ID, "ls /data"); got != "base\nready\n" {
 		t.Fatalf("the named volume holds %q: the template's start wrote there (as it should) and its sandboxes must not", got)
 	}
-	for _, id := range append(kids, check.ID) {
+	if err := c.DeleteSandbox(t.Context(), check.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The template's sandboxes hold copies, not the named volume: it can
+	// go, and their copies (an encrypted one opens with the key its
+	// record carries) still mount at a wake.
+	if err := c.DeleteVolume(t.Context(), "seed"); err != nil {
+		t.Fatalf("rm of a volume only copies come from: %v", err)
+	}
+	if _, err := c.Sleep(t.Context(), kids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustSh(t, c, kids[0], "cat /data/base /data/own"); got != "seeded\n"+kids[0]+"\n" {
+		t.Fatalf("after the named volume went, a woken template sandbox reads %q", got)
+	}
+	for _, id := range kids {
 		if err := c.DeleteSandbox(t.Context(), id); err != nil {
 			t.Fatal(err)
 		}

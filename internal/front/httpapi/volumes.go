@@ -15,6 +15,9 @@ func (s *Server) routeVolumes() {
 	s.route("GET /v1/volumes", "volume_list", s.listVolumes)
 	s.route("GET /v1/volumes/{name}", "volume_inspect", s.getVolume)
 	s.route("DELETE /v1/volumes/{name}", "volume_remove", s.deleteVolume)
+	s.route("GET /v1/volumes/{name}/key", "volume_key", s.volumeKey)
+	s.route("GET /v1/volumes/{name}/export", "volume_export", s.exportVolume)
+	s.route("POST /v1/volumes/{name}/import", "volume_import", s.importVolume)
 }
 
 func (s *Server) volumes() (*volume.Manager, error) {
@@ -26,7 +29,7 @@ func (s *Server) volumes() (*volume.Manager, error) {
 
 func volumeToAPI(in volume.Info) api.Volume {
 	return api.Volume{ID: in.ID, Name: in.Name, SizeBytes: in.SizeBytes, UsedBytes: in.UsedBytes, CreatedAt: in.CreatedAt.UTC(),
-		UsedBy: in.Users, Mounted: in.Mounted}
+		UsedBy: in.Users, Mounted: in.Mounted, Encrypted: in.Encrypted()}
 }
 
 // volumeMountsFromAPI is a create request's volumes for the store.
@@ -56,7 +59,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	v, err := vols.Create(r.Context(), req.Name, req.SizeBytes)
+	v, err := vols.Create(r.Context(), req.Name, req.SizeBytes, req.Encrypt)
 	if err != nil {
 		return err
 	}
@@ -107,5 +110,59 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) volumeKey(w http.ResponseWriter, r *http.Request) error {
+	vols, err := s.volumes()
+	if err != nil {
+		return err
+	}
+	key, err := vols.Key(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, api.VolumeKey{Key: key})
+	return nil
+}
+
+// exportVolume streams an encrypted volume's directory as a tar. Errors
+// found before the first byte are answered as usual; a failure later cuts
+// the stream (the tar is then truncated, which import refuses).
+func (s *Server) exportVolume(w http.ResponseWriter, r *http.Request) error {
+	vols, err := s.volumes()
+	if err != nil {
+		return err
+	}
+	if _, err := vols.Key(r.Context(), r.PathValue("name")); err != nil {
+		return err // not found, not encrypted: before any byte is sent
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	if err := vols.Export(r.Context(), r.PathValue("name"), w); err != nil {
+		s.log.Warn("volume export failed", "volume", r.PathValue("name"), "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	return nil
+}
+
+func (s *Server) importVolume(w http.ResponseWriter, r *http.Request) error {
+	vols, err := s.volumes()
+	if err != nil {
+		return err
+	}
+	key := r.Header.Get(api.VolumeKeyHeader)
+	if key == "" {
+		return errdefs.New(errdefs.InvalidArgument, "an import needs the volume's key in the %s header (clade volume import --key-file)", api.VolumeKeyHeader)
+	}
+	v, err := vols.Import(r.Context(), r.PathValue("name"), r.Body, key)
+	if err != nil {
+		return err
+	}
+	in, err := vols.Get(r.Context(), v.ID)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, volumeToAPI(in))
 	return nil
 }
