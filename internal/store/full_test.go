@@ -18,16 +18,7 @@ func TestFullDiskIsResourceExhausted(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a small tmpfs")
 	}
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
-	s, err := Open(t.Context(), filepath.Join(dir, "clade.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	dir, s := storeOnTmpfs(t, "2m")
 	// Take the rest of the file system.
 	f, err := os.Create(filepath.Join(dir, "filler"))
 	if err != nil {
@@ -87,16 +78,7 @@ func TestRemovalOnAFullDiskUsesTheReserve(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a small tmpfs")
 	}
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=80m"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
-	s, err := Open(t.Context(), filepath.Join(dir, "clade.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	dir, s := storeOnTmpfs(t, "80m")
 	if _, err := os.Stat(filepath.Join(dir, "clade.db.reserve")); err != nil {
 		t.Fatalf("no reserve beside the database: %v", err)
 	}
@@ -168,4 +150,20 @@ func TestRemovalOnAFullDiskUsesTheReserve(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "clade.db.reserve")); err != nil {
 		t.Fatalf("the reserve was not made again once there was room: %v", err)
 	}
+}
+
+// storeOnTmpfs opens a store on a tmpfs of the given size of its own.
+func storeOnTmpfs(t *testing.T, size string) (string, *Store) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	s, err := Open(t.Context(), filepath.Join(dir, "clade.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return dir, s
 }

@@ -63,12 +63,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	in, err := vols.Get(r.Context(), v.ID)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusCreated, volumeToAPI(in))
-	return nil
+	return writeMade(w, r, vols, v.ID)
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
@@ -159,7 +154,13 @@ func (s *Server) importVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	in, err := vols.Get(r.Context(), v.ID)
+	return writeMade(w, r, vols, v.ID)
+}
+
+// writeMade answers 201 with the volume id just made (created or
+// imported), as inspect shows it.
+func writeMade(w http.ResponseWriter, r *http.Request, vols *volume.Manager, id string) error {
+	in, err := vols.Get(r.Context(), id)
 	if err != nil {
 		return err
 	}
