@@ -81,8 +81,10 @@ func WriteTable(w io.Writer, res *Result) error {
 			if baseline {
 				if b := s.Baseline; b != nil {
 					row += fmt.Sprintf("%s\t%s\t", ms(b.P50), ms(b.P99))
-				} else {
+				} else if ph.BaselineError != "" {
 					row += "failed\t\t"
+				} else {
+					row += "--\t\t" // a clade-only series (e.g. exec, no spawn)
 				}
 				if r := s.Ratio; r != nil {
 					row += fmt.Sprintf("%.2fx\t%.2fx\t", r.P50, r.P99)
