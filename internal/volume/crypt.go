@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -416,11 +417,55 @@ func checkImage(img string) (int64, error) {
 		return 0, bad("an image of %d bytes is not a volume's size", size)
 	}
 	// The image is about to be mounted by the host's kernel: check it is a
-	// sound ext4 first (read-only, -n).
+	// sound ext4 first (read-only, -n). e2fsck -n skips a journal that
+	// needs recovery and passes the file system, but the kernel replays it
+	// at mount: blocks nobody checked would then be written over checked
+	// metadata. An external journal would have the kernel open a host
+	// block device. A clade export has neither (a frozen ext4 has a
+	// flushed journal), so both are refused.
+	if err := checkSuperblock(img); err != nil {
+		return 0, bad("%v", err)
+	}
 	if out, err := exec.Command("e2fsck", "-n", "-f", img).CombinedOutput(); err != nil {
 		return 0, bad("its image is not a sound ext4 file system: %v: %s", err, lastLine(string(out)))
 	}
 	return size, nil
+}
+
+// ext4 superblock fields (offsets in the superblock, at byte 1024).
+const (
+	sbMagic            = 0x38
+	sbFeatureIncompat  = 0x60
+	sbJournalDev       = 0xE4
+	ext4Magic          = 0xEF53
+	incompatRecover    = 0x4 // the journal needs recovery
+	incompatJournalDev = 0x8 // this is an external journal device
+)
+
+// checkSuperblock refuses an ext4 image whose mount would replay a
+// journal or use a journal outside the image.
+func checkSuperblock(img string) error {
+	f, err := os.Open(img)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sb := make([]byte, 1024)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return fmt.Errorf("its image has no ext4 superblock: %v", err)
+	}
+	le := binary.LittleEndian
+	if le.Uint16(sb[sbMagic:]) != ext4Magic {
+		return errors.New("its image is not an ext4 file system")
+	}
+	incompat := le.Uint32(sb[sbFeatureIncompat:])
+	if incompat&incompatRecover != 0 {
+		return errors.New("its image's journal needs recovery (the file system was not cleanly unmounted or frozen)")
+	}
+	if incompat&incompatJournalDev != 0 || le.Uint32(sb[sbJournalDev:]) != 0 {
+		return errors.New("its image uses an external journal")
+	}
+	return nil
 }
 
 func lastLine(s string) string {
