@@ -281,6 +281,14 @@ func (m *Manager) Key(ctx context.Context, ref string) (string, error) {
 // volume's one file, disk.img, never needs).
 var cipherName = regexp.MustCompile(`^[A-Za-z0-9_-]{22,255}$`)
 
+// exportFlags are the gocryptfs feature flags an imported volume's config
+// may have: those of gocryptfs -init (with -aessiv or -xchacha on other
+// hosts' defaults).
+var exportFlags = map[string]bool{
+	"HKDF": true, "GCMIV128": true, "DirIV": true, "EMENames": true, "LongNames": true,
+	"Raw64": true, "AESSIV": true, "XChaCha20Poly1305": true,
+}
+
 // importMaxFile bounds the encrypted image's size: the largest volume plus
 // gocryptfs's overhead (a header and 32 bytes per 4 KiB block).
 const importMaxFile = MaxSize + MaxSize/128 + 1<<20
@@ -376,12 +384,27 @@ func (m *Manager) importFiles(ctx context.Context, v store.Volume, r io.Reader) 
 	}
 	// The config is the exporter's: a huge scrypt cost would make gocryptfs
 	// take the host's memory before it finds out whether the key opens it.
-	var conf struct{ ScryptObject struct{ N, R, P int64 } }
+	var conf struct {
+		ScryptObject struct{ N, R, P int64 }
+		Version      int
+		FeatureFlags []string
+	}
 	if b, err := os.ReadFile(filepath.Join(cipher, "gocryptfs.conf")); err != nil || json.Unmarshal(b, &conf) != nil {
 		return 0, bad("gocryptfs.conf does not parse")
 	}
 	if sc := conf.ScryptObject; sc.N < 2 || sc.N > 1<<17 || sc.R < 1 || sc.R > 16 || sc.P < 1 || sc.P > 4 {
 		return 0, bad("gocryptfs.conf asks for a scrypt cost of N=%d r=%d p=%d (at most 2^17, 16, 4)", sc.N, sc.R, sc.P)
+	}
+	// Only the format gocryptfs -init makes for clade: no FIDO2 token, no
+	// plaintext names, nothing this host's gocryptfs would fail on with an
+	// error of its own.
+	if conf.Version != 2 {
+		return 0, bad("gocryptfs.conf is of on-disk format %d (clade makes 2)", conf.Version)
+	}
+	for _, f := range conf.FeatureFlags {
+		if !exportFlags[f] {
+			return 0, bad("gocryptfs.conf has feature flag %q, which clade volumes do not use", f)
+		}
 	}
 	mnt := m.mountPoint("init-" + v.ID)
 	img, err := m.openView(ctx, v.ID, v.Key, cipher, mnt)
@@ -389,7 +412,9 @@ func (m *Manager) importFiles(ctx context.Context, v store.Volume, r io.Reader) 
 		if errors.Is(err, atrest.ErrWrongKey) {
 			return 0, errdefs.New(errdefs.InvalidArgument, "the key does not open this volume export: pass the key file written with it by `clade volume export --key-file`; nothing was imported")
 		}
-		return 0, err
+		// What else gocryptfs refuses is the export's fault: say so
+		// without the host's paths.
+		return 0, bad("gocryptfs does not open it: %s", strings.ReplaceAll(err.Error(), cipher, "the export"))
 	}
 	size, err := checkImage(img)
 	return size, errors.Join(err, closeView(mnt))
