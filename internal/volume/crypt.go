@@ -134,7 +134,31 @@ func (m *Manager) makeEncrypted(ctx context.Context, v store.Volume) error {
 	if err == nil {
 		err = emptyRoot(img, mnt)
 	}
-	return errors.Join(err, closeView(mnt))
+	if err = errors.Join(err, closeView(mnt)); err != nil {
+		return err
+	}
+	return reserveCipher(cipher)
+}
+
+// reserveCipher reserves the room of the encrypted image in gocryptfs dir
+// cipher, as reserve does a plain image's: through the view the image
+// stays sparse (FUSE), so the ciphertext file's holes are allocated as
+// unwritten extents. They read as zeros, which gocryptfs reads as holes:
+// the plain bytes are the same. Not in a FUSE dir (--encrypt-at-rest).
+func reserveCipher(cipher string) error {
+	ents, err := os.ReadDir(cipher)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Name() == "gocryptfs.conf" || e.Name() == "gocryptfs.diriv" || !e.Type().IsRegular() {
+			continue
+		}
+		if err := reserve(filepath.Join(cipher, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // emptyRoot removes mkfs's lost+found from the new image img.
@@ -417,7 +441,10 @@ func (m *Manager) importFiles(ctx context.Context, v store.Volume, r io.Reader) 
 		return 0, bad("gocryptfs does not open it: %s", strings.ReplaceAll(err.Error(), cipher, "the export"))
 	}
 	size, err := checkImage(img)
-	return size, errors.Join(err, closeView(mnt))
+	if err = errors.Join(err, closeView(mnt)); err != nil {
+		return 0, err
+	}
+	return size, reserveCipher(cipher)
 }
 
 // checkImage checks that the view holds only disk.img, an ext4 file
