@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -133,7 +134,31 @@ func (m *Manager) makeEncrypted(ctx context.Context, v store.Volume) error {
 	if err == nil {
 		err = emptyRoot(img, mnt)
 	}
-	return errors.Join(err, closeView(mnt))
+	if err = errors.Join(err, closeView(mnt)); err != nil {
+		return err
+	}
+	return reserveCipher(cipher)
+}
+
+// reserveCipher reserves the room of the encrypted image in gocryptfs dir
+// cipher, as reserve does a plain image's: through the view the image
+// stays sparse (FUSE), so the ciphertext file's holes are allocated as
+// unwritten extents. They read as zeros, which gocryptfs reads as holes:
+// the plain bytes are the same. Not in a FUSE dir (--encrypt-at-rest).
+func reserveCipher(cipher string) error {
+	ents, err := os.ReadDir(cipher)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Name() == "gocryptfs.conf" || e.Name() == "gocryptfs.diriv" || !e.Type().IsRegular() {
+			continue
+		}
+		if err := reserve(filepath.Join(cipher, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // emptyRoot removes mkfs's lost+found from the new image img.
@@ -280,6 +305,14 @@ func (m *Manager) Key(ctx context.Context, ref string) (string, error) {
 // volume's one file, disk.img, never needs).
 var cipherName = regexp.MustCompile(`^[A-Za-z0-9_-]{22,255}$`)
 
+// exportFlags are the gocryptfs feature flags an imported volume's config
+// may have: those of gocryptfs -init (with -aessiv or -xchacha on other
+// hosts' defaults).
+var exportFlags = map[string]bool{
+	"HKDF": true, "GCMIV128": true, "DirIV": true, "EMENames": true, "LongNames": true,
+	"Raw64": true, "AESSIV": true, "XChaCha20Poly1305": true,
+}
+
 // importMaxFile bounds the encrypted image's size: the largest volume plus
 // gocryptfs's overhead (a header and 32 bytes per 4 KiB block).
 const importMaxFile = MaxSize + MaxSize/128 + 1<<20
@@ -375,12 +408,27 @@ func (m *Manager) importFiles(ctx context.Context, v store.Volume, r io.Reader) 
 	}
 	// The config is the exporter's: a huge scrypt cost would make gocryptfs
 	// take the host's memory before it finds out whether the key opens it.
-	var conf struct{ ScryptObject struct{ N, R, P int64 } }
+	var conf struct {
+		ScryptObject struct{ N, R, P int64 }
+		Version      int
+		FeatureFlags []string
+	}
 	if b, err := os.ReadFile(filepath.Join(cipher, "gocryptfs.conf")); err != nil || json.Unmarshal(b, &conf) != nil {
 		return 0, bad("gocryptfs.conf does not parse")
 	}
 	if sc := conf.ScryptObject; sc.N < 2 || sc.N > 1<<17 || sc.R < 1 || sc.R > 16 || sc.P < 1 || sc.P > 4 {
 		return 0, bad("gocryptfs.conf asks for a scrypt cost of N=%d r=%d p=%d (at most 2^17, 16, 4)", sc.N, sc.R, sc.P)
+	}
+	// Only the format gocryptfs -init makes for clade: no FIDO2 token, no
+	// plaintext names, nothing this host's gocryptfs would fail on with an
+	// error of its own.
+	if conf.Version != 2 {
+		return 0, bad("gocryptfs.conf is of on-disk format %d (clade makes 2)", conf.Version)
+	}
+	for _, f := range conf.FeatureFlags {
+		if !exportFlags[f] {
+			return 0, bad("gocryptfs.conf has feature flag %q, which clade volumes do not use", f)
+		}
 	}
 	mnt := m.mountPoint("init-" + v.ID)
 	img, err := m.openView(ctx, v.ID, v.Key, cipher, mnt)
@@ -388,10 +436,15 @@ func (m *Manager) importFiles(ctx context.Context, v store.Volume, r io.Reader) 
 		if errors.Is(err, atrest.ErrWrongKey) {
 			return 0, errdefs.New(errdefs.InvalidArgument, "the key does not open this volume export: pass the key file written with it by `clade volume export --key-file`; nothing was imported")
 		}
-		return 0, err
+		// What else gocryptfs refuses is the export's fault: say so
+		// without the host's paths.
+		return 0, bad("gocryptfs does not open it: %s", strings.ReplaceAll(err.Error(), cipher, "the export"))
 	}
 	size, err := checkImage(img)
-	return size, errors.Join(err, closeView(mnt))
+	if err = errors.Join(err, closeView(mnt)); err != nil {
+		return 0, err
+	}
+	return size, reserveCipher(cipher)
 }
 
 // checkImage checks that the view holds only disk.img, an ext4 file
@@ -416,11 +469,55 @@ func checkImage(img string) (int64, error) {
 		return 0, bad("an image of %d bytes is not a volume's size", size)
 	}
 	// The image is about to be mounted by the host's kernel: check it is a
-	// sound ext4 first (read-only, -n).
+	// sound ext4 first (read-only, -n). e2fsck -n skips a journal that
+	// needs recovery and passes the file system, but the kernel replays it
+	// at mount: blocks nobody checked would then be written over checked
+	// metadata. An external journal would have the kernel open a host
+	// block device. A clade export has neither (a frozen ext4 has a
+	// flushed journal), so both are refused.
+	if err := checkSuperblock(img); err != nil {
+		return 0, bad("%v", err)
+	}
 	if out, err := exec.Command("e2fsck", "-n", "-f", img).CombinedOutput(); err != nil {
 		return 0, bad("its image is not a sound ext4 file system: %v: %s", err, lastLine(string(out)))
 	}
 	return size, nil
+}
+
+// ext4 superblock fields (offsets in the superblock, at byte 1024).
+const (
+	sbMagic            = 0x38
+	sbFeatureIncompat  = 0x60
+	sbJournalDev       = 0xE4
+	ext4Magic          = 0xEF53
+	incompatRecover    = 0x4 // the journal needs recovery
+	incompatJournalDev = 0x8 // this is an external journal device
+)
+
+// checkSuperblock refuses an ext4 image whose mount would replay a
+// journal or use a journal outside the image.
+func checkSuperblock(img string) error {
+	f, err := os.Open(img)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sb := make([]byte, 1024)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return fmt.Errorf("its image has no ext4 superblock: %v", err)
+	}
+	le := binary.LittleEndian
+	if le.Uint16(sb[sbMagic:]) != ext4Magic {
+		return errors.New("its image is not an ext4 file system")
+	}
+	incompat := le.Uint32(sb[sbFeatureIncompat:])
+	if incompat&incompatRecover != 0 {
+		return errors.New("its image's journal needs recovery (the file system was not cleanly unmounted or frozen)")
+	}
+	if incompat&incompatJournalDev != 0 || le.Uint32(sb[sbJournalDev:]) != 0 {
+		return errors.New("its image uses an external journal")
+	}
+	return nil
 }
 
 func lastLine(s string) string {

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -236,33 +237,48 @@ func testEncryptedVolume(t *testing.T, args []string) {
 	if _, err := c2.ImportVolume(t.Context(), "evil", &evil, key); err == nil || !strings.Contains(err.Error(), "unexpected entry") {
 		t.Fatalf("import of an archive with ../: %v", err)
 	}
-	// The exporter's gocryptfs.conf asking for a huge scrypt cost.
-	var costly bytes.Buffer
-	tw := tar.NewWriter(&costly)
-	rawTar, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(rawTar)
-	for {
-		h, err := tr.Next()
+	// The exporter's gocryptfs.conf asking for a huge scrypt cost, a FIDO2
+	// token, an unknown feature or another on-disk format: refused as the
+	// export's fault (a 400), with no host path in the message.
+	for _, conf := range []struct{ name, old, new, want string }{
+		{"costly", `"N": 1024`, `"N": 1073741824`, "scrypt cost"},
+		{"fido", `"HKDF",`, `"HKDF", "FIDO2",`, `feature flag "FIDO2"`},
+		{"bogus", `"HKDF",`, `"HKDF", "Bogus",`, `feature flag "Bogus"`},
+		{"plainnames", `"HKDF",`, `"HKDF", "PlaintextNames",`, `feature flag "PlaintextNames"`},
+		{"format1", `"Version": 2`, `"Version": 1`, "on-disk format 1"},
+	} {
+		var changed bytes.Buffer
+		tw := tar.NewWriter(&changed)
+		rawTar, err := os.Open(archive)
 		if err != nil {
-			break
-		}
-		body, _ := io.ReadAll(tr)
-		if h.Name == "gocryptfs.conf" {
-			body = bytes.Replace(body, []byte(`"N": 1024`), []byte(`"N": 1073741824`), 1)
-		}
-		h.Size = int64(len(body))
-		if err := tw.WriteHeader(h); err != nil {
 			t.Fatal(err)
 		}
-		_, _ = tw.Write(body)
-	}
-	rawTar.Close()
-	tw.Close()
-	if _, err := c2.ImportVolume(t.Context(), "costly", &costly, key); err == nil || !strings.Contains(err.Error(), "scrypt cost") {
-		t.Fatalf("import of a config with a huge scrypt cost: %v", err)
+		tr := tar.NewReader(rawTar)
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				break
+			}
+			body, _ := io.ReadAll(tr)
+			if h.Name == "gocryptfs.conf" {
+				if !bytes.Contains(body, []byte(conf.old)) {
+					t.Fatalf("gocryptfs.conf has no %s: %s", conf.old, body)
+				}
+				body = bytes.Replace(body, []byte(conf.old), []byte(conf.new), 1)
+			}
+			h.Size = int64(len(body))
+			if err := tw.WriteHeader(h); err != nil {
+				t.Fatal(err)
+			}
+			_, _ = tw.Write(body)
+		}
+		rawTar.Close()
+		tw.Close()
+		_, err = c2.ImportVolume(t.Context(), conf.name, &changed, key)
+		var se *sdk.Error
+		if !errors.As(err, &se) || se.Status != 400 || !strings.Contains(err.Error(), conf.want) || strings.Contains(err.Error(), d2.DataDir) {
+			t.Fatalf("import of a config %s: %v, want an invalid-argument error saying %q without host paths", conf.name, err, conf.want)
+		}
 	}
 	empty("bad archives")
 	cli(t, d2, "volume", "import", "vault", archive, "--key-file", keyFile)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/secret"
 	"github.com/clade-sandbox/clade/internal/store"
 	"golang.org/x/sys/unix"
 )
@@ -331,5 +332,82 @@ func TestVolumePathIsAFile(t *testing.T) {
 	rec := store.Sandbox{ID: "sb", Opts: store.Options{Volumes: []store.VolumeMount{{Volume: "v", Name: "v", Path: "/etc/passwd"}}}}
 	if err := m.BeforeStart(t.Context(), rec, &spec); !errdefs.IsInvalidArgument(err) || len(spec.Mounts) != 0 {
 		t.Fatalf("BeforeStart with a volume on a file: %v, mounts %+v", err, spec.Mounts)
+	}
+}
+
+// TestEncryptedVolumesReserveRoom: an encrypted volume's room is reserved
+// too (its ciphertext, which is on the host's disk), so a second one that
+// does not fit is refused instead of filling the disk later; the reserved
+// image still opens as a sound ext4.
+func TestEncryptedVolumesReserveRoom(t *testing.T) {
+	if _, err := exec.LookPath("gocryptfs"); err != nil {
+		t.Skip("gocryptfs is not installed (make deps)")
+	}
+	dir := t.TempDir()
+	host := filepath.Join(dir, "host.img")
+	if err := os.WriteFile(host, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(host, 200<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", host).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", host, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if err := unmount(mnt); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	key, err := secret.NewKey(bytes.Repeat([]byte{7}, 32), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{Dir: filepath.Join(mnt, "volumes"), Store: st, Sealer: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.Create(t.Context(), "a", 112<<20, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := m.Get(t.Context(), a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.UsedBytes < a.SizeBytes {
+		t.Fatalf("a new encrypted volume takes %d MiB of its %d MiB on the host: not reserved", in.UsedBytes>>20, a.SizeBytes>>20)
+	}
+	_, err = m.Create(t.Context(), "b", 112<<20, true)
+	if !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("a second 112 MiB encrypted volume on a 200 MiB host: %v, want ResourceExhausted", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(mnt, "volumes", "named")); len(ents) != 1 {
+		t.Fatalf("after the refused create named/ holds %d entries, want 1", len(ents))
+	}
+	view := m.mountPoint("check")
+	img, err := m.openView(t.Context(), a.ID, a.Key, filepath.Join(m.namedDir(a.ID), cryptDir), view)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := closeView(view); err != nil {
+			t.Error(err)
+		}
+	}()
+	if out, err := exec.Command("e2fsck", "-n", "-f", img).CombinedOutput(); err != nil {
+		t.Fatalf("the reserved encrypted image: e2fsck: %v: %s", err, out)
 	}
 }

@@ -104,12 +104,14 @@ func (m *Manager) ensureCopy(rec store.Sandbox, i int, vm store.VolumeMount, img
 		return err
 	}
 	// The copy grows as the child writes: its room is taken now (reserve).
-	// An encrypted volume's copy is a gocryptfs directory: its image is
-	// reserved, if at all, through its view.
-	if len(vm.Key) == 0 {
-		if err := reserve(tmp); err != nil {
-			return errors.Join(err, os.RemoveAll(tmp))
-		}
+	// An encrypted volume's copy is a gocryptfs directory: its ciphertext
+	// is reserved.
+	res := reserve
+	if len(vm.Key) != 0 {
+		res = reserveCipher
+	}
+	if err := res(tmp); err != nil {
+		return errors.Join(err, os.RemoveAll(tmp))
 	}
 	return os.Rename(tmp, img)
 }
