@@ -179,36 +179,7 @@ func writeVolumeFile(path string, size int64) error {
 // whereupon the loop device's writes failed and ext4 inside lost writes
 // the sandbox had seen succeed. A fork child's copy reserves its size too.
 func TestVolumesReserveRoom(t *testing.T) {
-	dir := t.TempDir()
-	host := filepath.Join(dir, "host.img")
-	f, err := os.Create(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(200 << 20); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", host).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4: %v: %s", err, out)
-	}
-	mnt := filepath.Join(dir, "mnt")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", host, mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if err := unmount(mnt); err != nil {
-			t.Errorf("unmount: %v", err)
-		}
-	})
-	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	mnt, st := smallHost(t, 200)
 	m, err := New(Config{Dir: filepath.Join(mnt, "volumes"), Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -343,34 +314,7 @@ func TestEncryptedVolumesReserveRoom(t *testing.T) {
 	if _, err := exec.LookPath("gocryptfs"); err != nil {
 		t.Skip("gocryptfs is not installed (make deps)")
 	}
-	dir := t.TempDir()
-	host := filepath.Join(dir, "host.img")
-	if err := os.WriteFile(host, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(host, 200<<20); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", host).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4: %v: %s", err, out)
-	}
-	mnt := filepath.Join(dir, "mnt")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", host, mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if err := unmount(mnt); err != nil {
-			t.Errorf("unmount: %v", err)
-		}
-	})
-	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	mnt, st := smallHost(t, 200)
 	key, err := secret.NewKey(bytes.Repeat([]byte{7}, 32), "test")
 	if err != nil {
 		t.Fatal(err)
@@ -410,4 +354,39 @@ func TestEncryptedVolumesReserveRoom(t *testing.T) {
 	if out, err := exec.Command("e2fsck", "-n", "-f", img).CombinedOutput(); err != nil {
 		t.Fatalf("the reserved encrypted image: e2fsck: %v: %s", err, out)
 	}
+}
+
+// smallHost mounts an ext4 file system of mib MiB of the test's own (the
+// host disk volumes live on) and opens a store beside it.
+func smallHost(t *testing.T, mib int64) (mnt string, st *store.Store) {
+	t.Helper()
+	dir := t.TempDir()
+	host := filepath.Join(dir, "host.img")
+	if err := os.WriteFile(host, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(host, mib<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", host).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	mnt = filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", host, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if err := unmount(mnt); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return mnt, st
 }
