@@ -194,7 +194,8 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 	switch rec.State {
 	case store.StateCreating, store.StateDestroying:
 		m.log.Info("reconcile: removing half-done sandbox", "sandbox", rec.ID, "state", rec.State)
-		return m.destroyLocked(ctx, rec)
+		// Frees space, as a remove does: it may use the store's reserve.
+		return m.destroyLocked(store.ForCleanup(ctx), rec)
 	case store.StateSleeping:
 		if _, err := os.Stat(m.sleepDir(rec.ID)); err != nil {
 			return m.moveLocked(ctx, &rec, store.StateStopped, "its sleep image is missing")

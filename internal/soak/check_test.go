@@ -88,6 +88,13 @@ func (s *soak) check(reason string) {
 			s.finding(true, "%s: sandbox %s (%s) was acknowledged and is gone", reason, id, sb.name)
 			delete(m.sbs, id)
 			continue
+		case sb.maybeGone && got.State == "destroying":
+			// The remove began and was recorded: the sandbox must go
+			// (a full disk may hold its last step up until there is room).
+			if !s.diskFull.Load() {
+				s.finding(false, "%s: sandbox %s: a remove cut short by a crash is still destroying (error %q) after a start with room", reason, id, got.Error)
+			}
+			continue
 		case sb.maybeGone:
 			sb.maybeGone = false // the remove did not happen: it must be whole
 			resolved++

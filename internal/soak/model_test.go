@@ -134,7 +134,8 @@ func (m *model) live() int { return len(m.sbs) }
 func (m *model) freeSandboxes(state string) []*sbox {
 	var out []*sbox
 	for _, sb := range m.sbs {
-		if !sb.busy && (state == "" || sb.state == state) {
+		// One being removed (a remove cut short by a crash) is left alone.
+		if !sb.busy && !sb.maybeGone && (state == "" || sb.state == state) {
 			out = append(out, sb)
 		}
 	}
