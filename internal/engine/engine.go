@@ -108,7 +108,9 @@ type Snapshotter interface {
 	// Checkpoint writes the sandbox's whole state (memory, processes, its
 	// written files) into dir. With leaveRunning the sandbox goes on and is
 	// ready again when Checkpoint returns; without, the sandbox stops and
-	// only Destroy is left to do. An error leaves a running sandbox running.
+	// only Destroy is left to do, and ctx's seal (WithSeal) runs once the
+	// image is complete, before the sandbox stops. An error (the seal's
+	// included) leaves a running sandbox running.
 	Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error
 	// Restore creates a new sandbox from a checkpoint in dir and returns once
 	// its agent is connected. spec gives the new sandbox's id; its resources
@@ -156,4 +158,24 @@ type Statser interface {
 	// Stats reads the current use of the running sandbox id. It returns an
 	// errdefs NotFound error when the sandbox is not running.
 	Stats(ctx context.Context, id string) (Stats, error)
+}
+
+type sealKey struct{}
+
+// WithSeal returns ctx carrying seal, which a Checkpoint that stops its
+// sandbox calls once the image is complete and before the sandbox stops.
+// So a caller that marks the image whole in seal never leaves, should it
+// die at any moment, a stopped sandbox with an unmarked image: it leaves
+// either a running sandbox or a marked image.
+func WithSeal(ctx context.Context, seal func() error) context.Context {
+	return context.WithValue(ctx, sealKey{}, seal)
+}
+
+// Seal runs ctx's seal (WithSeal), if it has one. Engines call it in
+// Checkpoint, between a complete image and stopping the sandbox.
+func Seal(ctx context.Context) error {
+	if seal, ok := ctx.Value(sealKey{}).(func() error); ok {
+		return seal()
+	}
+	return nil
 }

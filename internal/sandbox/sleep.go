@@ -53,10 +53,13 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		return err
 	}
 	m.crashPoint("sleep-before-engine")
-	err := snapper.Checkpoint(ctx, rec.Engine(), dir, false)
-	if err == nil {
-		err = sealImage(dir)
+	// Sealed before the engine stops the sandbox: a daemon killed at any
+	// moment leaves it running or asleep, never gone with an unsealed image.
+	seal := func() error {
+		m.crashPoint("sleep-before-seal")
+		return sealImage(dir)
 	}
+	err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), dir, false)
 	if err != nil {
 		// The engine leaves a sandbox whose checkpoint failed running.
 		m.relive(rec.ID, sb)

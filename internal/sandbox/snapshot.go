@@ -92,19 +92,21 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 func (m *Manager) snapshotStoppedLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, sn store.Snapshot) error {
 	// Requests that come now wait for the lock and find rec running again.
 	sb := m.dropLive(rec.ID)
-	if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, false); err != nil {
+	// Sealed before the engine stops the sandbox (a daemon killed before
+	// the seal leaves it running; see snapshot-before-seal).
+	seal := func() error {
+		m.crashPoint("snapshot-before-seal")
+		return sealImage(sn.Path)
+	}
+	if err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), sn.Path, false); err != nil {
 		m.relive(rec.ID, sb) // the engine leaves it running
 		return err
 	}
 	// From here to the restore, rec is recorded running but its engine
 	// sandbox is stopped: a restart restores it in place from the sealed
 	// image (reconcileCutSnapshotLocked).
-	m.crashPoint("snapshot-stopped-unsealed")
-	err := sealImage(sn.Path)
 	m.crashPoint("snapshot-stopped")
-	if err == nil {
-		err = m.snapshotTaken(ctx, rec, sn)
-	}
+	err := m.snapshotTaken(ctx, rec, sn)
 	if derr := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec)); derr != nil {
 		m.log.Warn("snapshot: cleanup failed; the restart retries", "sandbox", rec.ID, "err", derr)
 	}

@@ -70,7 +70,13 @@ func (s *soak) check(reason string) {
 	}
 	// Creates in flight at a crash: there whole, or not at all.
 	for _, name := range sortedKeys(m.pendingCreates) {
-		if got, found := byName[name]; found {
+		got, found := byName[name]
+		if found && got.State == "creating" {
+			// Not whole yet: a restart on a full disk could not record its
+			// rollback; the next check with room decides.
+			continue
+		}
+		if found {
 			m.sbs[got.ID] = &sbox{id: got.ID, name: name, files: map[string]string{}, maybe: map[string]string{}}
 		}
 		delete(m.pendingCreates, name)
@@ -120,6 +126,8 @@ func (s *soak) check(reason string) {
 			continue
 		}
 		switch {
+		case m.pendingCreates[got.Name] && got.State == "creating":
+			continue // a create in flight at a crash, not settled yet (above)
 		case m.deferred[got.ID] && !s.restartedFree:
 			// A build's sandbox the daemon could not reap on a full disk:
 			// the next start with space must.

@@ -189,6 +189,9 @@ func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 		return err
 	}
 	if !leaveRunning {
+		if err := engine.Seal(ctx); err != nil {
+			return err
+		}
 		e.mu.Lock()
 		delete(e.running, id)
 		e.mu.Unlock()

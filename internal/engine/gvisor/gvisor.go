@@ -502,6 +502,10 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 		err = classifyCheckpointErr(err, image)
 	}
 	if err == nil && !leaveRunning {
+		// The caller marks the image whole while the sandbox still runs.
+		err = engine.Seal(ctx)
+	}
+	if err == nil && !leaveRunning {
 		// Stopped by our hand: not an exit to report.
 		sb.expectExit.Store(true)
 		if err = e.runsc(ctx, id, "kill", id, "KILL"); err != nil {

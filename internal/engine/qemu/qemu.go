@@ -758,6 +758,12 @@ func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 		}
 		return errors.Join(classifyDiskErr(err, dir), resume())
 	}
+	if !leaveRunning {
+		// The caller marks the image whole while the VM can still go on.
+		if serr := engine.Seal(ctx); serr != nil {
+			return errors.Join(serr, resume())
+		}
+	}
 	if leaveRunning {
 		err = resume()
 	} else {
