@@ -447,6 +447,9 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		live.Guest().Close(errdefs.New(errdefs.NotFound, "sandbox %s was removed", ref))
 	}
 	if err := m.destroyLocked(ctx, rec); err != nil {
+		if errors.Is(err, errRecordKept) {
+			return nil // removed; deleteRecord retries the record's deletion
+		}
 		return err
 	}
 	m.gcSnapshot(ctx, rec.Snapshot)
@@ -477,11 +480,21 @@ func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
 	}
 	m.crashPoint("destroy-after-engine")
 	if err := m.deleteRecord(ctx, id); err != nil {
+		if errdefs.Is(err, errdefs.ResourceExhausted) {
+			m.log.Warn("sandbox removed; the full disk keeps its record (destroying) until there is room", "sandbox", id)
+			return fmt.Errorf("%w: %w", errRecordKept, err)
+		}
 		return err
 	}
 	m.log.Info("sandbox removed", "sandbox", id)
 	return nil
 }
+
+// errRecordKept: a sandbox is removed (nothing of it is left), but a full
+// disk kept its record, which shows it destroying until deleteRecord's
+// retry deletes it. A removal cannot be undone at that point, so it is
+// done, not refused.
+var errRecordKept = errors.New("the full disk keeps its record until there is room")
 
 // deleteRecord deletes the record of a sandbox whose engine sandbox is
 // gone. When a full disk refuses it, the record (creating or destroying)

@@ -480,6 +480,43 @@ func TestRemoveRefusedOnAFullDiskKeepsServing(t *testing.T) {
 	}
 }
 
+// TestRemoveDoneOnAFullDiskLeavesOnlyItsRecord: a disk that fills after
+// a removal has begun (its sandbox destroyed) cannot undo it: the removal
+// succeeds, the record shows destroying, and goes once there is room,
+// without a client or a restart (the soak: an rm answered "disk full"
+// whose sandbox vanished later).
+func TestRemoveDoneOnAFullDiskLeavesOnlyItsRecord(t *testing.T) {
+	dbDir := smallDisk(t, t.TempDir(), "4m")
+	removed := &notifyHandler{msg: "sandbox removed", c: make(chan struct{}, 4)}
+	e := newEnvDB(t, Config{Log: slog.New(removed)}, filepath.Join(dbDir, "clade.db"))
+	sb := e.create(t, 128)
+	var filler string
+	e.eng.OnDestroy = func(string) {
+		if filler == "" { // the retries destroy again
+			filler = fillDisk(t, dbDir)
+		}
+	}
+	if err := e.m.Destroy(t.Context(), sb.ID); err != nil {
+		t.Fatalf("a removal the disk filled under: %v, want done", err)
+	}
+	if filler == "" {
+		t.Fatal("the engine sandbox was not destroyed")
+	}
+	if got := e.state(t, sb.ID); got != store.StateDestroying {
+		t.Fatalf("on the full disk the record is %s, want destroying", got)
+	}
+	os.Remove(filler)
+	for deadline := time.Now().Add(time.Minute); e.state(t, sb.ID) != "gone"; {
+		if time.Now().After(deadline) {
+			t.Fatal("with room again the record was not deleted within a minute")
+		}
+		select {
+		case <-removed.c:
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // TestEndBuildOnAFullDiskRetries: a build's sandbox whose removal a full
 // disk refused is removed once there is room, without a client or a
 // restart (the soak saw one left running after its build failed).

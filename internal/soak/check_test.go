@@ -128,6 +128,8 @@ func (s *soak) check(reason string) {
 		switch {
 		case m.pendingCreates[got.Name] && got.State == "creating":
 			continue // a create in flight at a crash, not settled yet (above)
+		case got.State == "destroying" && s.diskFull.Load():
+			continue // removed, its record deleted once there is room
 		case m.deferred[got.ID] && !s.restartedFree:
 			// A build's sandbox the daemon could not reap on a full disk:
 			// the next start with space must.

@@ -266,7 +266,8 @@ func (s *soak) opSleep(ctx context.Context, c *sdk.Client, sb *sbox) (outcome, e
 		sb.state = "sleeping"
 		m.mu.Unlock()
 	case failed:
-		if now, gerr := c.GetSandbox(ctx, sb.id); gerr == nil && now.State != "running" {
+		// On a full disk the rollback may wait for room (suspending).
+		if now, gerr := c.GetSandbox(ctx, sb.id); gerr == nil && now.State != "running" && !(inBetween(now.State) && s.diskFull.Load()) {
 			s.finding(now.State == "stopped", "sandbox %s: a failed sleep (%v) left it %s (error %q), want running", sb.id, err, now.State, now.Error)
 		}
 	case unknown:
@@ -291,7 +292,8 @@ func (s *soak) opWake(ctx context.Context, c *sdk.Client, sb *sbox) (outcome, er
 		sb.state = "running"
 		m.mu.Unlock()
 	case failed:
-		if now, gerr := c.GetSandbox(ctx, sb.id); gerr == nil && now.State != "sleeping" && now.State != "running" {
+		// On a full disk the rollback may wait for room (waking).
+		if now, gerr := c.GetSandbox(ctx, sb.id); gerr == nil && now.State != "sleeping" && now.State != "running" && !(inBetween(now.State) && s.diskFull.Load()) {
 			s.finding(now.State == "stopped", "sandbox %s: a failed wake (%v) left it %s (error %q), want sleeping", sb.id, err, now.State, now.Error)
 		}
 		m.mu.Lock()

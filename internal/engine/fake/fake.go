@@ -32,6 +32,8 @@ type Engine struct {
 	OnCreate     func(spec engine.Spec) error
 	OnRestore    func(spec engine.Spec) error
 	OnCheckpoint func(id string) error
+	// OnDestroy runs after a destroy, which it cannot fail.
+	OnDestroy func(id string)
 	// Delay is added to every create, restore and checkpoint.
 	Delay time.Duration
 
@@ -125,6 +127,9 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	if sb != nil {
 		sb.client.Close(nil)
 		sb.stop("")
+	}
+	if e.OnDestroy != nil {
+		e.OnDestroy(id)
 	}
 	return nil
 }
