@@ -83,9 +83,17 @@ func (e *Engine) mountView(id, rootfs string) (string, error) {
 		}
 	}
 	// index=off: nothing is recorded about the lower layer, which other
-	// sandboxes' views share.
+	// sandboxes' views share. volatile: the upper layer (empty mount
+	// points) is never synced, so the unmount after the start does not
+	// sync the data dir's file system (measured: 8.6 -> 2.2 ms under
+	// load); a view is never mounted again after a crash (each start makes
+	// a new one). Kernels before 5.10 lack it: mounted without then.
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off", rootfs, upper, work)
-	if err := unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	err := unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts+",volatile")
+	if errors.Is(err, unix.EINVAL) {
+		err = unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
+	}
+	if err != nil {
 		return "", fmt.Errorf("mount a view of the image root for the sandbox's mount points (overlayfs; mount volumes at directories the image has to do without): %w", err)
 	}
 	return target, nil
