@@ -53,7 +53,9 @@ func newVolumeCreateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req.Key = strings.TrimSpace(string(b))
+			if req.Key = strings.TrimSpace(string(b)); req.Key == "" {
+				return fmt.Errorf("--key-file %s is empty: it must hold the volume's key, hex of 32 bytes", *keyFile)
+			}
 		}
 		if *size != "" {
 			mib, err := parseMiB(*size)
@@ -183,8 +185,11 @@ func newVolumeExportCmd() *cobra.Command {
 			os.Remove(*keyFile)
 			return err
 		}
-		err = c.ExportVolume(ctx, args[0], out)
-		if cerr := out.Close(); err == nil {
+		// Sparse: the unwritten blocks of the volume are zeros in the
+		// archive, which take no disk here.
+		sw := newSparseWriter(out)
+		err = c.ExportVolume(ctx, args[0], sw)
+		if cerr := sw.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {
