@@ -38,7 +38,7 @@ func newVolumeCreateCmd() *cobra.Command {
 		Example: "  clade volume create data --size 10GiB\n  clade volume create vault --encrypt\n" +
 			"  head -c 32 /dev/urandom | xxd -p -c 64 > vault.key && chmod 600 vault.key\n" +
 			"  clade volume create vault --encrypt --key-file vault.key\n  clade create --volume data:/data",
-		Args:    nargs(1, 1),
+		Args: nargs(1, 1),
 	}
 	size := cmd.Flags().String("size", "", "the volume's `size`, e.g. 10GiB or 512MiB (default 1GiB)")
 	encrypt := cmd.Flags().Bool("encrypt", false, "give the volume a key of its own (gocryptfs), so it can move to another host")
