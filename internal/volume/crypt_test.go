@@ -464,6 +464,13 @@ func TestEncryptedVolumeGivenKey(t *testing.T) {
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--encrypt") {
 		t.Fatalf("--key-file without --encrypt: %v: %s", err, out)
 	}
+	// The API: a key without encrypt is refused, and no error shows it.
+	if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "nokey", Key: key}); err == nil || !strings.Contains(err.Error(), "encrypt") || strings.Contains(err.Error(), key) {
+		t.Fatalf("API create with a key, no encrypt: %v", err)
+	}
+	if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "badkey", Encrypt: true, Key: key[:62] + "zz"}); err == nil || strings.Contains(err.Error(), key[:62]) {
+		t.Fatalf("API create with a malformed key: %v", err)
+	}
 	if vs, err := c.ListVolumes(t.Context()); err != nil || len(vs) != 0 {
 		t.Fatalf("refused creates left volumes: %+v %v", vs, err)
 	}
