@@ -42,6 +42,10 @@ type CreateVolumeRequest struct {
 	// Encrypt gives the volume a key of its own, so that it can move to
 	// another host (export and import) and be opened there.
 	Encrypt bool `json:"encrypt,omitempty"`
+	// Key (with Encrypt) is the volume's key, hex of 32 bytes, as
+	// `clade volume export --key-file` writes it: the volume is then
+	// encrypted with a key its owner holds. Empty: a random one.
+	Key string `json:"key,omitempty"`
 }
 
 // VolumeMount is a volume a sandbox mounts.

@@ -32,14 +32,31 @@ func newVolumeCreateCmd() *cobra.Command {
 		Short: "Make a named volume",
 		Long: "Makes a named volume of a fixed size: writes past it fail with ENOSPC inside the sandbox.\n" +
 			"With --encrypt the volume has a key of its own (sealed under the host key): its bytes on disk are\n" +
-			"ciphertext, and `clade volume export` / `import` move it with its key to another host.",
-		Example: "  clade volume create data --size 10GiB\n  clade volume create vault --encrypt\n  clade create --volume data:/data",
-		Args:    nargs(1, 1),
+			"ciphertext, and `clade volume export` / `import` move it with its key to another host.\n" +
+			"With --key-file too, the key is yours: hex of 32 bytes read from the file (the format export's\n" +
+			"key file has), instead of a random one the daemon makes.",
+		Example: "  clade volume create data --size 10GiB\n  clade volume create vault --encrypt\n" +
+			"  head -c 32 /dev/urandom | xxd -p -c 64 > vault.key && chmod 600 vault.key\n" +
+			"  clade volume create vault --encrypt --key-file vault.key\n  clade create --volume data:/data",
+		Args: nargs(1, 1),
 	}
 	size := cmd.Flags().String("size", "", "the volume's `size`, e.g. 10GiB or 512MiB (default 1GiB)")
 	encrypt := cmd.Flags().Bool("encrypt", false, "give the volume a key of its own (gocryptfs), so it can move to another host")
+	keyFile := cmd.Flags().String("key-file", "", "with --encrypt: the volume's key, hex of 32 bytes, from this `file` (default: a random key)")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		req := sdk.CreateVolumeRequest{Name: args[0], Encrypt: *encrypt}
+		if *keyFile != "" {
+			if !*encrypt {
+				return usagef(cmd, "--key-file needs --encrypt")
+			}
+			b, err := os.ReadFile(*keyFile)
+			if err != nil {
+				return err
+			}
+			if req.Key = strings.TrimSpace(string(b)); req.Key == "" {
+				return fmt.Errorf("--key-file %s is empty: it must hold the volume's key, hex of 32 bytes", *keyFile)
+			}
+		}
 		if *size != "" {
 			mib, err := parseMiB(*size)
 			if err != nil {
@@ -168,8 +185,11 @@ func newVolumeExportCmd() *cobra.Command {
 			os.Remove(*keyFile)
 			return err
 		}
-		err = c.ExportVolume(ctx, args[0], out)
-		if cerr := out.Close(); err == nil {
+		// Sparse: the unwritten blocks of the volume are zeros in the
+		// archive, which take no disk here.
+		sw := newSparseWriter(out)
+		err = c.ExportVolume(ctx, args[0], sw)
+		if cerr := sw.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {

@@ -22,6 +22,11 @@ type AtRest struct {
 	PlainReadMiBs  float64 `json:"plain_read_mib_s"`
 	EncWriteMiBs   float64 `json:"encrypted_write_mib_s"`
 	EncReadMiBs    float64 `json:"encrypted_read_mib_s"`
+	// VolKey*: a volume with a key of its own (volume create --encrypt)
+	// on the daemon without --encrypt-at-rest, against PlainWrite/Read's
+	// plain volume there.
+	VolKeyWriteMiBs float64 `json:"volume_key_write_mib_s"`
+	VolKeyReadMiBs  float64 `json:"volume_key_read_mib_s"`
 }
 
 // phaseAtrest compares a daemon with --encrypt-at-rest (Config.
@@ -96,12 +101,15 @@ func (r *runner) phaseAtrest(ctx context.Context, ph *Phase) {
 	// so the read comes through the loop device, and on the encrypted
 	// side through gocryptfs).
 	const mib = 512
-	var writers [2]string
-	var vols [2]string
+	// The third: an encrypted volume (a key of its own) on the plain
+	// daemon.
+	var writers [3]string
+	var vols [3]string
+	owners := [3]*cladeTarget{enc, plain, plain}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		for i, t := range sides {
+		for i, t := range owners {
 			if writers[i] != "" {
 				_ = t.remove(cctx, writers[i])
 			}
@@ -112,9 +120,9 @@ func (r *runner) phaseAtrest(ctx context.Context, ph *Phase) {
 			}
 		}
 	}()
-	for i, t := range sides {
+	for i, t := range owners {
 		vol := t.name()
-		if _, err := t.c.CreateVolume(ctx, sdk.CreateVolumeRequest{Name: vol, SizeBytes: 2 * mib << 20}); err != nil {
+		if _, err := t.c.CreateVolume(ctx, sdk.CreateVolumeRequest{Name: vol, SizeBytes: 2 * mib << 20, Encrypt: i == 2}); err != nil {
 			ph.Error = joinMsg(ph.Error, fmt.Sprintf("atrest: create volume: %v", err))
 			return
 		}
@@ -153,15 +161,26 @@ func (r *runner) phaseAtrest(ctx context.Context, ph *Phase) {
 		[2]sampleFunc{io(enc, writers[0]), io(plain, writers[1])})
 	ph.Latency = append(ph.Latency, series...)
 	ph.record(errs)
-	if len(series) == 2 {
-		rate := func(st *Stats) float64 {
-			if st == nil || st.P50 <= 0 {
-				return 0
-			}
-			return round3(float64(mib) / (st.P50 / 1000))
+	rate := func(st *Stats) float64 {
+		if st == nil || st.P50 <= 0 {
+			return 0
 		}
+		return round3(float64(mib) / (st.P50 / 1000))
+	}
+	if len(series) == 2 {
 		ph.AtRest = &AtRest{MiB: mib, EncWriteMiBs: rate(series[0].Clade), PlainWriteMiBs: rate(series[0].Baseline),
 			EncReadMiBs: rate(series[1].Clade), PlainReadMiBs: rate(series[1].Baseline)}
+	}
+	// The encrypted volume against the plain one, both on the daemon
+	// without --encrypt-at-rest: what a key of the volume's own costs.
+	series, errs = r.measure(ctx, "atrest volume key", []string{
+		fmt.Sprintf("volume write %d MiB + fsync, volume --encrypt (baseline: plain volume)", mib),
+		fmt.Sprintf("volume read %d MiB, volume --encrypt (baseline: plain volume)", mib)},
+		[2]sampleFunc{io(plain, writers[2]), io(plain, writers[1])})
+	ph.Latency = append(ph.Latency, series...)
+	ph.record(errs)
+	if len(series) == 2 && ph.AtRest != nil {
+		ph.AtRest.VolKeyWriteMiBs, ph.AtRest.VolKeyReadMiBs = rate(series[0].Clade), rate(series[1].Clade)
 	}
 }
 

@@ -356,15 +356,15 @@ func TestRunAtrest(t *testing.T) {
 		t.Fatalf("run failed: %+v", res.Phases)
 	}
 	ph := res.Phases[0]
-	if len(ph.Latency) != 4 {
-		t.Fatalf("atrest series: %+v, want wake, fork, write, read", ph.Latency)
+	if len(ph.Latency) != 6 {
+		t.Fatalf("atrest series: %+v, want wake, fork, write, read, and write, read of a volume with its own key", ph.Latency)
 	}
 	for _, s := range ph.Latency {
 		if s.Clade == nil || s.Baseline == nil || s.Ratio == nil {
 			t.Errorf("series %s incomplete: %+v", s.Name, s)
 		}
 	}
-	if a := ph.AtRest; a == nil || a.EncWriteMiBs <= 0 || a.PlainWriteMiBs <= 0 || a.EncReadMiBs <= 0 || a.PlainReadMiBs <= 0 {
+	if a := ph.AtRest; a == nil || a.EncWriteMiBs <= 0 || a.PlainWriteMiBs <= 0 || a.EncReadMiBs <= 0 || a.PlainReadMiBs <= 0 || a.VolKeyWriteMiBs <= 0 || a.VolKeyReadMiBs <= 0 {
 		t.Errorf("throughput: %+v", ph.AtRest)
 	}
 	for _, dd := range []*testenv.Daemon{d, enc} {

@@ -129,6 +129,10 @@ func WriteTable(w io.Writer, res *Result) error {
 		if a := ph.AtRest; a != nil {
 			fmt.Fprintf(w, "\natrest: volume sequential %d MiB, write+fsync %.0f MiB/s encrypted vs %.0f plain, read %.0f MiB/s encrypted vs %.0f plain (p50)\n",
 				a.MiB, a.EncWriteMiBs, a.PlainWriteMiBs, a.EncReadMiBs, a.PlainReadMiBs)
+			if a.VolKeyWriteMiBs > 0 || a.VolKeyReadMiBs > 0 {
+				fmt.Fprintf(w, "atrest: a volume with its own key (volume create --encrypt, no --encrypt-at-rest): write+fsync %.0f MiB/s vs %.0f plain, read %.0f vs %.0f (p50)\n",
+					a.VolKeyWriteMiBs, a.PlainWriteMiBs, a.VolKeyReadMiBs, a.PlainReadMiBs)
+			}
 		}
 		if m := ph.MassWake; m != nil {
 			fmt.Fprintf(w, "\nmasswake: %d slept apps (%d MiB) woken by one request each at once, in %.1fs", m.Apps, m.MemoryMiB, m.Seconds)

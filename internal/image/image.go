@@ -235,6 +235,9 @@ func (s *Store) EnsureDefault(ctx context.Context) error {
 			}
 		}
 	}
+	if err := addMountPoints(rootfs); err != nil {
+		return err
+	}
 	img := Image{Name: Default, Source: "debootstrap --variant=minbase --include=python3 bookworm " + s.Mirror, CreatedAt: time.Now().UTC(), SizeBytes: DirSize(rootfs)}
 	b, _ := json.MarshalIndent(img, "", "  ")
 	if err := os.WriteFile(filepath.Join(build, "image.json"), b, 0o644); err != nil {

@@ -186,6 +186,7 @@ func multiLayer(t testing.TB) (v1.Image, []string) {
 		gzLayer(t, ent{name: "app/main.py", body: "print(42)"}),
 	)
 	return img, []string{
+		".clade d", ".clade/bin d", ".clade/run d", // the engine's mount points (addMountPoints)
 		"app d", "app/main.py f=print(42)",
 		"bin l->usr/bin",
 		"etc d", "etc/os-release f=clade",
@@ -666,7 +667,7 @@ func TestImportDockerSave(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tr := tree(t, got.RootFS); got.Name != "mine" || !slices.Equal(tr, []string{"etc d", "etc/hostname f=h"}) {
+		if tr := tree(t, got.RootFS); got.Name != "mine" || !slices.Equal(tr, []string{".clade d", ".clade/bin d", ".clade/run d", "etc d", "etc/hostname f=h"}) {
 			t.Errorf("%s: %v", got.Name, tr)
 		}
 	})

@@ -129,6 +129,9 @@ func (s *Store) commit(b *build, img Image) (Image, error) {
 	if err := os.MkdirAll(filepath.Join(s.dir, rootfsDir), 0o755); err != nil {
 		return Image{}, err
 	}
+	if err := addMountPoints(filepath.Join(b.dir, "rootfs")); err != nil {
+		return Image{}, fmt.Errorf("install image %s: %w", img.Name, err)
+	}
 	if s.OnRoot != nil {
 		if err := s.OnRoot(img.RootFS); err != nil {
 			return Image{}, fmt.Errorf("install image %s: %w", img.Name, err)
@@ -279,4 +282,25 @@ func randHex() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// mountPoints are the directories every sandbox's engine mounts over (the
+// gvisor engine's /.clade/bin and /.clade/run): made in a root before it
+// is published, so that runsc never makes them in a shared image root and
+// a sandbox without volumes needs no view of its own. An image that has
+// something else there (a file, a symlink) is left as it is.
+var mountPoints = []string{".clade", ".clade/bin", ".clade/run"}
+
+// addMountPoints makes mountPoints in rootfs, never through a symlink.
+func addMountPoints(rootfs string) error {
+	for _, p := range mountPoints {
+		err := os.Mkdir(filepath.Join(rootfs, p), 0o755)
+		if err != nil && !os.IsExist(err) {
+			return err
+		}
+		if fi, err := os.Lstat(filepath.Join(rootfs, p)); err != nil || !fi.IsDir() {
+			return nil // not a directory of the image's own: leave it
+		}
+	}
+	return nil
 }

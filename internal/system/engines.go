@@ -19,7 +19,7 @@ import (
 var engines = map[string]func(o Options, log *slog.Logger) (engine.Engine, error){
 	"gvisor": func(o Options, log *slog.Logger) (engine.Engine, error) {
 		return gvisor.New(gvisor.Config{StateDir: filepath.Join(o.DataDir, "gvisor"), Runsc: o.Runsc, AgentPath: o.AgentPath, Log: log,
-			UpperRoot: o.upperRoot})
+			UpperRoot: o.upperRoot, CrashAt: o.Sandbox.CrashAt})
 	},
 	"qemu": func(o Options, log *slog.Logger) (engine.Engine, error) {
 		return qemu.New(qemu.Config{StateDir: filepath.Join(o.DataDir, "qemu"), AgentPath: o.AgentPath, Log: log})

@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/atrest"
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -55,6 +57,15 @@ const cryptDir = "crypt"
 
 // viewOf is where the plain view behind loop mount mnt is mounted.
 func viewOf(mnt string) string { return filepath.Join(filepath.Dir(mnt), "c"+filepath.Base(mnt)) }
+
+// parseKey decodes a volume key given by a user: hex of KeySize bytes.
+func parseKey(key string) ([]byte, error) {
+	raw, err := hex.DecodeString(strings.TrimSpace(key))
+	if err != nil || len(raw) != KeySize {
+		return nil, errdefs.New(errdefs.InvalidArgument, "the volume key must be hex of %d bytes (as `clade volume export --key-file` writes it; make one with `head -c 32 /dev/urandom | xxd -p -c 64`)", KeySize)
+	}
+	return raw, nil
+}
 
 // newKey makes an encrypted volume's key and seals it for volume id.
 func (m *Manager) newKey(id string) (raw, sealed []byte, err error) {
@@ -328,9 +339,9 @@ func (m *Manager) Import(ctx context.Context, name string, r io.Reader, key stri
 	if err := ValidName(name); err != nil {
 		return store.Volume{}, err
 	}
-	raw, err := hex.DecodeString(strings.TrimSpace(key))
-	if err != nil || len(raw) != KeySize {
-		return store.Volume{}, errdefs.New(errdefs.InvalidArgument, "the volume key must be hex of %d bytes (the key file `clade volume export --key-file` wrote)", KeySize)
+	raw, err := parseKey(key)
+	if err != nil {
+		return store.Volume{}, err
 	}
 	if m.cfg.Sealer == nil {
 		return store.Volume{}, errdefs.New(errdefs.InvalidArgument, "this daemon has no host key to seal volume keys with")
@@ -440,7 +451,7 @@ func (m *Manager) importFiles(ctx context.Context, v store.Volume, r io.Reader) 
 		// without the host's paths.
 		return 0, bad("gocryptfs does not open it: %s", strings.ReplaceAll(err.Error(), cipher, "the export"))
 	}
-	size, err := checkImage(img)
+	size, err := checkImage(ctx, img)
 	if err = errors.Join(err, closeView(mnt)); err != nil {
 		return 0, err
 	}
@@ -449,7 +460,7 @@ func (m *Manager) importFiles(ctx context.Context, v store.Volume, r io.Reader) 
 
 // checkImage checks that the view holds only disk.img, an ext4 file
 // system of a volume's size, and returns the size.
-func checkImage(img string) (int64, error) {
+func checkImage(ctx context.Context, img string) (int64, error) {
 	bad := func(format string, args ...any) error {
 		return errdefs.New(errdefs.InvalidArgument, "not a clade volume export: "+format+"; nothing was imported", args...)
 	}
@@ -478,10 +489,36 @@ func checkImage(img string) (int64, error) {
 	if err := checkSuperblock(img); err != nil {
 		return 0, bad("%v", err)
 	}
-	if out, err := exec.Command("e2fsck", "-n", "-f", img).CombinedOutput(); err != nil {
-		return 0, bad("its image is not a sound ext4 file system: %v: %s", err, lastLine(string(out)))
+	if err := fsck(ctx, img, fsckTimeout(size)); err != nil {
+		return 0, bad("%v", err)
 	}
 	return size, nil
+}
+
+// fsckTimeout bounds e2fsck's check of an imported image of size bytes:
+// a hostile image could make it run (or hang) for ever. A clade export's
+// image checks in well under a second per GiB here; the bound is
+// generous: 2 minutes and 2 s per GiB.
+var fsckTimeout = func(size int64) time.Duration { return 2*time.Minute + time.Duration(size>>30)*2*time.Second }
+
+// fsck runs e2fsck -n -f on img, killed (with whatever it started) once
+// timeout has passed.
+func fsck(ctx context.Context, img string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "e2fsck", "-n", "-f", img)
+	// In a process group of its own, which the deadline kills whole.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("e2fsck did not finish checking its image within %s (a damaged or hostile image)", timeout)
+	case err != nil:
+		return fmt.Errorf("its image is not a sound ext4 file system: %v: %s", err, lastLine(string(out)))
+	}
+	return nil
 }
 
 // ext4 superblock fields (offsets in the superblock, at byte 1024).

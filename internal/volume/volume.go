@@ -176,6 +176,23 @@ func (m *Manager) mountPoint(key string) string {
 // free disk than size.
 // With encrypt, the volume has a key of its own (see Export).
 func (m *Manager) Create(ctx context.Context, name string, size int64, encrypt bool) (store.Volume, error) {
+	return m.create(ctx, name, size, encrypt, nil)
+}
+
+// CreateWithKey makes an encrypted volume whose key is key (hex of
+// KeySize bytes, as Export's key file holds it) rather than a random one,
+// so that its owner holds the key from the start. Errors: as Create's;
+// InvalidArgument for a malformed key (the message never shows it).
+func (m *Manager) CreateWithKey(ctx context.Context, name string, size int64, key string) (store.Volume, error) {
+	raw, err := parseKey(key)
+	if err != nil {
+		return store.Volume{}, err
+	}
+	return m.create(ctx, name, size, true, raw)
+}
+
+// create makes a volume; with encrypt, raw is its key (nil: a random one).
+func (m *Manager) create(ctx context.Context, name string, size int64, encrypt bool, raw []byte) (store.Volume, error) {
 	if err := ValidName(name); err != nil {
 		return store.Volume{}, err
 	}
@@ -191,7 +208,12 @@ func (m *Manager) Create(ctx context.Context, name string, size int64, encrypt b
 		return store.Volume{}, errdefs.New(errdefs.ResourceExhausted, "volume %s of %d MiB does not fit: the host has %d MiB free; pick a smaller --size or free disk", name, size>>20, int64(fs.Bavail)*fs.Bsize>>20)
 	}
 	v := store.Volume{ID: newID(), Name: name, SizeBytes: size, State: store.VolumeCreating}
-	if encrypt {
+	if encrypt && raw != nil {
+		if m.cfg.Sealer == nil {
+			return store.Volume{}, errdefs.New(errdefs.InvalidArgument, "this daemon has no host key to seal volume keys with")
+		}
+		v.Key = m.cfg.Sealer.Seal(raw, keyAD(v.ID))
+	} else if encrypt {
 		var err error
 		if _, v.Key, err = m.newKey(v.ID); err != nil {
 			return store.Volume{}, err

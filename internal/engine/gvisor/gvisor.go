@@ -68,6 +68,10 @@ type Config struct {
 	// BenchmarkRestoreFlags compares them.
 	CheckpointFlags, RestoreFlags []string
 	Log                           *slog.Logger
+	// CrashAt names a point at which the process kills itself with
+	// SIGKILL, for crash tests ("gvisor-view-mounted": a sandbox's root
+	// view is mounted on the host, its runsc call not yet made).
+	CrashAt string
 }
 
 // Engine drives runsc.
@@ -112,6 +116,9 @@ func New(cfg Config) (*Engine, error) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
+	}
+	if err := e.dropViews(); err != nil {
+		return nil, fmt.Errorf("detach the root views a previous daemon left: %w", err)
 	}
 	if err := e.installAgent(); err != nil {
 		return nil, err
@@ -364,7 +371,9 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) (err error) {
 			err = errors.Join(err, e.Destroy(context.WithoutCancel(ctx), spec.ID))
 		}
 	}()
-	if err := e.runsc(ctx, spec.ID, "create", "--bundle", sb.dir, "--pid-file", filepath.Join(sb.dir, "pid"), spec.ID); err != nil {
+	err = e.runsc(ctx, spec.ID, "create", "--bundle", sb.dir, "--pid-file", filepath.Join(sb.dir, "pid"), spec.ID)
+	// The gofer holds its root now: the host lets go of the view.
+	if err := errors.Join(err, e.dropView(spec.ID)); err != nil {
 		return err
 	}
 	e.mu.Lock()
@@ -443,7 +452,10 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot
 		}
 	}()
 	t0 := time.Now()
-	if err := boot(sb.dir, prepared); err != nil {
+	err = boot(sb.dir, prepared)
+	// The gofer holds its root now (or none runs): the host lets go of
+	// the view, if the sandbox has one.
+	if err := errors.Join(err, e.dropView(spec.ID)); err != nil {
 		return nil, err
 	}
 	t1 := time.Now()
@@ -659,27 +671,35 @@ func (e *Engine) writeBundle(spec engine.Spec) error {
 	if spec.User != "" {
 		env = append(env, "CLADE_AGENT_USER="+spec.User)
 	}
-	mounts, err := e.networkBundle(spec)
+	netMounts, err := e.networkBundle(spec)
 	if err != nil {
 		return err
+	}
+	mounts := append([]bundle.Mount{
+		{Source: e.binDir, Destination: guestBinDir, ReadOnly: true},
+		// Read-only too: the agent only dials the host's socket there,
+		// and a writable host directory would bypass the disk cap.
+		{Source: filepath.Join(e.dir(spec.ID), "run"), Destination: guestRunDir, ReadOnly: true},
+	}, append(netMounts, volumeMounts(spec)...)...)
+	rootfs := spec.RootFS
+	if needsView(rootfs, mounts) {
+		if rootfs, err = e.mountView(spec.ID, rootfs); err != nil {
+			return err
+		}
+		e.crashPoint("gvisor-view-mounted")
 	}
 	return bundle.Write(e.dir(spec.ID), bundle.Spec{
 		Args:      []string{guestAgent},
 		Env:       env,
 		Hostname:  spec.Hostname,
-		RootFS:    spec.RootFS,
+		RootFS:    rootfs,
 		Cgroup:    "/clade/" + spec.ID,
 		MemoryMiB: spec.MemoryMiB,
 		CPUs:      spec.CPUs,
 		// For the agent only: it drops this from the bounding set at start.
 		ExtraCaps: []string{"CAP_SYS_ADMIN"},
-		Mounts: append([]bundle.Mount{
-			{Source: e.binDir, Destination: guestBinDir, ReadOnly: true},
-			// Read-only too: the agent only dials the host's socket there,
-			// and a writable host directory would bypass the disk cap.
-			{Source: filepath.Join(e.dir(spec.ID), "run"), Destination: guestRunDir, ReadOnly: true},
-		}, append(mounts, volumeMounts(spec)...)...),
-		NetNS: spec.NetNS,
+		Mounts:    mounts,
+		NetNS:     spec.NetNS,
 	})
 }
 
@@ -824,6 +844,11 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 			return fmt.Errorf("%w (%d processes left)", derr, len(left))
 		}
 		e.cfg.Log.Warn("runsc delete failed; the sandbox's processes were killed instead", "sandbox", id, "err", derr)
+	}
+	// A start cut short may have left the root view mounted: removing
+	// the directory would walk into it.
+	if err := e.dropView(id); err != nil {
+		return err
 	}
 	// Nor does runsc's record of it: a restore cut short by a daemon kill
 	// leaves one naming a dead sandbox process, which the next restore of

@@ -59,7 +59,15 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	v, err := vols.Create(r.Context(), req.Name, req.SizeBytes, req.Encrypt)
+	var v store.Volume
+	if req.Key != "" {
+		if !req.Encrypt {
+			return errdefs.New(errdefs.InvalidArgument, "a volume key needs encrypt: true (clade volume create --encrypt --key-file FILE)")
+		}
+		v, err = vols.CreateWithKey(r.Context(), req.Name, req.SizeBytes, req.Key)
+	} else {
+		v, err = vols.Create(r.Context(), req.Name, req.SizeBytes, req.Encrypt)
+	}
 	if err != nil {
 		return err
 	}
