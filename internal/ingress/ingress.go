@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 )
@@ -54,6 +56,9 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	access map[string]access // by ref: see lookup
+
+	conns  sync.Map // net.Conn -> *clientConn (forward.go)
+	dialer func(ctx context.Context, id string, port int) (net.Conn, error) // tests: instead of mgr.Dial
 }
 
 // New returns the proxy for the sandboxes of mgr.
@@ -73,7 +78,7 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 			if err != nil {
 				return nil, err
 			}
-			return mgr.Dial(ctx, id, n)
+			return p.dial(ctx, id, n)
 		},
 		MaxIdleConns:        1024,
 		MaxIdleConnsPerHost: 64,
@@ -147,12 +152,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	// Wake it now, so that a refused wake is told apart from a refused
 	// port; for a running sandbox this is a map lookup.
-	if _, err := p.mgr.Guest(r.Context(), a.id); err != nil {
+	g, err := p.mgr.Guest(r.Context(), a.id)
+	if err != nil {
 		p.failErr(w, err)
 		return
 	}
-	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, route{id: a.id, port: port}))
-	p.rp.ServeHTTP(w, r)
+	rt := route{id: a.id, port: port}
+	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
+	if r.ProtoMajor != 1 || upgrading(r) {
+		p.rp.ServeHTTP(w, r)
+		return
+	}
+	p.forward(w, r, rt, g)
+}
+
+// upgrading reports whether r asks to switch protocols (a WebSocket).
+func upgrading(r *http.Request) bool {
+	return r.Header.Get("Upgrade") != "" && httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade")
 }
 
 // access is what a request to a sandbox needs of its record: none of it
