@@ -57,7 +57,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	access map[string]access // by ref: see lookup
 
-	conns  sync.Map // net.Conn -> *clientConn (forward.go)
+	conns  sync.Map                                                         // net.Conn -> *clientConn (forward.go)
 	dialer func(ctx context.Context, id string, port int) (net.Conn, error) // tests: instead of mgr.Dial
 }
 
