@@ -1,0 +1,50 @@
+package sandbox
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestSleepersKeepPreparedSandboxes: each sandbox put to sleep asks the
+// warm pool for one more prepared sandbox of its shape (up to the limit),
+// so that a burst of wakes restores into prepared sandboxes.
+func TestSleepersKeepPreparedSandboxes(t *testing.T) {
+	const limit = 4
+	e := newEnv(t, Config{WarmPool: limit})
+	e.eng.Delay = time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go e.m.pool.Run(ctx) // the pool alone: no pinned default shape
+	var ids []string
+	for range limit + 2 {
+		ids = append(ids, e.create(t, 128).ID)
+	}
+	for _, id := range ids {
+		if _, err := e.m.Sleep(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); e.m.Warm() < limit; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sleepers: %d prepared sandboxes, want %d", len(ids), e.m.Warm(), limit)
+		}
+		time.Sleep(time.Millisecond) // polling the pool's count
+	}
+	hits0, _ := e.m.PoolStats()
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := e.m.Wake(context.Background(), id); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if hits, _ := e.m.PoolStats(); hits-hits0 < limit {
+		t.Fatalf("%d concurrent wakes found %d prepared sandboxes, want at least %d", len(ids), hits-hits0, limit)
+	}
+}
