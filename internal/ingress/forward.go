@@ -152,9 +152,14 @@ func (p *Proxy) ConnState(c net.Conn, st http.ConnState) {
 // Server returns an http.Server that serves the proxy with its connection
 // hooks (without them every request dials the sandbox afresh).
 func (p *Proxy) Server() *http.Server {
-	return &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, ConnContext: p.ConnContext, ConnState: p.ConnState,
-		ErrorLog: p.rp.ErrorLog}
+	return &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
+		ConnContext: p.ConnContext, ConnState: p.ConnState, ErrorLog: p.rp.ErrorLog}
 }
+
+// idleTimeout closes a client connection (and the sandbox connection it
+// keeps) idle this long, as the reverse proxy's transport closed its idle
+// sandbox connections.
+const idleTimeout = 90 * time.Second
 
 // hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1), which a proxy
 // does not pass on, and Expect, which the front server answers itself.

@@ -1,8 +1,10 @@
 // Package ingress is clade's HTTP ingress: a reverse proxy that serves
-// `Host: PORT-REF.DOMAIN` (REF a sandbox id or name) from that port on the
-// sandbox's loopback. It reaches the port through the sandbox's agent
-// connection (sandbox.Manager.Dial), so it works whatever the sandbox's
-// network, and a request to a sleeping sandbox wakes it and is served.
+// `Host: PORT-REF.DOMAIN` (REF a sandbox id or name) from that port inside
+// the sandbox. It reaches the port with sandbox.Manager.Dial (over the
+// sandbox's veth, else through its agent connection to its loopback), so
+// it works whatever the sandbox's network, and a request to a sleeping
+// sandbox wakes it and is served. Plain requests take the forwarder
+// (forward.go), upgrades httputil.ReverseProxy.
 //
 // Every request must carry the sandbox's traffic token in the header
 // X-Clade-Traffic-Token, or a signed URL's signature (signed.go), unless the
