@@ -32,6 +32,14 @@ import (
 // port and life of the sandbox: a request for another, or after the
 // sandbox slept and woke, dials afresh. A sandbox connection is closed with
 // its client connection.
+//
+// The life matters: a connection over the veth made before a sleep may
+// never hear that its sandbox is gone (the netns and veth went with the
+// sleep; the reset gVisor sends at its checkpoint does not always arrive),
+// so a request written on it after the wake waits for an answer that
+// never comes. The reverse proxy's transport, which kept idle connections
+// by id and port, hung 6 of 90 requests that way in
+// TestIngressRequestsRacingWakes (the hang seen once under load).
 
 // connKey keys a client connection's *clientConn in its context.
 type connKey struct{}

@@ -82,10 +82,12 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 			}
 			return p.dial(ctx, id, n)
 		},
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
+		// Only upgrades come this way (the forwarder takes the rest): no
+		// connection is kept for another request. A kept one would be keyed
+		// by id and port, the same across a sleep and a wake, and one left
+		// from before a sleep can swallow a request whole (see forward.go).
+		DisableKeepAlives:  true,
+		DisableCompression: true,
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
