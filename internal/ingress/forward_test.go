@@ -337,14 +337,20 @@ func TestForwarder(t *testing.T) {
 		}
 	})
 	t.Run("a client connection that closes closes its sandbox connection", func(t *testing.T) {
+		// A backend and front of its own: no other subtest's connections
+		// close under the count.
+		be := startBackend(t, mux)
+		f := startFront(t, be, false)
 		c := newClient(t)
 		doGet(t, c, f.url+"/hello")
-		open := be.opened.Load() - be.closed.Load()
-		if open < 1 {
-			t.Fatalf("%d sandbox connections open, want at least 1", open)
+		if n := be.opened.Load(); n != 1 {
+			t.Fatalf("%d sandbox connections opened, want 1", n)
+		}
+		if n := be.closed.Load(); n != 0 {
+			t.Fatalf("the sandbox connection closed under an open client connection")
 		}
 		c.Transport.(*http.Transport).CloseIdleConnections()
-		waitFor(t, "the sandbox connection to close", func() bool { return be.opened.Load()-be.closed.Load() == open-1 })
+		waitFor(t, "the sandbox connection to close", func() bool { return be.closed.Load() == 1 })
 	})
 	t.Run("a sandbox that does not answer is a 502", func(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
