@@ -48,3 +48,31 @@ func TestSleepersKeepPreparedSandboxes(t *testing.T) {
 		t.Fatalf("%d concurrent wakes found %d prepared sandboxes, want at least %d", len(ids), hits-hits0, limit)
 	}
 }
+
+// TestPrepareYieldsToWakes: the warm pool prepares nothing while a wake
+// restores, and catches up once it is done.
+func TestPrepareYieldsToWakes(t *testing.T) {
+	e := newEnv(t, Config{WarmPool: 2})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	e.m.wakes <- struct{}{} // a wake restoring
+	go e.m.pool.Run(ctx)
+	sb := e.create(t, 128)
+	e.m.pool.Want(e.m.shapeOf(sb.Image, sb.MemoryMiB, sb.CPUs, sb.Env, sb.Opts), 2)
+	// The pool would prepare within milliseconds; 5 poll periods later it
+	// still must not have.
+	deadline := time.Now().Add(5 * yieldPoll)
+	for time.Now().Before(deadline) {
+		if n := e.m.Warm(); n != 0 {
+			t.Fatalf("%d sandboxes prepared while a wake restored", n)
+		}
+		time.Sleep(time.Millisecond) // sampling the count over a period
+	}
+	<-e.m.wakes
+	for deadline := time.Now().Add(5 * time.Second); e.m.Warm() < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the wake: %d prepared, want 2", e.m.Warm())
+		}
+		time.Sleep(time.Millisecond) // polling the pool's count
+	}
+}
