@@ -1,8 +1,10 @@
 // Package ingress is clade's HTTP ingress: a reverse proxy that serves
-// `Host: PORT-REF.DOMAIN` (REF a sandbox id or name) from that port on the
-// sandbox's loopback. It reaches the port through the sandbox's agent
-// connection (sandbox.Manager.Dial), so it works whatever the sandbox's
-// network, and a request to a sleeping sandbox wakes it and is served.
+// `Host: PORT-REF.DOMAIN` (REF a sandbox id or name) from that port inside
+// the sandbox. It reaches the port with sandbox.Manager.Dial (over the
+// sandbox's veth, else through its agent connection to its loopback), so
+// it works whatever the sandbox's network, and a request to a sleeping
+// sandbox wakes it and is served. Plain requests take the forwarder
+// (forward.go), upgrades httputil.ReverseProxy.
 //
 // Every request must carry the sandbox's traffic token in the header
 // X-Clade-Traffic-Token, or a signed URL's signature (signed.go), unless the
@@ -26,6 +28,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/sandbox"
@@ -54,6 +58,9 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	access map[string]access // by ref: see lookup
+
+	conns  sync.Map                                                         // net.Conn -> *clientConn (forward.go)
+	dialer func(ctx context.Context, id string, port int) (net.Conn, error) // tests: instead of mgr.Dial
 }
 
 // New returns the proxy for the sandboxes of mgr.
@@ -73,12 +80,14 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 			if err != nil {
 				return nil, err
 			}
-			return mgr.Dial(ctx, id, n)
+			return p.dial(ctx, id, n)
 		},
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
+		// Only upgrades come this way (the forwarder takes the rest): no
+		// connection is kept for another request. A kept one would be keyed
+		// by id and port, the same across a sleep and a wake, and one left
+		// from before a sleep can swallow a request whole (see forward.go).
+		DisableKeepAlives:  true,
+		DisableCompression: true,
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
@@ -147,12 +156,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	// Wake it now, so that a refused wake is told apart from a refused
 	// port; for a running sandbox this is a map lookup.
-	if _, err := p.mgr.Guest(r.Context(), a.id); err != nil {
+	g, err := p.mgr.Guest(r.Context(), a.id)
+	if err != nil {
 		p.failErr(w, err)
 		return
 	}
-	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, route{id: a.id, port: port}))
-	p.rp.ServeHTTP(w, r)
+	rt := route{id: a.id, port: port}
+	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
+	if r.ProtoMajor != 1 || upgrading(r) {
+		p.rp.ServeHTTP(w, r)
+		return
+	}
+	p.forward(w, r, rt, g)
+}
+
+// upgrading reports whether r asks to switch protocols (a WebSocket).
+func upgrading(r *http.Request) bool {
+	return r.Header.Get("Upgrade") != "" && httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade")
 }
 
 // access is what a request to a sandbox needs of its record: none of it

@@ -45,6 +45,13 @@ func startDaemon(t *testing.T, extra ...string) *testenv.Daemon {
 // sandbox).
 func startApp(t *testing.T, c *sdk.Client, id string) {
 	t.Helper()
+	startAppOn(t, c, id, "127.0.0.1")
+}
+
+// startAppOn is startApp with the app listening on addr (0.0.0.0: on the
+// sandbox's own address too, which the ingress reaches over the veth).
+func startAppOn(t *testing.T, c *sdk.Client, id, addr string) {
+	t.Helper()
 	src, err := os.ReadFile("testdata/app.py")
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +66,7 @@ func startApp(t *testing.T, c *sdk.Client, id string) {
 		}
 	}
 	run(strings.NewReader(string(src)), "sh", "-c", "cat > /tmp/app.py")
-	run(nil, "sh", "-c", fmt.Sprintf("python3 /tmp/app.py %d >/tmp/app.log 2>&1 &", appPort))
+	run(nil, "sh", "-c", fmt.Sprintf("python3 /tmp/app.py %d %s >/tmp/app.log 2>&1 &", appPort, addr))
 	run(nil, "python3", "-c", fmt.Sprintf(`
 import socket, time
 for i in range(400):
@@ -655,5 +662,63 @@ func TestIngressMemoryFloor(t *testing.T) {
 		}
 		after, _ := strconv.Atoi(h.Get("Retry-After"))
 		time.Sleep(time.Duration(max(after, 1)) * time.Second) // as Retry-After says
+	}
+}
+
+// TestIngressRequestsRacingWakes: clients on keep-alive connections send
+// bursts of requests at once to a sandbox that idle-sleeps between the
+// bursts (its server on its own address, reached over the veth), so that
+// every burst wakes it and races the wake on connections kept from before
+// the sleep. Every request must be served, none may hang.
+func TestIngressRequestsRacingWakes(t *testing.T) {
+	d := startDaemon(t)
+	c := d.Client
+	ctx := context.Background()
+	sb, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{IdleSleepMS: 300, MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startAppOn(t, c, sb.ID, "0.0.0.0")
+	const clients, rounds, perRound = 6, 5, 3
+	tgs := make([]*target, clients)
+	for i := range tgs {
+		tgs[i] = newTarget(t, sb, appPort)
+		tgs[i].hc.Timeout = 30 * time.Second // a hang fails the test rather than the run
+	}
+	wakes := metric(t, d, "clade_wakes_total")
+	for round := range rounds {
+		waitState(t, c, sb.ID, "sleeping", 20*time.Second)
+		var wg sync.WaitGroup
+		errs := make(chan string, clients*perRound)
+		start := time.Now()
+		for _, tg := range tgs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range perRound {
+					req, _ := http.NewRequest(http.MethodGet, tg.base+"/hello", nil)
+					req.Header.Set(ingress.TokenHeader, tg.token)
+					resp, err := tg.hc.Do(req)
+					if err != nil {
+						errs <- err.Error()
+						continue
+					}
+					b, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err != nil || resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(b), "hello") {
+						errs <- fmt.Sprintf("%d %q %v", resp.StatusCode, b, err)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Errorf("round %d: a request got %s", round, e)
+		}
+		t.Logf("round %d: %d requests in %s", round, clients*perRound, time.Since(start))
+	}
+	if n := metric(t, d, "clade_wakes_total") - wakes; n != rounds {
+		t.Fatalf("%d rounds after idle sleeps woke the sandbox %d times, want %d", rounds, n, rounds)
 	}
 }

@@ -74,8 +74,30 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		return err
 	}
 	go m.preverify(dir, sealed)
+	m.prepareForSleepers(ctx, *rec)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
 	return nil
+}
+
+// prepareForSleepers asks the warm pool for one prepared sandbox for each
+// sleeping sandbox of rec's shape (up to the pool's limit per shape): a
+// burst of wakes (a mass wake through the ingress) then restores into
+// prepared sandboxes, not into ones it makes first on the same cores.
+// Each prepared sandbox costs ~30 MiB while it waits (docs/benchmarks.md,
+// masswake).
+func (m *Manager) prepareForSleepers(ctx context.Context, rec store.Sandbox) {
+	recs, err := m.store.ListSandboxes(ctx)
+	if err != nil {
+		return
+	}
+	sh := m.shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
+	n := 0
+	for _, r := range recs {
+		if r.State == store.StateSleeping && m.shapeOf(r.Image, r.MemoryMiB, r.CPUs, r.Env, r.Opts) == sh {
+			n++
+		}
+	}
+	m.pool.Want(sh, n)
 }
 
 // preverify checks a new sleep image in the background once its files

@@ -260,7 +260,7 @@ func Run(ctx context.Context, o Options) error {
 	if iln != nil {
 		proxy := ingress.New(ingress.Config{Domain: o.IngressDomain, Log: log}, mgr)
 		defer proxy.Close()
-		ihs := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+		ihs := proxy.Server()
 		go func() { errc <- ihs.Serve(iln) }()
 		defer ihs.Close()
 		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain)

@@ -1,5 +1,5 @@
 # A small app for the ingress tests: run inside a sandbox as
-#   python3 app.py PORT
+#   python3 app.py PORT [ADDRESS]   (ADDRESS 127.0.0.1 unless given)
 # GET /hello -> "hello from HOST"; GET /inc -> the number of /inc requests so
 # far; GET /big?n=N -> N bytes, streamed in 64 KiB chunks (byte i is i % 251);
 # GET /ws with Upgrade -> 101, then echoes every byte until EOF;
@@ -67,4 +67,4 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-S(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+S((sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1", int(sys.argv[1])), H).serve_forever()

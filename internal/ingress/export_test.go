@@ -1,0 +1,26 @@
+package ingress
+
+import (
+	"context"
+	"net"
+	"net/http"
+)
+
+// NewForwarder returns a proxy with no sandbox service whose handler
+// serves every request from port 1 of sandbox "sb" in the life *life,
+// reached with dial: the forwarder (or, with reverse, the upgrade way's
+// reverse proxy) alone.
+func NewForwarder(dial func(ctx context.Context) (net.Conn, error), life *int, reverse bool) (*Proxy, http.Handler) {
+	p := New(Config{Domain: "test"}, nil)
+	p.dialer = func(ctx context.Context, _ string, _ int) (net.Conn, error) { return dial(ctx) }
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rt := route{id: "sb", port: 1}
+		r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
+		if reverse || upgrading(r) {
+			p.rp.ServeHTTP(w, r)
+			return
+		}
+		p.forward(w, r, rt, *life)
+	})
+	return p, h
+}

@@ -1,0 +1,461 @@
+package ingress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The forwarder is the proxy's way for plain HTTP/1.x requests (upgrades
+// go through httputil.ReverseProxy). It exists for speed, measured in
+// docs/benchmarks.md (issue 9): a request and its answer are written and
+// read by the client connection's own goroutine over a sandbox connection
+// kept for that client connection, with no hand-off to a transport's
+// reader and writer goroutines, and a body of known length goes from the
+// sandbox's socket to the client's with splice(2) when both are TCP (a
+// server on the sandbox's own address), never through user space.
+//
+// Each client connection keeps at most one sandbox connection (HTTP/1.1
+// serves one request at a time on a connection), made for one sandbox,
+// port and life of the sandbox: a request for another, or after the
+// sandbox slept and woke, dials afresh. A sandbox connection is closed with
+// its client connection.
+//
+// The life matters: a connection over the veth made before a sleep may
+// never hear that its sandbox is gone (the netns and veth went with the
+// sleep; the reset gVisor sends at its checkpoint does not always arrive),
+// so a request written on it after the wake waits for an answer that
+// never comes. The reverse proxy's transport, which kept idle connections
+// by id and port, hung 6 of 90 requests that way in
+// TestIngressRequestsRacingWakes (the hang seen once under load).
+
+// connKey keys a client connection's *clientConn in its context.
+type connKey struct{}
+
+// clientConn is what the proxy keeps for one client connection.
+type clientConn struct {
+	mu     sync.Mutex
+	be     *backend // guarded by mu: idle between requests
+	closed bool     // guarded by mu: the client connection is gone
+}
+
+// backend is a connection to a port inside a sandbox.
+type backend struct {
+	id   string
+	port int
+	life any // the sandbox's guest connection when it was dialled: a wake makes another
+	c    net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+}
+
+func (b *backend) close() { b.c.Close() }
+
+// take returns cc's idle sandbox connection if it is for id, port and
+// life and still open; else nil (closing one that is not).
+func (cc *clientConn) take(id string, port int, life any) *backend {
+	if cc == nil {
+		return nil
+	}
+	cc.mu.Lock()
+	be := cc.be
+	cc.be = nil
+	cc.mu.Unlock()
+	if be == nil {
+		return nil
+	}
+	if be.id != id || be.port != port || be.life != life || !idleOpen(be) {
+		be.close()
+		return nil
+	}
+	return be
+}
+
+// put keeps be for the client connection's next request.
+func (cc *clientConn) put(be *backend) {
+	if cc == nil {
+		be.close()
+		return
+	}
+	cc.mu.Lock()
+	if cc.closed || cc.be != nil {
+		cc.mu.Unlock()
+		be.close()
+		return
+	}
+	cc.be = be
+	cc.mu.Unlock()
+}
+
+// shut closes cc's sandbox connection: its client connection is gone.
+func (cc *clientConn) shut() {
+	cc.mu.Lock()
+	be := cc.be
+	cc.be = nil
+	cc.closed = true
+	cc.mu.Unlock()
+	if be != nil {
+		be.close()
+	}
+}
+
+// idleOpen reports whether an idle sandbox connection can carry a request:
+// nothing arrived on it since its last answer (a server that closed it sent
+// EOF; one that sent bytes unasked is not speaking HTTP). One non-blocking
+// peek for a socket; a connection through the agent, which says when it
+// closes, is trusted.
+func idleOpen(be *backend) bool {
+	if be.br.Buffered() > 0 {
+		return false
+	}
+	sc, ok := be.c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	var b [1]byte
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		open = n < 0 && errors.Is(err, unix.EAGAIN)
+		return true
+	})
+	return err == nil && open
+}
+
+// ConnContext is the ingress server's http.Server.ConnContext: it gives
+// each client connection its place for a sandbox connection.
+func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	cc := &clientConn{}
+	p.conns.Store(c, cc)
+	return context.WithValue(ctx, connKey{}, cc)
+}
+
+// ConnState is the ingress server's http.Server.ConnState: a client
+// connection that closes (or is taken over) closes its sandbox connection.
+func (p *Proxy) ConnState(c net.Conn, st http.ConnState) {
+	switch st {
+	case http.StateClosed, http.StateHijacked:
+		if v, ok := p.conns.LoadAndDelete(c); ok {
+			v.(*clientConn).shut()
+		}
+	}
+}
+
+// Server returns an http.Server that serves the proxy with its connection
+// hooks (without them every request dials the sandbox afresh).
+func (p *Proxy) Server() *http.Server {
+	return &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
+		ConnContext: p.ConnContext, ConnState: p.ConnState, ErrorLog: p.rp.ErrorLog}
+}
+
+// idleTimeout closes a client connection (and the sandbox connection it
+// keeps) idle this long, as the reverse proxy's transport closed its idle
+// sandbox connections.
+const idleTimeout = 90 * time.Second
+
+// hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1), which a proxy
+// does not pass on, and Expect, which the front server answers itself.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect"}
+
+func removeHop(h http.Header) {
+	for _, f := range h["Connection"] {
+		for _, name := range strings.Split(f, ",") {
+			if name = textproto.TrimString(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
+// outRequest is r as the sandbox gets it (see rewrite, the upgrade way's
+// equivalent).
+func outRequest(r *http.Request, rt route) *http.Request {
+	out := r.Clone(r.Context())
+	out.RequestURI = ""
+	out.Close = false
+	u := *r.URL
+	stripSigned(&u)
+	out.URL = &u
+	te := r.Header.Get("Te")
+	removeHop(out.Header)
+	if strings.Contains(strings.ToLower(te), "trailers") {
+		out.Header.Set("Te", "trailers")
+	}
+	out.Header.Del(TokenHeader)
+	stripCookie(out.Header)
+	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+		out.Header.Del(h)
+	}
+	(&httputil.ProxyRequest{In: r, Out: out}).SetXForwarded()
+	if _, ok := out.Header["User-Agent"]; !ok {
+		out.Header["User-Agent"] = []string{""} // not Go's own
+	}
+	if r.ContentLength == 0 {
+		out.Body = http.NoBody
+	}
+	return out
+}
+
+// forward serves r from port rt of its sandbox, whose guest connection
+// (its life: see backend) is life. It answers 502 itself when the sandbox
+// does not answer.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life any) {
+	ctx := r.Context()
+	cc, _ := ctx.Value(connKey{}).(*clientConn)
+	out := outRequest(r, rt)
+	be := cc.take(rt.id, rt.port, life)
+	var (
+		resp *http.Response
+		err  error
+	)
+	for {
+		reused := be != nil
+		if be == nil {
+			c, derr := p.dial(ctx, rt.id, rt.port)
+			if derr != nil {
+				p.proxyError(w, r, derr)
+				return
+			}
+			be = &backend{id: rt.id, port: rt.port, life: life, c: c, br: bufio.NewReaderSize(c, 64<<10), bw: bufio.NewWriterSize(c, 16<<10)}
+		}
+		resp, err = p.roundTrip(ctx, be, out)
+		if err == nil {
+			break
+		}
+		be.close()
+		be = nil
+		// A kept connection the sandbox closed while idle (a server's
+		// keep-alive timeout) is no answer: a request with no body is sent
+		// again, once, over a new one.
+		if !reused || out.Body != http.NoBody || ctx.Err() != nil || !retryable(err) {
+			p.proxyError(w, r, err)
+			return
+		}
+	}
+	if p.answer(w, r, be, resp) && ctx.Err() == nil {
+		p.maybeKeep(cc, be, resp)
+		return
+	}
+	be.close()
+}
+
+// dial is the proxy's way to a port of a sandbox (replaced in tests).
+func (p *Proxy) dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	if p.dialer != nil {
+		return p.dialer(ctx, id, port)
+	}
+	return p.mgr.Dial(ctx, id, port)
+}
+
+// retryable reports whether err says a kept connection was closed before
+// it answered.
+func retryable(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// roundTrip writes out over be and reads the answer's head (1xx answers
+// other than 101 are passed to the client as they come, see answer).
+func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (*http.Response, error) {
+	// A client that goes away ends the exchange: the sandbox connection's
+	// deadline passes, and whatever blocks on it returns.
+	stop := context.AfterFunc(ctx, func() { be.c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	werr := out.Write(be.bw)
+	if werr == nil {
+		werr = be.bw.Flush()
+	}
+	if werr != nil && out.Body == http.NoBody {
+		return nil, werr
+	}
+	// A server may answer before it has read a body (a 413, say) and
+	// close: its answer is worth more than the write's error.
+	resp, err := http.ReadResponse(be.br, out)
+	if err != nil {
+		return nil, errors.Join(werr, err)
+	}
+	if werr != nil {
+		resp.Close = true
+	}
+	return resp, nil
+}
+
+// answer copies resp to w (1xx answers as they come, then the final one
+// with its body and trailers) and reports whether the sandbox connection
+// is left at the end of a whole answer, ready for another request.
+func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp *http.Response) bool {
+	ctx := r.Context()
+	stop := context.AfterFunc(ctx, func() { be.c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	for resp.StatusCode >= 100 && resp.StatusCode < 200 {
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			// Not asked for (upgrades take the other way).
+			p.proxyError(w, r, errors.New("the server switched protocols unasked"))
+			return false
+		}
+		h := w.Header()
+		copyHeader(h, resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		clear(h)
+		var err error
+		if resp, err = http.ReadResponse(be.br, resp.Request); err != nil {
+			return false
+		}
+	}
+	h := w.Header()
+	removeHop(resp.Header)
+	copyHeader(h, resp.Header)
+	if len(resp.Trailer) > 0 {
+		keys := make([]string, 0, len(resp.Trailer))
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		h["Trailer"] = []string{strings.Join(keys, ", ")}
+	}
+	chunked := len(resp.TransferEncoding) > 0
+	if resp.ContentLength >= 0 && !chunked && r.Method != http.MethodHead {
+		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
+	w.WriteHeader(resp.StatusCode)
+	if r.Method == http.MethodHead || !bodyAllowed(resp.StatusCode) {
+		return !resp.Close
+	}
+	if resp.ContentLength >= 0 && !chunked {
+		if err := copyKnown(w, be, resp.ContentLength); err != nil {
+			p.log.Debug("ingress: body copy ended", "sandbox", be.id, "port", be.port, "err", err)
+			return false
+		}
+		return !resp.Close
+	}
+	// Chunked, or until the server closes: streamed, every piece flushed
+	// to the client as it comes (server-sent events, long polls).
+	err := copyFlushing(w, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		p.log.Debug("ingress: body copy ended", "sandbox", be.id, "port", be.port, "err", err)
+		if !errors.Is(err, errClient) {
+			panic(http.ErrAbortHandler) // the client must not take a cut body for a whole one
+		}
+		return false
+	}
+	for k, vv := range resp.Trailer {
+		h[k] = vv
+	}
+	return chunked && !resp.Close
+}
+
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+func copyHeader(dst, src http.Header) {
+	for k, vv := range src {
+		dst[k] = append(dst[k][:0:0], vv...)
+	}
+}
+
+// errClient marks a write to the client that failed.
+var errClient = errors.New("writing to the client failed")
+
+// copyKnown copies an n-byte body from be to w: what be's reader holds
+// first, then the rest straight from the socket, which the server spliced
+// into the client's socket when both are TCP.
+func copyKnown(w http.ResponseWriter, be *backend, n int64) error {
+	if k := min(int64(be.br.Buffered()), n); k > 0 {
+		buf, _ := be.br.Peek(int(k))
+		if _, err := w.Write(buf); err != nil {
+			return errors.Join(errClient, err)
+		}
+		be.br.Discard(int(k))
+		n -= k
+	}
+	if n == 0 {
+		return nil
+	}
+	var src io.Reader = &io.LimitedReader{R: be.c, N: n}
+	if _, ok := be.c.(*net.TCPConn); !ok {
+		// Not spliceable: in large pieces, not http's 32 KiB ones.
+		b := bufferPool{}.Get()
+		defer bufferPool{}.Put(b)
+		got, err := io.CopyBuffer(writerOnly{w}, src, b)
+		return short(got, n, err)
+	}
+	rf, ok := w.(io.ReaderFrom)
+	if !ok {
+		rf = readerFrom{w}
+	}
+	got, err := rf.ReadFrom(src)
+	return short(got, n, err)
+}
+
+func short(got, want int64, err error) error {
+	if err == nil && got < want {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+type readerFrom struct{ io.Writer }
+
+func (r readerFrom) ReadFrom(src io.Reader) (int64, error) {
+	b := bufferPool{}.Get()
+	defer bufferPool{}.Put(b)
+	return io.CopyBuffer(writerOnly{r.Writer}, src, b)
+}
+
+// writerOnly hides w's ReadFrom, so that io.CopyBuffer uses the buffer.
+type writerOnly struct{ io.Writer }
+
+// copyFlushing copies src to w, flushing after every read.
+func copyFlushing(w http.ResponseWriter, src io.Reader) error {
+	rc := http.NewResponseController(w)
+	b := bufferPool{}.Get()
+	defer bufferPool{}.Put(b)
+	for {
+		n, rerr := src.Read(b)
+		if n > 0 {
+			if _, err := w.Write(b[:n]); err != nil {
+				return errors.Join(errClient, err)
+			}
+			if err := rc.Flush(); err != nil {
+				return errors.Join(errClient, err)
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// maybeKeep keeps be for the client connection's next request, unless
+// either side said this answer ends the connection.
+func (p *Proxy) maybeKeep(cc *clientConn, be *backend, resp *http.Response) {
+	if resp.Close {
+		be.close()
+		return
+	}
+	be.c.SetDeadline(time.Time{})
+	cc.put(be)
+}
