@@ -9,7 +9,6 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -160,7 +159,7 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	}
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
 	defer stop()
-	r := wire.NewReader(bufio.NewReaderSize(nc, 64<<10))
+	r := wire.NewReader(nc)
 	for {
 		f, err := r.Read()
 		if err != nil {

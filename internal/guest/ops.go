@@ -277,6 +277,19 @@ func (o *copyOut) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// WriteTo writes the archive to w as it comes, uncopied (io.Copy uses it).
+func (o *copyOut) WriteTo(w io.Writer) (int64, error) {
+	n, err := o.ch.stdout.WriteTo(w)
+	if err != nil {
+		return n, err
+	}
+	exit, err := o.ch.wait(o.ctx)
+	if err == nil {
+		err = exitError(exit)
+	}
+	return n, err
+}
+
 func (o *copyOut) Close() error { o.ch.close(); return nil }
 
 // FileInfo describes a path inside the sandbox.

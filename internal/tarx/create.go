@@ -119,7 +119,15 @@ func add(tw *tar.Writer, p, name string, fi fs.FileInfo) error {
 	if f != nil {
 		// CopyN: a file that grew since Stat is cut to the header's size
 		// rather than corrupting the stream; one that shrank is an error.
-		if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
+		bp := copyBufs.Get().(*[]byte)
+		defer copyBufs.Put(bp)
+		// In reads of copyBufSize (io.CopyN reads 32 KiB at a time: under
+		// gVisor each read is a trap into the sentry).
+		n, err := io.CopyBuffer(tw, io.LimitReader(f, hdr.Size), *bp)
+		if err == nil && n < hdr.Size {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
 			return fmt.Errorf("archive %s: %w", p, err)
 		}
 	}
