@@ -548,11 +548,11 @@ func (c *Conn) Active() int {
 }
 
 // sendBuffer is the socket send buffer the host asks for on an agent's
-// connection: a whole stream window (plus room for other frames), so that
-// the agent takes a window's worth of a push in one read, not in the
-// 200 KiB pieces of a default unix socket (under gVisor every read is a
-// trap into the sentry).
-const sendBuffer = wire.InitialWindow + 64<<10
+// connection: a whole push window (plus room for other frames), so that
+// the host's writes of a push never wait for the agent's reads, which
+// gVisor hands over in pieces of at most the agent side's own buffer
+// (about 200 KiB).
+const sendBuffer = wire.BulkWindow + 64<<10
 
 // growSendBuffer sets nc's send buffer to sendBuffer, past the host's
 // net.core.wmem_max when the daemon may (root); failing that, it leaves

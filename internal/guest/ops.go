@@ -255,6 +255,11 @@ func (c *Conn) CopyOut(ctx context.Context, path string, exclude []string) (io.R
 	if err != nil {
 		return nil, err
 	}
+	// Sent after the open, which the agent handles before its next frame.
+	if err := ch.stdout.Widen(wire.BulkWindow); err != nil {
+		ch.close()
+		return nil, errdefs.Wrap(errdefs.Unavailable, err)
+	}
 	return &copyOut{ctx: ctx, ch: ch}, nil
 }
 

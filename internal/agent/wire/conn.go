@@ -174,10 +174,18 @@ func (s *Sender) Close() error {
 var ErrWindow = errors.New("wire: peer exceeded its flow-control window")
 
 // ackEvery is how much a Receiver's consumer reads before the sender gets
-// that credit back: half the window, so a bulk stream costs the receiver a
-// Window frame (a system call) per 512 KiB, while the sender, with the
-// other half still to send, never waits for it.
+// that credit back with the initial window: half of it, so a bulk stream
+// costs the receiver a Window frame (a system call) per 512 KiB, while the
+// sender, with the other half still to send, never waits for it. A wider
+// window acknowledges by its quarter.
 const ackEvery = InitialWindow / 2
+
+// BulkWindow is the window the receiving end of a file transfer grants
+// (Receiver.Widen): the initial window, then the rest in a Window frame
+// sent as the channel opens, which any peer takes as credit. With 1 MiB in
+// flight a push or a pull stalls whenever one of the goroutines and
+// threads on its way is late to run, as on a loaded host they are.
+const BulkWindow = 4 << 20
 
 // chunkPool recycles the buffers of data payloads of ChunkSize bytes, the
 // bulk streams' frames: a transfer of 1 GiB would otherwise allocate (and
@@ -194,6 +202,7 @@ type Receiver struct {
 
 	mu       sync.Mutex
 	cond     *sync.Cond
+	window   int // the credit granted in all: InitialWindow unless widened
 	bufs     []rbuf
 	buffered int
 	unacked  uint32
@@ -210,9 +219,25 @@ type rbuf struct {
 
 // NewReceiver returns a Receiver that acknowledges through c.
 func NewReceiver(c *Conn, ch uint32, stream Type) *Receiver {
-	r := &Receiver{c: c, ch: ch, stream: stream}
+	r := &Receiver{c: c, ch: ch, stream: stream, window: InitialWindow}
 	r.cond = sync.NewCond(&r.mu)
 	return r
+}
+
+// Widen grants the sender window bytes of credit in all (more than the
+// initial window) with a Window frame. Call it once, before any data is
+// read.
+func (r *Receiver) Widen(window int) error {
+	r.mu.Lock()
+	extra := window - r.window
+	if extra > 0 {
+		r.window = window
+	}
+	r.mu.Unlock()
+	if extra <= 0 {
+		return nil
+	}
+	return r.c.Write(Window, r.ch, WindowPayload(r.stream, uint32(extra)))
 }
 
 // Push queues a data frame's payload (copied); an empty payload is EOF.
@@ -227,7 +252,7 @@ func (r *Receiver) Push(p []byte) error {
 	if r.eof || r.err != nil {
 		return nil // late data after the consumer gave up: drop it
 	}
-	if r.buffered+len(p) > InitialWindow {
+	if r.buffered+len(p) > r.window {
 		return ErrWindow
 	}
 	var q rbuf
@@ -278,7 +303,7 @@ func (r *Receiver) consumedLocked(n int) uint32 {
 	// Acknowledged by the half window, not after every read: the sender
 	// blocks only once a whole window is unacknowledged, which is always
 	// acknowledged here by then (a read that crosses a half acks).
-	if r.unacked >= ackEvery {
+	if r.unacked >= uint32(max(r.window/4, ackEvery)) {
 		ack := r.unacked
 		r.unacked = 0
 		return ack

@@ -577,3 +577,39 @@ type atomicU32 struct {
 
 func (a *atomicU32) add(n uint32) { a.mu.Lock(); a.v += n; a.mu.Unlock() }
 func (a *atomicU32) load() uint32 { a.mu.Lock(); defer a.mu.Unlock(); return a.v }
+
+// TestReceiverWiden: a widened receiver tells the sender the extra credit
+// in one Window frame and takes that much more before ErrWindow.
+func TestReceiverWiden(t *testing.T) {
+	c, peer := pipe(t)
+	got := make(chan Frame, 1)
+	go func() {
+		f, err := peer.Read()
+		if err == nil {
+			f.Payload = append([]byte(nil), f.Payload...)
+			got <- f
+		}
+	}()
+	rc := NewReceiver(c, 5, Stdin)
+	if err := rc.Widen(BulkWindow); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case f := <-got:
+		st, n, err := ParseWindow(f.Payload)
+		if f.Type != Window || f.Channel != 5 || err != nil || st != Stdin || n != BulkWindow-InitialWindow {
+			t.Fatalf("Widen sent %v on %d: %v %d %v, want a Window of %d on stdin", f.Type, f.Channel, st, n, err, BulkWindow-InitialWindow)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Widen sent no Window frame")
+	}
+	chunk := make([]byte, ChunkSize)
+	for i := 0; i < BulkWindow/ChunkSize; i++ {
+		if err := rc.Push(chunk); err != nil {
+			t.Fatalf("Push %d within the widened window: %v", i, err)
+		}
+	}
+	if err := rc.Push([]byte{1}); !errors.Is(err, ErrWindow) {
+		t.Fatalf("Push beyond the widened window = %v, want ErrWindow", err)
+	}
+}
