@@ -235,8 +235,31 @@ func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
 	}
 	defer ch.close()
 	go func() {
-		if _, err := io.CopyBuffer(ch.stdin, r, make([]byte, wire.ChunkSize)); err == nil {
-			_ = ch.stdin.Close()
+		// Whole frames: r (an HTTP body through a pipe) hands over what
+		// each client write carried, often 32 KiB, and every frame costs
+		// the agent a trap or more under gVisor.
+		// Only r's io.EOF ends the stream: any other error (a client
+		// gone mid-body) must not look like the archive's end.
+		buf := make([]byte, wire.ChunkSize)
+		for {
+			n, err := 0, error(nil)
+			for n < len(buf) && err == nil {
+				var m int
+				m, err = r.Read(buf[n:])
+				n += m
+			}
+			if n > 0 {
+				if _, werr := ch.stdin.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err == io.EOF {
+				_ = ch.stdin.Close()
+				return
+			}
+			if err != nil {
+				return
+			}
 		}
 	}()
 	exit, err := ch.wait(ctx)
