@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -59,6 +62,7 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.KeyEnv, "key-env", "CLADE_KEY", "environment variable that, when set, holds the host key (hex or base64 of 32 bytes) instead of --key-file")
 	fs.BoolVar(&o.EncryptAtRest, "encrypt-at-rest", false, "keep snapshots, sleep images, volumes and sandbox upper layers encrypted on disk (gocryptfs under DATA-DIR/encrypted, keyed by the host key; needs gocryptfs and fuse3)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	pprofAddr := fs.String("pprof", "", "serve Go's profiler (net/http/pprof) on loopback ADDR, e.g. 127.0.0.1:6060, for profiling the daemon")
 	_ = cmd.RegisterFlagCompletionFunc("engine", fixedValues(system.Engines()...))
 	_ = cmd.RegisterFlagCompletionFunc("default-network", fixedValues("internet", "none"))
 	_ = cmd.RegisterFlagCompletionFunc("log-level", fixedValues("debug", "info", "warn", "error"))
@@ -106,7 +110,35 @@ func newDaemonCmd() *cobra.Command {
 			return fmt.Errorf("bad --log-level %q", *level)
 		}
 		o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+		if *pprofAddr != "" {
+			if err := servePprof(*pprofAddr, o.Log); err != nil {
+				return err
+			}
+		}
 		return system.Run(ctx, o)
 	}
 	return cmd
+}
+
+// servePprof serves net/http/pprof on addr, which must be a loopback
+// address: profiles show memory and arguments, and the endpoint has no
+// authentication.
+func servePprof(addr string, log *slog.Logger) error {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().IsLoopback() {
+		return fmt.Errorf("bad --pprof %q: give a loopback ADDR:PORT such as 127.0.0.1:6060", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--pprof: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	log.Info("profiler serving", "addr", ln.Addr().String())
+	go func() { _ = http.Serve(ln, mux) }()
+	return nil
 }

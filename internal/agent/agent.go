@@ -9,7 +9,6 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -160,7 +159,7 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	}
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
 	defer stop()
-	r := wire.NewReader(bufio.NewReaderSize(nc, 64<<10))
+	r := wire.NewReader(nc)
 	for {
 		f, err := r.Read()
 		if err != nil {
@@ -199,6 +198,13 @@ func (s *session) handle(ctx context.Context, f wire.Frame) error {
 		ch := newChannel(s, f.Channel, req)
 		s.chans[f.Channel] = ch
 		s.mu.Unlock()
+		if req.Op == wire.OpTarPut && ch.stdin != nil {
+			// A push gets the bulk window: the host takes the extra
+			// credit whatever its version.
+			if err := ch.stdin.Widen(wire.BulkWindow); err != nil {
+				return err
+			}
+		}
 		if req.Op == wire.OpIdentity {
 			// Applied in order, before any later frame is read: a
 			// channel the host opens after it sees the new identity

@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -492,14 +491,23 @@ func (ch *channel) tarPut() wire.ExitMsg {
 	if ch.stdin == nil {
 		return errExit(errdefs.New(errdefs.InvalidArgument, "tar-put needs stdin"))
 	}
-	total := memTotal("/proc/meminfo")
-	lim := newEntryLimit(ch.stdin, maxUploadEntries(total))
-	err := tarx.ExtractTo(ch.req.Path, lim, tarx.Options{Chown: true})
-	// Drain what the host still sends so it does not block on its window.
-	_, _ = io.Copy(io.Discard, lim)
-	lim.stop()
-	if lerr := lim.exceeded(); lerr != nil {
-		err = lerr // the extraction failed because the limit stopped it
+	// Entries are counted as they come, each before it is extracted.
+	limit := maxUploadEntries(memTotal("/proc/meminfo"))
+	var limitErr error
+	err := tarx.ExtractTo(ch.req.Path, ch.stdin, tarx.Options{Chown: true, Limit: func(n int) error {
+		if n <= limit {
+			return nil
+		}
+		limitErr = errdefs.New(errdefs.ResourceExhausted,
+			"upload stopped at entry %d: a sandbox of %d MiB takes at most %d files per copy, as each costs it memory (what was extracted so far stays); copy an archive and unpack it with tar inside, copy in parts, or give the sandbox more memory",
+			n, int64(limit)*bytesPerEntry>>20, limit)
+		return limitErr
+	}})
+	if limitErr == nil {
+		// Drain what the host still sends so it does not block on its
+		// window. An upload over the limit is not read to its end: the
+		// host stops sending at the exit.
+		_, _ = io.Copy(io.Discard, ch.stdin)
 	}
 	if err != nil {
 		return errExit(err)
@@ -520,69 +528,6 @@ func maxUploadEntries(total int64) int {
 		total = 128 << 20
 	}
 	return int(total / bytesPerEntry)
-}
-
-// entryLimit passes an upload through while a tar reader counts its entries
-// on the side, and fails the upload with a ResourceExhausted error at the
-// first entry over the limit, before it is extracted.
-type entryLimit struct {
-	r     io.Reader
-	pw    *io.PipeWriter
-	limit int
-	err   atomic.Pointer[error]
-	done  chan struct{}
-}
-
-func newEntryLimit(r io.Reader, limit int) *entryLimit {
-	pr, pw := io.Pipe()
-	l := &entryLimit{r: r, pw: pw, limit: limit, done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		tr := tar.NewReader(pr)
-		for n := 0; ; n++ {
-			if _, err := tr.Next(); err != nil {
-				break // the end, or a malformed archive the extractor reports
-			}
-			if n >= l.limit {
-				err := errdefs.New(errdefs.ResourceExhausted,
-					"upload stopped at entry %d: a sandbox of %d MiB takes at most %d files per copy, as each costs it memory (what was extracted so far stays); copy an archive and unpack it with tar inside, copy in parts, or give the sandbox more memory",
-					n+1, int64(l.limit)*bytesPerEntry>>20, l.limit)
-				l.err.Store(&err)
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	return l
-}
-
-func (l *entryLimit) Read(p []byte) (int, error) {
-	if err := l.exceeded(); err != nil {
-		return 0, err
-	}
-	n, err := l.r.Read(p)
-	if n > 0 {
-		// Returns once the counter has taken it all in: the count is
-		// current before the extractor sees these bytes.
-		_, _ = l.pw.Write(p[:n])
-	}
-	if lerr := l.exceeded(); lerr != nil {
-		return 0, lerr
-	}
-	return n, err
-}
-
-// stop ends the counter.
-func (l *entryLimit) stop() {
-	l.pw.Close()
-	<-l.done
-}
-
-func (l *entryLimit) exceeded() error {
-	if e := l.err.Load(); e != nil {
-		return *e
-	}
-	return nil
 }
 
 // memTotal returns the sandbox's MemTotal in bytes, or 0.

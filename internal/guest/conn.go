@@ -7,7 +7,6 @@
 package guest
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,10 +16,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // Conn is the host side of one sandbox's agent. The agent may reconnect at
@@ -87,7 +88,8 @@ func (c *Conn) Serve(nc net.Conn) error {
 		delete(c.pending, nc)
 		c.mu.Unlock()
 	}()
-	r := wire.NewReader(bufio.NewReaderSize(nc, 64<<10))
+	growSendBuffer(nc)
+	r := wire.NewReader(nc)
 	_ = nc.SetReadDeadline(time.Now().Add(helloTimeout))
 	f, err := r.Read()
 	if err != nil {
@@ -543,4 +545,30 @@ func (c *Conn) Active() int {
 		}
 	}
 	return n
+}
+
+// sendBuffer is the socket send buffer the host asks for on an agent's
+// connection: a whole push window (plus room for other frames), so that
+// the host's writes of a push never wait for the agent's reads, which
+// gVisor hands over in pieces of at most the agent side's own buffer
+// (about 200 KiB).
+const sendBuffer = wire.BulkWindow + 64<<10
+
+// growSendBuffer sets nc's send buffer to sendBuffer, past the host's
+// net.core.wmem_max when the daemon may (root); failing that, it leaves
+// the default.
+func growSendBuffer(nc net.Conn) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBuffer) != nil {
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, sendBuffer)
+		}
+	})
 }

@@ -20,7 +20,7 @@ import (
 
 // agentConn runs the real agent in this process, connected to a guest.Conn
 // over a real unix socket. Its dials reach the host's loopback.
-func agentConn(t *testing.T) *guest.Conn {
+func agentConn(t testing.TB) *guest.Conn {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", sock)

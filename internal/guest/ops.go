@@ -235,8 +235,31 @@ func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
 	}
 	defer ch.close()
 	go func() {
-		if _, err := io.CopyBuffer(ch.stdin, r, make([]byte, wire.ChunkSize)); err == nil {
-			_ = ch.stdin.Close()
+		// Whole frames: r (an HTTP body through a pipe) hands over what
+		// each client write carried, often 32 KiB, and every frame costs
+		// the agent a trap or more under gVisor.
+		// Only r's io.EOF ends the stream: any other error (a client
+		// gone mid-body) must not look like the archive's end.
+		buf := make([]byte, wire.ChunkSize)
+		for {
+			n, err := 0, error(nil)
+			for n < len(buf) && err == nil {
+				var m int
+				m, err = r.Read(buf[n:])
+				n += m
+			}
+			if n > 0 {
+				if _, werr := ch.stdin.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err == io.EOF {
+				_ = ch.stdin.Close()
+				return
+			}
+			if err != nil {
+				return
+			}
 		}
 	}()
 	exit, err := ch.wait(ctx)
@@ -254,6 +277,11 @@ func (c *Conn) CopyOut(ctx context.Context, path string, exclude []string) (io.R
 	ch, err := c.open(ctx, wire.Request{Op: wire.OpTarGet, Path: path, Exclude: exclude})
 	if err != nil {
 		return nil, err
+	}
+	// Sent after the open, which the agent handles before its next frame.
+	if err := ch.stdout.Widen(wire.BulkWindow); err != nil {
+		ch.close()
+		return nil, errdefs.Wrap(errdefs.Unavailable, err)
 	}
 	return &copyOut{ctx: ctx, ch: ch}, nil
 }
@@ -273,6 +301,19 @@ func (o *copyOut) Read(p []byte) (int, error) {
 		if werr != nil {
 			return n, werr
 		}
+	}
+	return n, err
+}
+
+// WriteTo writes the archive to w as it comes, uncopied (io.Copy uses it).
+func (o *copyOut) WriteTo(w io.Writer) (int64, error) {
+	n, err := o.ch.stdout.WriteTo(w)
+	if err != nil {
+		return n, err
+	}
+	exit, err := o.ch.wait(o.ctx)
+	if err == nil {
+		err = exitError(exit)
 	}
 	return n, err
 }

@@ -10,7 +10,8 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 )
@@ -85,10 +86,17 @@ func add(tw *tar.Writer, p, name string, fi fs.FileInfo) error {
 	case mode.IsRegular():
 		// O_NOFOLLOW and a fresh Stat of the open file keep the header true
 		// to the bytes read even if p was swapped since the walk saw it.
-		var err error
-		if f, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0); err != nil {
+		// Opened by hand: os.OpenFile tries the poller on a regular file
+		// (four fcntls and an epoll_ctl, each a trap under gVisor).
+		var fd int
+		err := ignoringEINTR(func() (err error) {
+			fd, err = unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			return err
+		})
+		if err != nil {
+			return &fs.PathError{Op: "open", Path: p, Err: err}
 		}
+		f = os.NewFile(uintptr(fd), p)
 		defer f.Close()
 		if fi, err = f.Stat(); err != nil {
 			return err
@@ -119,7 +127,15 @@ func add(tw *tar.Writer, p, name string, fi fs.FileInfo) error {
 	if f != nil {
 		// CopyN: a file that grew since Stat is cut to the header's size
 		// rather than corrupting the stream; one that shrank is an error.
-		if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
+		bp := copyBufs.Get().(*[]byte)
+		defer copyBufs.Put(bp)
+		// In reads of copyBufSize (io.CopyN reads 32 KiB at a time: under
+		// gVisor each read is a trap into the sentry).
+		n, err := io.CopyBuffer(tw, io.LimitReader(f, hdr.Size), *bp)
+		if err == nil && n < hdr.Size {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
 			return fmt.Errorf("archive %s: %w", p, err)
 		}
 	}

@@ -92,7 +92,7 @@ type copyPolicy struct {
 }
 
 func extract(dir string, r io.Reader, opts Options, rename func(string) (string, error)) error {
-	return Walk(dir, r, WalkOptions{Chown: opts.Chown, What: "tar entry"}, &copyPolicy{rename: rename, dirs: map[string]bool{}})
+	return Walk(dir, r, WalkOptions{Chown: opts.Chown, What: "tar entry", Limit: opts.Limit}, &copyPolicy{rename: rename, dirs: map[string]bool{}})
 }
 
 func invalid(format string, args ...any) error {

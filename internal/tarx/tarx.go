@@ -23,4 +23,8 @@ type Options struct {
 	// Chown applies the uid and gid from the headers. It only takes effect
 	// when running as root; otherwise entries are owned by the caller.
 	Chown bool
+	// Limit, when set, is called with each entry's number (from 1) before
+	// the entry is extracted; an error it returns ends the extraction as
+	// it is (what came before stays).
+	Limit func(n int) error
 }

@@ -3,6 +3,8 @@ package tarx
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
+	"fmt"
 	"io/fs"
 	"maps"
 	"os"
@@ -321,6 +323,17 @@ func TestExtractRefusesHostile(t *testing.T) {
 		{name: "hardlink through symlink", entries: func(outside string) []entry {
 			return []entry{{typ: tar.TypeSymlink, name: "l", link: outside}, {typ: tar.TypeLink, name: "h", link: "l/secret"}}
 		}},
+		// The walker keeps the directory of the last file open for the
+		// next one: a directory replaced by a symlink between two of its
+		// files must not carry the second one out.
+		{name: "file after its dir became a symlink", entries: func(outside string) []entry {
+			return []entry{{typ: tar.TypeDir, name: "d/"}, {name: "d/a", body: "a"},
+				{typ: tar.TypeSymlink, name: "d", link: outside}, {name: "d/x", body: "x"}}
+		}},
+		{name: "file after its parent became a symlink", entries: func(outside string) []entry {
+			return []entry{{name: "p/d/a", body: "a"},
+				{typ: tar.TypeSymlink, name: "p", link: outside}, {name: "p/d/x", body: "x"}}
+		}},
 		{name: "char device", entries: func(string) []entry {
 			return []entry{{typ: tar.TypeChar, name: "null"}}
 		}},
@@ -359,6 +372,33 @@ func TestExtractRefusesHostile(t *testing.T) {
 			}
 			untouched(t, base, want)
 		})
+	}
+}
+
+// TestExtractLimit: Limit sees every entry's number before the entry is
+// written, and its error ends the extraction as it is.
+func TestExtractLimit(t *testing.T) {
+	root := t.TempDir()
+	stop := errors.New("limit reached")
+	var seen []int
+	err := Extract(root, bytes.NewReader(archive(t, entry{typ: tar.TypeDir, name: "d/"}, entry{name: "d/a", body: "a"},
+		entry{name: "d/b", body: "b"}, entry{name: "d/c", body: "c"})), Options{Limit: func(n int) error {
+		seen = append(seen, n)
+		if n > 3 {
+			return stop
+		}
+		return nil
+	}})
+	if err != stop {
+		t.Fatalf("Extract = %v, want the limit's own error", err)
+	}
+	if fmt.Sprint(seen) != "[1 2 3 4]" {
+		t.Fatalf("Limit saw %v, want [1 2 3 4]", seen)
+	}
+	for name, want := range map[string]bool{"d/a": true, "d/b": true, "d/c": false} {
+		if _, err := os.Stat(filepath.Join(root, name)); (err == nil) != want {
+			t.Errorf("%s exists: %v, want %v", name, err == nil, want)
+		}
 	}
 }
 

@@ -11,8 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -57,6 +59,9 @@ type WalkOptions struct {
 	// StreamErr classifies an error reading the stream; nil classifies
 	// malformed and truncated tar as InvalidArgument.
 	StreamErr func(error) error
+	// Limit, when set, is called with each entry's number (from 1) before
+	// the entry is written; an error it returns ends the walk as it is.
+	Limit func(n int) error
 }
 
 // Tree is the directory a Walk writes to.
@@ -69,6 +74,12 @@ type Tree struct {
 	// filling a directory neither needs its write permission nor bumps its
 	// mtime afterwards.
 	deferred []dirMeta
+	// pdir is the parent directory of the last file written (dirName,
+	// relative to Root; dirFD its descriptor), kept open for the next one
+	// (see parentDir).
+	pdir    *os.File
+	dirName string
+	dirFD   int
 }
 
 type dirMeta struct {
@@ -100,15 +111,21 @@ func Walk(dir string, r io.Reader, opts WalkOptions, p Policy) error {
 		opts.What = "tar entry"
 	}
 	opts.Chown = opts.Chown && os.Geteuid() == 0
-	t := &Tree{Root: root, opts: opts, policy: p}
+	t := &Tree{Root: root, opts: opts, policy: p, dirFD: -1}
+	defer t.dropDir()
 	tr := tar.NewReader(r)
-	for {
+	for n := 1; ; n++ {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			return fmt.Errorf("read %s: %w", strings.TrimSuffix(opts.What, " entry"), opts.StreamErr(err))
+		}
+		if opts.Limit != nil {
+			if err := opts.Limit(n); err != nil {
+				return err
+			}
 		}
 		if err := t.entry(hdr, tr); err != nil {
 			return fmt.Errorf("%s %.256q: %w", opts.What, hdr.Name, err)
@@ -153,6 +170,9 @@ func (t *Tree) Remove(p string) error {
 	}
 	if fi.IsDir() || fi.Mode()&fs.ModeSymlink != 0 {
 		t.policy.Removed(p)
+		if t.dirName == p || strings.HasPrefix(t.dirName, p+"/") || p == "." {
+			t.dropDir()
+		}
 	}
 	if !fi.IsDir() {
 		return t.Root.Remove(p)
@@ -201,41 +221,53 @@ func (t *Tree) dir(hdr *tar.Header, p string) error {
 }
 
 func (t *Tree) file(hdr *tar.Header, p string, r io.Reader) error {
-	if _, err := t.clear(p, false); err != nil {
-		return err
+	// Created first and cleared only if something is in the way: a new
+	// file (the common case) costs no Lstat. O_EXCL|O_NOFOLLOW: whatever is
+	// at p, even a dangling symlink, makes the create fail, and is then
+	// removed rather than written through.
+	fd, err := t.create(p)
+	if errors.Is(err, fs.ErrExist) {
+		if _, err := t.clear(p, false); err != nil {
+			return err
+		}
+		fd, err = t.create(p)
 	}
-	// O_EXCL because os.Root follows a final symlink without it (despite
-	// O_NOFOLLOW): if something reappeared since clear, fail rather than
-	// write through it.
-	f, err := t.Root.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
-	if _, err = io.Copy(f, r); err != nil {
+	// The open file is used through its descriptor alone: an *os.File of
+	// a regular file costs four fcntls and an epoll_ctl that fails (Go
+	// tries the poller on it), and under gVisor each is a trap.
+	op := "write"
+	if err = copyFile(fd, r); err != nil {
 		err = t.opts.StreamErr(err)
 	}
 	if err == nil && t.opts.Chown {
-		err = f.Chown(hdr.Uid, hdr.Gid) // before Chmod: chown clears set-id bits
+		op = "fchown"
+		err = ignoringEINTR(func() error { return unix.Fchown(fd, hdr.Uid, hdr.Gid) }) // before Chmod: chown clears set-id bits
 	}
 	if err == nil {
-		err = f.Chmod(t.mode(hdr))
+		op = "fchmod"
+		err = ignoringEINTR(func() error { return unix.Fchmod(fd, sysMode(t.mode(hdr))) })
 	}
 	if err == nil && t.opts.Xattrs {
 		// After chown, which drops security.capability.
-		fd := int(f.Fd())
+		op = "fsetxattr"
 		err = setXattrs(hdr, func(k string, v []byte) error { return unix.Fsetxattr(fd, k, v, 0) })
 	}
 	if err == nil {
+		op = "utimensat"
 		atime, mtime := times(hdr)
-		ts := []unix.Timespec{timespec(atime), timespec(mtime)}
-		if err = unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(int(f.Fd())), ts, 0); err != nil {
-			err = &fs.PathError{Op: "utimensat", Path: p, Err: err}
-		}
+		err = futimens(fd, atime, mtime)
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if cerr := unix.Close(fd); err == nil && cerr != nil {
+		op, err = "close", cerr
 	}
 	if err != nil {
+		var pe *fs.PathError
+		if _, ok := err.(syscall.Errno); ok || !errors.As(err, &pe) {
+			err = &fs.PathError{Op: op, Path: p, Err: err}
+		}
 		// A file that failed half way (a broken stream, a full disk) is
 		// not left behind half written.
 		_ = t.Root.Remove(p)
@@ -244,6 +276,127 @@ func (t *Tree) file(hdr *tar.Header, p string, r io.Reader) error {
 		}
 	}
 	return err
+}
+
+// create makes the new file p (O_EXCL, never following a final symlink)
+// and returns its descriptor, opened for writing with mode 0600.
+func (t *Tree) create(p string) (int, error) {
+	dirfd, base, err := t.parentDir(p)
+	if err != nil {
+		return -1, err
+	}
+	var fd int
+	err = ignoringEINTR(func() (err error) {
+		fd, err = unix.Openat(dirfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		return err
+	})
+	if err != nil {
+		return -1, &fs.PathError{Op: "openat", Path: p, Err: err}
+	}
+	return fd, nil
+}
+
+// parentDir returns a descriptor of p's parent directory and p's last
+// component. The directory is opened through the root (never through a
+// symlink) and kept for the entries that follow in it: an archive lists a
+// directory's files together, and reopening it for each costs an openat
+// and a close per file. A directory moved elsewhere meanwhile takes what
+// follows along, which gives the mover nothing: it needs write access to
+// both places already. Tree.Remove drops it.
+func (t *Tree) parentDir(p string) (int, string, error) {
+	dir, base := path.Dir(p), path.Base(p)
+	if t.pdir == nil || t.dirName != dir {
+		t.dropDir()
+		f, err := t.Root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			return -1, "", err
+		}
+		t.pdir, t.dirName, t.dirFD = f, dir, int(f.Fd())
+	}
+	return t.dirFD, base, nil
+}
+
+// dropDir closes the kept parent directory, if any.
+func (t *Tree) dropDir() {
+	if t.pdir != nil {
+		t.pdir.Close()
+		t.pdir, t.dirName, t.dirFD = nil, "", -1
+	}
+}
+
+// sysMode is m in the bits of chmod(2).
+func sysMode(m fs.FileMode) uint32 {
+	o := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		o |= syscall.S_ISUID
+	}
+	if m&fs.ModeSetgid != 0 {
+		o |= syscall.S_ISGID
+	}
+	if m&fs.ModeSticky != 0 {
+		o |= syscall.S_ISVTX
+	}
+	return o
+}
+
+func ignoringEINTR(f func() error) error {
+	for {
+		if err := f(); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// copyBufSize is the size of the writes (and reads) of file contents: under
+// gVisor every system call traps into the sentry, and 32 KiB writes (what
+// io.Copy does) held a copy to a fifth of what 256 KiB ones reach.
+const copyBufSize = 1 << 20
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+// copyFile writes what r has to the file fd in writes of up to copyBufSize
+// bytes, each buffer filled before it is written. It returns r's error, if
+// any, other than io.EOF (a truncated tar stream's io.ErrUnexpectedEOF
+// stays).
+func copyFile(fd int, r io.Reader) error {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := 0, error(nil)
+		for n < len(buf) && rerr == nil {
+			var m int
+			m, rerr = r.Read(buf[n:])
+			n += m
+		}
+		for b := buf[:n]; len(b) > 0; {
+			m, err := unix.Write(fd, b)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			b = b[m:]
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// futimens sets the times of the open file fd (utimensat with no path: no
+// lookup of /proc/self/fd, which costs gVisor a walk through its procfs).
+func futimens(fd int, atime, mtime time.Time) error {
+	ts := [2]unix.Timespec{timespec(atime), timespec(mtime)}
+	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 func (t *Tree) symlink(hdr *tar.Header, p string) error {
@@ -399,8 +552,7 @@ func (t *Tree) finish() error {
 		}
 		err = f.Chmod(d.mode)
 		if err == nil {
-			ts := []unix.Timespec{timespec(d.atime), timespec(d.mtime)}
-			err = unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(int(f.Fd())), ts, 0)
+			err = futimens(int(f.Fd()), d.atime, d.mtime)
 		}
 		f.Close()
 		if err != nil {

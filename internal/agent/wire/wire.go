@@ -90,37 +90,90 @@ type Frame struct {
 // ErrFrame marks a malformed frame; the connection must be dropped.
 var ErrFrame = errors.New("malformed frame")
 
-// Reader decodes frames from a stream, reusing one buffer.
+// Reader decodes frames from a stream. It reads as much as the stream has
+// into one buffer and cuts frames out of it, so a burst of frames costs one
+// read (under gVisor every read is a trap into the sentry) and a payload is
+// not copied on its way out.
 type Reader struct {
-	r   io.Reader
-	hdr [HeaderSize]byte
-	buf []byte
+	r          io.Reader
+	buf        []byte
+	start, end int // the unread bytes are buf[start:end]
 }
 
-// NewReader returns a Reader on r. Wrap r in a bufio.Reader for small frames.
+// Reader buffer sizes: a small one to begin with and after a burst of big
+// frames (a daemon holds one reader per sandbox), a large one while big
+// frames flow.
+const (
+	readerMin = 64 << 10
+	readerMax = MaxPayload + HeaderSize + 64<<10
+)
+
+// NewReader returns a Reader on r. It buffers by itself: do not wrap r in a
+// bufio.Reader.
 func NewReader(r io.Reader) *Reader { return &Reader{r: r} }
 
 // Read returns the next frame. It returns io.EOF at a clean end between
 // frames, io.ErrUnexpectedEOF inside a frame and ErrFrame for bad headers.
+// The payload is only valid until the next Read.
 func (r *Reader) Read() (Frame, error) {
-	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+	if err := r.fill(HeaderSize); err != nil {
 		return Frame{}, err
 	}
-	f, n, err := ParseHeader(r.hdr[:])
+	f, n, err := ParseHeader(r.buf[r.start:r.end])
 	if err != nil {
 		return Frame{}, err
 	}
-	if cap(r.buf) < int(n) {
-		r.buf = make([]byte, n)
-	}
-	f.Payload = r.buf[:n]
-	if _, err := io.ReadFull(r.r, f.Payload); err != nil {
+	total := HeaderSize + int(n)
+	if err := r.fill(total); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
 		return Frame{}, err
 	}
+	f.Payload = r.buf[r.start+HeaderSize : r.start+total : r.start+total]
+	r.start += total
+	if r.start == r.end {
+		r.start, r.end = 0, 0
+		if len(r.buf) > readerMin && total < readerMin {
+			// A burst of big frames ended: give the big buffer back (the
+			// payload just returned keeps its own part alive).
+			r.buf = nil
+		}
+	}
 	return f, nil
+}
+
+// fill reads until at least need bytes are unread. It returns io.EOF only
+// when the stream ended with nothing unread.
+func (r *Reader) fill(need int) error {
+	if r.end-r.start >= need {
+		return nil
+	}
+	if len(r.buf) < need {
+		// Room for a few frames of this size, so one read can take them.
+		size := min(max(readerMin, 4*need), readerMax)
+		size = max(size, need)
+		b := make([]byte, size)
+		r.end = copy(b, r.buf[r.start:r.end])
+		r.start, r.buf = 0, b
+	} else if len(r.buf)-r.start < need {
+		r.end = copy(r.buf, r.buf[r.start:r.end])
+		r.start = 0
+	}
+	for r.end-r.start < need {
+		n, err := r.r.Read(r.buf[r.end:])
+		r.end += n
+		if err != nil {
+			if r.end-r.start >= need {
+				return nil
+			}
+			if err == io.EOF && r.end > r.start {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // ParseHeader decodes a frame header and returns the frame (without payload)

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -53,7 +52,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		for _, tt := range tests {
 			b = AppendFrame(b, tt.typ, tt.ch, tt.payload)
 		}
-		r := NewReader(bufio.NewReader(bytes.NewReader(b)))
+		r := NewReader(bytes.NewReader(b))
 		for _, tt := range tests {
 			f, err := r.Read()
 			if err != nil {
@@ -104,8 +103,8 @@ func TestParseHeader(t *testing.T) {
 					if _, err := r.Read(); !errors.Is(err, ErrFrame) {
 						t.Fatalf("Reader.Read(%x) = %v, want ErrFrame", tt.h, err)
 					}
-					if r.buf != nil {
-						t.Fatalf("Reader allocated %d bytes for a refused header", cap(r.buf))
+					if len(r.buf) > readerMin {
+						t.Fatalf("Reader allocated %d bytes for a refused header", len(r.buf))
 					}
 				}
 				return
@@ -167,7 +166,7 @@ func pipe(t *testing.T) (*Conn, *Reader) {
 	t.Cleanup(func() { a.Close(); b.Close() })
 	// A flow-control bug shows as a stuck pipe: fail instead of hanging.
 	_ = b.SetReadDeadline(time.Now().Add(10 * time.Second))
-	return NewConn(a), NewReader(bufio.NewReader(b))
+	return NewConn(a), NewReader(b)
 }
 
 func TestConnRefusesOversizePayload(t *testing.T) {
@@ -311,8 +310,8 @@ func TestReceiverWindow(t *testing.T) {
 		t.Fatalf("Push of what was read: %v", err)
 	}
 
-	// Draining everything acknowledges all but less than a quarter window
-	// of what was read: never so little that the sender stays blocked.
+	// Draining everything acknowledges all but less than ackEvery of what
+	// was read: never so little that the sender stays blocked.
 	if err := rc.Push(nil); err != nil {
 		t.Fatalf("Push EOF: %v", err)
 	}
@@ -335,11 +334,11 @@ func TestReceiverWindow(t *testing.T) {
 		mu.Lock()
 		a := acked
 		mu.Unlock()
-		if a >= InitialWindow && uint32(total)-a < InitialWindow/4 {
+		if a >= InitialWindow && uint32(total)-a < ackEvery {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("acknowledged %d of %d bytes read, want all but less than %d", a, total, InitialWindow/4)
+			t.Fatalf("acknowledged %d of %d bytes read, want all but less than %d", a, total, ackEvery)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -361,7 +360,7 @@ func TestSenderReceiver(t *testing.T) {
 
 	// a reads Window frames and grants; b reads data frames and pushes.
 	go func() {
-		r := NewReader(bufio.NewReader(a))
+		r := NewReader(a)
 		for {
 			f, err := r.Read()
 			if err != nil {
@@ -374,7 +373,7 @@ func TestSenderReceiver(t *testing.T) {
 	}()
 	pushErr := make(chan error, 1)
 	go func() {
-		r := NewReader(bufio.NewReader(b))
+		r := NewReader(b)
 		for {
 			f, err := r.Read()
 			if err != nil {
@@ -476,4 +475,141 @@ func FuzzReader(f *testing.F) {
 			off += n
 		}
 	})
+}
+
+// countingReader counts the reads made of it.
+type countingReader struct {
+	r     io.Reader
+	reads int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) { c.reads++; return c.r.Read(p) }
+
+// TestReaderBurst: frames that arrive together are cut out of one read,
+// big and small alike, intact and in order.
+func TestReaderBurst(t *testing.T) {
+	big := bytes.Repeat([]byte{0x5a}, ChunkSize)
+	var stream []byte
+	var want [][]byte
+	for i := range 8 {
+		p := big
+		if i%2 == 1 {
+			p = []byte{byte(i)}
+		}
+		stream = AppendFrame(stream, Stdin, uint32(i+1), p)
+		want = append(want, p)
+	}
+	cr := &countingReader{r: bytes.NewReader(stream)}
+	r := NewReader(cr)
+	for i, p := range want {
+		f, err := r.Read()
+		if err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if f.Channel != uint32(i+1) || !bytes.Equal(f.Payload, p) {
+			t.Fatalf("frame %d: channel %d, %d bytes; want channel %d, %d bytes", i, f.Channel, len(f.Payload), i+1, len(p))
+		}
+	}
+	if _, err := r.Read(); err != io.EOF {
+		t.Fatalf("after the last frame: %v, want io.EOF", err)
+	}
+	// 4 big frames (1 MiB) and 4 small ones: a few reads, not one or more
+	// per frame.
+	if cr.reads >= len(want) {
+		t.Fatalf("%d reads for %d frames, want fewer", cr.reads, len(want))
+	}
+}
+
+// TestReceiverWriteTo: WriteTo hands over every payload in order,
+// acknowledges what it wrote, and ends with the stream's error.
+func TestReceiverWriteTo(t *testing.T) {
+	c, acks := pipe(t)
+	var acked atomicU32
+	go func() {
+		for {
+			f, err := acks.Read()
+			if err != nil {
+				return
+			}
+			if st, n, err := ParseWindow(f.Payload); f.Type == Window && err == nil && st == Stdin {
+				acked.add(n)
+			}
+		}
+	}()
+	rc := NewReceiver(c, 3, Stdin)
+	var want bytes.Buffer
+	for i := range 6 {
+		p := bytes.Repeat([]byte{byte(i)}, []int{ChunkSize, 7, ChunkSize / 2, ChunkSize, 1, 100}[i])
+		want.Write(p)
+		if err := rc.Push(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = rc.Push(nil)
+	var got bytes.Buffer
+	n, err := rc.WriteTo(&got)
+	if err != nil || n != int64(want.Len()) || !bytes.Equal(got.Bytes(), want.Bytes()) {
+		t.Fatalf("WriteTo = %d, %v (%d bytes match: %v), want %d, nil", n, err, got.Len(), bytes.Equal(got.Bytes(), want.Bytes()), want.Len())
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for acked.load() < ackEvery {
+		if time.Now().After(deadline) {
+			t.Fatalf("acknowledged %d of %d bytes written, want at least %d", acked.load(), n, ackEvery)
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	rc = NewReceiver(c, 4, Stdin)
+	_ = rc.Push([]byte("partial"))
+	boom := errors.New("connection lost")
+	rc.CloseWithError(boom)
+	got.Reset()
+	// What was queued is written, then the error ends it.
+	if _, err := rc.WriteTo(&got); !errors.Is(err, boom) || got.String() != "partial" {
+		t.Fatalf("WriteTo after CloseWithError = %q, %v; want \"partial\", %v", got.String(), err, boom)
+	}
+}
+
+type atomicU32 struct {
+	mu sync.Mutex
+	v  uint32
+}
+
+func (a *atomicU32) add(n uint32) { a.mu.Lock(); a.v += n; a.mu.Unlock() }
+func (a *atomicU32) load() uint32 { a.mu.Lock(); defer a.mu.Unlock(); return a.v }
+
+// TestReceiverWiden: a widened receiver tells the sender the extra credit
+// in one Window frame and takes that much more before ErrWindow.
+func TestReceiverWiden(t *testing.T) {
+	c, peer := pipe(t)
+	got := make(chan Frame, 1)
+	go func() {
+		f, err := peer.Read()
+		if err == nil {
+			f.Payload = append([]byte(nil), f.Payload...)
+			got <- f
+		}
+	}()
+	rc := NewReceiver(c, 5, Stdin)
+	if err := rc.Widen(BulkWindow); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case f := <-got:
+		st, n, err := ParseWindow(f.Payload)
+		if f.Type != Window || f.Channel != 5 || err != nil || st != Stdin || n != BulkWindow-InitialWindow {
+			t.Fatalf("Widen sent %v on %d: %v %d %v, want a Window of %d on stdin", f.Type, f.Channel, st, n, err, BulkWindow-InitialWindow)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Widen sent no Window frame")
+	}
+	chunk := make([]byte, ChunkSize)
+	for i := 0; i < BulkWindow/ChunkSize; i++ {
+		if err := rc.Push(chunk); err != nil {
+			t.Fatalf("Push %d within the widened window: %v", i, err)
+		}
+	}
+	if err := rc.Push([]byte{1}); !errors.Is(err, ErrWindow) {
+		t.Fatalf("Push beyond the widened window = %v, want ErrWindow", err)
+	}
 }
