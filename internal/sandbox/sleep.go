@@ -42,6 +42,8 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 
 // sleepLocked puts rec to sleep. Guarded by rec's lock.
 func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error {
+	st := m.newSteps()
+	defer st.log(m.log, "sleep timings", "sandbox", rec.ID)
 	dir := m.sleepDir(rec.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		return err
@@ -52,10 +54,13 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		m.relive(rec.ID, sb)
 		return err
 	}
+	st.mark("suspending")
 	m.crashPoint("sleep-before-engine")
 	err := snapper.Checkpoint(ctx, rec.Engine(), dir, false)
+	st.mark("checkpoint")
 	if err == nil {
 		err = sealImage(dir)
+		st.mark("seal")
 	}
 	if err != nil {
 		// The engine leaves a sandbox whose checkpoint failed running.
@@ -64,12 +69,16 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	}
 	sealed := time.Now()
 	m.crashPoint("sleep-after-checkpoint")
-	if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {
+	derr := m.eng.Destroy(ctx, rec.Engine())
+	st.mark("destroy")
+	if err := errors.Join(derr, m.afterStop(ctx, *rec)); err != nil {
 		m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
 	}
+	st.mark("afterstop")
 	if err := m.moveLocked(ctx, rec, store.StateSleeping, ""); err != nil {
 		return err
 	}
+	st.mark("sleeping")
 	go m.preverify(dir, sealed)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
 	return nil

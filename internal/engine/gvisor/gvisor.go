@@ -67,7 +67,10 @@ type Config struct {
 	// runsc restore (e.g. --exclude-committed-zero-pages, --background):
 	// BenchmarkRestoreFlags compares them.
 	CheckpointFlags, RestoreFlags []string
-	Log                           *slog.Logger
+	// NoDirectControl makes checkpoints run `runsc checkpoint` even with
+	// a runsc whose control protocol the engine knows (control.go).
+	NoDirectControl bool
+	Log             *slog.Logger
 }
 
 // Engine drives runsc.
@@ -87,6 +90,9 @@ type Engine struct {
 	// preparedNS holds the network namespace a prepared container was
 	// created in: runsc takes the network when it creates the sandbox.
 	preparedNS map[string]string
+
+	directOnce sync.Once
+	directOK   bool // see direct
 }
 
 // New checks the configuration and prepares the state directory.
@@ -116,6 +122,8 @@ func New(cfg Config) (*Engine, error) {
 	if err := e.installAgent(); err != nil {
 		return nil, err
 	}
+	// Learn runsc's version now rather than on the first checkpoint's path.
+	go e.direct(context.Background())
 	return e, nil
 }
 
@@ -484,16 +492,21 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 	err := sb.client.Quiesce(qctx)
 	cancel()
 	t1 := time.Now()
+	var t2, t3 time.Time
 	defer func() {
-		e.cfg.Log.Debug("checkpoint", "sandbox", id, "leave_running", leaveRunning, "quiesce", t1.Sub(t0), "total", time.Since(t0))
+		e.cfg.Log.Debug("checkpoint", "sandbox", id, "leave_running", leaveRunning, "quiesce", t1.Sub(t0), "runsc", t2.Sub(t1), "kill", t3.Sub(t2), "total", time.Since(t0))
 	}()
 	// Always --leave-running: a checkpoint that fails half way (a full
 	// disk) must leave the sandbox as it was, and runsc's stopping
 	// checkpoint kills the sandbox on failure too. The sandbox stops only
 	// once the image is complete.
 	if err == nil {
-		args := append([]string{"checkpoint", "--leave-running", "--image-path", image}, e.cfg.CheckpointFlags...)
-		err = e.runsc(ctx, id, append(args, id)...)
+		if len(e.cfg.CheckpointFlags) == 0 && e.direct(ctx) {
+			err = e.checkpointDirect(ctx, id, image)
+		} else {
+			args := append([]string{"checkpoint", "--leave-running", "--image-path", image}, e.cfg.CheckpointFlags...)
+			err = e.runsc(ctx, id, append(args, id)...)
+		}
 		if err != nil {
 			// runsc keeps a failed image's state file open in the running
 			// sandbox: empty the files, or removing them frees no space.
@@ -501,12 +514,15 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 		}
 		err = classifyCheckpointErr(err, image)
 	}
+	t2 = time.Now()
+	t3 = t2
 	if err == nil && !leaveRunning {
 		// Stopped by our hand: not an exit to report.
 		sb.expectExit.Store(true)
 		if err = e.runsc(ctx, id, "kill", id, "KILL"); err != nil {
 			sb.expectExit.Store(false)
 		}
+		t3 = time.Now()
 	}
 	if leaveRunning || err != nil {
 		// Running on (or still running after a failure): take the agent
