@@ -243,6 +243,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 // the engine sandbox is destroyed and the hooks' AfterStop has run.
 // Guarded by rec's lock.
 func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engine.Spec, reconf bool, start func(engine.Spec) (engine.Sandbox, error)) (engine.Sandbox, error) {
+	m.awaitReap(rec.Engine())
 	t0 := time.Now()
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
 		return nil, m.diskFull(err)
@@ -464,6 +465,7 @@ func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
 		}
 	}
 	m.crashPoint("destroy-before-engine")
+	m.awaitReap(rec.Engine())
 	if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
 		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
 		return fmt.Errorf("destroy %s: %w", id, err)

@@ -69,16 +69,23 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	}
 	sealed := time.Now()
 	m.crashPoint("sleep-after-checkpoint")
-	derr := m.eng.Destroy(ctx, rec.Engine())
-	st.mark("destroy")
-	if err := errors.Join(derr, m.afterStop(ctx, *rec)); err != nil {
-		m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
+	if len(rec.Opts.Volumes) > 0 {
+		// Volumes are unmounted before the record says asleep: a wake
+		// mounts them again by the sandbox's id, whatever its engine id.
+		if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {
+			m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
+		}
+		st.mark("cleanup")
 	}
-	st.mark("afterstop")
-	if err := m.moveLocked(ctx, rec, store.StateSleeping, ""); err != nil {
+	err = m.moveLocked(ctx, rec, store.StateSleeping, "")
+	st.mark("sleeping")
+	if len(rec.Opts.Volumes) == 0 {
+		m.crashPoint("sleep-before-reap")
+		m.reapLater(*rec)
+	}
+	if err != nil {
 		return err
 	}
-	st.mark("sleeping")
 	go m.preverify(dir, sealed)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
 	return nil
