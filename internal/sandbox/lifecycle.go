@@ -156,7 +156,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		// A taken name is refused before a pooled sandbox is touched: a
 		// claim renames its hot sandbox before the insert finds the name
 		// taken (an insert that loses a race still refuses it).
-		if _, err := m.store.GetSandbox(ctx, req.Name); err == nil {
+		if m.store.Taken(req.Name) {
 			return store.Sandbox{}, errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", req.Name)
 		}
 	}

@@ -145,3 +145,44 @@ func TestRemoveAfterSleepWaitsForTeardown(t *testing.T) {
 		t.Fatalf("engine sandboxes left: %v", ids)
 	}
 }
+
+// TestAdmissionExactUnderConcurrentCreates: creates racing for room under
+// the overcommit limit never admit past it, and once they are done the
+// in-memory committed memory leaves room for exactly what the limit has
+// left: no reservation leaks, no double count stays.
+func TestAdmissionExactUnderConcurrentCreates(t *testing.T) {
+	total, err := memTotalMiB()
+	if err != nil {
+		t.Skip("no /proc/meminfo")
+	}
+	e := newEnv(t, Config{MemoryOvercommit: 4096.0 / float64(total)}) // eight 512 MiB sandboxes
+	e.eng.Delay = 5 * time.Millisecond                                // creates overlap
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := e.m.Create(context.Background(), CreateRequest{Image: testImage, MemoryMiB: 512}); err == nil {
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted < 1 || admitted > 8 {
+		t.Fatalf("%d of 20 concurrent creates were admitted; the limit holds 8", admitted)
+	}
+	committed, _ := e.st.CommittedMemoryMiB(t.Context())
+	if committed != admitted*512 {
+		t.Fatalf("committed memory %d MiB after %d creates of 512 MiB", committed, admitted)
+	}
+	for n := admitted; n < 8; n++ {
+		e.create(t, 512)
+	}
+	if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 512}); err == nil {
+		t.Fatal("a ninth sandbox was admitted past the limit")
+	}
+}
