@@ -118,6 +118,16 @@ type Snapshotter interface {
 	Restore(ctx context.Context, spec Spec, dir string) (Sandbox, error)
 }
 
+// SealingStopper is a Snapshotter that can stop a sandbox after its image
+// is sealed. CheckpointStop checkpoints the sandbox into dir, runs seal
+// on the finished image while the sandbox still runs, and stops the
+// sandbox only once seal returned nil; an error from either leaves it
+// running. A daemon killed at any point thus leaves a sealed image or a
+// running sandbox, never a stopped sandbox with an unsealed image.
+type SealingStopper interface {
+	CheckpointStop(ctx context.Context, id, dir string, seal func() error) error
+}
+
 // Preparer is an engine that can do the slow part of making a sandbox
 // ahead of time. A later Create or Restore with the same spec ID (and the
 // same resources) finishes faster, but its guest may keep the hostname it

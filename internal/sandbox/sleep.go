@@ -56,12 +56,15 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	}
 	st.mark("suspending")
 	m.crashPoint("sleep-before-engine")
-	err := snapper.Checkpoint(ctx, rec.Engine(), dir, false)
-	st.mark("checkpoint")
-	if err == nil {
+	// The sandbox stops only once its image is sealed: a daemon killed in
+	// between finds a sealed image or a running sandbox.
+	var err error
+	if ss, ok := snapper.(engine.SealingStopper); ok {
+		err = ss.CheckpointStop(ctx, rec.Engine(), dir, func() error { return sealImage(dir) })
+	} else if err = snapper.Checkpoint(ctx, rec.Engine(), dir, false); err == nil {
 		err = sealImage(dir)
-		st.mark("seal")
 	}
+	st.mark("checkpoint")
 	if err != nil {
 		// The engine leaves a sandbox whose checkpoint failed running.
 		m.relive(rec.ID, sb)

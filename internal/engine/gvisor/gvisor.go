@@ -33,8 +33,9 @@ import (
 )
 
 var (
-	_ engine.Engine      = (*Engine)(nil)
-	_ engine.Snapshotter = (*Engine)(nil)
+	_ engine.Engine         = (*Engine)(nil)
+	_ engine.Snapshotter    = (*Engine)(nil)
+	_ engine.SealingStopper = (*Engine)(nil)
 )
 
 // Paths inside every sandbox.
@@ -475,6 +476,17 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot
 
 // Checkpoint implements engine.Snapshotter.
 func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning bool) error {
+	return e.checkpoint(ctx, id, image, leaveRunning, nil)
+}
+
+// CheckpointStop implements engine.SealingStopper.
+func (e *Engine) CheckpointStop(ctx context.Context, id, image string, seal func() error) error {
+	return e.checkpoint(ctx, id, image, false, seal)
+}
+
+// checkpoint checkpoints id into image; then, if seal is set, seals the
+// image while the sandbox still runs; then, unless leaveRunning, stops it.
+func (e *Engine) checkpoint(ctx context.Context, id, image string, leaveRunning bool, seal func() error) error {
 	e.mu.Lock()
 	sb := e.live[id]
 	e.mu.Unlock()
@@ -513,6 +525,9 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 			truncateAll(image)
 		}
 		err = classifyCheckpointErr(err, image)
+	}
+	if err == nil && seal != nil {
+		err = seal()
 	}
 	t2 = time.Now()
 	t3 = t2
