@@ -156,7 +156,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		// A taken name is refused before a pooled sandbox is touched: a
 		// claim renames its hot sandbox before the insert finds the name
 		// taken (an insert that loses a race still refuses it).
-		if _, err := m.store.GetSandbox(ctx, req.Name); err == nil {
+		if m.store.Taken(req.Name) {
 			return store.Sandbox{}, errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", req.Name)
 		}
 	}
@@ -243,6 +243,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 // the engine sandbox is destroyed and the hooks' AfterStop has run.
 // Guarded by rec's lock.
 func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engine.Spec, reconf bool, start func(engine.Spec) (engine.Sandbox, error)) (engine.Sandbox, error) {
+	m.awaitReap(rec.Engine())
 	t0 := time.Now()
 	if err := m.beforeStart(ctx, rec, &spec); err != nil {
 		return nil, m.diskFull(err)
@@ -467,6 +468,7 @@ func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
 		}
 	}
 	m.crashPoint("destroy-before-engine")
+	m.awaitReap(rec.Engine())
 	if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
 		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
 		return fmt.Errorf("destroy %s: %w", id, err)

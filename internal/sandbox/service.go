@@ -118,6 +118,8 @@ type Manager struct {
 	holds       map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
 	hot         map[string]hotSandbox     // guarded by mu: started sandboxes in the hot pool
 	settling    map[string]bool           // guarded by mu: sandboxes a settle goroutine retries
+	reaping     map[string]chan struct{}  // guarded by mu: engine ids a sleep tears down (reap.go)
+	reaps       sync.WaitGroup            // the teardowns in flight
 
 	counters Counters
 	// wakes holds a token per wake restoring now (RestoreParallel).
@@ -164,7 +166,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}}
+	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}, reaping: map[string]chan struct{}{}}
 	m.events = newEventLog(cfg.EventRing)
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: cfg.HotPool, NoLearn: true, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
@@ -188,6 +190,7 @@ func (m *Manager) Close() {
 // sandboxes only. Close calls it; calling it again is harmless.
 func (m *Manager) DrainPools() {
 	m.stopBg()
+	m.reaps.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m.pool.Drain(ctx)

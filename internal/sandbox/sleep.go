@@ -42,6 +42,8 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 
 // sleepLocked puts rec to sleep. Guarded by rec's lock.
 func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error {
+	st := m.newSteps()
+	defer st.log(m.log, "sleep timings", "sandbox", rec.ID)
 	dir := m.sleepDir(rec.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		return err
@@ -52,6 +54,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		m.relive(rec.ID, sb)
 		return err
 	}
+	st.mark("suspending")
 	m.crashPoint("sleep-before-engine")
 	// Sealed before the engine stops the sandbox: a daemon killed at any
 	// moment leaves it running or asleep, never gone with an unsealed image.
@@ -60,6 +63,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		return sealImage(dir)
 	}
 	err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), dir, false)
+	st.mark("checkpoint")
 	if err != nil {
 		// The engine leaves a sandbox whose checkpoint failed running.
 		m.relive(rec.ID, sb)
@@ -67,10 +71,21 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	}
 	sealed := time.Now()
 	m.crashPoint("sleep-after-checkpoint")
-	if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {
-		m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
+	if len(rec.Opts.Volumes) > 0 {
+		// Volumes are unmounted before the record says asleep: a wake
+		// mounts them again by the sandbox's id, whatever its engine id.
+		if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {
+			m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
+		}
+		st.mark("cleanup")
 	}
-	if err := m.moveLocked(ctx, rec, store.StateSleeping, ""); err != nil {
+	err = m.moveLocked(ctx, rec, store.StateSleeping, "")
+	st.mark("sleeping")
+	if len(rec.Opts.Volumes) == 0 {
+		m.crashPoint("sleep-before-reap")
+		m.reapLater(*rec)
+	}
+	if err != nil {
 		return err
 	}
 	go m.preverify(dir, sealed)

@@ -37,6 +37,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 			return store.Snapshot{}, err
 		}
 	}
+	st := m.newSteps()
 	if err := m.checkDisk("snapshot"); err != nil {
 		return store.Snapshot{}, err
 	}
@@ -53,9 +54,11 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	sn := store.Snapshot{ID: id, Name: name, Sandbox: rec.ID, Image: rec.Image, State: store.SnapshotCreating,
 		MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env, Path: filepath.Join(m.cfg.SnapshotDir, id), Implicit: implicit,
 		RootFS: rec.RootFS, Opts: opts, CreatedAt: time.Now()}
+	st.mark("lock")
 	if err := m.store.InsertSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
 	}
+	st.mark("insert")
 	ctx = context.WithoutCancel(ctx)
 	m.crashPoint("snapshot-before-engine")
 	fail := func(err error) (store.Snapshot, error) {
@@ -69,15 +72,19 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 		if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, true); err != nil {
 			return fail(err)
 		}
+		st.mark("checkpoint")
 		if err := sealImage(sn.Path); err != nil {
 			return fail(err)
 		}
+		st.mark("seal")
 	}
 	m.crashPoint("snapshot-before-ready")
 	sn.SizeBytes = image.DirSize(sn.Path)
 	if err := m.store.SetSnapshotReady(ctx, id, sn.SizeBytes); err != nil {
 		return store.Snapshot{}, err
 	}
+	st.mark("ready")
+	defer st.log(m.log, "snapshot timings", "snapshot", id)
 	sn.State = store.SnapshotReady
 	m.emitRec(rec, events.Event{Type: events.Snapshotted, Snapshot: id})
 	m.log.Info("snapshot taken", "snapshot", id, "sandbox", rec.ID, "size_mib", sn.SizeBytes>>20)

@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 // crashPoints are the daemon's CLADE_CRASH_AT points (internal/sandbox).
 var crashPoints = []string{
 	"create-before-engine", "create-after-engine", "destroy-before-engine", "destroy-after-engine",
-	"snapshot-before-engine", "sleep-before-engine", "sleep-before-seal", "sleep-after-checkpoint", "wake-before-engine", "wake-after-engine-id",
+	"snapshot-before-engine", "sleep-before-engine", "sleep-before-seal", "sleep-after-checkpoint", "sleep-before-reap", "wake-before-engine", "wake-after-engine-id",
 	"fork-after-children", "fork-mid-restore",
 }
 

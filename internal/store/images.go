@@ -74,12 +74,45 @@ func scanImage(row scanner) (Image, error) {
 }
 
 // GetImage returns the image called name; NotFound if there is none.
+// Records found are cached until the next write to the images table: a
+// create reads its image on its path.
 func (s *Store) GetImage(ctx context.Context, name string) (Image, error) {
+	s.imgMu.Lock()
+	img, ok := s.imgCache[name]
+	gen := s.imgGen
+	s.imgMu.Unlock()
+	if ok {
+		return cloneImage(img), nil
+	}
 	img, err := scanImage(s.db.QueryRowContext(ctx, `SELECT `+imageCols+` FROM images WHERE name = ?`, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Image{}, errdefs.New(errdefs.NotFound, "no image %q", name)
 	}
+	if err == nil {
+		s.imgMu.Lock()
+		if s.imgGen == gen { // no write since the query began
+			if s.imgCache == nil {
+				s.imgCache = map[string]Image{}
+			}
+			s.imgCache[name] = cloneImage(img)
+		}
+		s.imgMu.Unlock()
+	}
 	return img, err
+}
+
+func cloneImage(img Image) Image {
+	img.Meta = append([]byte(nil), img.Meta...)
+	return img
+}
+
+// imagesChanged forgets the cached image records; every write to the
+// images table calls it once the write is done.
+func (s *Store) imagesChanged() {
+	s.imgMu.Lock()
+	s.imgGen++
+	clear(s.imgCache)
+	s.imgMu.Unlock()
 }
 
 // GetImageByRef returns the newest image pulled or imported as the
@@ -105,6 +138,7 @@ func (s *Store) ListImages(ctx context.Context) ([]Image, error) {
 // the record it replaced (ok false if none). img's root stops being
 // pending; the replaced root stays until CollectImageRoots finds it unused.
 func (s *Store) PutImage(ctx context.Context, img Image) (old Image, ok bool, err error) {
+	defer s.imagesChanged()
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		old, err = scanImage(tx.QueryRowContext(ctx, `SELECT `+imageCols+` FROM images WHERE name = ?`, img.Name))
 		switch {
@@ -133,6 +167,7 @@ func (s *Store) PutImage(ctx context.Context, img Image) (old Image, ok bool, er
 // AdoptImage records img unless an image of that name exists, and says
 // whether it did. Adopted roots are not this daemon's to remove.
 func (s *Store) AdoptImage(ctx context.Context, img Image) (bool, error) {
+	defer s.imagesChanged()
 	meta := string(img.Meta)
 	if meta == "" {
 		meta = "{}"
@@ -150,6 +185,7 @@ func (s *Store) AdoptImage(ctx context.Context, img Image) (bool, error) {
 // snapshot and returns the updated image.
 func (s *Store) SetImageSnapshot(ctx context.Context, name, snapshot string) (Image, error) {
 	res, err := s.exec(ctx, `UPDATE images SET snapshot = ? WHERE name = ?`, snapshot, name)
+	s.imagesChanged()
 	if err != nil {
 		return Image{}, err
 	}
@@ -182,6 +218,7 @@ func imageUsers(ctx context.Context, tx *sql.Tx, name string) ([]string, error) 
 // one transaction, and returns the removed record. NotFound if there is
 // no such image; Conflict, naming the users, if it is in use.
 func (s *Store) DeleteImage(ctx context.Context, name string) (Image, error) {
+	defer s.imagesChanged()
 	var img Image
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error

@@ -39,11 +39,17 @@ func (s *Store) PoolSandboxes(ctx context.Context) ([]string, error) {
 // mark alone (unclaimed: destroyed) or the record alone. Errors as
 // InsertSandbox's; on error the mark stays.
 func (s *Store) ClaimPoolSandbox(ctx context.Context, sb Sandbox) error {
-	return s.inTx(ctx, func(tx *sql.Tx) error {
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		if err := insertSandbox(ctx, tx, sb); err != nil {
 			return err
 		}
 		_, err := tx.ExecContext(ctx, `DELETE FROM pool_sandboxes WHERE id = ?`, sb.ID)
 		return err
 	})
+	if err == nil {
+		s.idx.putLocked(sb.ID, indexRow{name: sb.Name, memoryMiB: sb.MemoryMiB, state: sb.State})
+	}
+	return err
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -138,6 +139,13 @@ type Store struct {
 	// removed or replaced under the daemon is noticed by its identity.
 	dev, ino uint64
 	reserve  reserve // room for removals on a full disk (reserve.go)
+	// idx mirrors the sandboxes table for creates (index.go); its mu is
+	// held across every write to the table.
+	idx index
+
+	imgMu    sync.Mutex
+	imgCache map[string]Image // guarded by imgMu: records by name (GetImage)
+	imgGen   uint64           // guarded by imgMu: bumped by every image write
 }
 
 const schema = `
@@ -218,6 +226,10 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	st.dev, st.ino = fi.Dev, fi.Ino
 	st.reserve.path = path + ".reserve"
 	st.reserve.make()
+	if err := st.idx.load(ctx, st); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
 	return st, nil
 }
 
@@ -279,7 +291,13 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	if err := s.Check(); err != nil {
 		return err
 	}
-	return s.write(ctx, func() error { return insertSandbox(ctx, s.db, sb) })
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	err := s.write(ctx, func() error { return insertSandbox(ctx, s.db, sb) })
+	if err == nil {
+		s.idx.putLocked(sb.ID, indexRow{name: sb.Name, memoryMiB: sb.MemoryMiB, state: sb.State})
+	}
+	return err
 }
 
 // execer is what a write runs on: the database or a transaction.
@@ -308,11 +326,14 @@ func insertSandbox(ctx context.Context, db execer, sb Sandbox) error {
 
 // SetState moves a sandbox to state, recording msg as its last error.
 func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
 	res, err := s.exec(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ?`,
 		state, msg, time.Now().UnixNano(), id)
 	if err != nil {
 		return err
 	}
+	s.idx.setStateLocked(id, state)
 	if n, _ := res.RowsAffected(); n == 0 {
 		return errdefs.New(errdefs.NotFound, "no such sandbox: %s", id)
 	}
@@ -323,12 +344,20 @@ func (s *Store) SetState(ctx context.Context, id, state, msg string) error {
 // its last error. It fails with Conflict when the sandbox is no longer in
 // state from (someone else moved it) and NotFound when it is gone.
 func (s *Store) Transition(ctx context.Context, id, from, to, msg string) error {
+	s.idx.mu.Lock()
 	res, err := s.exec(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
 		to, msg, time.Now().UnixNano(), id, from)
+	n := int64(0)
+	if err == nil {
+		if n, _ = res.RowsAffected(); n == 1 {
+			s.idx.setStateLocked(id, to)
+		}
+	}
+	s.idx.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if n, _ := res.RowsAffected(); n == 1 {
+	if n == 1 {
 		return nil
 	}
 	cur, err := s.GetSandbox(ctx, id)
@@ -418,6 +447,14 @@ func scanString(row scanner) (string, error) {
 // CommittedMemoryMiB returns the sum of the memory limits of the sandboxes
 // that hold (or are about to hold) memory: all but the sleeping and stopped.
 func (s *Store) CommittedMemoryMiB(ctx context.Context) (int, error) {
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	return s.idx.committed, nil
+}
+
+// committedMemoryQuery is CommittedMemoryMiB asked of the table itself
+// (the tests check the index against it).
+func (s *Store) committedMemoryQuery(ctx context.Context) (int, error) {
 	var n sql.NullInt64
 	err := s.db.QueryRowContext(ctx, `SELECT SUM(memory_mib) FROM sandboxes WHERE state NOT IN (?, ?)`, StateSleeping, StateStopped).Scan(&n)
 	return int(n.Int64), err
@@ -425,7 +462,12 @@ func (s *Store) CommittedMemoryMiB(ctx context.Context) (int, error) {
 
 // DeleteSandbox removes a sandbox's record; a missing one is not an error.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
 	_, err := s.exec(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	if err == nil {
+		s.idx.dropLocked(id)
+	}
 	return err
 }
 

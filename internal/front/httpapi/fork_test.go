@@ -296,7 +296,7 @@ func testSleepWake(t *testing.T, pool string) {
 // and checks that the restarted daemon shows only whole sandboxes and
 // leaks nothing.
 func TestSnapshotCrashPoints(t *testing.T) {
-	for _, point := range []string{"snapshot-before-engine", "fork-mid-restore", "fork-after-children", "sleep-before-engine", "sleep-before-seal", "sleep-after-checkpoint", "wake-before-engine"} {
+	for _, point := range []string{"snapshot-before-engine", "fork-mid-restore", "fork-after-children", "sleep-before-engine", "sleep-before-seal", "sleep-after-checkpoint", "sleep-before-reap", "wake-before-engine"} {
 		t.Run(point, func(t *testing.T) {
 			d := testenv.StartDaemon(t)
 			c := d.Client
