@@ -46,6 +46,9 @@ var (
 	_ engine.Inspector   = (*Engine)(nil)
 )
 
+// DefaultTCGCacheMiB is Config.TCGCacheMiB's default.
+const DefaultTCGCacheMiB = 16
+
 // DefaultKernelDir is where `make deps-qemu` puts the guest kernel.
 const DefaultKernelDir = "/var/cache/clade/qemu"
 
@@ -62,6 +65,10 @@ type Config struct {
 	AgentPath string
 	// Accel is "kvm", "tcg" or "" (probe: KVM if it boots a guest, else TCG).
 	Accel string
+	// TCGCacheMiB is each VM's TCG translation cache (QEMU's tb-size) when
+	// it runs under TCG; DefaultTCGCacheMiB when zero. It is private to each
+	// QEMU, so it bounds much of a forked child's own memory.
+	TCGCacheMiB int
 	// ReadyTimeout bounds how long a boot waits for the agent; 60s if zero.
 	ReadyTimeout time.Duration
 	Log          *slog.Logger
@@ -79,6 +86,11 @@ type Engine struct {
 	accel     string
 	accelWhy  string
 	tscKHz    int
+
+	// helloWait bounds a restored VM's wait for its agent's first hello
+	// before the link redials (see link); defaultHelloWait unless a test
+	// sets it.
+	helloWait time.Duration
 
 	setupOnce sync.Once
 	accelOnce sync.Once
@@ -100,6 +112,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.KernelDir == "" {
 		cfg.KernelDir = DefaultKernelDir
 	}
+	if cfg.TCGCacheMiB <= 0 {
+		cfg.TCGCacheMiB = DefaultTCGCacheMiB
+	}
 	if cfg.QEMU == "" {
 		p, err := exec.LookPath("qemu-system-x86_64")
 		if err != nil {
@@ -120,7 +135,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, sbRoot: filepath.Join(abs, "sandboxes"), imgDir: filepath.Join(abs, "images"),
 		initramfs: filepath.Join(abs, "initramfs.cpio"), vmlinux: vmlinux,
 		shmPrefix: filepath.Join("/dev/shm", "clade-qemu-"+hex.EncodeToString(sum[:6])+"-"),
-		live:      map[string]*sandbox{}, tscKHz: hostTSCkHz()}
+		live:      map[string]*sandbox{}, tscKHz: hostTSCkHz(), helloWait: defaultHelloWait}
 	for _, d := range []string{e.sbRoot, e.imgDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -189,6 +204,10 @@ func (e *Engine) pickAccel(want string) (string, string) {
 	}
 	return "kvm", "a probe guest booted under KVM"
 }
+
+// defaultHelloWait is how long a restored VM's link waits for the agent's
+// first hello before it redials.
+const defaultHelloWait = time.Second
 
 // Name implements engine.Engine.
 func (e *Engine) Name() string { return "qemu" }
@@ -381,7 +400,7 @@ func (e *Engine) args(id string, m vmMeta, memPath string, share bool, incoming 
 	if accel == "tcg" {
 		// TCG's translation cache is private to each QEMU: a small one
 		// keeps a forked child's own memory small.
-		accelOpt = "tcg,tb-size=16"
+		accelOpt = fmt.Sprintf("tcg,tb-size=%d", e.cfg.TCGCacheMiB)
 	}
 	shareOpt := "off"
 	if share {
@@ -919,10 +938,12 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	if err := e.launch(ctx, spec.ID, e.args(spec.ID, m, memPath, share, true)); err != nil {
 		return nil, err
 	}
-	sb, err := e.connect(ctx, spec.ID, m, time.Second)
+	tLaunch := time.Now()
+	sb, err := e.connect(ctx, spec.ID, m, e.helloWait)
 	if err != nil {
 		return nil, err
 	}
+	tQMP := time.Now()
 	if _, err := sb.q.exec(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{
 		{"capability": "x-ignore-shared", "state": sm.Format == "shared"}}}); err != nil {
 		sb.release(nil)
@@ -936,6 +957,7 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 		sb.release(nil)
 		return nil, err
 	}
+	tIn := time.Now()
 	if _, err := sb.q.exec(ctx, "cont", nil); err != nil {
 		sb.release(nil)
 		return nil, err
@@ -944,6 +966,7 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	if err != nil {
 		return nil, err
 	}
+	tReady := time.Now()
 	// A copy of a VM has its parent's clock and entropy pool: step the
 	// one and reseed the other.
 	seed := make([]byte, 64)
@@ -951,5 +974,7 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	if err := sb.client.Reconfigure(ctx, guest.Config{Clock: time.Now(), Seed: seed}); err != nil {
 		return nil, fmt.Errorf("reseed and set the clock of %s: %w", spec.ID, err)
 	}
+	e.cfg.Log.Debug("restore", "sandbox", spec.ID, "launch", tLaunch.Sub(t0), "qmp", tQMP.Sub(tLaunch),
+		"incoming", tIn.Sub(tQMP), "agent", tReady.Sub(tIn), "silent", sb.link.silent.Load(), "reseed", time.Since(tReady), "total", time.Since(t0))
 	return s, nil
 }
