@@ -35,13 +35,13 @@ type lever struct {
 var forkLevers = map[string]lever{
 	"tb16":     {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 16 }},
 	"old":      {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 16 }, eng: func(e *qemu.Engine) { e.SetHelloWait(time.Second) }},
-	"new":      {},
+	"new":      {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 8 }},
 	"tb8":      {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 8 }},
 	"tb4":      {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 4 }},
 	"wait1":    {eng: func(e *qemu.Engine) { e.SetHelloWait(time.Second) }},
 	"wait5":    {eng: func(e *qemu.Engine) { e.SetHelloWait(5 * time.Second) }},
 	"tb8wait5": {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 8 }, eng: func(e *qemu.Engine) { e.SetHelloWait(5 * time.Second) }},
-	"newpar4":  {par: 4},
+	"newpar4":  {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 8 }, par: 4},
 }
 
 // TestForkLevers measures fork N (CLADE_QEMU_FORKS, default 16) of one

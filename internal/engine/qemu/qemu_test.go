@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -30,7 +31,10 @@ func newEngine(t *testing.T, dir string) *qemu.Engine {
 	t.Helper()
 	_, agent := testenv.Binaries(t)
 	// A boot under TCG on a loaded host can take a minute and more.
-	e, err := qemu.New(qemu.Config{StateDir: dir, AgentPath: agent, Log: logger(), ReadyTimeout: 3 * time.Minute})
+	cfg := qemu.Config{StateDir: dir, AgentPath: agent, Log: logger(), ReadyTimeout: 3 * time.Minute}
+	// CLADE_QEMU_TCG_CACHE sets the translation cache (MiB) of every VM of the tests.
+	cfg.TCGCacheMiB, _ = strconv.Atoi(os.Getenv("CLADE_QEMU_TCG_CACHE"))
+	e, err := qemu.New(cfg)
 	if err != nil {
 		t.Fatalf("qemu engine: %v (run `make deps-qemu`)", err)
 	}
