@@ -990,12 +990,11 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 		return nil, err
 	}
 	tReady := time.Now()
-	// A copy of a VM has its parent's clock, entropy pool and hostname:
-	// step the one, reseed the other and give it its own name, in one
-	// round trip.
+	// A copy of a VM has its parent's clock and entropy pool: step the
+	// one and reseed the other.
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
-	if err := sb.client.Reconfigure(ctx, guest.Config{Clock: time.Now(), Seed: seed, Hostname: spec.Hostname}); err != nil {
+	if err := sb.client.Reconfigure(ctx, guest.Config{Clock: time.Now(), Seed: seed}); err != nil {
 		return nil, fmt.Errorf("reseed and set the clock of %s: %w", spec.ID, err)
 	}
 	e.cfg.Log.Debug("restore", "sandbox", spec.ID, "launch", tLaunch.Sub(t0), "qmp", tQMP.Sub(tLaunch),
