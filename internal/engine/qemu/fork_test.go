@@ -68,10 +68,13 @@ func TestForkSharesMemory(t *testing.T) {
 	t0 = time.Now()
 	r := enginetest.Exec(t, parent, "true")
 	execTime := time.Since(t0)
-	// 64 MiB of distinct data in guest RAM, held by a process that runs on.
-	r = enginetest.Exec(t, parent, "sh", "-c", `python3 -c '
-import os, sys
-b = bytearray(os.urandom(64 << 20))
+	// 64 MiB of non-zero data in guest RAM, held by a process that runs on
+	// (a pattern: os.urandom of 64 MiB under TCG takes minutes on a loaded
+	// host, and the host does not merge equal pages). Python's start alone
+	// can take a minute there: execLong.
+	r = execLong(t, parent, "sh", "-c", `python3 -c '
+import sys
+b = bytearray(range(256)) * (256 << 10)
 open("/tmp/ready", "w").write("1")
 sys.stdout.close()
 import time

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/guest"
@@ -35,6 +36,8 @@ type link struct {
 	// firstWait bounds the wait for the first hello (a boot takes
 	// seconds under TCG); later waits start at a second.
 	firstWait time.Duration
+	// silent counts connections dropped for want of a hello (debug log).
+	silent atomic.Int32
 }
 
 func newLink(path string, conn *guest.Conn, firstWait time.Duration) *link {
@@ -103,6 +106,7 @@ func (l *link) run() {
 		if _, err := br.Peek(1); err != nil {
 			l.drop(nc)
 			if errors.Is(err, os.ErrDeadlineExceeded) {
+				l.silent.Add(1)
 				wait = min(max(wait*2, time.Second), 8*time.Second)
 				// Give the guest time to see the host go before it comes
 				// back, or its agent may not notice.

@@ -46,6 +46,13 @@ var (
 	_ engine.Inspector   = (*Engine)(nil)
 )
 
+// DefaultTCGCacheMiB is Config.TCGCacheMiB's default. 8 MiB keeps a fork
+// child that has run a command at ~32 MiB of its own (41 MiB with 16), but
+// a conformance run with it lost a busy child's agent under load (a cache
+// too small for the guest's working set is flushed and refilled over and
+// over): 16 until that is measured apart from the load.
+const DefaultTCGCacheMiB = 16
+
 // DefaultKernelDir is where `make deps-qemu` puts the guest kernel.
 const DefaultKernelDir = "/var/cache/clade/qemu"
 
@@ -62,6 +69,10 @@ type Config struct {
 	AgentPath string
 	// Accel is "kvm", "tcg" or "" (probe: KVM if it boots a guest, else TCG).
 	Accel string
+	// TCGCacheMiB is each VM's TCG translation cache (QEMU's tb-size) when
+	// it runs under TCG; DefaultTCGCacheMiB when zero. It is private to each
+	// QEMU, so it bounds much of a forked child's own memory.
+	TCGCacheMiB int
 	// ReadyTimeout bounds how long a boot waits for the agent; 60s if zero.
 	ReadyTimeout time.Duration
 	Log          *slog.Logger
@@ -79,6 +90,11 @@ type Engine struct {
 	accel     string
 	accelWhy  string
 	tscKHz    int
+
+	// helloWait bounds a restored VM's wait for its agent's first hello
+	// before the link redials (see link); defaultHelloWait unless a test
+	// sets it.
+	helloWait time.Duration
 
 	setupOnce sync.Once
 	accelOnce sync.Once
@@ -100,6 +116,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.KernelDir == "" {
 		cfg.KernelDir = DefaultKernelDir
 	}
+	if cfg.TCGCacheMiB <= 0 {
+		cfg.TCGCacheMiB = DefaultTCGCacheMiB
+	}
 	if cfg.QEMU == "" {
 		p, err := exec.LookPath("qemu-system-x86_64")
 		if err != nil {
@@ -120,7 +139,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, sbRoot: filepath.Join(abs, "sandboxes"), imgDir: filepath.Join(abs, "images"),
 		initramfs: filepath.Join(abs, "initramfs.cpio"), vmlinux: vmlinux,
 		shmPrefix: filepath.Join("/dev/shm", "clade-qemu-"+hex.EncodeToString(sum[:6])+"-"),
-		live:      map[string]*sandbox{}, tscKHz: hostTSCkHz()}
+		live:      map[string]*sandbox{}, tscKHz: hostTSCkHz(), helloWait: defaultHelloWait}
 	for _, d := range []string{e.sbRoot, e.imgDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -189,6 +208,13 @@ func (e *Engine) pickAccel(want string) (string, string) {
 	}
 	return "kvm", "a probe guest booted under KVM"
 }
+
+// defaultHelloWait is how long a restored VM's link waits for the agent's
+// first hello before it redials. Under TCG with many children restoring at
+// once the hello takes seconds: a shorter wait redials twice per child,
+// and each redial is more guest work (the agent sees the host go and come
+// back) and a lost hello.
+const defaultHelloWait = 5 * time.Second
 
 // Name implements engine.Engine.
 func (e *Engine) Name() string { return "qemu" }
@@ -381,7 +407,7 @@ func (e *Engine) args(id string, m vmMeta, memPath string, share bool, incoming 
 	if accel == "tcg" {
 		// TCG's translation cache is private to each QEMU: a small one
 		// keeps a forked child's own memory small.
-		accelOpt = "tcg,tb-size=16"
+		accelOpt = fmt.Sprintf("tcg,tb-size=%d", e.cfg.TCGCacheMiB)
 	}
 	shareOpt := "off"
 	if share {
@@ -479,6 +505,21 @@ func (e *Engine) connect(ctx context.Context, id string, m vmMeta, firstWait tim
 	}
 	sb.q = q
 	return sb, nil
+}
+
+// cpuTime is the CPU time process pid has used (for the debug log).
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.Atoi(f[11])
+	s, _ := strconv.Atoi(f[12])
+	return time.Duration(u+s) * 10 * time.Millisecond // USER_HZ is 100
 }
 
 func readPID(dir string) int {
@@ -925,10 +966,12 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	if err := e.launch(ctx, spec.ID, e.args(spec.ID, m, memPath, share, true)); err != nil {
 		return nil, err
 	}
-	sb, err := e.connect(ctx, spec.ID, m, time.Second)
+	tLaunch := time.Now()
+	sb, err := e.connect(ctx, spec.ID, m, e.helloWait)
 	if err != nil {
 		return nil, err
 	}
+	tQMP := time.Now()
 	if _, err := sb.q.exec(ctx, "migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{
 		{"capability": "x-ignore-shared", "state": sm.Format == "shared"}}}); err != nil {
 		sb.release(nil)
@@ -942,6 +985,8 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 		sb.release(nil)
 		return nil, err
 	}
+	tIn := time.Now()
+	cpuIn := cpuTime(sb.pid)
 	if _, err := sb.q.exec(ctx, "cont", nil); err != nil {
 		sb.release(nil)
 		return nil, err
@@ -950,6 +995,7 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	if err != nil {
 		return nil, err
 	}
+	tReady := time.Now()
 	// A copy of a VM has its parent's clock and entropy pool: step the
 	// one and reseed the other.
 	seed := make([]byte, 64)
@@ -957,5 +1003,8 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	if err := sb.client.Reconfigure(ctx, guest.Config{Clock: time.Now(), Seed: seed}); err != nil {
 		return nil, fmt.Errorf("reseed and set the clock of %s: %w", spec.ID, err)
 	}
+	e.cfg.Log.Debug("restore", "sandbox", spec.ID, "launch", tLaunch.Sub(t0), "qmp", tQMP.Sub(tLaunch),
+		"incoming", tIn.Sub(tQMP), "agent", tReady.Sub(tIn), "silent", sb.link.silent.Load(), "reseed", time.Since(tReady), "total", time.Since(t0),
+		"qemu_cpu_before_cont", cpuIn, "qemu_cpu", cpuTime(sb.pid))
 	return s, nil
 }

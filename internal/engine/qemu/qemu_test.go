@@ -6,9 +6,12 @@
 package qemu_test
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/engine/enginetest"
@@ -27,12 +30,25 @@ func TestMain(m *testing.M) {
 func newEngine(t *testing.T, dir string) *qemu.Engine {
 	t.Helper()
 	_, agent := testenv.Binaries(t)
-	e, err := qemu.New(qemu.Config{StateDir: dir, AgentPath: agent})
+	// A boot under TCG on a loaded host can take a minute and more.
+	cfg := qemu.Config{StateDir: dir, AgentPath: agent, Log: logger(), ReadyTimeout: 3 * time.Minute}
+	// CLADE_QEMU_TCG_CACHE sets the translation cache (MiB) of every VM of the tests.
+	cfg.TCGCacheMiB, _ = strconv.Atoi(os.Getenv("CLADE_QEMU_TCG_CACHE"))
+	e, err := qemu.New(cfg)
 	if err != nil {
 		t.Fatalf("qemu engine: %v (run `make deps-qemu`)", err)
 	}
 	t.Cleanup(func() { _ = e.Close() })
 	return e
+}
+
+// logger is the engine's debug log (per-phase times of boots, checkpoints
+// and restores) on stderr when CLADE_QEMU_LOG is set, else nil (none).
+func logger() *slog.Logger {
+	if os.Getenv("CLADE_QEMU_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func rootFS(t *testing.T) string {
