@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -57,6 +58,7 @@ type backend struct {
 	port int
 	life any // the sandbox's guest connection when it was dialled: a wake makes another
 	c    net.Conn
+	lim  *headLimit // under br: bounds an answer's head
 	br   *bufio.Reader
 	bw   *bufio.Writer
 }
@@ -236,7 +238,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 				p.proxyError(w, r, derr)
 				return
 			}
-			be = &backend{id: rt.id, port: rt.port, life: life, c: c, br: bufio.NewReaderSize(c, 64<<10), bw: bufio.NewWriterSize(c, 16<<10)}
+			lim := &headLimit{r: c, n: -1}
+			be = &backend{id: rt.id, port: rt.port, life: life, c: c, lim: lim, br: bufio.NewReaderSize(lim, 64<<10), bw: bufio.NewWriterSize(c, 16<<10)}
 		}
 		resp, err = p.roundTrip(ctx, be, out)
 		if err == nil {
@@ -252,11 +255,64 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 			return
 		}
 	}
-	if p.answer(w, r, be, resp) && ctx.Err() == nil {
-		p.maybeKeep(cc, be, resp)
-		return
+	// Closed unless kept, whatever answer does: it panics to abort a cut
+	// body (and WriteHeader may panic), and a sandbox connection left open
+	// then is a descriptor the daemon never gets back.
+	keep := false
+	defer func() {
+		if keep {
+			p.maybeKeep(cc, be, resp)
+		} else {
+			be.close()
+		}
+	}()
+	keep = p.answer(w, r, be, resp) && ctx.Err() == nil
+}
+
+// maxResponseHead bounds the head of a sandbox's answer (as
+// http.Transport's MaxResponseHeaderBytes does): a sandbox that sends
+// header lines without end gets a 502, not the daemon's memory.
+const maxResponseHead = 1 << 20
+
+// headLimit is the reader under a backend's bufio.Reader: while n >= 0
+// (an answer's head is being read) it gives at most n more bytes.
+type headLimit struct {
+	r io.Reader
+	n int64 // < 0: no limit
+}
+
+var errHeadTooLarge = fmt.Errorf("the answer's head is over %d bytes", maxResponseHead)
+
+func (l *headLimit) Read(b []byte) (int, error) {
+	if l.n < 0 {
+		return l.r.Read(b)
 	}
-	be.close()
+	if l.n == 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(b)) > l.n {
+		b = b[:l.n]
+	}
+	n, err := l.r.Read(b)
+	l.n -= int64(n)
+	return n, err
+}
+
+// readResponse reads the head of an answer to out from be, bounded, and
+// refuses a status that is not one (Go's parser takes any three
+// characters Atoi reads, "099" or "+99"; WriteHeader panics on them).
+func readResponse(be *backend, out *http.Request) (*http.Response, error) {
+	be.lim.n = maxResponseHead
+	resp, err := http.ReadResponse(be.br, out)
+	be.lim.n = -1
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode < 100 || resp.StatusCode > 999 {
+		resp.Body.Close()
+		return nil, fmt.Errorf("malformed status code %q", resp.Status)
+	}
+	return resp, nil
 }
 
 // dial is the proxy's way to a port of a sandbox (replaced in tests).
@@ -289,7 +345,7 @@ func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (
 	}
 	// A server may answer before it has read a body (a 413, say) and
 	// close: its answer is worth more than the write's error.
-	resp, err := http.ReadResponse(be.br, out)
+	resp, err := readResponse(be, out)
 	if err != nil {
 		return nil, errors.Join(werr, err)
 	}
@@ -317,7 +373,7 @@ func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp
 		w.WriteHeader(resp.StatusCode)
 		clear(h)
 		var err error
-		if resp, err = http.ReadResponse(be.br, resp.Request); err != nil {
+		if resp, err = readResponse(be, resp.Request); err != nil {
 			return false
 		}
 	}

@@ -1,0 +1,154 @@
+package ingress_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// These play a hostile (or merely broken) sandbox: a raw TCP server on
+// loopback that answers what it likes, behind the forwarder.
+
+// rawBackend serves every connection with serve, counting connections
+// opened and the ones the proxy closed (serve returned on EOF).
+type rawBackend struct {
+	backendServer
+	ln net.Listener
+}
+
+func startRaw(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) *rawBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &rawBackend{ln: ln}
+	b.addr = ln.Addr().String()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.opened.Add(1)
+			go func() {
+				defer b.closed.Add(1)
+				defer c.Close()
+				serve(c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return b
+}
+
+// readHead reads a request's head off br (the forwarder's requests here
+// have no body).
+func readHead(br *bufio.Reader) (string, error) {
+	var sb strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		sb.WriteString(line)
+		if err != nil {
+			return sb.String(), err
+		}
+		if line == "\r\n" {
+			return sb.String(), nil
+		}
+	}
+}
+
+// untilEOF blocks until the proxy closes c (or 10 s pass).
+func untilEOF(c net.Conn, br *bufio.Reader) {
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	io.Copy(io.Discard, br)
+}
+
+func rawGet(t *testing.T, f *front, path string) (int, string, error) {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	resp, err := c.Get(f.url + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// A status code below 100 ("099", "+99": three characters Go's response
+// parser takes) must be a bad answer, not a panic in WriteHeader that
+// leaves the sandbox connection open.
+func TestForwarderStatusBelow100(t *testing.T) {
+	for _, status := range []string{"099", "+99", "000"} {
+		t.Run(status, func(t *testing.T) {
+			be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+				if _, err := readHead(br); err != nil {
+					return
+				}
+				fmt.Fprintf(c, "HTTP/1.1 %s odd\r\nContent-Length: 2\r\n\r\nhi", status)
+				untilEOF(c, br)
+			})
+			f := startFront(t, &be.backendServer, false)
+			code, body, err := rawGet(t, f, "/")
+			if err != nil || code != http.StatusBadGateway {
+				t.Fatalf("got %d %q %v, want a 502", code, body, err)
+			}
+			waitFor(t, "the sandbox connection to close", func() bool { return be.closed.Load() == be.opened.Load() })
+		})
+	}
+}
+
+// A chunked answer the sandbox breaks (a bad chunk size) aborts the
+// client's answer, and closes the sandbox connection: a sandbox that keeps
+// it open must not keep one of the daemon's descriptors per request.
+func TestForwarderBadChunkClosesSandboxConn(t *testing.T) {
+	be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := readHead(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\nzz\r\n")
+		untilEOF(c, br)
+	})
+	f := startFront(t, &be.backendServer, false)
+	if _, _, err := rawGet(t, f, "/"); err == nil {
+		t.Fatal("a cut chunked answer reached the client as a whole one")
+	}
+	waitFor(t, "the sandbox connection to close", func() bool { return be.closed.Load() == 1 })
+}
+
+// A sandbox that sends an endless response head gets a 502 once the head
+// passes the limit, not the daemon's memory.
+func TestForwarderEndlessResponseHead(t *testing.T) {
+	var sent atomic.Int64
+	be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := readHead(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\n")
+		line := "X-Junk: " + strings.Repeat("j", 4000) + "\r\n"
+		c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		for sent.Load() < 1<<30 {
+			n, err := io.WriteString(c, line)
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	})
+	f := startFront(t, &be.backendServer, false)
+	code, body, err := rawGet(t, f, "/")
+	if err != nil || code != http.StatusBadGateway {
+		t.Fatalf("got %d %.200q %v, want a 502", code, body, err)
+	}
+	waitFor(t, "the sandbox connection to close", func() bool { return be.closed.Load() == 1 })
+	if n := sent.Load(); n > 64<<20 {
+		t.Fatalf("the proxy read %d bytes of response head", n)
+	}
+}
