@@ -248,9 +248,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 		be.close()
 		be = nil
 		// A kept connection the sandbox closed while idle (a server's
-		// keep-alive timeout) is no answer: a request with no body is sent
-		// again, once, over a new one.
-		if !reused || out.Body != http.NoBody || ctx.Err() != nil || !retryable(err) {
+		// keep-alive timeout) is no answer: a request with no body that is
+		// safe to repeat is sent again, once, over a new one. Any other may
+		// have been served before the close (a POST would charge twice).
+		if !reused || out.Body != http.NoBody || !idempotent(out) || ctx.Err() != nil || !retryable(err) {
 			p.proxyError(w, r, err)
 			return
 		}
@@ -324,9 +325,21 @@ func (p *Proxy) dial(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
 // retryable reports whether err says a kept connection was closed before
-// it answered.
+// it answered (http.ReadResponse says io.ErrUnexpectedEOF for a clean close).
 func retryable(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// idempotent reports whether r may be sent twice (RFC 9110 9.2.2; as
+// http.Transport, a request with an Idempotency-Key header too).
+func idempotent(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, k1 := r.Header["Idempotency-Key"]
+	_, k2 := r.Header["X-Idempotency-Key"]
+	return k1 || k2
 }
 
 // roundTrip writes out over be and reads the answer's head (1xx answers

@@ -152,3 +152,56 @@ func TestForwarderEndlessResponseHead(t *testing.T) {
 		t.Fatalf("the proxy read %d bytes of response head", n)
 	}
 }
+
+// A kept sandbox connection that closes after it took a request may have
+// served it: only a request that is safe to repeat is sent again. A POST
+// without a body is not (the sandbox would charge twice).
+func TestForwarderRetriesOnlyIdempotent(t *testing.T) {
+	for _, tc := range []struct{ method, end string }{{"POST", "fin"}, {"POST", "rst"}, {"GET", "fin"}, {"GET", "rst"}} {
+		method := tc.method
+		t.Run(method+"/"+tc.end, func(t *testing.T) {
+			var conns, got atomic.Int64
+			be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+				first := conns.Add(1) == 1
+				if _, err := readHead(br); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				if !first {
+					untilEOF(c, br)
+					return
+				}
+				// The second request on the first connection is taken, then
+				// the connection dies without an answer.
+				if h, err := readHead(br); err == nil && strings.HasPrefix(h, method+" ") {
+					got.Add(1)
+				}
+				if tc.end == "rst" {
+					c.(*net.TCPConn).SetLinger(0)
+				}
+			})
+			f := startFront(t, &be.backendServer, false)
+			c := newClient(t)
+			if code, _, _ := doGet(t, c, f.url+"/"); code != 200 {
+				t.Fatalf("first request: %d", code)
+			}
+			req, _ := http.NewRequest(method, f.url+"/charge", nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			n := got.Load()
+			switch method {
+			case "POST":
+				if n != 1 || resp.StatusCode != http.StatusBadGateway {
+					t.Fatalf("POST: %d, the sandbox took it %d times; want a 502 and once", resp.StatusCode, n)
+				}
+			case "GET":
+				if resp.StatusCode != 200 {
+					t.Fatalf("GET was not sent again: %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+}
