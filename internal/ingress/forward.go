@@ -214,9 +214,30 @@ func outRequest(r *http.Request, rt route) *http.Request {
 	}
 	if r.ContentLength == 0 {
 		out.Body = http.NoBody
+	} else {
+		out.Body = &clientBody{ReadCloser: r.Body}
 	}
 	return out
 }
+
+// clientBody is a request's body from the client, keeping the error that
+// ended a read of it other than its end (a malformed chunk, a client that
+// went away).
+type clientBody struct {
+	io.ReadCloser
+	err error
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
+
+// errClientBody marks a request's body that could not be read whole.
+var errClientBody = errors.New("the request's body could not be read")
 
 // forward serves r from port rt of its sandbox, whose guest connection
 // (its life: see backend) is life. It answers 502 itself when the sandbox
@@ -251,6 +272,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 		// keep-alive timeout) is no answer: a request with no body that is
 		// safe to repeat is sent again, once, over a new one. Any other may
 		// have been served before the close (a POST would charge twice).
+		if errors.Is(err, errClientBody) && ctx.Err() == nil {
+			p.fail(w, http.StatusBadRequest, err.Error())
+			return
+		}
 		if !reused || out.Body != http.NoBody || !idempotent(out) || ctx.Err() != nil || !retryable(err) {
 			p.proxyError(w, r, err)
 			return
@@ -355,6 +380,11 @@ func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (
 	}
 	if werr != nil && out.Body == http.NoBody {
 		return nil, werr
+	}
+	if cb, ok := out.Body.(*clientBody); ok && cb.err != nil {
+		// The sandbox has a cut body and waits for the rest, which never
+		// comes: no answer of its to wait for.
+		return nil, errors.Join(errClientBody, cb.err)
 	}
 	// A server may answer before it has read a body (a 413, say) and
 	// close: its answer is worth more than the write's error.

@@ -2,11 +2,13 @@ package ingress_test
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -201,6 +203,108 @@ func TestForwarderRetriesOnlyIdempotent(t *testing.T) {
 				if resp.StatusCode != 200 {
 					t.Fatalf("GET was not sent again: %d", resp.StatusCode)
 				}
+			}
+		})
+	}
+}
+
+// recorder is a sandbox that records the requests it gets, raw.
+type recorder struct {
+	*rawBackend
+	mu   sync.Mutex
+	reqs []string
+}
+
+func startRecorder(t *testing.T) *recorder {
+	rc := &recorder{}
+	rc.rawBackend = startRaw(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			var raw bytes.Buffer
+			req, err := http.ReadRequest(bufio.NewReader(io.TeeReader(br, &raw)))
+			_ = req
+			if err != nil {
+				return
+			}
+			body, err := io.ReadAll(req.Body)
+			rc.mu.Lock()
+			rc.reqs = append(rc.reqs, fmt.Sprintf("%s %s body=%q err=%v te=%v cl=%d", req.Method, req.URL, body, err, req.TransferEncoding, req.ContentLength))
+			rc.mu.Unlock()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	return rc
+}
+
+func (rc *recorder) seen() []string {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]string(nil), rc.reqs...)
+}
+
+// rawExchange writes req on a new connection to f and reads the answers
+// until the connection closes or goes quiet.
+func rawExchange(t *testing.T, f *front, req string) []int {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, req)
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	br := bufio.NewReader(c)
+	var codes []int
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return codes
+		}
+		io.Copy(io.Discard, resp.Body)
+		codes = append(codes, resp.StatusCode)
+	}
+}
+
+// Requests meant to desynchronise the proxy and the sandbox: each is
+// refused, or reaches the sandbox as one request as the proxy read it.
+func TestForwarderSmuggling(t *testing.T) {
+	for _, tc := range []struct {
+		name, req string
+		codes     []int
+		seen      []string
+	}{
+		{"CL and TE", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n",
+			// Transfer-Encoding wins (RFC 9112 6.3): the hidden request is a
+			// request of the client's own, routed and authorized on its own.
+			[]int{200, 200}, []string{`POST /a body="" err=<nil> te=[chunked] cl=-1`, `GET /b body="" err=<nil> te=[] cl=0`}},
+		{"two lengths", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nabcdef", []int{400}, nil},
+		{"chunked, identity", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n", []int{501}, nil},
+		{"identity", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 3\r\n\r\nabc", []int{501}, nil},
+		// Folded into X-A's value, which is all the sandbox sees of it.
+		{"obs-fold", "GET /a HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n Transfer-Encoding: chunked\r\n\r\n", []int{200}, []string{`GET /a body="" err=<nil> te=[] cl=0`}},
+		// A body the proxy cannot read (bare LF ending a chunk line, a chunk
+		// size past 64 bits) is a 400 at once, and a cut body for the
+		// sandbox, which has its head already: never a whole one.
+		{"bare LF", "GET /a HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n0\n\n", []int{400}, []string{`GET /a body="" err=unexpected EOF te=[chunked] cl=-1`}},
+		{"huge chunk size", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\nabc", []int{400}, []string{`POST /a body="" err=unexpected EOF te=[chunked] cl=-1`}},
+		{"negative length", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", []int{400}, nil},
+		{"overflowing length", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n", []int{400}, nil},
+		{"chunk extensions", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=\"x\"\r\nabc\r\n0\r\n\r\n",
+			[]int{200}, []string{`POST /a body="abc" err=<nil> te=[chunked] cl=-1`}},
+		{"pipelined", "GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n",
+			[]int{200, 200}, []string{`GET /a body="" err=<nil> te=[] cl=0`, `GET /b body="" err=<nil> te=[] cl=0`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := startRecorder(t)
+			f := startFront(t, &rc.backendServer, false)
+			codes := rawExchange(t, f, tc.req)
+			if fmt.Sprint(codes) != fmt.Sprint(tc.codes) {
+				t.Errorf("answers %v, want %v", codes, tc.codes)
+			}
+			if got := rc.seen(); fmt.Sprint(got) != fmt.Sprint(tc.seen) {
+				t.Errorf("the sandbox saw %q, want %q", got, tc.seen)
 			}
 		})
 	}
