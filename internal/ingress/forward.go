@@ -246,10 +246,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 	ctx := r.Context()
 	cc, _ := ctx.Value(connKey{}).(*clientConn)
 	out := outRequest(r, rt)
+	if out.Body != http.NoBody {
+		// The body is read on while the answer is written (see roundTrip):
+		// without this, the server reads 256 KiB of a chunked body at the
+		// answer's first write, throws it away and ends the body there.
+		http.NewResponseController(w).EnableFullDuplex()
+	}
 	be := cc.take(rt.id, rt.port, life)
 	var (
-		resp *http.Response
-		err  error
+		resp  *http.Response
+		wdone <-chan error // a body's writer (see roundTrip)
+		err   error
 	)
 	for {
 		reused := be != nil
@@ -262,7 +269,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 			lim := &headLimit{r: c, n: -1}
 			be = &backend{id: rt.id, port: rt.port, life: life, c: c, lim: lim, br: bufio.NewReaderSize(lim, 64<<10), bw: bufio.NewWriterSize(c, 16<<10)}
 		}
-		resp, err = p.roundTrip(ctx, be, out)
+		resp, wdone, err = p.roundTrip(ctx, be, out)
 		if err == nil {
 			break
 		}
@@ -293,6 +300,20 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 		}
 	}()
 	keep = p.answer(w, r, be, resp) && ctx.Err() == nil
+	if wdone != nil {
+		// The body's writer is done with the client's body before the
+		// handler returns. One still writing when the answer is whole (the
+		// server answered without reading it all) ends on the closed
+		// connection, which carries no other request.
+		select {
+		case werr := <-wdone:
+			keep = keep && werr == nil
+		default:
+			keep = false
+			be.close()
+			<-wdone
+		}
+	}
 }
 
 // maxResponseHead bounds the head of a sandbox's answer (as
@@ -369,33 +390,53 @@ func idempotent(r *http.Request) bool {
 
 // roundTrip writes out over be and reads the answer's head (1xx answers
 // other than 101 are passed to the client as they come, see answer).
-func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (*http.Response, error) {
+//
+// A request with a body is written by a goroutine of its own while the
+// answer is read: a server may answer before it has read the body (a 413,
+// say), or while it reads it (an echo, full duplex), and one that does
+// not read on while its answer is not read would wait for the proxy as
+// the proxy waits for it. The answer's reader then gets the writer's end
+// on wdone, which it must receive before the handler returns.
+func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (resp *http.Response, wdone <-chan error, err error) {
 	// A client that goes away ends the exchange: the sandbox connection's
 	// deadline passes, and whatever blocks on it returns.
 	stop := context.AfterFunc(ctx, func() { be.c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	werr := out.Write(be.bw)
-	if werr == nil {
-		werr = be.bw.Flush()
+	cb, _ := out.Body.(*clientBody)
+	if cb == nil {
+		if err := writeRequest(be, out); err != nil {
+			return nil, nil, err
+		}
+		resp, err := readResponse(be, out)
+		return resp, nil, err
 	}
-	if werr != nil && out.Body == http.NoBody {
-		return nil, werr
-	}
-	if cb, ok := out.Body.(*clientBody); ok && cb.err != nil {
-		// The sandbox has a cut body and waits for the rest, which never
-		// comes: no answer of its to wait for.
-		return nil, errors.Join(errClientBody, cb.err)
-	}
-	// A server may answer before it has read a body (a 413, say) and
-	// close: its answer is worth more than the write's error.
-	resp, err := readResponse(be, out)
+	done := make(chan error, 1)
+	go func() {
+		err := writeRequest(be, out)
+		if cb.err != nil {
+			// The sandbox has a cut body and waits for the rest, which
+			// never comes: no answer of its to wait for.
+			be.c.SetReadDeadline(time.Unix(1, 0))
+		}
+		done <- err
+	}()
+	resp, err = readResponse(be, out)
 	if err != nil {
-		return nil, errors.Join(werr, err)
+		be.c.SetDeadline(time.Unix(1, 0))
+		werr := <-done
+		if cb.err != nil {
+			return nil, nil, errors.Join(errClientBody, cb.err)
+		}
+		return nil, nil, errors.Join(werr, err)
 	}
-	if werr != nil {
-		resp.Close = true
+	return resp, done, nil
+}
+
+func writeRequest(be *backend, out *http.Request) error {
+	if err := out.Write(be.bw); err != nil {
+		return err
 	}
-	return resp, nil
+	return be.bw.Flush()
 }
 
 // answer copies resp to w (1xx answers as they come, then the final one

@@ -303,9 +303,42 @@ func TestForwarderSmuggling(t *testing.T) {
 			if fmt.Sprint(codes) != fmt.Sprint(tc.codes) {
 				t.Errorf("answers %v, want %v", codes, tc.codes)
 			}
+			deadline := time.Now().Add(5 * time.Second)
+			for len(rc.seen()) < len(tc.seen) && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond) // polling the recorder, which records once the sandbox's read ends
+			}
 			if got := rc.seen(); fmt.Sprint(got) != fmt.Sprint(tc.seen) {
 				t.Errorf("the sandbox saw %q, want %q", got, tc.seen)
 			}
 		})
+	}
+}
+
+// A sandbox that answers while it reads the body (an echo, full duplex)
+// gets the body while its answer goes to the client: written first, whole,
+// the body filled the sockets both ways and each side waited for the other.
+func TestForwarderFullDuplex(t *testing.T) {
+	be := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		w.WriteHeader(200)
+		io.Copy(w, r.Body)
+	}))
+	f := startFront(t, be, false)
+	for _, chunked := range []bool{false, true} {
+		const n = 64 << 20
+		var body io.Reader = bytes.NewReader(make([]byte, n))
+		if chunked {
+			body = io.MultiReader(body)
+		}
+		c := &http.Client{Timeout: 30 * time.Second}
+		resp, err := c.Post(f.url+"/", "application/octet-stream", body)
+		if err != nil {
+			t.Fatalf("chunked %v: %v", chunked, err)
+		}
+		got, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || got != n {
+			t.Fatalf("chunked %v: %d bytes back, %v; want %d", chunked, got, err, n)
+		}
 	}
 }
