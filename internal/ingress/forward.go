@@ -65,6 +65,32 @@ type backend struct {
 
 func (b *backend) close() { b.c.Close() }
 
+// A backend's buffers go back to these while it is idle (nothing is in
+// them then), and it takes others for its next request: a client
+// connection idle between requests keeps its sandbox connection, not 80
+// KiB of buffers for it.
+var (
+	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 16<<10) }}
+)
+
+// bufs gives b buffers for a request.
+func (b *backend) bufs() {
+	b.br = readers.Get().(*bufio.Reader)
+	b.br.Reset(b.lim)
+	b.bw = writers.Get().(*bufio.Writer)
+	b.bw.Reset(b.c)
+}
+
+// idle returns b's buffers, which must be empty and no longer used.
+func (b *backend) idle() {
+	b.br.Reset(nil)
+	readers.Put(b.br)
+	b.bw.Reset(nil)
+	writers.Put(b.bw)
+	b.br, b.bw = nil, nil
+}
+
 // take returns cc's idle sandbox connection if it is for id, port and
 // life and still open; else nil (closing one that is not).
 func (cc *clientConn) take(id string, port int, life any) *backend {
@@ -82,6 +108,7 @@ func (cc *clientConn) take(id string, port int, life any) *backend {
 		be.close()
 		return nil
 	}
+	be.bufs()
 	return be
 }
 
@@ -119,9 +146,6 @@ func (cc *clientConn) shut() {
 // peek for a socket; a connection through the agent, which says when it
 // closes, is trusted.
 func idleOpen(be *backend) bool {
-	if be.br.Buffered() > 0 {
-		return false
-	}
 	sc, ok := be.c.(syscall.Conn)
 	if !ok {
 		return true
@@ -267,7 +291,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 				return
 			}
 			lim := &headLimit{r: c, n: -1}
-			be = &backend{id: rt.id, port: rt.port, life: life, c: c, lim: lim, br: bufio.NewReaderSize(lim, 64<<10), bw: bufio.NewWriterSize(c, 16<<10)}
+			be = &backend{id: rt.id, port: rt.port, life: life, c: c, lim: lim}
+			be.bufs()
 		}
 		resp, wdone, err = p.roundTrip(ctx, be, out)
 		if err == nil {
@@ -592,10 +617,12 @@ func copyFlushing(w http.ResponseWriter, src io.Reader) error {
 // maybeKeep keeps be for the client connection's next request, unless
 // either side said this answer ends the connection.
 func (p *Proxy) maybeKeep(cc *clientConn, be *backend, resp *http.Response) {
-	if resp.Close {
+	// Bytes after the answer: the server is not speaking HTTP.
+	if resp.Close || be.br.Buffered() > 0 {
 		be.close()
 		return
 	}
 	be.c.SetDeadline(time.Time{})
+	be.idle()
 	cc.put(be)
 }
