@@ -477,10 +477,12 @@ func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp
 			p.proxyError(w, r, errors.New("the server switched protocols unasked"))
 			return false
 		}
-		h := w.Header()
-		copyHeader(h, resp.Header)
-		w.WriteHeader(resp.StatusCode)
-		clear(h)
+		if r.ProtoAtLeast(1, 1) { // not to an HTTP/1.0 client (RFC 9110 15.2)
+			h := w.Header()
+			copyHeader(h, resp.Header)
+			w.WriteHeader(resp.StatusCode)
+			clear(h)
+		}
 		var err error
 		if resp, err = readResponse(be, resp.Request); err != nil {
 			return false

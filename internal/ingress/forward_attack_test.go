@@ -391,3 +391,34 @@ func TestForwarderIdleConnectionMemory(t *testing.T) {
 		t.Logf("%d idle connections hold %d KiB of heap", n, grew>>10)
 	}
 }
+
+// 1xx answers pass to an HTTP/1.1 client, not to an HTTP/1.0 one (RFC 9110
+// 15.2: a server must not send it one), which takes the final answer alone.
+func TestForwarderInformational(t *testing.T) {
+	be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			if _, err := readHead(br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	f := startFront(t, &be.backendServer, false)
+	for _, proto := range []string{"HTTP/1.0", "HTTP/1.1"} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, "GET / "+proto+"\r\nHost: x\r\nConnection: close\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		c.Close()
+		got := string(b)
+		if err != nil || !strings.HasSuffix(got, "ok") {
+			t.Fatalf("%s: %q %v", proto, got, err)
+		}
+		if early := strings.Contains(got, " 103 "); early != (proto == "HTTP/1.1") {
+			t.Errorf("%s: got %q", proto, got)
+		}
+	}
+}
