@@ -267,6 +267,12 @@ var errClientBody = errors.New("the request's body could not be read")
 // (its life: see backend) is life. It answers 502 itself when the sandbox
 // does not answer.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life any) {
+	if r.Method == http.MethodConnect {
+		// Written on, it reached the sandbox as "CONNECT //host:port", and
+		// a 200 to it left the client connection on a tunnel it never got.
+		p.fail(w, http.StatusMethodNotAllowed, "CONNECT is not served: the ingress forwards requests to a sandbox's port, it makes no tunnels")
+		return
+	}
 	ctx := r.Context()
 	cc, _ := ctx.Value(connKey{}).(*clientConn)
 	out := outRequest(r, rt)

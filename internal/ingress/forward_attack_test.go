@@ -422,3 +422,19 @@ func TestForwarderInformational(t *testing.T) {
 		}
 	}
 }
+
+// CONNECT is no request for a sandbox's port: the forwarder took a
+// sandbox's 200 to it for an answer with a body until close, a tunnel the
+// client could not use, and the client connection hung on it.
+func TestForwarderConnect(t *testing.T) {
+	rc := startRecorder(t)
+	f := startFront(t, &rc.backendServer, false)
+	codes := rawExchange(t, f, "CONNECT x:80 HTTP/1.1\r\nHost: x:80\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if fmt.Sprint(codes) != "[405 200]" {
+		t.Errorf("answers %v, want [405 200]", codes)
+	}
+	waitFor(t, "the GET to reach the sandbox", func() bool { return len(rc.seen()) > 0 })
+	if got := rc.seen(); len(got) != 1 || !strings.HasPrefix(got[0], "GET /") {
+		t.Errorf("the sandbox saw %q", got)
+	}
+}
