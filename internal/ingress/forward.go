@@ -497,6 +497,9 @@ func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp
 	h := w.Header()
 	removeHop(resp.Header)
 	copyHeader(h, resp.Header)
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil // the answer as it came: no type sniffed by the server
+	}
 	if len(resp.Trailer) > 0 {
 		keys := make([]string, 0, len(resp.Trailer))
 		for k := range resp.Trailer {

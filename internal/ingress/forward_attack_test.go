@@ -438,3 +438,22 @@ func TestForwarderConnect(t *testing.T) {
 		t.Errorf("the sandbox saw %q", got)
 	}
 }
+
+// An answer without a Content-Type reaches the client without one: the
+// front server would sniff one from the body, and an app's upload served
+// untyped with nosniff would become text/html.
+func TestForwarderNoSniffedType(t *testing.T) {
+	be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := readHead(br); err != nil {
+			return
+		}
+		body := "<html><script>alert(1)</script>"
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nX-Content-Type-Options: nosniff\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		untilEOF(c, br)
+	})
+	f := startFront(t, &be.backendServer, false)
+	code, _, h := doGet(t, newClient(t), f.url+"/upload")
+	if _, ok := h["Content-Type"]; code != 200 || ok {
+		t.Fatalf("%d, Content-Type %q: the proxy typed an untyped answer", code, h.Get("Content-Type"))
+	}
+}
