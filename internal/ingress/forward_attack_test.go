@@ -457,3 +457,49 @@ func TestForwarderNoSniffedType(t *testing.T) {
 		t.Fatalf("%d, Content-Type %q: the proxy typed an untyped answer", code, h.Get("Content-Type"))
 	}
 }
+
+// Connections cut at every point of an exchange leave no goroutine and no
+// sandbox connection behind.
+func TestForwarderAbortsLeaveNothing(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		io.Copy(w, r.Body)
+	})
+	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) { w.Write(make([]byte, 8<<20)) })
+	mux.HandleFunc("/hang", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // else the server never sees its connection close
+		<-r.Context().Done()
+	})
+	be := startBackend(t, mux)
+	f := startFront(t, be, false)
+	addr := strings.TrimPrefix(f.url, "http://")
+	before := runtime.NumGoroutine()
+	reqs := []string{
+		"GET /big HTTP/1.1\r\nHost: x\r\n",                                   // head cut
+		"GET /big HTTP/1.1\r\nHost: x\r\n\r\n",                               // answer cut
+		"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n",                              // no answer yet
+		"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nab", // body cut, echo under way
+		"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+		"POST /hang HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nab",
+	}
+	for i := range 120 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, reqs[i%len(reqs)])
+		c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		c.Read(make([]byte, 1000)) // some of the answer, if any, comes first
+		c.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for be.closed.Load() != be.opened.Load() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if be.closed.Load() != be.opened.Load() {
+		b := make([]byte, 1<<20)
+		t.Fatalf("%d of %d open\n%s", be.opened.Load()-be.closed.Load(), be.opened.Load(), b[:runtime.Stack(b, true)])
+	}
+	waitFor(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= before+2 })
+}
