@@ -229,6 +229,7 @@ func outRequest(r *http.Request, rt route) *http.Request {
 	}
 	out.Header.Del(TokenHeader)
 	stripCookie(out.Header)
+	stripReferer(out.Header)
 	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
 		out.Header.Del(h)
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"github.com/clade-sandbox/clade/internal/ingress"
 	"io"
 	"net"
 	"net/http"
@@ -502,4 +503,25 @@ func TestForwarderAbortsLeaveNothing(t *testing.T) {
 		t.Fatalf("%d of %d open\n%s", be.opened.Load()-be.closed.Load(), be.opened.Load(), b[:runtime.Stack(b, true)])
 	}
 	waitFor(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= before+2 })
+}
+
+// A page loaded from a signed URL sends it as the Referer of its further
+// requests: the signature (which opens the port until its deadline) is
+// stripped from it as from the URL, so the app does not log it.
+func TestForwarderRefererLosesSignature(t *testing.T) {
+	be := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Referer()) }))
+	for _, reverse := range []bool{false, true} {
+		f := startFront(t, be, reverse)
+		req, _ := http.NewRequest("GET", f.url+"/app.js", nil)
+		req.Header.Set("Referer", "http://8000-sb.test/page?a=1&"+ingress.ExpiresParam+"=99&"+ingress.SignatureParam+"=abcdef")
+		resp, err := newClient(t).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if got := string(b); got != "http://8000-sb.test/page?a=1" {
+			t.Errorf("reverse %v: the app saw Referer %q", reverse, got)
+		}
+	}
 }

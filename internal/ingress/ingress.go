@@ -255,6 +255,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Header.Del(TokenHeader)
 	stripSigned(pr.Out.URL)
 	stripCookie(pr.Out.Header)
+	stripReferer(pr.Out.Header)
 	pr.SetXForwarded()
 }
 

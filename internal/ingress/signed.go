@@ -114,3 +114,19 @@ func stripSigned(u *url.URL) {
 	q.Del(SignatureParam)
 	u.RawQuery = q.Encode()
 }
+
+// stripReferer removes a signed URL's parameters from a request's Referer:
+// a page loaded from a signed URL sends that URL with its further requests.
+func stripReferer(h http.Header) {
+	ref := h.Get("Referer")
+	if !strings.Contains(ref, SignatureParam) && !strings.Contains(ref, ExpiresParam) {
+		return
+	}
+	u, err := url.Parse(ref)
+	if err != nil {
+		h.Del("Referer")
+		return
+	}
+	stripSigned(u)
+	h.Set("Referer", u.String())
+}
