@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -57,11 +58,38 @@ type backend struct {
 	port int
 	life any // the sandbox's guest connection when it was dialled: a wake makes another
 	c    net.Conn
+	lim  *headLimit // under br: bounds an answer's head
 	br   *bufio.Reader
 	bw   *bufio.Writer
 }
 
 func (b *backend) close() { b.c.Close() }
+
+// A backend's buffers go back to these while it is idle (nothing is in
+// them then), and it takes others for its next request: a client
+// connection idle between requests keeps its sandbox connection, not 80
+// KiB of buffers for it.
+var (
+	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 16<<10) }}
+)
+
+// bufs gives b buffers for a request.
+func (b *backend) bufs() {
+	b.br = readers.Get().(*bufio.Reader)
+	b.br.Reset(b.lim)
+	b.bw = writers.Get().(*bufio.Writer)
+	b.bw.Reset(b.c)
+}
+
+// idle returns b's buffers, which must be empty and no longer used.
+func (b *backend) idle() {
+	b.br.Reset(nil)
+	readers.Put(b.br)
+	b.bw.Reset(nil)
+	writers.Put(b.bw)
+	b.br, b.bw = nil, nil
+}
 
 // take returns cc's idle sandbox connection if it is for id, port and
 // life and still open; else nil (closing one that is not).
@@ -80,6 +108,7 @@ func (cc *clientConn) take(id string, port int, life any) *backend {
 		be.close()
 		return nil
 	}
+	be.bufs()
 	return be
 }
 
@@ -117,9 +146,6 @@ func (cc *clientConn) shut() {
 // peek for a socket; a connection through the agent, which says when it
 // closes, is trusted.
 func idleOpen(be *backend) bool {
-	if be.br.Buffered() > 0 {
-		return false
-	}
 	sc, ok := be.c.(syscall.Conn)
 	if !ok {
 		return true
@@ -203,6 +229,7 @@ func outRequest(r *http.Request, rt route) *http.Request {
 	}
 	out.Header.Del(TokenHeader)
 	stripCookie(out.Header)
+	stripReferer(out.Header)
 	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
 		out.Header.Del(h)
 	}
@@ -212,21 +239,55 @@ func outRequest(r *http.Request, rt route) *http.Request {
 	}
 	if r.ContentLength == 0 {
 		out.Body = http.NoBody
+	} else {
+		out.Body = &clientBody{ReadCloser: r.Body}
 	}
 	return out
 }
+
+// clientBody is a request's body from the client, keeping the error that
+// ended a read of it other than its end (a malformed chunk, a client that
+// went away).
+type clientBody struct {
+	io.ReadCloser
+	err error
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
+
+// errClientBody marks a request's body that could not be read whole.
+var errClientBody = errors.New("the request's body could not be read")
 
 // forward serves r from port rt of its sandbox, whose guest connection
 // (its life: see backend) is life. It answers 502 itself when the sandbox
 // does not answer.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life any) {
+	if r.Method == http.MethodConnect {
+		// Written on, it reached the sandbox as "CONNECT //host:port", and
+		// a 200 to it left the client connection on a tunnel it never got.
+		p.fail(w, http.StatusMethodNotAllowed, "CONNECT is not served: the ingress forwards requests to a sandbox's port, it makes no tunnels")
+		return
+	}
 	ctx := r.Context()
 	cc, _ := ctx.Value(connKey{}).(*clientConn)
 	out := outRequest(r, rt)
+	if out.Body != http.NoBody {
+		// The body is read on while the answer is written (see roundTrip):
+		// without this, the server reads 256 KiB of a chunked body at the
+		// answer's first write, throws it away and ends the body there.
+		http.NewResponseController(w).EnableFullDuplex()
+	}
 	be := cc.take(rt.id, rt.port, life)
 	var (
-		resp *http.Response
-		err  error
+		resp  *http.Response
+		wdone <-chan error // a body's writer (see roundTrip)
+		err   error
 	)
 	for {
 		reused := be != nil
@@ -236,27 +297,101 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 				p.proxyError(w, r, derr)
 				return
 			}
-			be = &backend{id: rt.id, port: rt.port, life: life, c: c, br: bufio.NewReaderSize(c, 64<<10), bw: bufio.NewWriterSize(c, 16<<10)}
+			lim := &headLimit{r: c, n: -1}
+			be = &backend{id: rt.id, port: rt.port, life: life, c: c, lim: lim}
+			be.bufs()
 		}
-		resp, err = p.roundTrip(ctx, be, out)
+		resp, wdone, err = p.roundTrip(ctx, be, out)
 		if err == nil {
 			break
 		}
 		be.close()
 		be = nil
 		// A kept connection the sandbox closed while idle (a server's
-		// keep-alive timeout) is no answer: a request with no body is sent
-		// again, once, over a new one.
-		if !reused || out.Body != http.NoBody || ctx.Err() != nil || !retryable(err) {
+		// keep-alive timeout) is no answer: a request with no body that is
+		// safe to repeat is sent again, once, over a new one. Any other may
+		// have been served before the close (a POST would charge twice).
+		if errors.Is(err, errClientBody) && ctx.Err() == nil {
+			p.fail(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		if !reused || out.Body != http.NoBody || !idempotent(out) || ctx.Err() != nil || !retryable(err) {
 			p.proxyError(w, r, err)
 			return
 		}
 	}
-	if p.answer(w, r, be, resp) && ctx.Err() == nil {
-		p.maybeKeep(cc, be, resp)
-		return
+	// Closed unless kept, whatever answer does: it panics to abort a cut
+	// body (and WriteHeader may panic), and a sandbox connection left open
+	// then is a descriptor the daemon never gets back.
+	keep := false
+	defer func() {
+		if keep {
+			p.maybeKeep(cc, be, resp)
+		} else {
+			be.close()
+		}
+	}()
+	keep = p.answer(w, r, be, resp) && ctx.Err() == nil
+	if wdone != nil {
+		// The body's writer is done with the client's body before the
+		// handler returns. One still writing when the answer is whole (the
+		// server answered without reading it all) ends on the closed
+		// connection, which carries no other request.
+		select {
+		case werr := <-wdone:
+			keep = keep && werr == nil
+		default:
+			keep = false
+			be.close()
+			<-wdone
+		}
 	}
-	be.close()
+}
+
+// maxResponseHead bounds the head of a sandbox's answer (as
+// http.Transport's MaxResponseHeaderBytes does): a sandbox that sends
+// header lines without end gets a 502, not the daemon's memory.
+const maxResponseHead = 1 << 20
+
+// headLimit is the reader under a backend's bufio.Reader: while n >= 0
+// (an answer's head is being read) it gives at most n more bytes.
+type headLimit struct {
+	r io.Reader
+	n int64 // < 0: no limit
+}
+
+var errHeadTooLarge = fmt.Errorf("the answer's head is over %d bytes", maxResponseHead)
+
+func (l *headLimit) Read(b []byte) (int, error) {
+	if l.n < 0 {
+		return l.r.Read(b)
+	}
+	if l.n == 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(b)) > l.n {
+		b = b[:l.n]
+	}
+	n, err := l.r.Read(b)
+	l.n -= int64(n)
+	return n, err
+}
+
+// readResponse reads the head of an answer to out from be, bounded, and
+// refuses a status that is not one (Go's parser takes any three
+// characters Atoi reads, "099" or "+99"; WriteHeader panics on them).
+func readResponse(be *backend, out *http.Request) (*http.Response, error) {
+	be.lim.n = maxResponseHead
+	resp, err := http.ReadResponse(be.br, out)
+	be.lim.n = -1
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode < 100 || resp.StatusCode > 999 {
+		resp.Body.Close()
+		return nil, fmt.Errorf("malformed status code %q", resp.Status)
+	}
+	return resp, nil
 }
 
 // dial is the proxy's way to a port of a sandbox (replaced in tests).
@@ -268,35 +403,72 @@ func (p *Proxy) dial(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
 // retryable reports whether err says a kept connection was closed before
-// it answered.
+// it answered (http.ReadResponse says io.ErrUnexpectedEOF for a clean close).
 func retryable(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// idempotent reports whether r may be sent twice (RFC 9110 9.2.2; as
+// http.Transport, a request with an Idempotency-Key header too).
+func idempotent(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, k1 := r.Header["Idempotency-Key"]
+	_, k2 := r.Header["X-Idempotency-Key"]
+	return k1 || k2
 }
 
 // roundTrip writes out over be and reads the answer's head (1xx answers
 // other than 101 are passed to the client as they come, see answer).
-func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (*http.Response, error) {
+//
+// A request with a body is written by a goroutine of its own while the
+// answer is read: a server may answer before it has read the body (a 413,
+// say), or while it reads it (an echo, full duplex), and one that does
+// not read on while its answer is not read would wait for the proxy as
+// the proxy waits for it. The answer's reader then gets the writer's end
+// on wdone, which it must receive before the handler returns.
+func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (resp *http.Response, wdone <-chan error, err error) {
 	// A client that goes away ends the exchange: the sandbox connection's
 	// deadline passes, and whatever blocks on it returns.
 	stop := context.AfterFunc(ctx, func() { be.c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	werr := out.Write(be.bw)
-	if werr == nil {
-		werr = be.bw.Flush()
+	cb, _ := out.Body.(*clientBody)
+	if cb == nil {
+		if err := writeRequest(be, out); err != nil {
+			return nil, nil, err
+		}
+		resp, err := readResponse(be, out)
+		return resp, nil, err
 	}
-	if werr != nil && out.Body == http.NoBody {
-		return nil, werr
-	}
-	// A server may answer before it has read a body (a 413, say) and
-	// close: its answer is worth more than the write's error.
-	resp, err := http.ReadResponse(be.br, out)
+	done := make(chan error, 1)
+	go func() {
+		err := writeRequest(be, out)
+		if cb.err != nil {
+			// The sandbox has a cut body and waits for the rest, which
+			// never comes: no answer of its to wait for.
+			be.c.SetReadDeadline(time.Unix(1, 0))
+		}
+		done <- err
+	}()
+	resp, err = readResponse(be, out)
 	if err != nil {
-		return nil, errors.Join(werr, err)
+		be.c.SetDeadline(time.Unix(1, 0))
+		werr := <-done
+		if cb.err != nil {
+			return nil, nil, errors.Join(errClientBody, cb.err)
+		}
+		return nil, nil, errors.Join(werr, err)
 	}
-	if werr != nil {
-		resp.Close = true
+	return resp, done, nil
+}
+
+func writeRequest(be *backend, out *http.Request) error {
+	if err := out.Write(be.bw); err != nil {
+		return err
 	}
-	return resp, nil
+	return be.bw.Flush()
 }
 
 // answer copies resp to w (1xx answers as they come, then the final one
@@ -312,18 +484,23 @@ func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp
 			p.proxyError(w, r, errors.New("the server switched protocols unasked"))
 			return false
 		}
-		h := w.Header()
-		copyHeader(h, resp.Header)
-		w.WriteHeader(resp.StatusCode)
-		clear(h)
+		if r.ProtoAtLeast(1, 1) { // not to an HTTP/1.0 client (RFC 9110 15.2)
+			h := w.Header()
+			copyHeader(h, resp.Header)
+			w.WriteHeader(resp.StatusCode)
+			clear(h)
+		}
 		var err error
-		if resp, err = http.ReadResponse(be.br, resp.Request); err != nil {
+		if resp, err = readResponse(be, resp.Request); err != nil {
 			return false
 		}
 	}
 	h := w.Header()
 	removeHop(resp.Header)
 	copyHeader(h, resp.Header)
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil // the answer as it came: no type sniffed by the server
+	}
 	if len(resp.Trailer) > 0 {
 		keys := make([]string, 0, len(resp.Trailer))
 		for k := range resp.Trailer {
@@ -452,10 +629,12 @@ func copyFlushing(w http.ResponseWriter, src io.Reader) error {
 // maybeKeep keeps be for the client connection's next request, unless
 // either side said this answer ends the connection.
 func (p *Proxy) maybeKeep(cc *clientConn, be *backend, resp *http.Response) {
-	if resp.Close {
+	// Bytes after the answer: the server is not speaking HTTP.
+	if resp.Close || be.br.Buffered() > 0 {
 		be.close()
 		return
 	}
 	be.c.SetDeadline(time.Time{})
+	be.idle()
 	cc.put(be)
 }

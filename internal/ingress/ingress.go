@@ -13,7 +13,8 @@
 // a sandbox route, 401 for a missing or wrong token, 409 for a sandbox that
 // stopped, 503 with Retry-After when waking the sandbox was refused for
 // memory (it stays asleep and intact; a retry once memory is free serves),
-// 502 when nothing listens on the port.
+// 502 when nothing listens on the port or the answer is broken, 400 for a
+// request body that cannot be read, 405 for CONNECT.
 package ingress
 
 import (
@@ -254,6 +255,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Header.Del(TokenHeader)
 	stripSigned(pr.Out.URL)
 	stripCookie(pr.Out.Header)
+	stripReferer(pr.Out.Header)
 	pr.SetXForwarded()
 }
 

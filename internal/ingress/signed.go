@@ -57,30 +57,47 @@ const (
 	signedBad
 )
 
-// checkSigned looks for a signature in r's query, then in its cookie; from
-// says which held it ("query" or "cookie").
+// checkSigned looks for a signature in r's query, then in its cookies; from
+// says which held it ("query" or "cookie"). Every cookie of the name is
+// tried: another sandbox under the same domain can set one for the whole
+// domain, which the browser may send first.
 func checkSigned(r *http.Request, token, id string, port int, now time.Time) (v signedVerdict, exp int64, from string) {
 	q := r.URL.Query()
-	es, sig, from := q.Get(ExpiresParam), q.Get(SignatureParam), "query"
-	if es == "" && sig == "" {
-		c, err := r.Cookie(CookieName)
-		if err != nil {
-			return unsigned, 0, ""
-		}
-		var ok bool
-		if es, sig, ok = strings.Cut(c.Value, "."); !ok {
-			return signedBad, 0, "cookie"
-		}
-		from = "cookie"
+	es, sig := q.Get(ExpiresParam), q.Get(SignatureParam)
+	if es != "" || sig != "" {
+		v, exp = verifySigned(es, sig, token, id, port, now)
+		return v, exp, "query"
 	}
+	cs := r.CookiesNamed(CookieName)
+	if len(cs) == 0 {
+		return unsigned, 0, ""
+	}
+	v = signedBad
+	for _, c := range cs {
+		es, sig, ok := strings.Cut(c.Value, ".")
+		if !ok {
+			continue
+		}
+		switch cv, cexp := verifySigned(es, sig, token, id, port, now); cv {
+		case signedOK:
+			return signedOK, cexp, "cookie"
+		case signedExpired:
+			v, exp = signedExpired, cexp
+		}
+	}
+	return v, exp, "cookie"
+}
+
+// verifySigned checks a deadline and signature for port of sandbox id.
+func verifySigned(es, sig, token, id string, port int, now time.Time) (signedVerdict, int64) {
 	exp, err := strconv.ParseInt(es, 10, 64)
 	if err != nil || token == "" || !hmac.Equal([]byte(sig), []byte(Sign(token, id, port, exp))) {
-		return signedBad, 0, from
+		return signedBad, 0
 	}
 	if now.Unix() >= exp {
-		return signedExpired, exp, from
+		return signedExpired, exp
 	}
-	return signedOK, exp, from
+	return signedOK, exp
 }
 
 // stripSigned removes a signed URL's parameters from u, so that the
@@ -96,4 +113,20 @@ func stripSigned(u *url.URL) {
 	q.Del(ExpiresParam)
 	q.Del(SignatureParam)
 	u.RawQuery = q.Encode()
+}
+
+// stripReferer removes a signed URL's parameters from a request's Referer:
+// a page loaded from a signed URL sends that URL with its further requests.
+func stripReferer(h http.Header) {
+	ref := h.Get("Referer")
+	if !strings.Contains(ref, SignatureParam) && !strings.Contains(ref, ExpiresParam) {
+		return
+	}
+	u, err := url.Parse(ref)
+	if err != nil {
+		h.Del("Referer")
+		return
+	}
+	stripSigned(u)
+	h.Set("Referer", u.String())
 }

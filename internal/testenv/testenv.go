@@ -236,6 +236,9 @@ func (d *Daemon) Start(env []string) {
 	}
 }
 
+// Pid is the daemon process's id (for its /proc entries).
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
 // Wait waits for the daemon process to exit (e.g. after a crash point).
 func (d *Daemon) Wait() error {
 	select {
