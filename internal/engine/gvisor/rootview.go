@@ -76,6 +76,16 @@ func (e *Engine) mountView(id, rootfs string) (string, error) {
 			return "", err
 		}
 	}
+	// The view's root takes the upper layer's mode and owner, not the
+	// image root's: the image root's they must be (a 0700 root keeps an
+	// image's non-root user from every path).
+	var st unix.Stat_t
+	if err := unix.Stat(rootfs, &st); err != nil {
+		return "", err
+	}
+	if err := errors.Join(unix.Chmod(upper, st.Mode&0o7777), os.Lchown(upper, int(st.Uid), int(st.Gid))); err != nil {
+		return "", err
+	}
 	for _, p := range []string{rootfs, upper, work} {
 		// overlayfs splits its options at ',' and its lower layers at ':'.
 		if strings.ContainsAny(p, ",:\\") {
