@@ -234,6 +234,7 @@ func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
 		return err
 	}
 	defer ch.close()
+	readErr := make(chan error, 1)
 	go func() {
 		// Whole frames: r (an HTTP body through a pipe) hands over what
 		// each client write carried, often 32 KiB, and every frame costs
@@ -258,11 +259,20 @@ func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
 				return
 			}
 			if err != nil {
+				// The agent would wait for the rest forever: end the
+				// transfer (the half-written file goes) with r's error.
+				readErr <- err
+				ch.close()
 				return
 			}
 		}
 	}()
 	exit, err := ch.wait(ctx)
+	select {
+	case rerr := <-readErr:
+		return fmt.Errorf("read the archive to copy: %w", rerr)
+	default:
+	}
 	if err != nil {
 		return err
 	}

@@ -88,13 +88,20 @@ func add(tw *tar.Writer, p, name string, fi fs.FileInfo) error {
 		// to the bytes read even if p was swapped since the walk saw it.
 		// Opened by hand: os.OpenFile tries the poller on a regular file
 		// (four fcntls and an epoll_ctl, each a trap under gVisor).
+		// O_NONBLOCK: p swapped for a FIFO would block the open until a
+		// writer came, maybe never; the Stat below then skips it. Cleared
+		// right away, so os.NewFile does not try the poller.
 		var fd int
 		err := ignoringEINTR(func() (err error) {
-			fd, err = unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			fd, err = unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 			return err
 		})
 		if err != nil {
 			return &fs.PathError{Op: "open", Path: p, Err: err}
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, 0); err != nil {
+			unix.Close(fd)
+			return &fs.PathError{Op: "fcntl", Path: p, Err: err}
 		}
 		f = os.NewFile(uintptr(fd), p)
 		defer f.Close()

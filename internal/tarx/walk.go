@@ -128,7 +128,7 @@ func Walk(dir string, r io.Reader, opts WalkOptions, p Policy) error {
 			}
 		}
 		if err := t.entry(hdr, tr); err != nil {
-			return fmt.Errorf("%s %.256q: %w", opts.What, hdr.Name, err)
+			return noSpace(fmt.Errorf("%s %.256q: %w", opts.What, hdr.Name, err))
 		}
 	}
 	return t.finish()
@@ -271,11 +271,18 @@ func (t *Tree) file(hdr *tar.Header, p string, r io.Reader) error {
 		// A file that failed half way (a broken stream, a full disk) is
 		// not left behind half written.
 		_ = t.Root.Remove(p)
-		if errors.Is(err, syscall.ENOSPC) {
-			err = errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("%w: free some space and retry", err))
-		}
 	}
 	return err
+}
+
+// noSpace makes err, if a full disk (no blocks or no inodes left: a file's
+// create or a parent's mkdir fails too, not only a write) or an exhausted
+// quota, a ResourceExhausted error saying what to do.
+func noSpace(err error) error {
+	if errdefs.Is(err, errdefs.ResourceExhausted) || !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
+		return err
+	}
+	return errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("%w: free some space and retry", err))
 }
 
 // create makes the new file p (O_EXCL, never following a final symlink)

@@ -203,9 +203,16 @@ func (s *Server) getFiles(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer tr.Close()
+	// The status waits for the archive's first bytes: a path the agent
+	// refuses before sending any (a FIFO, a device, a socket) is a 4xx
+	// with its reason, not a 200 cut off.
+	br := bufio.NewReaderSize(tr, 64<<10)
+	if _, err := br.Peek(1); err != nil && err != io.EOF {
+		return err
+	}
 	w.Header().Set("Content-Type", "application/x-tar")
 	w.WriteHeader(http.StatusOK)
-	if _, err := io.CopyBuffer(w, tr, make([]byte, 256<<10)); err != nil {
+	if _, err := br.WriteTo(w); err != nil {
 		// Too late for a status code: break the stream so the client sees
 		// a truncated archive fail instead of a short one succeed.
 		s.log.Warn("file transfer failed", "sandbox", id, "path", p, "err", err)
