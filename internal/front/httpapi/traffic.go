@@ -14,10 +14,11 @@ import (
 )
 
 // sandboxAPI is toAPI with what only the running daemon knows: the
-// sandbox's address and its ingress URLs.
+// sandbox's address (a running one's: a sleeping sandbox's slot is being
+// given back) and its ingress URLs.
 func (s *Server) sandboxAPI(sb store.Sandbox) api.Sandbox {
 	a := toAPI(sb)
-	if a.Network != nil && s.cfg.Addr != nil {
+	if a.Network != nil && s.cfg.Addr != nil && sb.State == store.StateRunning {
 		if addr, ok := s.cfg.Addr(sb); ok {
 			a.Network.Address = addr.String()
 		}
