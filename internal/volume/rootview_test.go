@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
@@ -199,4 +200,84 @@ func mountsOf(dataDir, sub string) []string {
 		}
 	}
 	return out
+}
+
+// TestVolumeViewForksOutliveParent: children forked (three at once) from
+// a snapshot of a sandbox whose volumes need a root view keep working
+// after the parent is removed, and across a daemon
+// killed while they run; concurrent creates needing views work; after
+// rm nothing is left: no mount, no sandbox directory, nothing in the
+// shared image root.
+func TestVolumeViewForksOutliveParent(t *testing.T) {
+	root, paths := freshPaths(t)
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	newVolume(t, c, "v", 16)
+	parent := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: paths[1]}}})
+	mustSh(t, c, parent.ID, "echo snap > "+paths[1]+"/f")
+	snap, err := c.SnapshotSandbox(t.Context(), parent.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Fork(t.Context(), snap.ID, 3)
+	if err != nil || len(res.Children) != 3 {
+		t.Fatalf("fork: %+v %v", res, err)
+	}
+	if err := c.DeleteSandbox(t.Context(), parent.ID); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		for _, k := range res.Children {
+			if k.Error != "" {
+				t.Fatalf("fork child: %s", k.Error)
+			}
+			if got := mustSh(t, c, k.ID, "cat "+paths[1]+"/f"); got != "snap\n" {
+				t.Fatalf("%s: child %s reads %q", when, k.ID, got)
+			}
+		}
+		notInImage(t, when, root, paths)
+	}
+	check("after the parent's rm")
+	d.Kill()
+	d.Start(nil)
+	check("after a daemon kill")
+	var wg sync.WaitGroup
+	ids := make([]string, 3)
+	errs := make([]error, 3)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: paths[0]}}})
+			ids[i], errs[i] = sb.ID, err
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent create %d: %v", i, err)
+		}
+		if got := mustSh(t, c, ids[i], "cat "+paths[0]+"/f"); got != "snap\n" {
+			t.Fatalf("concurrent create %d reads %q", i, got)
+		}
+	}
+	for _, k := range res.Children {
+		ids = append(ids, k.ID)
+	}
+	for _, id := range ids {
+		if err := c.DeleteSandbox(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteSnapshot(t.Context(), snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "gvisor", "sandboxes")); len(ents) > 0 {
+		t.Fatalf("sandbox directories left after rm: %v", ents)
+	}
+	d.Stop()
+	if leaks := testenv.Leaks(d.DataDir); len(leaks) > 0 {
+		t.Fatalf("leaks: %v\n%s", leaks, d.Log())
+	}
+	notInImage(t, "at the end", root, paths)
 }
