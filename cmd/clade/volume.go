@@ -49,13 +49,11 @@ func newVolumeCreateCmd() *cobra.Command {
 			if !*encrypt {
 				return usagef(cmd, "--key-file needs --encrypt")
 			}
-			b, err := os.ReadFile(*keyFile)
+			key, err := readKeyFile(*keyFile)
 			if err != nil {
 				return err
 			}
-			if req.Key = strings.TrimSpace(string(b)); req.Key == "" {
-				return fmt.Errorf("--key-file %s is empty: it must hold the volume's key, hex of 32 bytes", *keyFile)
-			}
+			req.Key = key
 		}
 		if *size != "" {
 			mib, err := parseMiB(*size)
@@ -215,7 +213,7 @@ func newVolumeImportCmd() *cobra.Command {
 		if *keyFile == "" {
 			return fmt.Errorf("--key-file is required")
 		}
-		key, err := os.ReadFile(*keyFile)
+		key, err := readKeyFile(*keyFile)
 		if err != nil {
 			return err
 		}
@@ -224,7 +222,7 @@ func newVolumeImportCmd() *cobra.Command {
 			return err
 		}
 		defer f.Close()
-		v, err := c.ImportVolume(ctx, args[0], f, strings.TrimSpace(string(key)))
+		v, err := c.ImportVolume(ctx, args[0], f, key)
 		if err != nil {
 			return err
 		}

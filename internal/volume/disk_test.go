@@ -280,19 +280,40 @@ func TestVolumePathIsAFile(t *testing.T) {
 	if err := os.Symlink("usr/bin", filepath.Join(root, "bin")); err != nil {
 		t.Fatal(err)
 	}
+	// A hostile image's symlinks aim volume paths that pass ValidPath at
+	// what the sandbox needs, or at a file.
+	for name, target := range map[string]string{
+		"agent": "/.clade", "up": "../../../.clade/run", "top": "/", "procs": "usr/../proc",
+		"pw": "/etc/passwd", "loop": "loop", "usrlink": "/usr",
+	} {
+		if err := os.Symlink(target, filepath.Join(root, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
 		path string
-		ok   bool
+		want string // "": ok
 	}{
-		{"/etc/passwd", false},
-		{"/etc/passwd/x", false},
-		{"/etc", true},
-		{"/new/dir", true},
-		{"/bin/x", true},
+		{"/etc/passwd", "is a file in the image"},
+		{"/etc/passwd/x", "is a file in the image"},
+		{"/etc", ""},
+		{"/new/dir", ""},
+		{"/bin/x", ""},
+		{"/usrlink/bin/new", ""},
+		{"/pw", "is a file in the image"},
+		{"/pw/x", "is a file in the image"},
+		{"/agent", "covers /.clade"},
+		{"/agent/run", "covers /.clade"},
+		{"/up", "to /.clade/run"},
+		{"/usrlink/../.clade/bin", "covers /.clade"},
+		{"/top", "to /"},
+		{"/top/proc/x", "covers /proc"},
+		{"/procs/1", "covers /proc"},
+		{"/loop/x", "symbolic links"},
 	} {
 		err := notAFile(root, tc.path)
-		if tc.ok != (err == nil) || (err != nil && (!errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "is a file in the image"))) {
-			t.Errorf("%s: %v, want ok=%v", tc.path, err, tc.ok)
+		if (tc.want == "") != (err == nil) || (err != nil && (!errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want))) {
+			t.Errorf("%s: %v, want %q", tc.path, err, tc.want)
 		}
 	}
 	m, err := New(Config{Dir: filepath.Join(t.TempDir(), "volumes")})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -65,25 +66,75 @@ func (m *Manager) BeforeStart(ctx context.Context, rec store.Sandbox, spec *engi
 }
 
 // notAFile refuses a volume path that is (or goes through) a file other
-// than a directory in the image at rootfs: runsc cannot mount a directory
-// there and fails with nothing the user could act on. A symlink stops the
-// walk (it resolves inside the sandbox; runsc judges that).
+// than a directory in the image at rootfs (runsc cannot mount a directory
+// there and fails with nothing the user could act on), or that the
+// image's symlinks lead to a path the sandbox needs (/.clade, /proc, ...:
+// a volume there would hide the agent or its socket). Symlinks are
+// followed inside the root, as runsc does; the walk stops at the first
+// missing component (runsc makes the rest).
 func notAFile(rootfs, p string) error {
 	if rootfs == "" {
 		return nil
 	}
-	cur := rootfs
-	for _, part := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
-		cur = filepath.Join(cur, part)
-		fi, err := os.Lstat(cur)
-		if err != nil || fi.Mode()&os.ModeSymlink != 0 {
-			return nil // made by runsc, or resolved inside the sandbox
-		}
-		if !fi.IsDir() {
-			return errdefs.New(errdefs.InvalidArgument, "volume path %s: %s is a file in the image, not a directory: mount the volume at a directory or a new path", p, strings.TrimPrefix(cur, rootfs))
-		}
+	res, file, err := resolveIn(rootfs, p)
+	if err != nil {
+		return errdefs.New(errdefs.InvalidArgument, "volume path %s: %v: pick another path", p, err)
+	}
+	if file != "" {
+		return errdefs.New(errdefs.InvalidArgument, "volume path %s: %s is a file in the image, not a directory: mount the volume at a directory or a new path", p, file)
+	}
+	if res == "/" {
+		return errdefs.New(errdefs.InvalidArgument, "volume path %s leads, through the image's symlinks, to /: pick another path", p)
+	}
+	// p itself passed ValidPath; where the image's symlinks take it must too.
+	if r := covers(res); r != "" && res != p {
+		return errdefs.New(errdefs.InvalidArgument, "volume path %s leads, through the image's symlinks, to %s, which covers %s that the sandbox needs: pick another path", p, res, r)
 	}
 	return nil
+}
+
+// resolveIn resolves guest path p in the image at rootfs: symlinks are
+// followed inside the root ('..' stops at it), up to the first missing
+// component, after which the rest is joined as it is. file is the first
+// component that exists and is not a directory, if any.
+func resolveIn(rootfs, p string) (res, file string, err error) {
+	parts := strings.Split(p, "/")
+	cur := "/"
+	for links := 0; len(parts) > 0; {
+		part := parts[0]
+		parts = parts[1:]
+		switch part {
+		case "", ".":
+			continue
+		case "..":
+			cur = path.Dir(cur)
+			continue
+		}
+		next := path.Join(cur, part)
+		fi, err := os.Lstat(filepath.Join(rootfs, next))
+		if err != nil {
+			return path.Join(append([]string{next}, parts...)...), "", nil
+		}
+		switch {
+		case fi.Mode()&os.ModeSymlink != 0:
+			if links++; links > 40 {
+				return "", "", errors.New("too many levels of symbolic links in the image")
+			}
+			target, err := os.Readlink(filepath.Join(rootfs, next))
+			if err != nil {
+				return "", "", err
+			}
+			if strings.HasPrefix(target, "/") {
+				cur = "/"
+			}
+			parts = append(strings.Split(target, "/"), parts...)
+		case !fi.IsDir():
+			return "", next, nil
+		default:
+			cur = next
+		}
+	}
+	return cur, "", nil
 }
 
 // ensureCopy makes a restored sandbox's own copy of its i-th volume from

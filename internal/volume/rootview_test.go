@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
@@ -199,4 +200,167 @@ func mountsOf(dataDir, sub string) []string {
 		}
 	}
 	return out
+}
+
+// TestVolumeViewForksOutliveParent: children forked (three at once) from
+// a snapshot of a sandbox whose volumes need a root view keep working
+// after the parent is removed, and across a daemon
+// killed while they run; concurrent creates needing views work; after
+// rm nothing is left: no mount, no sandbox directory, nothing in the
+// shared image root.
+func TestVolumeViewForksOutliveParent(t *testing.T) {
+	root, paths := freshPaths(t)
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	newVolume(t, c, "v", 16)
+	parent := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: paths[1]}}})
+	mustSh(t, c, parent.ID, "echo snap > "+paths[1]+"/f")
+	snap, err := c.SnapshotSandbox(t.Context(), parent.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Fork(t.Context(), snap.ID, 3)
+	if err != nil || len(res.Children) != 3 {
+		t.Fatalf("fork: %+v %v", res, err)
+	}
+	if err := c.DeleteSandbox(t.Context(), parent.ID); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		for _, k := range res.Children {
+			if k.Error != "" {
+				t.Fatalf("fork child: %s", k.Error)
+			}
+			if got := mustSh(t, c, k.ID, "cat "+paths[1]+"/f"); got != "snap\n" {
+				t.Fatalf("%s: child %s reads %q", when, k.ID, got)
+			}
+		}
+		notInImage(t, when, root, paths)
+	}
+	check("after the parent's rm")
+	d.Kill()
+	d.Start(nil)
+	check("after a daemon kill")
+	var wg sync.WaitGroup
+	ids := make([]string, 3)
+	errs := make([]error, 3)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: paths[0]}}})
+			ids[i], errs[i] = sb.ID, err
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent create %d: %v", i, err)
+		}
+		if got := mustSh(t, c, ids[i], "cat "+paths[0]+"/f"); got != "snap\n" {
+			t.Fatalf("concurrent create %d reads %q", i, got)
+		}
+	}
+	for _, k := range res.Children {
+		ids = append(ids, k.ID)
+	}
+	for _, id := range ids {
+		if err := c.DeleteSandbox(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteSnapshot(t.Context(), snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "gvisor", "sandboxes")); len(ents) > 0 {
+		t.Fatalf("sandbox directories left after rm: %v", ents)
+	}
+	d.Stop()
+	if leaks := testenv.Leaks(d.DataDir); len(leaks) > 0 {
+		t.Fatalf("leaks: %v\n%s", leaks, d.Log())
+	}
+	notInImage(t, "at the end", root, paths)
+}
+
+// TestVolumeViewCrashPoints: the daemon killed (SIGKILL) at points of a
+// sleep, a wake, a fork and a snapshot of a sandbox whose volume needs a root
+// view: the next daemon holds no view mounted on the host, every sandbox
+// it records can be woken or removed, and after rm nothing leaks and the
+// shared image root is untouched.
+func TestVolumeViewCrashPoints(t *testing.T) {
+	root, paths := freshPaths(t)
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	newVolume(t, c, "v", 16)
+	for _, point := range []string{"wake-before-engine", "sleep-after-checkpoint", "snapshot-before-restore", "fork-mid-restore"} {
+		t.Run(point, func(t *testing.T) {
+			sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "v", Path: paths[1]}}})
+			mustSh(t, c, sb.ID, "echo "+point+" > "+paths[1]+"/f")
+			var snapID string
+			switch point {
+			case "wake-before-engine":
+				if _, err := c.Sleep(t.Context(), sb.ID); err != nil {
+					t.Fatal(err)
+				}
+			case "fork-mid-restore":
+				snap, err := c.SnapshotSandbox(t.Context(), sb.ID, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				snapID = snap.ID
+			}
+			d.Kill()
+			d.Start([]string{"CLADE_CRASH_AT=" + point})
+			var err error
+			switch point {
+			case "wake-before-engine":
+				_, err = c.Wake(t.Context(), sb.ID)
+			case "sleep-after-checkpoint":
+				_, err = c.Sleep(t.Context(), sb.ID)
+			case "snapshot-before-restore":
+				_, err = c.SnapshotSandbox(t.Context(), sb.ID, "")
+			case "fork-mid-restore":
+				_, err = c.Fork(t.Context(), snapID, 2)
+			}
+			if err == nil {
+				t.Fatalf("%s: the call succeeded; the daemon should have crashed in it", point)
+			}
+			_ = d.Wait()
+			d.Start(nil)
+			if m := mountsOf(d.DataDir, "/gvisor/sandboxes/"); len(m) > 0 {
+				t.Fatalf("views mounted after the restart: %v", m)
+			}
+			sbs, err := c.ListSandboxes(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range sbs {
+				if s.ID == sb.ID {
+					if got := mustSh(t, c, s.ID, "cat "+paths[1]+"/f"); got != point+"\n" {
+						t.Fatalf("the sandbox after the crash reads %q", got)
+					}
+				}
+				if err := c.DeleteSandbox(t.Context(), s.ID); err != nil {
+					t.Fatalf("rm %s (%s): %v", s.ID, s.State, err)
+				}
+			}
+			snaps, err := c.ListSnapshots(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sn := range snaps {
+				if err := c.DeleteSnapshot(t.Context(), sn.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "gvisor", "sandboxes")); len(ents) > 0 {
+				t.Fatalf("sandbox directories left after rm: %v", ents)
+			}
+			notInImage(t, point, root, paths)
+		})
+	}
+	d.Stop()
+	if leaks := testenv.Leaks(d.DataDir); len(leaks) > 0 {
+		t.Fatalf("leaks: %v\n%s", leaks, d.Log())
+	}
 }

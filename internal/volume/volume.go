@@ -139,12 +139,21 @@ func ValidPath(p string) error {
 	if !strings.HasPrefix(p, "/") || path.Clean(p) != p || p == "/" || strings.ContainsAny(p, "\x00:,") {
 		return errdefs.New(errdefs.InvalidArgument, "bad volume path %q: use a clean absolute path other than / (no '..', no trailing '/', no ':' or ',')", p)
 	}
-	for _, r := range reservedPaths {
-		if p == r || strings.HasPrefix(p, r+"/") || strings.HasPrefix(r, p+"/") {
-			return errdefs.New(errdefs.InvalidArgument, "volume path %q would cover %s, which the sandbox needs: pick another path", p, r)
-		}
+	if r := covers(p); r != "" {
+		return errdefs.New(errdefs.InvalidArgument, "volume path %q would cover %s, which the sandbox needs: pick another path", p, r)
 	}
 	return nil
+}
+
+// covers returns the reserved path that a volume at p would cover or
+// mount under, or "".
+func covers(p string) string {
+	for _, r := range reservedPaths {
+		if p == r || strings.HasPrefix(p, r+"/") || strings.HasPrefix(r, p+"/") {
+			return r
+		}
+	}
+	return ""
 }
 
 // Info is a volume with what inspect shows about it.

@@ -103,6 +103,10 @@ func (e *Engine) mountView(id, rootfs string) (string, error) {
 	if errors.Is(err, unix.EINVAL) {
 		err = unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
 	}
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		// overlayfs makes its work directory at the mount.
+		return "", errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("mount a view of the image root for the sandbox's mount points: the data dir's file system is out of space or inodes: free some: %w", err))
+	}
 	if err != nil {
 		return "", fmt.Errorf("mount a view of the image root for the sandbox's mount points (overlayfs; mount volumes at directories the image has to do without): %w", err)
 	}
