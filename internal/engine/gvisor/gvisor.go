@@ -951,18 +951,7 @@ func (e *Engine) Close() error {
 // unmountNullNetNS unmounts every null-netns bind mount stacked under
 // root (concurrent runsc calls may each have pinned one).
 func unmountNullNetNS(root string) error {
-	path := filepath.Join(root, nullNetNS)
-	for {
-		err := unix.Unmount(path, unix.MNT_DETACH)
-		switch {
-		case err == nil:
-			continue
-		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-			return nil // not (or no longer) a mount point
-		default:
-			return fmt.Errorf("unmount %s: %w", path, err)
-		}
-	}
+	return detachAll(filepath.Join(root, nullNetNS))
 }
 
 // nullNetNS is runsc's specutils.NullNetNSFilename.
