@@ -13,13 +13,20 @@ import (
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
-// The hot pool keeps sandboxes of the default shape already started, their
-// agent connected, for plain creates: a claim only records the sandbox and
-// gives it its identity (hostname, egress policy), with no process start on
-// the create's path. It is small (Config.HotPool) since every hot sandbox
-// holds its idle memory (~15 MiB), is refilled one at a time in the
-// background, and is given back first when memory runs short. The prepared
-// pool (created, not started) stays for forks, wakes and other shapes.
+// The hot pool keeps sandboxes already started, their agent connected, for
+// plain creates: a claim only records the sandbox and gives it its identity
+// (hostname, egress policy), with no process start on the create's path.
+// The default shape is kept always; any other shape a plain create missed
+// twice within the pool's expiry (a client that always asks for --memory
+// 256, or for --network none on a daemon whose default is internet) gets
+// one, until nobody asked for it for that long. Without that, such creates
+// start a prepared sandbox: runsc start, ~100 ms, of which a network of
+// its own adds ~10-20 ms (docs/benchmarks.md, netcreate). It is small
+// (Config.HotPool for the default shape, as many again for learned ones)
+// since every hot sandbox holds its idle memory (~15 MiB), is refilled one
+// at a time in the background, and is given back first when memory runs
+// short. The prepared pool (created, not started) stays for forks, wakes
+// and creates the hot pool has nothing for.
 
 // hotSandbox is a started sandbox in the hot pool and the image root it
 // runs on: a claim must not hand out a root its image no longer names.
@@ -122,9 +129,15 @@ func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[s
 	return done, errors.Join(errs...)
 }
 
-// takeHot returns a live hot sandbox of shape sh running on root, or
-// false.
-func (m *Manager) takeHot(ctx context.Context, sh pool.Shape, root string) (string, hotSandbox, bool) {
+// takeHot returns a live hot sandbox of shape sh running on root for req,
+// or false. A create whose hooks add mounts (volumes, the tmpfs of secret
+// files) is never served hot (a claim would replace the hot sandbox with
+// one started cold, slower than a prepared one), and its misses teach the
+// pool nothing.
+func (m *Manager) takeHot(ctx context.Context, req CreateRequest, sh pool.Shape, root string) (string, hotSandbox, bool) {
+	if !hotServes(req) {
+		return "", hotSandbox{}, false
+	}
 	for {
 		id, ok := m.hotPool.Take(sh)
 		if !ok {
@@ -145,6 +158,20 @@ func (m *Manager) takeHot(ctx context.Context, sh pool.Shape, root string) (stri
 		// names (the image was replaced): next.
 		_ = m.destroyHot(context.WithoutCancel(ctx), id)
 	}
+}
+
+// hotServes reports whether a hot sandbox can serve req: one that asks
+// for no mounts (see sameStart).
+func hotServes(req CreateRequest) bool {
+	if len(req.Opts.Volumes) > 0 {
+		return false
+	}
+	for _, s := range req.Opts.Secrets {
+		if s.File != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // giveBackHot returns an unclaimed hot sandbox to the pool: a create that

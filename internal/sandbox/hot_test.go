@@ -11,6 +11,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/store"
 )
 
 // installDefault installs an empty image under the default image's name,
@@ -37,6 +38,30 @@ func waitHot(t *testing.T, m *Manager, n int) {
 	for m.Hot() != n {
 		if time.Now().After(deadline) {
 			t.Fatalf("hot pool holds %d, want %d", m.Hot(), n)
+		}
+		time.Sleep(time.Millisecond) // polling the pool's background refill
+	}
+}
+
+// waitHotShape waits (bounded) until the hot pool holds n started
+// sandboxes of mib MiB.
+func waitHotShape(t *testing.T, m *Manager, mib, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m.mu.Lock()
+		got := 0
+		for _, h := range m.hot {
+			if h.spec.MemoryMiB == mib {
+				got++
+			}
+		}
+		m.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hot pool holds %d of %d MiB, want %d", got, mib, n)
 		}
 		time.Sleep(time.Millisecond) // polling the pool's background refill
 	}
@@ -196,5 +221,76 @@ func TestHotPoolTakenName(t *testing.T) {
 	after, _ := e.eng.List(t.Context())
 	if h, _ := e.m.HotPoolStats(); h != hits || e.m.Hot() != 1 || !slices.Equal(before, after) {
 		t.Fatalf("creates of a taken name touched the hot pool: hits %d -> %d, hot %d, engine %v -> %v", hits, h, e.m.Hot(), before, after)
+	}
+}
+
+// TestHotPoolLearnsShapes: a shape plain creates missed twice gets a hot
+// sandbox of its own, which the next create of it claims; learned shapes
+// together hold at most HotPool, the least recently asked for giving way;
+// a create with a secret file (a mount a hot sandbox lacks) is never
+// served hot and teaches the pool nothing.
+func TestHotPoolLearnsShapes(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 1})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 1)
+	for range 2 {
+		if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h, m := e.m.HotPoolStats(); h != 0 || m != 2 {
+		t.Fatalf("hot pool stats after two creates of a new shape: %d hits %d misses", h, m)
+	}
+	waitHotShape(t, e.m, 128, 1)
+	waitHot(t, e.m, 2) // the default shape's and the learned one's
+	before, _ := e.eng.List(t.Context())
+	sb, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := e.m.HotPoolStats(); h != 1 || !slices.Contains(before, sb.ID) || e.state(t, sb.ID) != "running" {
+		t.Fatalf("third create of the learned shape: hot hits %d, sandbox %s (%s) among %v", h, sb.ID, e.state(t, sb.ID), before)
+	}
+	waitHot(t, e.m, 2) // refilled
+
+	// A create with a secret file: not served hot, no miss counted.
+	_, misses := e.m.HotPoolStats()
+	hot := e.m.Hot()
+	for range 2 {
+		sb, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128, Opts: store.Options{Secrets: []store.SecretRef{{Name: "k", File: "/run/secrets/k"}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(before, sb.ID) {
+			t.Fatalf("a create with a secret file took hot sandbox %s", sb.ID)
+		}
+	}
+	if h, m := e.m.HotPoolStats(); h != 1 || m != misses || e.m.Hot() != hot {
+		t.Fatalf("creates with a secret file touched the hot pool: %d hits, misses %d -> %d, hot %d -> %d", h, misses, m, hot, e.m.Hot())
+	}
+
+	// A second learned shape takes the first one's place: 1 + 1 at most.
+	for range 2 {
+		if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 192}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitHotShape(t, e.m, 192, 1)
+	waitHotShape(t, e.m, 128, 0) // given way
+	waitHot(t, e.m, 2)
+	sb, err = e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := e.m.HotPoolStats(); h != 2 {
+		t.Fatalf("third create of the second learned shape: hot hits %d, want 2", h)
+	}
+	waitHot(t, e.m, 2)
+	if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128}); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := e.m.HotPoolStats(); h != 2 {
+		t.Fatalf("the first learned shape, given way: hot hits %d, want still 2", h)
 	}
 }

@@ -162,7 +162,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	}
 	// A started sandbox from the hot pool, else a prepared one from the
 	// warm pool, else a new one.
-	id, hot, isHot := m.takeHot(ctx, sh, img.RootFS)
+	id, hot, isHot := m.takeHot(ctx, req, sh, img.RootFS)
 	ok := isHot
 	if isHot {
 		defer m.hotPool.Want(sh, 0) // refill what was taken

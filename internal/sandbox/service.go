@@ -54,7 +54,8 @@ type Config struct {
 	WarmPool   int
 	WarmCreate int
 	// HotPool is how many sandboxes of the default shape are kept started,
-	// their agent connected, for plain creates (0: none). See hot.go.
+	// their agent connected, for plain creates (0: none); shapes learned
+	// from demand get one each, HotPool of them at most. See hot.go.
 	HotPool int
 	// RestoreParallel bounds the restores of one fork that run at once,
 	// and the wakes that run at once; twice the core count when zero. Restores are mostly CPU, but each also
@@ -169,7 +170,9 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}, reaping: map[string]chan struct{}{}}
 	m.events = newEventLog(cfg.EventRing)
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
-	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: cfg.HotPool, NoLearn: true, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
+	// The default shape keeps HotPool started; shapes learned from demand
+	// (one each, see hot.go) share as many again.
+	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: 2 * cfg.HotPool, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())
 	m.wakes = make(chan struct{}, cfg.RestoreParallel)
 	return m

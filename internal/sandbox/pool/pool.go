@@ -65,9 +65,6 @@ type Config struct {
 	MaxTotal int
 	// Expire drops a shape nobody asked for in this long; 10 min if zero.
 	Expire time.Duration
-	// NoLearn keeps only the shapes asked for with Want or Pin: misses
-	// teach nothing.
-	NoLearn bool
 	// RetryAfter is the pause after a failed Prepare; 5 s if zero.
 	RetryAfter time.Duration
 	Log        *slog.Logger
@@ -205,7 +202,7 @@ const maxMissed = 1024
 // learnLocked records a miss of sh, and targets sh on its second recent
 // one. Guarded by mu.
 func (p *Pool) learnLocked(sh Shape) {
-	if p.target[sh] > 0 || p.cfg.Limit <= 0 || p.cfg.NoLearn {
+	if p.target[sh] > 0 || p.cfg.Limit <= 0 {
 		return
 	}
 	now := time.Now()
@@ -215,6 +212,7 @@ func (p *Pool) learnLocked(sh Shape) {
 		p.target[sh] = 1
 		p.asked[sh] = now
 		p.capLocked(sh)
+		p.kickRun() // its taker may not refill (a hot miss does not)
 		return
 	}
 	if len(p.missed) >= maxMissed {
