@@ -435,10 +435,51 @@ func TestDaemonNetworkHotPool(t *testing.T) {
 	if got := fetch(t, c, byCIDR.ID, "http://"+host.Private.String()+"/"); !strings.HasPrefix(got, "ERR") {
 		t.Fatalf("a woken allowlist sandbox reaches what its list does not name: %q", got)
 	}
+	// A shape asked for twice is learned: --network none and --memory 256
+	// with egress deny get a started sandbox each, and their claims get no
+	// slot and the deny respectively.
+	waitHot(2)
+	for range 2 {
+		create(t, c, &sdk.Network{Mode: "none"})
+		if _, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{MemoryMiB: 256, Network: &sdk.Network{Egress: "deny"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitHot(4)
+	hits0 = hotHits(t, d)
+	none := create(t, c, &sdk.Network{Mode: "none"})
+	small, err := c.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{MemoryMiB: 256, Network: &sdk.Network{Egress: "deny"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hits := hotHits(t, d) - hits0; hits != 2 {
+		t.Fatalf("creates of learned shapes: %d hot claims, want 2", hits)
+	}
+	if none.Network != nil && none.Network.Address != "" {
+		t.Fatalf("a claimed network-none sandbox has an address: %+v", none.Network)
+	}
+	if got := fetch(t, c, none.ID, hostURL); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("a claimed network-none sandbox reaches the test host: %q", got)
+	}
+	if got := fetch(t, c, small.ID, hostURL); !strings.HasPrefix(got, "ERR") {
+		t.Fatalf("a claimed egress-deny sandbox of a learned shape reaches the test host: %q", got)
+	}
+}
+
+// hotHits reads the daemon's count of hot-pool claims from /metrics.
+func hotHits(t *testing.T, d *testenv.Daemon) int {
+	t.Helper()
+	return metric(t, d, "clade_hot_pool_hits_total")
 }
 
 // poolHits reads the daemon's count of warm-pool hits from /metrics.
 func poolHits(t *testing.T, d *testenv.Daemon) int {
+	t.Helper()
+	return metric(t, d, "clade_pool_hits_total")
+}
+
+// metric reads a counter from the daemon's /metrics.
+func metric(t *testing.T, d *testenv.Daemon, name string) int {
 	t.Helper()
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", d.Socket)
@@ -450,7 +491,7 @@ func poolHits(t *testing.T, d *testenv.Daemon) int {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "clade_pool_hits_total "); ok {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
@@ -458,6 +499,6 @@ func poolHits(t *testing.T, d *testenv.Daemon) int {
 			return int(n)
 		}
 	}
-	t.Fatalf("no clade_pool_hits_total in /metrics:\n%s", b)
+	t.Fatalf("no %s in /metrics:\n%s", name, b)
 	return 0
 }
