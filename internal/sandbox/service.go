@@ -169,7 +169,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}, reaping: map[string]chan struct{}{}}
 	m.events = newEventLog(cfg.EventRing)
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
-	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: cfg.HotPool, NoLearn: true, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
+	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: cfg.HotPool, NoLearn: true, Defer: hotRefillDefer, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())
 	m.wakes = make(chan struct{}, cfg.RestoreParallel)
 	return m
