@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/events"
 	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
@@ -28,11 +30,19 @@ import (
 // short. The prepared pool (created, not started) stays for forks, wakes
 // and creates the hot pool has nothing for.
 
+// hotRefillDefer is how long the hot pool waits after a claim before it
+// starts the sandbox that replaces the claimed one: under load, a refill's
+// runsc processes starting beside the claim doubled its answer time.
+const hotRefillDefer = 50 * time.Millisecond
+
 // hotSandbox is a started sandbox in the hot pool and the image root it
 // runs on: a claim must not hand out a root its image no longer names.
 type hotSandbox struct {
 	sb   engine.Sandbox
 	root string
+	// network is the network options it was started with (its egress
+	// policy): a claim asking for the same has nothing to apply.
+	network *store.NetworkOptions
 	// spec is what it was started with, the hooks' additions included:
 	// a claim whose hooks ask for more (mounts: volumes, the tmpfs of
 	// secret files) starts cold. Secret environment is no such thing: the
@@ -91,7 +101,7 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 		return "", errors.Join(err, m.store.RemovePoolSandbox(ctx, rec.ID))
 	}
 	m.mu.Lock()
-	m.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS, spec: started}
+	m.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS, spec: started, network: rec.Opts.Network}
 	m.mu.Unlock()
 	return rec.ID, nil
 }
@@ -236,6 +246,77 @@ func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Ima
 		return nil, errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
 	}
 	return h.sb, nil
+}
+
+// readyClaim reports whether rec can claim h in one store write, its
+// hooks run while h is still the pool's (claimReady): nothing of the
+// claim needs the record first. Volumes do (a volume removal checks the
+// records for users before it unmounts) and start cold anyway; another
+// network policy is an nftables batch (milliseconds), which the slow path
+// applies without holding the image lock.
+func readyClaim(rec store.Sandbox, h hotSandbox) bool {
+	return len(rec.Opts.Volumes) == 0 && reflect.DeepEqual(rec.Opts.Network, h.network)
+}
+
+// claimReady makes the hot sandbox h the running sandbox rec (creating,
+// unrecorded, its lock held) with one store write: rec's hooks run (its
+// secrets handed to the agent) while h is still marked the pool's, then
+// one transaction records rec running and drops the mark. A daemon killed
+// before that commit leaves a marked sandbox without a record, which the
+// restart destroys; after it, a running sandbox with all of rec applied,
+// which it reattaches. It returns false, with h untouched but for its
+// hostname, when the hooks ask for more than h was started with (the
+// tmpfs of secret files): the caller claims it the slow way. On error
+// nothing of h is left.
+func (m *Manager) claimReady(ctx context.Context, rec *store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, bool, error) {
+	ctx = context.WithoutCancel(ctx)
+	fail := func(err error) (engine.Sandbox, bool, error) {
+		if renamed != nil {
+			<-renamed
+		}
+		return nil, true, errors.Join(err, m.destroyHot(ctx, rec.ID), m.afterRemove(ctx, *rec))
+	}
+	m.crashPoint("create-before-engine")
+	spec := m.spec(*rec, img)
+	if err := m.beforeStart(ctx, *rec, &spec); err != nil {
+		return fail(err)
+	}
+	if !sameStart(spec, h.spec) {
+		return nil, false, nil
+	}
+	st.mark("hooks")
+	if err := m.afterStart(ctx, *rec, h.sb); err != nil {
+		return fail(fmt.Errorf("claim a hot sandbox: %w", err))
+	}
+	if renamed != nil {
+		select {
+		case err := <-renamed: // answered already, or never sent
+			renamed = nil
+			if err != nil {
+				return fail(fmt.Errorf("claim a hot sandbox: set its hostname: %w", err))
+			}
+		default:
+			// See claimHot: applied before any later frame.
+			done := renamed
+			renamed = nil
+			go func() {
+				if err := <-done; err != nil {
+					m.log.Error("hot pool: the claimed sandbox did not take its hostname", "sandbox", rec.ID, "hostname", spec.Hostname, "err", err)
+				}
+			}()
+		}
+	}
+	m.crashPoint("create-after-engine")
+	claimed := *rec
+	claimed.State = store.StateRunning
+	if err := m.store.ClaimPoolSandbox(ctx, claimed); err != nil {
+		return fail(err)
+	}
+	st.mark("insert")
+	m.emitRec(*rec, events.Event{Type: events.Created})
+	m.emitMove(claimed, store.StateCreating, store.StateRunning, "")
+	*rec = claimed
+	return h.sb, true, nil
 }
 
 // renameHot sends the hot sandbox h its hostname and returns a channel

@@ -3,12 +3,16 @@ package sandbox
 import (
 	"archive/tar"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -292,5 +296,49 @@ func TestHotPoolLearnsShapes(t *testing.T) {
 	}
 	if h, _ := e.m.HotPoolStats(); h != 2 {
 		t.Fatalf("the first learned shape, given way: hot hits %d, want still 2", h)
+	}
+}
+
+// failStartHook fails AfterStart for sandboxes labelled fail.
+type failStartHook struct{ recordingHook }
+
+func (h *failStartHook) AfterStart(_ context.Context, rec store.Sandbox, _ engine.Sandbox) error {
+	if rec.Opts.Labels["fail"] != "" {
+		return errors.New("refused by the test hook")
+	}
+	return nil
+}
+
+// TestHotClaimFailingHookLeavesNothing: a claim applies its hooks before
+// its one store write, so a hook that fails leaves no record, no pool
+// mark and no engine sandbox (the hot one is spent: its hooks ran).
+func TestHotClaimFailingHookLeavesNothing(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 1, Hooks: []Hook{&failStartHook{}}})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 1)
+	started, _ := e.eng.List(t.Context())
+	if len(started) != 1 {
+		t.Fatalf("engine sandboxes: %v, want the one hot sandbox", started)
+	}
+	hot := started[0]
+	_, err := e.m.Create(t.Context(), CreateRequest{Name: "doomed", Opts: store.Options{Labels: map[string]string{"fail": "1"}}})
+	if err == nil || !strings.Contains(err.Error(), "refused by the test hook") {
+		t.Fatalf("create: %v, want the hook's error", err)
+	}
+	if _, err := e.st.GetSandbox(t.Context(), "doomed"); !errdefs.IsNotFound(err) {
+		t.Fatalf("record after a failed claim: %v, want none", err)
+	}
+	if ids, _ := e.st.PoolSandboxes(t.Context()); slices.Contains(ids, hot) {
+		t.Fatalf("pool marks %v still hold the spent hot sandbox %s", ids, hot)
+	}
+	if ids, _ := e.eng.List(t.Context()); slices.Contains(ids, hot) {
+		t.Fatalf("engine sandboxes %v still hold the spent hot sandbox %s", ids, hot)
+	}
+	// The name is free and the pool refills: the next claim works.
+	waitHot(t, e.m, 1)
+	sb, err := e.m.Create(t.Context(), CreateRequest{Name: "doomed"})
+	if err != nil || e.state(t, sb.ID) != "running" {
+		t.Fatalf("the next claim: %+v %v, want it running", sb, err)
 	}
 }

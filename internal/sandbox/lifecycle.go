@@ -184,6 +184,20 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		// Recorded and no longer the pool's in one write.
 		insert = m.store.ClaimPoolSandbox
 		renamed = m.renameHot(ctx, m.spec(rec, img).Hostname, hot)
+		if readyClaim(rec, hot) {
+			sb, done, err := m.claimReady(ctx, &rec, img, hot, renamed, st)
+			if done {
+				if err != nil {
+					return store.Sandbox{}, err
+				}
+				m.track(rec.ID, sb)
+				m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
+				st.log(m.log, "create timings", "sandbox", rec.ID, "hot", true)
+				return rec, nil
+			}
+			// Its hooks ask for more than it has: the slow way, which
+			// starts one cold (the hostname is sent: see claimHot).
+		}
 	}
 	if err := insert(ctx, rec); err != nil {
 		switch {

@@ -172,7 +172,7 @@ func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *M
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	// The default shape keeps HotPool started; shapes learned from demand
 	// (one each, see hot.go) share as many again.
-	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: 2 * cfg.HotPool, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
+	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: 2 * cfg.HotPool, Defer: hotRefillDefer, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())
 	m.wakes = make(chan struct{}, cfg.RestoreParallel)
 	return m

@@ -22,9 +22,12 @@ func (s *Store) AddPoolSandbox(ctx context.Context, id string) error {
 	return err
 }
 
+// unpoolQuery unmarks a pool's sandbox; prepared once (Store.unpool).
+const unpoolQuery = `DELETE FROM pool_sandboxes WHERE id = ?`
+
 // RemovePoolSandbox unmarks id: it was claimed or destroyed.
 func (s *Store) RemovePoolSandbox(ctx context.Context, id string) error {
-	_, err := s.exec(ctx, `DELETE FROM pool_sandboxes WHERE id = ?`, id)
+	_, err := s.exec(ctx, unpoolQuery, id)
 	return err
 }
 
@@ -42,10 +45,10 @@ func (s *Store) ClaimPoolSandbox(ctx context.Context, sb Sandbox) error {
 	s.idx.mu.Lock()
 	defer s.idx.mu.Unlock()
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if err := insertSandbox(ctx, tx, sb); err != nil {
+		if err := insertSandbox(ctx, tx.StmtContext(ctx, s.insert), sb); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM pool_sandboxes WHERE id = ?`, sb.ID)
+		_, err := tx.StmtContext(ctx, s.unpool).ExecContext(ctx, sb.ID)
 		return err
 	})
 	if err == nil {

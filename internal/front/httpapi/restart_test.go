@@ -4,8 +4,10 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
@@ -131,5 +133,66 @@ print(" ".join(res))
 	tc, _ = sdk.New("http://"+addr, sdk.WithToken("secret-token"))
 	if sbs, err := tc.ListSandboxes(t.Context()); err != nil || len(sbs) != 1 {
 		t.Fatalf("TCP API with the token: %v %v", sbs, err)
+	}
+}
+
+// TestHotClaimCrashPoints kills the daemon inside a claim from the hot
+// pool, before and after the claim's hooks (its one store write comes
+// after both): the restart must find no sandbox and destroy the hot
+// sandbox the claim had taken, keeping nothing it started.
+func TestHotClaimCrashPoints(t *testing.T) {
+	for _, point := range []string{"create-before-engine", "create-after-engine"} {
+		t.Run(point, func(t *testing.T) {
+			d := testenv.StartDaemon(t, "--hot-pool", "1")
+			c := d.Client
+			waitHot(t, c)
+			hot := testenv.ProcessesMentioning(d.DataDir)
+			if len(hot) == 0 {
+				t.Fatal("the hot pool holds a sandbox but no process mentions the data dir")
+			}
+			d.Kill()
+			d.Start([]string{"CLADE_CRASH_AT=" + point})
+			waitHot(t, c)
+			hot = testenv.ProcessesMentioning(d.DataDir)
+			if _, err := c.CreateSandbox(context.Background(), sdk.CreateSandboxRequest{Name: "claimed"}); err == nil {
+				t.Fatal("the claim succeeded; the daemon should have crashed in it")
+			}
+			_ = d.Wait()
+			d.Start(nil)
+			sbs, err := c.ListSandboxes(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(sbs) != 0 {
+				t.Fatalf("after restart: %+v, want no sandboxes (the claim was not recorded)", sbs)
+			}
+			for _, p := range testenv.ProcessesMentioning(d.DataDir) {
+				if slices.Contains(hot, p) {
+					t.Fatalf("after restart the hot sandbox of the cut claim still runs: %s\n%s", p, d.Log())
+				}
+			}
+			// The daemon still claims.
+			waitHot(t, c)
+			sb := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "claimed"})
+			if r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"hostname"}}); r.err != nil || r.stdout != "claimed\n" {
+				t.Fatalf("exec after recovery: %+v, want the claim's hostname", r)
+			}
+		})
+	}
+}
+
+// waitHot waits (bounded) until the daemon's hot pool holds a sandbox.
+func waitHot(t *testing.T, c *sdk.Client) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		h, err := c.Health(t.Context())
+		if err == nil && h.Hot > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hot pool stays empty: %+v %v", h, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the pool's background refill
 	}
 }

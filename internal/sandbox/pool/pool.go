@@ -67,7 +67,13 @@ type Config struct {
 	Expire time.Duration
 	// RetryAfter is the pause after a failed Prepare; 5 s if zero.
 	RetryAfter time.Duration
-	Log        *slog.Logger
+	// Defer holds back a refill that a Want asked for by this long: the
+	// request that took a sandbox answers before the refill's process
+	// starts compete with it for the CPUs (a hot-pool claim is a
+	// millisecond; a sandbox start is hundreds of CPU-milliseconds). Wants
+	// within the pause are served by one pass.
+	Defer time.Duration
+	Log   *slog.Logger
 }
 
 // Pool is a set of prepared sandboxes per shape. Its methods are safe for
@@ -340,6 +346,13 @@ func (p *Pool) Run(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-p.kick:
+				if p.cfg.Defer > 0 {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(p.cfg.Defer):
+					}
+				}
 			case <-after:
 			}
 			continue
