@@ -100,6 +100,8 @@ type soak struct {
 	// restartedFree: the daemon was restarted with the disk not full
 	// since the last check.
 	restartedFree bool
+	// pools: the daemon runs with a hot and a warm pool.
+	pools bool
 }
 
 func TestSoak(t *testing.T) {
@@ -119,8 +121,18 @@ func TestSoak(t *testing.T) {
 		progress: make(chan struct{}, 1), suspect: make(chan int64, 16)}
 	s.genCond = sync.NewCond(&s.genMu)
 	s.cleared = -1
-	// The later --data-dir wins over StartDaemon's own.
-	s.d = testenv.StartDaemon(t, "--data-dir", dataDir, "--disk-floor", "128", "--default-memory", strconv.Itoa(sbMemMiB))
+	// The later --data-dir wins over StartDaemon's own. Half the seeds
+	// run with the pools on (CLADE_SOAK_POOLS=1 or 0 forces it), so that
+	// claims of hot sandboxes and starts of prepared ones meet the kills
+	// and the full disk too.
+	pools := envInt(t, "CLADE_SOAK_POOLS", seed%2) != 0
+	args := []string{"--data-dir", dataDir, "--disk-floor", "128", "--default-memory", strconv.Itoa(sbMemMiB)}
+	if pools {
+		args = append(args, "--hot-pool", "2", "--warm-pool", "2")
+	}
+	t.Logf("soak: pools on: %v (CLADE_SOAK_POOLS)", pools)
+	s.d = testenv.StartDaemon(t, args...)
+	s.pools = pools
 	s.d.DataDir = dataDir
 	s.newClient()
 	// Before the daemon's cleanup (removal of everything, leak census):
@@ -431,6 +443,11 @@ func (s *soak) finish() {
 	}
 	if snaps, err := c.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
 		s.t.Errorf("after removing everything: snapshots %+v, %v (an implicit snapshot outlived its children?)", snaps, err)
+	}
+	if s.pools {
+		// The pools' sandboxes are the daemon's own until it stops; a
+		// clean stop gives them back, and the census sees that too.
+		s.d.Stop()
 	}
 	if leaks := testenv.Leaks(s.d.DataDir); len(leaks) > 0 {
 		s.t.Errorf("leak census after removing everything:\n  %s", strings.Join(leaks, "\n  "))
