@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -100,13 +101,15 @@ func (b *backend) awaitHead() {
 // armHead starts the response-header timer (d > 0) once the request is
 // sent whole, unless its answer's head came already (a server may answer
 // before it has read the body, and that answer's body must not be cut).
-func (b *backend) armHead(d time.Duration) {
+// A client gone meanwhile (whose cut the new deadline may have undone)
+// cuts again.
+func (b *backend) armHead(ctx context.Context, d time.Duration) {
 	if d <= 0 {
 		return
 	}
 	b.hmu.Lock()
-	defer b.hmu.Unlock()
 	if !b.waiting {
+		b.hmu.Unlock()
 		return
 	}
 	if b.c.SetReadDeadline(time.Now().Add(d)) != nil {
@@ -114,6 +117,10 @@ func (b *backend) armHead(d time.Duration) {
 			b.timedOut.Store(true)
 			b.c.Close()
 		})
+	}
+	b.hmu.Unlock()
+	if ctx.Err() != nil {
+		b.cut()
 	}
 }
 
@@ -510,18 +517,35 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 // header lines without end gets a 502, not the daemon's memory.
 const maxResponseHead = 1 << 20
 
+// maxResponseHeadLines bounds the lines of an answer's head (as Node's
+// maxHeadersCount does): a head of 1 MiB of tiny header lines ("a:b")
+// takes ~20 MiB to parse, and one sandbox may hold --ingress-max-conns
+// answers in flight.
+const maxResponseHeadLines = 2000
+
 // headLimit is the reader under a backend's bufio.Reader: while n >= 0
-// (an answer's head is being read) it gives at most n more bytes.
+// (an answer's head is being read) it gives at most n more bytes, and
+// ends at the head's maxResponseHeadLines-th line.
 type headLimit struct {
-	r io.Reader
-	n int64 // < 0: no limit
+	r     io.Reader
+	n     int64 // < 0: no limit
+	lines int   // lines of the head so far; < 0: its end came
+	line  int   // bytes of the line so far
+	cr    bool  // the last byte read was '\r'
 }
 
-var errHeadTooLarge = fmt.Errorf("the answer's head is over %d bytes", maxResponseHead)
+var (
+	errHeadTooLarge = fmt.Errorf("the answer's head is over %d bytes", maxResponseHead)
+	errHeadTooLong  = fmt.Errorf("the answer's head has over %d lines", maxResponseHeadLines)
+	// errHeadTimeout marks an answer whose head did not come within the
+	// response-header timeout.
+	errHeadTimeout = errors.New("no answer within the response-header timeout")
+)
 
-// errHeadTimeout marks an answer whose head did not come within the
-// response-header timeout.
-var errHeadTimeout = errors.New("no answer within the response-header timeout")
+// start arms l for an answer's head.
+func (l *headLimit) start() {
+	l.n, l.lines, l.line, l.cr = maxResponseHead, 0, 0, false
+}
 
 func (l *headLimit) Read(b []byte) (int, error) {
 	if l.n < 0 {
@@ -535,14 +559,45 @@ func (l *headLimit) Read(b []byte) (int, error) {
 	}
 	n, err := l.r.Read(b)
 	l.n -= int64(n)
+	if l.lines >= 0 && !l.count(b[:n]) {
+		return 0, errHeadTooLong // none of it: what came before is no whole head
+	}
+	if l.lines < 0 {
+		l.n = -1 // past the head
+	}
 	return n, err
+}
+
+// count counts the head's lines in b, a line at a time (a head has a few:
+// no byte loop), up to its end, an empty line (the rest is the body). It
+// reports false past maxResponseHeadLines.
+func (l *headLimit) count(b []byte) bool {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			l.line += len(b)
+			l.cr = b[len(b)-1] == '\r'
+			return true
+		}
+		cr := i > 0 && b[i-1] == '\r' || i == 0 && l.cr
+		if l.line+i == 0 || l.line+i == 1 && cr {
+			l.lines = -1
+			return true
+		}
+		if l.lines++; l.lines > maxResponseHeadLines {
+			return false
+		}
+		l.line, l.cr = 0, false
+		b = b[i+1:]
+	}
+	return true
 }
 
 // readResponse reads the head of an answer to out from be, bounded, and
 // refuses a status that is not one (Go's parser takes any three
 // characters Atoi reads, "099" or "+99"; WriteHeader panics on them).
 func readResponse(be *backend, out *http.Request) (*http.Response, error) {
-	be.lim.n = maxResponseHead
+	be.lim.start()
 	resp, err := http.ReadResponse(be.br, out)
 	be.lim.n = -1
 	if err != nil {
@@ -601,7 +656,7 @@ func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (
 		if err := writeRequest(be, out); err != nil {
 			return nil, nil, err
 		}
-		be.armHead(p.headTimeout)
+		be.armHead(ctx, p.headTimeout)
 		resp, err := readResponse(be, out)
 		return resp, nil, err
 	}
@@ -613,7 +668,7 @@ func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (
 			// never comes: no answer of its to wait for.
 			be.cut()
 		} else if err == nil {
-			be.armHead(p.headTimeout)
+			be.armHead(ctx, p.headTimeout)
 		}
 		done <- err
 	}()

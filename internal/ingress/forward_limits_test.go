@@ -350,3 +350,50 @@ func TestForwarderConnCap(t *testing.T) {
 	}
 	waitFor(t, "every place back", func() bool { return f.p.OpenConns("sb") == 0 })
 }
+
+// A sandbox's answer head of many tiny header lines (~20 bytes of the
+// daemon's memory per byte) is a 502 past the line cap, on both ways;
+// one under it passes.
+func TestHeadLineCap(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		lines   int
+		upgrade bool
+		want    int
+	}{
+		{"forward/1500", 1500, false, 200},
+		{"forward/3000", 3000, false, http.StatusBadGateway},
+		{"upgrade/1500", 1500, true, http.StatusSwitchingProtocols},
+		{"upgrade/3000", 3000, true, http.StatusBadGateway},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+				if _, err := readHead(br); err != nil {
+					return
+				}
+				status := "200 OK\r\nContent-Length: 2"
+				if tc.upgrade {
+					status = "101 Switching\r\nConnection: Upgrade\r\nUpgrade: websocket"
+				}
+				io.WriteString(c, "HTTP/1.1 "+status+"\r\n"+strings.Repeat("a:b\r\n", tc.lines)+"\r\nok")
+				untilEOF(c, br)
+			})
+			f := startFront(t, &be.backendServer, false)
+			req := "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+			if tc.upgrade {
+				req = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+			}
+			c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, req)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || resp.StatusCode != tc.want {
+				t.Fatalf("got %v %v, want %d", resp, err, tc.want)
+			}
+		})
+	}
+}

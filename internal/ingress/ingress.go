@@ -14,7 +14,9 @@
 // stopped, 503 with Retry-After when waking the sandbox was refused for
 // memory (it stays asleep and intact; a retry once memory is free serves),
 // 502 when nothing listens on the port or the answer is broken, 400 for a
-// request body that cannot be read, 405 for CONNECT.
+// request body that cannot be read, 405 for CONNECT, and at the limits of
+// Config: 504 for no answer head in time, 408 for a request body that
+// stalls, 503 with Retry-After for one connection too many to a sandbox.
 package ingress
 
 import (
@@ -133,7 +135,10 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 			if err != nil {
 				return nil, err
 			}
-			return &countedConn{Conn: c, release: release}, nil
+			cc := &countedConn{Conn: c, release: release}
+			cc.lim.r = c
+			cc.lim.start() // the answer's head is bounded as the forwarder's
+			return cc, nil
 		},
 		// Only upgrades come this way (the forwarder takes the rest): no
 		// connection is kept for another request. A kept one would be keyed
@@ -375,7 +380,10 @@ func (p *Proxy) OpenConns(id string) int {
 type countedConn struct {
 	net.Conn
 	release func()
+	lim     headLimit
 }
+
+func (c *countedConn) Read(b []byte) (int, error) { return c.lim.Read(b) }
 
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
