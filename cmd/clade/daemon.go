@@ -41,6 +41,7 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.IngressDomain, "ingress-domain", "", "the domain of ingress host names, e.g. clade.localhost (its names resolve to 127.0.0.1); requests need the sandbox's traffic token (header X-Clade-Traffic-Token) unless it was created --public")
 	fs.DurationVar(&o.IngressLimits.ResponseHeaderTimeout, "ingress-response-timeout", ingress.DefaultResponseHeaderTimeout, "the ingress answers 504 when a sandbox sends no answer head this long after a request (with its body) reached it; only the head is timed, so downloads and server-sent events that keep sending are never cut, but long polls that answer later need it raised; 0 turns it off")
 	fs.DurationVar(&o.IngressLimits.BodyIdleTimeout, "ingress-body-timeout", ingress.DefaultBodyIdleTimeout, "the ingress answers 408 (or cuts the answer) when a client's request body sends no bytes for this long; 0 turns it off")
+	fs.DurationVar(&o.IngressLimits.SendTimeout, "ingress-send-timeout", ingress.DefaultSendTimeout, "the ingress drops a client connection that takes none of the bytes sent to it for this long (a client that stops reading would hold its request, and the sandbox awake, for ever); 0 turns it off")
 	fs.IntVar(&o.IngressLimits.MaxConnsPerSandbox, "ingress-max-conns", ingress.DefaultMaxConnsPerSandbox, "most connections the ingress holds open to one sandbox's ports (requests in flight, kept-alive connections, WebSockets); one more gets a 503 with Retry-After; 0 turns the cap off")
 	fs.StringVar(&o.E2B, "e2b", "", "serve the E2B API (REST and envd) on TCP ADDR (e.g. 127.0.0.1:3000) for the unmodified E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=the --token-file token (see docs/e2b.md)")
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
@@ -154,8 +155,8 @@ func servePprof(addr string, log *slog.Logger) error {
 // ingressLimits maps the ingress limit flags onto its config, whose zero
 // means "the default": a flag's 0 turns the limit off.
 func ingressLimits(c *ingress.Config) error {
-	if c.ResponseHeaderTimeout < 0 || c.BodyIdleTimeout < 0 || c.MaxConnsPerSandbox < 0 {
-		return fmt.Errorf("--ingress-response-timeout, --ingress-body-timeout and --ingress-max-conns must not be negative (0 turns a limit off)")
+	if c.ResponseHeaderTimeout < 0 || c.BodyIdleTimeout < 0 || c.SendTimeout < 0 || c.MaxConnsPerSandbox < 0 {
+		return fmt.Errorf("--ingress-response-timeout, --ingress-body-timeout, --ingress-send-timeout and --ingress-max-conns must not be negative (0 turns a limit off)")
 	}
 	off := func(v *time.Duration) {
 		if *v == 0 {
@@ -164,6 +165,7 @@ func ingressLimits(c *ingress.Config) error {
 	}
 	off(&c.ResponseHeaderTimeout)
 	off(&c.BodyIdleTimeout)
+	off(&c.SendTimeout)
 	if c.MaxConnsPerSandbox == 0 {
 		c.MaxConnsPerSandbox = -1
 	}

@@ -252,9 +252,30 @@ func idleOpen(be *backend) bool {
 // ConnContext is the ingress server's http.Server.ConnContext: it gives
 // each client connection its place for a sandbox connection.
 func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if p.sendTimeout > 0 {
+		setUserTimeout(c, p.sendTimeout)
+	}
 	cc := &clientConn{}
 	p.conns.Store(c, cc)
 	return context.WithValue(ctx, connKey{}, cc)
+}
+
+// setUserTimeout sets TCP_USER_TIMEOUT on a client's TCP connection: the
+// kernel drops it once bytes sent stay unacknowledged for d, zero-window
+// probes included (Linux 5.1 on), i.e. a client that stops reading.
+// One call per connection, none per request.
+func setUserTimeout(c net.Conn, d time.Duration) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d/time.Millisecond))
+	})
 }
 
 // ConnState is the ingress server's http.Server.ConnState: a client

@@ -397,3 +397,46 @@ func TestHeadLineCap(t *testing.T) {
 		})
 	}
 }
+
+// A client that stops reading (its window full, ACKing the kernel's
+// probes) is dropped at the send timeout, and its sandbox connection
+// closed: it held the request, and the sandbox awake, for ever.
+func TestForwarderClientStopsReading(t *testing.T) {
+	var stuck atomic.Int64
+	be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := readHead(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+		buf := make([]byte, 1<<20)
+		for {
+			c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+			if _, err := c.Write(buf); err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					stuck.Add(1) // the proxy takes no more: it is stuck on the client
+					continue
+				}
+				return // the proxy closed it
+			}
+		}
+	})
+	f := startFrontConfig(t, &be.backendServer, false, ingress.Config{SendTimeout: time.Second})
+	c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(64 << 10)
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+	// Reads nothing, keeps the connection open.
+	deadline := time.Now().Add(60 * time.Second)
+	for be.closed.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox connection is still open %s after the client stopped reading (stuck %d times)", time.Minute, stuck.Load())
+		}
+		time.Sleep(50 * time.Millisecond) // polling a counter
+	}
+	if stuck.Load() == 0 {
+		t.Fatal("the sandbox never waited on the client: the test did not fill the client's window")
+	}
+}

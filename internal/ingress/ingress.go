@@ -67,6 +67,13 @@ type Config struct {
 	// between requests, WebSockets): one more is a 503 with Retry-After.
 	// Default DefaultMaxConnsPerSandbox.
 	MaxConnsPerSandbox int
+	// SendTimeout bounds how long a client may take none of the bytes
+	// sent to it (a full window it does not read: TCP_USER_TIMEOUT on its
+	// connection): past it the connection is dropped, as nginx's
+	// send_timeout does. Without it a client that stops reading holds
+	// its request, and the sandbox awake, for ever. Default
+	// DefaultSendTimeout.
+	SendTimeout time.Duration
 }
 
 // The limits' defaults (see Config).
@@ -74,6 +81,7 @@ const (
 	DefaultResponseHeaderTimeout = 5 * time.Minute
 	DefaultBodyIdleTimeout       = 60 * time.Second
 	DefaultMaxConnsPerSandbox    = 2048
+	DefaultSendTimeout           = 60 * time.Second
 )
 
 // Proxy is the ingress's http.Handler.
@@ -93,6 +101,7 @@ type Proxy struct {
 	headTimeout time.Duration // <= 0: none (see Config)
 	bodyIdle    time.Duration // <= 0: none
 	maxConns    int           // <= 0: none
+	sendTimeout time.Duration // <= 0: none
 
 	omu  sync.Mutex
 	open map[string]int // guarded by omu: sandbox connections open, by sandbox id
@@ -119,6 +128,7 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 		headTimeout: orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout),
 		bodyIdle:    orDefault(cfg.BodyIdleTimeout, DefaultBodyIdleTimeout),
 		maxConns:    orDefault(cfg.MaxConnsPerSandbox, DefaultMaxConnsPerSandbox),
+		sendTimeout: orDefault(cfg.SendTimeout, DefaultSendTimeout),
 		open:        map[string]int{}}
 	p.tr = &http.Transport{
 		// The address is "ID:PORT" (see rewrite), one pool per sandbox port.
