@@ -719,7 +719,13 @@ func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp
 	ctx := r.Context()
 	stop := context.AfterFunc(ctx, be.cut)
 	defer stop()
-	for resp.StatusCode >= 100 && resp.StatusCode < 200 {
+	for n := 0; resp.StatusCode >= 100 && resp.StatusCode < 200; n++ {
+		if n == max1xx {
+			// A sandbox sending 1xx answers without end (each a new head,
+			// none over the caps) would hold the request for ever.
+			p.proxyError(w, r, fmt.Errorf("the server sent over %d informational (1xx) answers", max1xx))
+			return false
+		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			// Not asked for (upgrades take the other way).
 			p.proxyError(w, r, errors.New("the server switched protocols unasked"))
@@ -787,6 +793,10 @@ func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp
 	}
 	return chunked && !resp.Close
 }
+
+// max1xx bounds the informational answers before a final one (as
+// http.Transport's, which allows 5, a few more: 100 and 103s).
+const max1xx = 10
 
 func bodyAllowed(status int) bool {
 	return status != http.StatusNoContent && status != http.StatusNotModified

@@ -440,3 +440,26 @@ func TestForwarderClientStopsReading(t *testing.T) {
 		t.Fatal("the sandbox never waited on the client: the test did not fill the client's window")
 	}
 }
+
+// A sandbox that sends informational answers without end gets a 502 after
+// a few, not a request held (and 1xx answers sent to the client) until the
+// response-header timeout.
+func TestForwarderEndless1xx(t *testing.T) {
+	be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := readHead(br); err != nil {
+			return
+		}
+		c.SetWriteDeadline(time.Now().Add(15 * time.Second))
+		for {
+			if _, err := io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"); err != nil {
+				return
+			}
+		}
+	})
+	f := startFront(t, &be.backendServer, false)
+	resp, body, err := rawDo(t, f, "GET / HTTP/1.0\r\nHost: x\r\n\r\n", nil)
+	if err != nil || resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "informational") {
+		t.Fatalf("got %v %q %v, want a 502", resp, body, err)
+	}
+	waitFor(t, "the sandbox connection to close", func() bool { return be.closed.Load() == 1 })
+}
