@@ -75,7 +75,7 @@ func TestForwarderResponseHeaderTimeout(t *testing.T) {
 // it has read the body, and an answer whose body comes slowly (a stream)
 // all pass whole.
 func TestForwarderResponseHeaderTimeoutSparesStreams(t *testing.T) {
-	const timeout = 300 * time.Millisecond
+	const timeout = time.Second // wide: a loaded machine stalls for 100s of ms
 	be := startRaw(t, func(c net.Conn, br *bufio.Reader) {
 		head, err := readHead(br)
 		if err != nil {
@@ -141,7 +141,7 @@ func TestForwarderResponseHeaderTimeoutSparesStreams(t *testing.T) {
 // idle timeout, and the sandbox connection is closed; one that trickles
 // its body with gaps under the timeout is served.
 func TestForwarderBodyIdleTimeout(t *testing.T) {
-	const idle = 300 * time.Millisecond
+	const idle = time.Second // wide: a loaded machine stalls for 100s of ms
 	be := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, err := io.ReadAll(r.Body)
 		if err != nil {
@@ -165,7 +165,7 @@ func TestForwarderBodyIdleTimeout(t *testing.T) {
 	t.Run("trickled", func(t *testing.T) {
 		resp, body, err := rawDo(t, f, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n", func(c net.Conn) {
 			for _, b := range "hello" {
-				time.Sleep(idle / 3) // the client's own pace
+				time.Sleep(idle / 5) // the client's own pace
 				io.WriteString(c, string(b))
 			}
 		})
@@ -181,7 +181,7 @@ func TestForwarderBodyIdleTimeout(t *testing.T) {
 			io.ReadAll(r.Body)
 			io.WriteString(w, "a")
 			w.(http.Flusher).Flush()
-			time.Sleep(3 * idle) // a slow answer's own pace
+			time.Sleep(2 * idle) // a slow answer's own pace
 			io.WriteString(w, "b")
 		}))
 		f := startFrontConfig(t, slow, false, ingress.Config{BodyIdleTimeout: idle})
