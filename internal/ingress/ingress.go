@@ -335,13 +335,10 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	rt, _ := r.Context().Value(routeKey{}).(route)
 	p.log.Debug("ingress: proxying failed", "sandbox", rt.id, "port", rt.port, "err", err)
-	var ne net.Error
 	switch {
 	case errdefs.ClassOf(err) == errdefs.ResourceExhausted:
 		p.failErr(w, err)
-	case errors.Is(err, errHeadTimeout) || errors.As(err, &ne) && ne.Timeout():
-		// Past the response-header timeout (the upgrade way's transport
-		// says so with a net.Error of its own).
+	case errors.Is(err, errHeadTimeout):
 		p.fail(w, http.StatusGatewayTimeout, fmt.Sprintf("port %d of sandbox %s sent no answer within %s (the daemon's --ingress-response-timeout)", rt.port, rt.id, p.headTimeout))
 	default:
 		p.fail(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s did not answer: %v", rt.port, rt.id, err))
@@ -409,6 +406,12 @@ type checkedTransport struct{ *http.Transport }
 func (t checkedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := t.Transport.RoundTrip(r)
 	if err != nil {
+		// The transport's ResponseHeaderTimeout says so in words only
+		// (a dial's timeout is a net.Error too, and no answer's).
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && strings.Contains(err.Error(), "awaiting response headers") {
+			return nil, errors.Join(errHeadTimeout, err)
+		}
 		return nil, err
 	}
 	if resp.StatusCode < 100 || resp.StatusCode > 999 {
