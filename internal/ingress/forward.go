@@ -371,9 +371,15 @@ func outRequest(w http.ResponseWriter, r *http.Request, bodyIdle time.Duration) 
 
 // forwardTrailer reports whether a client's trailer field k may reach the
 // sandbox: not one a trailer must not carry (framing, routing, auth: RFC
-// 9110 6.5.1), not a hop-by-hop one, not the traffic token.
+// 9110 6.5.1), not a hop-by-hop one, not the traffic token, and none of
+// the headers the proxy sets or filters (an app that merges trailers into
+// its headers must not take a client's X-Forwarded-For for the proxy's).
 func forwardTrailer(k string) bool {
-	if !httpguts.ValidTrailerHeader(k) || k == TokenHeader {
+	switch k {
+	case TokenHeader, "Cookie", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+		return false
+	}
+	if !httpguts.ValidTrailerHeader(k) {
 		return false
 	}
 	for _, h := range hopHeaders {

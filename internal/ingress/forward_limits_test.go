@@ -203,8 +203,9 @@ func TestForwarderRequestTrailers(t *testing.T) {
 	}))
 	f := startFront(t, be, false)
 	resp, body, err := rawDo(t, f, "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"+
-		"Trailer: X-Sum, X-Clade-Traffic-Token, Host\r\n\r\n5\r\nhello\r\n0\r\n"+
-		"X-Sum: 42\r\nX-Undeclared: 1\r\nX-Clade-Traffic-Token: secret\r\nHost: evil\r\n\r\n", nil)
+		"Trailer: X-Sum, X-Clade-Traffic-Token, Host, X-Forwarded-For, Cookie\r\n\r\n5\r\nhello\r\n0\r\n"+
+		"X-Sum: 42\r\nX-Undeclared: 1\r\nX-Clade-Traffic-Token: secret\r\nHost: evil\r\n"+
+		"X-Forwarded-For: 10.0.0.1\r\nCookie: clade-signed=1.abc\r\n\r\n", nil)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("got %v %q %v", resp, body, err)
 	}
