@@ -23,7 +23,7 @@ func NewForwarderConfig(cfg Config, dial func(ctx context.Context) (net.Conn, er
 		rt := route{id: "sb", port: 1}
 		r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
 		if reverse || upgrading(r) {
-			p.rp.ServeHTTP(w, r)
+			p.upgrade(w, r)
 			return
 		}
 		p.forward(w, r, rt, *life)

@@ -400,18 +400,28 @@ type clientBody struct {
 	trailer  http.Header // the request's trailers, filled in at the body's end
 	declared []string    // the trailer fields the client declared, as may pass
 	err      error
+	since    atomic.Int64 // with rc: when the read in progress began (unix ns), 0 between reads
+	stall    atomic.Bool  // with rc: a read ended at the idle timeout
 }
 
 func (b *clientBody) Read(p []byte) (int, error) {
 	if b.rc != nil {
-		b.rc.SetReadDeadline(time.Now().Add(b.idle))
+		now := time.Now()
+		b.since.Store(now.UnixNano())
+		b.rc.SetReadDeadline(now.Add(b.idle))
 	}
 	n, err := b.ReadCloser.Read(p)
+	if b.rc != nil {
+		b.since.Store(0)
+	}
 	if err == nil {
 		return n, nil
 	}
 	if err != io.EOF {
 		if b.rc != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				b.stall.Store(true)
+			}
 			// The body's Close (the request's writer calls it) drains the
 			// rest from the client: it must not wait for a client gone
 			// quiet. The connection carries no other request.
@@ -435,10 +445,20 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+func stalledMessage(idle time.Duration) string {
+	return fmt.Sprintf("the request's body stalled: no bytes of it came for %s (the daemon's --ingress-body-timeout)", idle)
+}
+
 // stalled reports whether the client's body ended on the body idle
-// timeout.
+// timeout. Safe while another goroutine reads the body (the upgrade way's
+// transport): the server cancels the request as the read times out,
+// before that read returns, so a read begun idle ago counts too.
 func (b *clientBody) stalled() bool {
-	return b.rc != nil && errors.Is(b.err, os.ErrDeadlineExceeded)
+	if b.rc == nil {
+		return false
+	}
+	since := b.since.Load()
+	return b.stall.Load() || since != 0 && time.Since(time.Unix(0, since)) >= b.idle
 }
 
 // errClientBody marks a request's body that could not be read whole.
@@ -495,7 +515,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 		if cb, _ := out.Body.(*clientBody); cb != nil && cb.stalled() {
 			// The server cancelled the request as the read of the client
 			// connection timed out; the client is there to be told.
-			p.fail(w, http.StatusRequestTimeout, fmt.Sprintf("the request's body stalled: no bytes of it came for %s (the daemon's --ingress-body-timeout)", p.bodyIdle))
+			p.fail(w, http.StatusRequestTimeout, stalledMessage(p.bodyIdle))
 			return
 		}
 		if errors.Is(err, errClientBody) && ctx.Err() == nil {

@@ -151,6 +151,7 @@ func TestForwarderBodyIdleTimeout(t *testing.T) {
 	}))
 	f := startFrontConfig(t, be, false, ingress.Config{BodyIdleTimeout: idle})
 	for _, tc := range []struct{ name, req string }{
+		{"upgrade", "POST /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 100\r\n\r\nten bytes."},
 		{"known length", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nten bytes."},
 		{"chunked", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\na\r\nten bytes.\r\n"},
 	} {

@@ -178,6 +178,9 @@ func (p *Proxy) Close() { p.tr.CloseIdleConnections() }
 
 type routeKey struct{}
 
+// bodyKey keys an upgrade request's *clientBody in its context.
+type bodyKey struct{}
+
 type route struct {
 	id   string
 	port int
@@ -235,10 +238,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := route{id: a.id, port: port}
 	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
 	if r.ProtoMajor != 1 || upgrading(r) {
-		p.rp.ServeHTTP(w, r)
+		p.upgrade(w, r)
 		return
 	}
 	p.forward(w, r, rt, g)
+}
+
+// upgrade serves r by the reverse proxy. A body is read under the body
+// idle timeout, as the forwarder's: the transport starts its
+// response-header timer only once the body is sent, so a body that stalls
+// would hold the request for ever.
+func (p *Proxy) upgrade(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && p.bodyIdle > 0 {
+		cb := &clientBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: p.bodyIdle}
+		// For proxyError, which gets the outbound request, whose body
+		// ReverseProxy wraps.
+		r = r.WithContext(context.WithValue(r.Context(), bodyKey{}, cb))
+		r.Body = cb
+	}
+	p.rp.ServeHTTP(w, r)
 }
 
 // upgrading reports whether r asks to switch protocols (a WebSocket).
@@ -330,6 +348,12 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 }
 
 func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if cb, ok := r.Context().Value(bodyKey{}).(*clientBody); ok && cb.stalled() {
+		// The server cancelled the request as the read of the client
+		// connection timed out; the client is there to be told.
+		p.fail(w, http.StatusRequestTimeout, stalledMessage(p.bodyIdle))
+		return
+	}
 	if r.Context().Err() != nil {
 		return // the client went away; nobody to tell
 	}
