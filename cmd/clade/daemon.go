@@ -10,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/system"
 	"github.com/clade-sandbox/clade/sdk"
@@ -37,6 +39,10 @@ func newDaemonCmd() *cobra.Command {
 	tokenFile := fs.String("token-file", "", "file holding the bearer token for --listen")
 	fs.StringVar(&o.Ingress, "ingress", "", "serve the ingress proxy on TCP ADDR (e.g. 127.0.0.1:8080): HTTP for Host PORT-ID.DOMAIN goes to that port inside sandbox ID (or name), waking it if it sleeps; needs --ingress-domain")
 	fs.StringVar(&o.IngressDomain, "ingress-domain", "", "the domain of ingress host names, e.g. clade.localhost (its names resolve to 127.0.0.1); requests need the sandbox's traffic token (header X-Clade-Traffic-Token) unless it was created --public")
+	fs.DurationVar(&o.IngressLimits.ResponseHeaderTimeout, "ingress-response-timeout", ingress.DefaultResponseHeaderTimeout, "the ingress answers 504 when a sandbox sends no answer head this long after a request (with its body) reached it; only the head is timed, so downloads and server-sent events that keep sending are never cut, but long polls that answer later need it raised; 0 turns it off")
+	fs.DurationVar(&o.IngressLimits.BodyIdleTimeout, "ingress-body-timeout", ingress.DefaultBodyIdleTimeout, "the ingress answers 408 (or cuts the answer) when a client's request body sends no bytes for this long; 0 turns it off")
+	fs.DurationVar(&o.IngressLimits.SendTimeout, "ingress-send-timeout", ingress.DefaultSendTimeout, "the ingress drops a client connection that takes none of the bytes sent to it for this long (a client that stops reading would hold its request, and the sandbox awake, for ever); 0 turns it off")
+	fs.IntVar(&o.IngressLimits.MaxConnsPerSandbox, "ingress-max-conns", ingress.DefaultMaxConnsPerSandbox, "most connections the ingress holds open to one sandbox's ports (requests in flight, kept-alive connections, WebSockets); one more gets a 503 with Retry-After; 0 turns the cap off")
 	fs.StringVar(&o.E2B, "e2b", "", "serve the E2B API (REST and envd) on TCP ADDR (e.g. 127.0.0.1:3000) for the unmodified E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=the --token-file token (see docs/e2b.md)")
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
 	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
@@ -68,6 +74,9 @@ func newDaemonCmd() *cobra.Command {
 	_ = cmd.RegisterFlagCompletionFunc("log-level", fixedValues("debug", "info", "warn", "error"))
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
+		if err := ingressLimits(&o.IngressLimits); err != nil {
+			return err
+		}
 		rng, err := netip.ParsePrefix(*netRange)
 		if err != nil {
 			return fmt.Errorf("bad --network-range %q: use an IPv4 CIDR such as %s", *netRange, network.DefaultRange)
@@ -140,5 +149,25 @@ func servePprof(addr string, log *slog.Logger) error {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	log.Info("profiler serving", "addr", ln.Addr().String())
 	go func() { _ = http.Serve(ln, mux) }()
+	return nil
+}
+
+// ingressLimits maps the ingress limit flags onto its config, whose zero
+// means "the default": a flag's 0 turns the limit off.
+func ingressLimits(c *ingress.Config) error {
+	if c.ResponseHeaderTimeout < 0 || c.BodyIdleTimeout < 0 || c.SendTimeout < 0 || c.MaxConnsPerSandbox < 0 {
+		return fmt.Errorf("--ingress-response-timeout, --ingress-body-timeout, --ingress-send-timeout and --ingress-max-conns must not be negative (0 turns a limit off)")
+	}
+	off := func(v *time.Duration) {
+		if *v == 0 {
+			*v = -1
+		}
+	}
+	off(&c.ResponseHeaderTimeout)
+	off(&c.BodyIdleTimeout)
+	off(&c.SendTimeout)
+	if c.MaxConnsPerSandbox == 0 {
+		c.MaxConnsPerSandbox = -1
+	}
 	return nil
 }

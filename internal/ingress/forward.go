@@ -2,20 +2,26 @@ package ingress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/textproto"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,16 +60,95 @@ type clientConn struct {
 
 // backend is a connection to a port inside a sandbox.
 type backend struct {
-	id   string
-	port int
-	life any // the sandbox's guest connection when it was dialled: a wake makes another
-	c    net.Conn
-	lim  *headLimit // under br: bounds an answer's head
-	br   *bufio.Reader
-	bw   *bufio.Writer
+	id      string
+	port    int
+	life    any // the sandbox's guest connection when it was dialled: a wake makes another
+	c       net.Conn
+	release func()     // gives the connection's place under the proxy's cap back
+	lim     *headLimit // under br: bounds an answer's head
+	br      *bufio.Reader
+	bw      *bufio.Writer
+
+	// The response-header timer (see armHead).
+	hmu      sync.Mutex
+	waiting  bool        // guarded by hmu: an answer's head is awaited
+	timer    *time.Timer // guarded by hmu: the timer of a connection with no deadlines
+	timedOut atomic.Bool // the timer fired
 }
 
-func (b *backend) close() { b.c.Close() }
+func (b *backend) close() {
+	b.c.Close()
+	b.release()
+}
+
+// cut makes whatever blocks on b's connection return now: its deadline
+// passes, or, on a connection that has none (one through the agent), it
+// is closed.
+func (b *backend) cut() {
+	if b.c.SetDeadline(time.Unix(1, 0)) != nil {
+		b.c.Close()
+	}
+}
+
+// awaitHead marks the start of a request's exchange: its answer's head is
+// awaited from here until headDone.
+func (b *backend) awaitHead() {
+	b.hmu.Lock()
+	b.waiting = true
+	b.hmu.Unlock()
+}
+
+// armHead starts the response-header timer (d > 0) once the request is
+// sent whole, unless its answer's head came already (a server may answer
+// before it has read the body, and that answer's body must not be cut).
+// A client gone meanwhile (whose cut the new deadline may have undone)
+// cuts again.
+func (b *backend) armHead(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	b.hmu.Lock()
+	if !b.waiting {
+		b.hmu.Unlock()
+		return
+	}
+	if b.c.SetReadDeadline(time.Now().Add(d)) != nil {
+		b.timer = time.AfterFunc(d, func() {
+			b.timedOut.Store(true)
+			b.c.Close()
+		})
+	}
+	b.hmu.Unlock()
+	if ctx.Err() != nil {
+		b.cut()
+	}
+}
+
+// headDone stops the response-header timer: the final answer's head came.
+// A client gone meanwhile (whose cut this may have undone) cuts again.
+func (b *backend) headDone(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	b.hmu.Lock()
+	b.waiting = false
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
+	} else {
+		b.c.SetReadDeadline(time.Time{})
+	}
+	b.hmu.Unlock()
+	if ctx.Err() != nil {
+		b.cut()
+	}
+}
+
+// headTimedOut reports whether err ended the wait for an answer's head at
+// the response-header timeout (not at a client's going away).
+func (b *backend) headTimedOut(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && (b.timedOut.Load() || errors.Is(err, os.ErrDeadlineExceeded))
+}
 
 // A backend's buffers go back to these while it is idle (nothing is in
 // them then), and it takes others for its next request: a client
@@ -167,9 +252,30 @@ func idleOpen(be *backend) bool {
 // ConnContext is the ingress server's http.Server.ConnContext: it gives
 // each client connection its place for a sandbox connection.
 func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if p.sendTimeout > 0 {
+		setUserTimeout(c, p.sendTimeout)
+	}
 	cc := &clientConn{}
 	p.conns.Store(c, cc)
 	return context.WithValue(ctx, connKey{}, cc)
+}
+
+// setUserTimeout sets TCP_USER_TIMEOUT on a client's TCP connection: the
+// kernel drops it once bytes sent stay unacknowledged for d, zero-window
+// probes included (Linux 5.1 on), i.e. a client that stops reading.
+// One call per connection, none per request.
+func setUserTimeout(c net.Conn, d time.Duration) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d/time.Millisecond))
+	})
 }
 
 // ConnState is the ingress server's http.Server.ConnState: a client
@@ -215,7 +321,7 @@ func removeHop(h http.Header) {
 
 // outRequest is r as the sandbox gets it (see rewrite, the upgrade way's
 // equivalent).
-func outRequest(r *http.Request, rt route) *http.Request {
+func outRequest(w http.ResponseWriter, r *http.Request, bodyIdle time.Duration) *http.Request {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.Close = false
@@ -239,26 +345,120 @@ func outRequest(r *http.Request, rt route) *http.Request {
 	}
 	if r.ContentLength == 0 {
 		out.Body = http.NoBody
+		out.Trailer = nil
 	} else {
-		out.Body = &clientBody{ReadCloser: r.Body}
+		cb := &clientBody{ReadCloser: r.Body, idle: bodyIdle}
+		if bodyIdle > 0 {
+			cb.rc = http.NewResponseController(w)
+		}
+		if len(r.Trailer) > 0 {
+			// The server fills r.Trailer in as the body ends (a clone,
+			// as Clone makes, would stay empty: the sandbox got declared
+			// trailers that never came); cb checks them then.
+			out.Trailer = r.Trailer
+			cb.trailer = r.Trailer
+			for k := range r.Trailer {
+				if !forwardTrailer(k) {
+					delete(r.Trailer, k)
+				}
+			}
+			cb.declared = slices.Collect(maps.Keys(r.Trailer))
+		}
+		out.Body = cb
 	}
 	return out
 }
 
+// forwardTrailer reports whether a client's trailer field k may reach the
+// sandbox: not one a trailer must not carry (framing, routing, auth: RFC
+// 9110 6.5.1), not a hop-by-hop one, not the traffic token, and none of
+// the headers the proxy sets or filters (an app that merges trailers into
+// its headers must not take a client's X-Forwarded-For for the proxy's).
+func forwardTrailer(k string) bool {
+	switch k {
+	case TokenHeader, "Cookie", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+		return false
+	}
+	if !httpguts.ValidTrailerHeader(k) {
+		return false
+	}
+	for _, h := range hopHeaders {
+		if k == h {
+			return false
+		}
+	}
+	return true
+}
+
 // clientBody is a request's body from the client, keeping the error that
 // ended a read of it other than its end (a malformed chunk, a client that
-// went away).
+// went away, one that sent nothing for idle).
 type clientBody struct {
 	io.ReadCloser
-	err error
+	rc       *http.ResponseController // the client connection's: with idle > 0
+	idle     time.Duration
+	trailer  http.Header // the request's trailers, filled in at the body's end
+	declared []string    // the trailer fields the client declared, as may pass
+	err      error
+	since    atomic.Int64 // with rc: when the read in progress began (unix ns), 0 between reads
+	stall    atomic.Bool  // with rc: a read ended at the idle timeout
 }
 
 func (b *clientBody) Read(p []byte) (int, error) {
+	if b.rc != nil {
+		now := time.Now()
+		b.since.Store(now.UnixNano())
+		b.rc.SetReadDeadline(now.Add(b.idle))
+	}
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF {
+	if b.rc != nil {
+		b.since.Store(0)
+	}
+	if err == nil {
+		return n, nil
+	}
+	if err != io.EOF {
+		if b.rc != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				b.stall.Store(true)
+			}
+			// The body's Close (the request's writer calls it) drains the
+			// rest from the client: it must not wait for a client gone
+			// quiet. The connection carries no other request.
+			b.rc.SetReadDeadline(time.Unix(1, 0))
+		}
 		b.err = err
+		return n, err
+	}
+	if b.rc != nil {
+		// No deadline left behind: the server reads on in the background
+		// for the client's close, and one passing would end the answer.
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	// Only the declared trailers pass, of the fields that may: the
+	// server took whatever came.
+	for k := range b.trailer {
+		if !slices.Contains(b.declared, k) {
+			delete(b.trailer, k)
+		}
 	}
 	return n, err
+}
+
+func stalledMessage(idle time.Duration) string {
+	return fmt.Sprintf("the request's body stalled: no bytes of it came for %s (the daemon's --ingress-body-timeout)", idle)
+}
+
+// stalled reports whether the client's body ended on the body idle
+// timeout. Safe while another goroutine reads the body (the upgrade way's
+// transport): the server cancels the request as the read times out,
+// before that read returns, so a read begun idle ago counts too.
+func (b *clientBody) stalled() bool {
+	if b.rc == nil {
+		return false
+	}
+	since := b.since.Load()
+	return b.stall.Load() || since != 0 && time.Since(time.Unix(0, since)) >= b.idle
 }
 
 // errClientBody marks a request's body that could not be read whole.
@@ -276,7 +476,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 	}
 	ctx := r.Context()
 	cc, _ := ctx.Value(connKey{}).(*clientConn)
-	out := outRequest(r, rt)
+	out := outRequest(w, r, p.bodyIdle)
 	if out.Body != http.NoBody {
 		// The body is read on while the answer is written (see roundTrip):
 		// without this, the server reads 256 KiB of a chunked body at the
@@ -292,27 +492,38 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 	for {
 		reused := be != nil
 		if be == nil {
-			c, derr := p.dial(ctx, rt.id, rt.port)
+			c, release, derr := p.dialCounted(ctx, rt.id, rt.port)
 			if derr != nil {
 				p.proxyError(w, r, derr)
 				return
 			}
 			lim := &headLimit{r: c, n: -1}
-			be = &backend{id: rt.id, port: rt.port, life: life, c: c, lim: lim}
+			be = &backend{id: rt.id, port: rt.port, life: life, c: c, release: release, lim: lim}
 			be.bufs()
 		}
 		resp, wdone, err = p.roundTrip(ctx, be, out)
 		if err == nil {
 			break
 		}
+		timedOut := be.headTimedOut(ctx, err)
 		be.close()
 		be = nil
 		// A kept connection the sandbox closed while idle (a server's
 		// keep-alive timeout) is no answer: a request with no body that is
 		// safe to repeat is sent again, once, over a new one. Any other may
 		// have been served before the close (a POST would charge twice).
+		if cb, _ := out.Body.(*clientBody); cb != nil && cb.stalled() {
+			// The server cancelled the request as the read of the client
+			// connection timed out; the client is there to be told.
+			p.fail(w, http.StatusRequestTimeout, stalledMessage(p.bodyIdle))
+			return
+		}
 		if errors.Is(err, errClientBody) && ctx.Err() == nil {
 			p.fail(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		if timedOut {
+			p.proxyError(w, r, errHeadTimeout)
 			return
 		}
 		if !reused || out.Body != http.NoBody || !idempotent(out) || ctx.Err() != nil || !retryable(err) {
@@ -353,14 +564,35 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 // header lines without end gets a 502, not the daemon's memory.
 const maxResponseHead = 1 << 20
 
+// maxResponseHeadLines bounds the lines of an answer's head (as Node's
+// maxHeadersCount does): a head of 1 MiB of tiny header lines ("a:b")
+// takes ~20 MiB to parse, and one sandbox may hold --ingress-max-conns
+// answers in flight.
+const maxResponseHeadLines = 2000
+
 // headLimit is the reader under a backend's bufio.Reader: while n >= 0
-// (an answer's head is being read) it gives at most n more bytes.
+// (an answer's head is being read) it gives at most n more bytes, and
+// ends at the head's maxResponseHeadLines-th line.
 type headLimit struct {
-	r io.Reader
-	n int64 // < 0: no limit
+	r     io.Reader
+	n     int64 // < 0: no limit
+	lines int   // lines of the head so far; < 0: its end came
+	line  int   // bytes of the line so far
+	cr    bool  // the last byte read was '\r'
 }
 
-var errHeadTooLarge = fmt.Errorf("the answer's head is over %d bytes", maxResponseHead)
+var (
+	errHeadTooLarge = fmt.Errorf("the answer's head is over %d bytes", maxResponseHead)
+	errHeadTooLong  = fmt.Errorf("the answer's head has over %d lines", maxResponseHeadLines)
+	// errHeadTimeout marks an answer whose head did not come within the
+	// response-header timeout.
+	errHeadTimeout = errors.New("no answer within the response-header timeout")
+)
+
+// start arms l for an answer's head.
+func (l *headLimit) start() {
+	l.n, l.lines, l.line, l.cr = maxResponseHead, 0, 0, false
+}
 
 func (l *headLimit) Read(b []byte) (int, error) {
 	if l.n < 0 {
@@ -374,14 +606,45 @@ func (l *headLimit) Read(b []byte) (int, error) {
 	}
 	n, err := l.r.Read(b)
 	l.n -= int64(n)
+	if l.lines >= 0 && !l.count(b[:n]) {
+		return 0, errHeadTooLong // none of it: what came before is no whole head
+	}
+	if l.lines < 0 {
+		l.n = -1 // past the head
+	}
 	return n, err
+}
+
+// count counts the head's lines in b, a line at a time (a head has a few:
+// no byte loop), up to its end, an empty line (the rest is the body). It
+// reports false past maxResponseHeadLines.
+func (l *headLimit) count(b []byte) bool {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			l.line += len(b)
+			l.cr = b[len(b)-1] == '\r'
+			return true
+		}
+		cr := i > 0 && b[i-1] == '\r' || i == 0 && l.cr
+		if l.line+i == 0 || l.line+i == 1 && cr {
+			l.lines = -1
+			return true
+		}
+		if l.lines++; l.lines > maxResponseHeadLines {
+			return false
+		}
+		l.line, l.cr = 0, false
+		b = b[i+1:]
+	}
+	return true
 }
 
 // readResponse reads the head of an answer to out from be, bounded, and
 // refuses a status that is not one (Go's parser takes any three
 // characters Atoi reads, "099" or "+99"; WriteHeader panics on them).
 func readResponse(be *backend, out *http.Request) (*http.Response, error) {
-	be.lim.n = maxResponseHead
+	be.lim.start()
 	resp, err := http.ReadResponse(be.br, out)
 	be.lim.n = -1
 	if err != nil {
@@ -432,13 +695,15 @@ func idempotent(r *http.Request) bool {
 func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (resp *http.Response, wdone <-chan error, err error) {
 	// A client that goes away ends the exchange: the sandbox connection's
 	// deadline passes, and whatever blocks on it returns.
-	stop := context.AfterFunc(ctx, func() { be.c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, be.cut)
 	defer stop()
+	be.awaitHead()
 	cb, _ := out.Body.(*clientBody)
 	if cb == nil {
 		if err := writeRequest(be, out); err != nil {
 			return nil, nil, err
 		}
+		be.armHead(ctx, p.headTimeout)
 		resp, err := readResponse(be, out)
 		return resp, nil, err
 	}
@@ -448,13 +713,15 @@ func (p *Proxy) roundTrip(ctx context.Context, be *backend, out *http.Request) (
 		if cb.err != nil {
 			// The sandbox has a cut body and waits for the rest, which
 			// never comes: no answer of its to wait for.
-			be.c.SetReadDeadline(time.Unix(1, 0))
+			be.cut()
+		} else if err == nil {
+			be.armHead(ctx, p.headTimeout)
 		}
 		done <- err
 	}()
 	resp, err = readResponse(be, out)
 	if err != nil {
-		be.c.SetDeadline(time.Unix(1, 0))
+		be.cut()
 		werr := <-done
 		if cb.err != nil {
 			return nil, nil, errors.Join(errClientBody, cb.err)
@@ -476,9 +743,15 @@ func writeRequest(be *backend, out *http.Request) error {
 // is left at the end of a whole answer, ready for another request.
 func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp *http.Response) bool {
 	ctx := r.Context()
-	stop := context.AfterFunc(ctx, func() { be.c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, be.cut)
 	defer stop()
-	for resp.StatusCode >= 100 && resp.StatusCode < 200 {
+	for n := 0; resp.StatusCode >= 100 && resp.StatusCode < 200; n++ {
+		if n == max1xx {
+			// A sandbox sending 1xx answers without end (each a new head,
+			// none over the caps) would hold the request for ever.
+			p.proxyError(w, r, fmt.Errorf("the server sent over %d informational (1xx) answers", max1xx))
+			return false
+		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			// Not asked for (upgrades take the other way).
 			p.proxyError(w, r, errors.New("the server switched protocols unasked"))
@@ -492,9 +765,16 @@ func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp
 		}
 		var err error
 		if resp, err = readResponse(be, resp.Request); err != nil {
+			// Only 1xx answers came, which commit nothing: the client
+			// gets the proxy's answer (not the server's empty 200).
+			if be.headTimedOut(ctx, err) {
+				err = errHeadTimeout
+			}
+			p.proxyError(w, r, err)
 			return false
 		}
 	}
+	be.headDone(ctx, p.headTimeout)
 	h := w.Header()
 	removeHop(resp.Header)
 	copyHeader(h, resp.Header)
@@ -539,6 +819,10 @@ func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, be *backend, resp
 	}
 	return chunked && !resp.Close
 }
+
+// max1xx bounds the informational answers before a final one (as
+// http.Transport's, which allows 5, a few more: 100 and 103s).
+const max1xx = 10
 
 func bodyAllowed(status int) bool {
 	return status != http.StatusNoContent && status != http.StatusNotModified

@@ -59,8 +59,14 @@ type front struct {
 
 func startFront(t *testing.T, be *backendServer, reverse bool) *front {
 	t.Helper()
+	return startFrontConfig(t, be, reverse, ingress.Config{})
+}
+
+// startFrontConfig is startFront with the proxy's limits in cfg.
+func startFrontConfig(t *testing.T, be *backendServer, reverse bool, cfg ingress.Config) *front {
+	t.Helper()
 	f := &front{}
-	p, h := ingress.NewForwarder(func(ctx context.Context) (net.Conn, error) {
+	p, h := ingress.NewForwarderConfig(cfg, func(ctx context.Context) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "tcp", be.addr)
 	}, &f.life, reverse)
 	f.p = p

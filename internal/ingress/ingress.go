@@ -14,12 +14,15 @@
 // stopped, 503 with Retry-After when waking the sandbox was refused for
 // memory (it stays asleep and intact; a retry once memory is free serves),
 // 502 when nothing listens on the port or the answer is broken, 400 for a
-// request body that cannot be read, 405 for CONNECT.
+// request body that cannot be read, 405 for CONNECT, and at the limits of
+// Config: 504 for no answer head in time, 408 for a request body that
+// stalls, 503 with Retry-After for one connection too many to a sandbox.
 package ingress
 
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -42,12 +45,44 @@ const TokenHeader = "X-Clade-Traffic-Token"
 // RetryAfter is what a 503 (wake refused for memory) asks clients to wait.
 const RetryAfter = 2 * time.Second
 
-// Config configures the proxy.
+// Config configures the proxy. Zero durations and counts take the
+// defaults; a negative one turns that limit off.
 type Config struct {
 	// Domain is the suffix of every sandbox route, e.g. clade.localhost.
 	Domain string
 	Log    *slog.Logger
+	// ResponseHeaderTimeout bounds the wait for the head of a sandbox's
+	// answer once the request (with its body) is sent: past it the client
+	// gets a 504. Only the head: a body that keeps coming (a download,
+	// server-sent events) is never cut. Long polls that answer later than
+	// this need it raised. Default DefaultResponseHeaderTimeout.
+	ResponseHeaderTimeout time.Duration
+	// BodyIdleTimeout bounds the wait for the next bytes of a client's
+	// request body (an upload that stalls): past it the client gets a 408
+	// (or, with the answer begun, a cut one). Default
+	// DefaultBodyIdleTimeout.
+	BodyIdleTimeout time.Duration
+	// MaxConnsPerSandbox bounds the connections the proxy holds open to
+	// one sandbox's ports at once (requests in flight, kept-alive ones
+	// between requests, WebSockets): one more is a 503 with Retry-After.
+	// Default DefaultMaxConnsPerSandbox.
+	MaxConnsPerSandbox int
+	// SendTimeout bounds how long a client may take none of the bytes
+	// sent to it (a full window it does not read: TCP_USER_TIMEOUT on its
+	// connection): past it the connection is dropped, as nginx's
+	// send_timeout does. Without it a client that stops reading holds
+	// its request, and the sandbox awake, for ever. Default
+	// DefaultSendTimeout.
+	SendTimeout time.Duration
 }
+
+// The limits' defaults (see Config).
+const (
+	DefaultResponseHeaderTimeout = 5 * time.Minute
+	DefaultBodyIdleTimeout       = 60 * time.Second
+	DefaultMaxConnsPerSandbox    = 2048
+	DefaultSendTimeout           = 60 * time.Second
+)
 
 // Proxy is the ingress's http.Handler.
 type Proxy struct {
@@ -62,6 +97,26 @@ type Proxy struct {
 
 	conns  sync.Map                                                         // net.Conn -> *clientConn (forward.go)
 	dialer func(ctx context.Context, id string, port int) (net.Conn, error) // tests: instead of mgr.Dial
+
+	headTimeout time.Duration // <= 0: none (see Config)
+	bodyIdle    time.Duration // <= 0: none
+	maxConns    int           // <= 0: none
+	sendTimeout time.Duration // <= 0: none
+
+	omu  sync.Mutex
+	open map[string]int // guarded by omu: sandbox connections open, by sandbox id
+}
+
+// orDefault is Config's rule for a limit: zero takes def, a negative
+// value turns the limit off (-1).
+func orDefault[T time.Duration | int](v, def T) T {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return -1
+	}
+	return v
 }
 
 // New returns the proxy for the sandboxes of mgr.
@@ -69,7 +124,12 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{mgr: mgr, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log, access: map[string]access{}}
+	p := &Proxy{mgr: mgr, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log, access: map[string]access{},
+		headTimeout: orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout),
+		bodyIdle:    orDefault(cfg.BodyIdleTimeout, DefaultBodyIdleTimeout),
+		maxConns:    orDefault(cfg.MaxConnsPerSandbox, DefaultMaxConnsPerSandbox),
+		sendTimeout: orDefault(cfg.SendTimeout, DefaultSendTimeout),
+		open:        map[string]int{}}
 	p.tr = &http.Transport{
 		// The address is "ID:PORT" (see rewrite), one pool per sandbox port.
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -81,7 +141,14 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 			if err != nil {
 				return nil, err
 			}
-			return p.dial(ctx, id, n)
+			c, release, err := p.dialCounted(ctx, id, n)
+			if err != nil {
+				return nil, err
+			}
+			cc := &countedConn{Conn: c, release: release}
+			cc.lim.r = c
+			cc.lim.start() // the answer's head is bounded as the forwarder's
+			return cc, nil
 		},
 		// Only upgrades come this way (the forwarder takes the rest): no
 		// connection is kept for another request. A kept one would be keyed
@@ -89,10 +156,13 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 		// from before a sleep can swallow a request whole (see forward.go).
 		DisableKeepAlives:  true,
 		DisableCompression: true,
+		// The forwarder's bounds (see readResponse and Config).
+		MaxResponseHeaderBytes: maxResponseHead,
+		ResponseHeaderTimeout:  max(p.headTimeout, 0),
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
-		Transport:     p.tr,
+		Transport:     checkedTransport{p.tr},
 		FlushInterval: -1, // stream: every write reaches the client at once
 		// Bodies are copied in large pieces: a GiB takes 4096 reads and
 		// writes rather than 32768 with http's 32 KiB buffers.
@@ -107,6 +177,9 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 func (p *Proxy) Close() { p.tr.CloseIdleConnections() }
 
 type routeKey struct{}
+
+// bodyKey keys an upgrade request's *clientBody in its context.
+type bodyKey struct{}
 
 type route struct {
 	id   string
@@ -165,10 +238,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := route{id: a.id, port: port}
 	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
 	if r.ProtoMajor != 1 || upgrading(r) {
-		p.rp.ServeHTTP(w, r)
+		p.upgrade(w, r)
 		return
 	}
 	p.forward(w, r, rt, g)
+}
+
+// upgrade serves r by the reverse proxy. A body is read under the body
+// idle timeout, as the forwarder's: the transport starts its
+// response-header timer only once the body is sent, so a body that stalls
+// would hold the request for ever.
+func (p *Proxy) upgrade(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && p.bodyIdle > 0 {
+		cb := &clientBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: p.bodyIdle}
+		// For proxyError, which gets the outbound request, whose body
+		// ReverseProxy wraps.
+		r = r.WithContext(context.WithValue(r.Context(), bodyKey{}, cb))
+		r.Body = cb
+	}
+	p.rp.ServeHTTP(w, r)
 }
 
 // upgrading reports whether r asks to switch protocols (a WebSocket).
@@ -260,12 +348,111 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 }
 
 func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if cb, ok := r.Context().Value(bodyKey{}).(*clientBody); ok && cb.stalled() {
+		// The server cancelled the request as the read of the client
+		// connection timed out; the client is there to be told.
+		p.fail(w, http.StatusRequestTimeout, stalledMessage(p.bodyIdle))
+		return
+	}
 	if r.Context().Err() != nil {
 		return // the client went away; nobody to tell
 	}
 	rt, _ := r.Context().Value(routeKey{}).(route)
 	p.log.Debug("ingress: proxying failed", "sandbox", rt.id, "port", rt.port, "err", err)
-	p.fail(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s did not answer: %v", rt.port, rt.id, err))
+	switch {
+	case errdefs.ClassOf(err) == errdefs.ResourceExhausted:
+		p.failErr(w, err)
+	case errors.Is(err, errHeadTimeout):
+		p.fail(w, http.StatusGatewayTimeout, fmt.Sprintf("port %d of sandbox %s sent no answer within %s (the daemon's --ingress-response-timeout)", rt.port, rt.id, p.headTimeout))
+	default:
+		p.fail(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s did not answer: %v", rt.port, rt.id, err))
+	}
+}
+
+// dialCounted is dial under the proxy's cap of connections to one
+// sandbox: release (idempotent) gives the connection's place back once it
+// is closed. One over the cap is a ResourceExhausted error (a 503).
+func (p *Proxy) dialCounted(ctx context.Context, id string, port int) (net.Conn, func(), error) {
+	p.omu.Lock()
+	if p.maxConns > 0 && p.open[id] >= p.maxConns {
+		p.omu.Unlock()
+		return nil, nil, errdefs.New(errdefs.ResourceExhausted, "sandbox %s has %d connections open through the ingress, the most the daemon allows (--ingress-max-conns): retry once some close", id, p.maxConns)
+	}
+	p.open[id]++
+	p.omu.Unlock()
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			p.omu.Lock()
+			if p.open[id]--; p.open[id] <= 0 {
+				delete(p.open, id)
+			}
+			p.omu.Unlock()
+		})
+	}
+	c, err := p.dial(ctx, id, port)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return c, release, nil
+}
+
+// OpenConns returns the number of sandbox connections the proxy holds
+// open to sandbox id.
+func (p *Proxy) OpenConns(id string) int {
+	p.omu.Lock()
+	defer p.omu.Unlock()
+	return p.open[id]
+}
+
+// countedConn is a sandbox connection of the upgrade way, whose place
+// under the cap is given back at its close.
+type countedConn struct {
+	net.Conn
+	release func()
+	lim     headLimit
+}
+
+func (c *countedConn) Read(b []byte) (int, error) { return c.lim.Read(b) }
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
+}
+
+// checkedTransport is the upgrade way's transport: an answer whose status
+// is not one (Go's parser takes "099"; ReverseProxy's WriteHeader panics
+// on it) is a broken answer, a 502.
+type checkedTransport struct{ *http.Transport }
+
+func (t checkedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.Transport.RoundTrip(r)
+	if err != nil {
+		// The transport's ResponseHeaderTimeout says so in words only
+		// (a dial's timeout is a net.Error too, and no answer's).
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && strings.Contains(err.Error(), "awaiting response headers") {
+			return nil, errors.Join(errHeadTimeout, err)
+		}
+		return nil, err
+	}
+	if resp.StatusCode < 100 || resp.StatusCode > 999 {
+		resp.Body.Close()
+		return nil, fmt.Errorf("malformed status code %q", resp.Status)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// ReverseProxy refuses a switch to another protocol than asked
+		// with a 502 but leaves the sandbox connection open: one
+		// descriptor (and place under the cap) per such answer.
+		want, got := r.Header.Get("Upgrade"), resp.Header.Get("Upgrade")
+		if got == "" || !strings.EqualFold(want, got) || !httpguts.HeaderValuesContainsToken(resp.Header["Connection"], "upgrade") {
+			resp.Body.Close()
+			return nil, fmt.Errorf("the server switched to protocol %q when %q was asked", got, want)
+		}
+	}
+	return resp, nil
 }
 
 // failErr answers a classed error of the service.

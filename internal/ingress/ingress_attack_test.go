@@ -63,12 +63,19 @@ func TestIngressHostileClient(t *testing.T) {
 		{req: get("/hello", hostB, tb.token), code: 200, body: helloB},
 		// A body that hides a request: Transfer-Encoding wins over
 		// Content-Length, so the hidden request is a request of its own,
-		// for B without a token: refused.
-		{req: "POST /hello HTTP/1.1\r\nHost: " + hostA + "\r\n" + ingress.TokenHeader + ": " + ta.token + "\r\nContent-Length: 60\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", code: 501},
+		// for B without a token: refused. The app reads an empty body
+		// (its POST answers the bytes it read).
+		{req: "POST /upload HTTP/1.1\r\nHost: " + hostA + "\r\n" + ingress.TokenHeader + ": " + ta.token + "\r\nContent-Length: 60\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", code: 200, body: "0"},
 		{req: get("/inc", hostB, ""), code: 401},
 		// Neither the token, nor the signed URL's query or cookie reach the app.
 		{req: get("/headers", hostB, tb.token, "Cookie: app=1; "+ingress.CookieName+"=1.abc"), code: 200, body: "cookie: app=1", not: []string{tb.token, ingress.CookieName}},
 		{req: get("/path?a=1&"+ingress.ExpiresParam+"=1&"+ingress.SignatureParam+"=abc", hostB, tb.token), code: 200, body: "/path?a=1", not: []string{"clade-"}},
+		// The upgrade way takes the same rules: no token, another's.
+		{req: get("/ws", hostB, "", "Connection: Upgrade", "Upgrade: echo"), code: 401},
+		{req: get("/ws", hostB, ta.token, "Connection: Upgrade", "Upgrade: echo"), code: 401},
+		// An absolute URI names the route (over Host), and is authorized
+		// as that route: A's token does not open B.
+		{req: "GET http://" + hostB + "/hello HTTP/1.1\r\nHost: " + hostA + "\r\n" + ingress.TokenHeader + ": " + ta.token + "\r\n\r\n", code: 401},
 		{req: get("/hello", hostA, ta.token, "Connection: close"), code: 200, body: helloA},
 	}
 	conn, err := net.Dial("tcp", ta.addr)
@@ -105,6 +112,27 @@ func TestIngressHostileClient(t *testing.T) {
 	}
 	if n, err := br.ReadByte(); err != io.EOF {
 		t.Errorf("after Connection: close: %v %v, want EOF", n, err)
+	}
+
+	// On the upgrade way too, neither the token nor the signed URL's
+	// cookie reach the app (an app that answers an upgrade request 200).
+	for _, tg := range []*target{ta, tb} {
+		host := strings.TrimPrefix(tg.base, "http://")
+		uc, err := net.Dial("tcp", tg.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(uc, get("/headers", host, tg.token, "Connection: Upgrade", "Upgrade: echo", "Cookie: app=1; "+ingress.CookieName+"=1.abc"))
+		uc.SetReadDeadline(time.Now().Add(30 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(uc), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		uc.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "upgrade: echo") || strings.Contains(string(body), tg.token) || strings.Contains(string(body), ingress.CookieName) {
+			t.Errorf("an upgrade request reached the app as %d %q", resp.StatusCode, body)
+		}
 	}
 
 	// Aborted connections by the hundred: the daemon's descriptors come back.

@@ -722,3 +722,54 @@ func TestIngressRequestsRacingWakes(t *testing.T) {
 		t.Fatalf("%d rounds after idle sleeps woke the sandbox %d times, want %d", rounds, n, rounds)
 	}
 }
+
+// TestIngressStuckRequestsEnd: a request the app never answers and an
+// upload the client stops sending end at the daemon's limits (504, 408),
+// and then hold the sandbox awake no more: idle sleep puts it to sleep.
+func TestIngressStuckRequestsEnd(t *testing.T) {
+	d := startDaemon(t, "--ingress-response-timeout", "2s", "--ingress-body-timeout", "2s")
+	c := d.Client
+	ctx := context.Background()
+	sb, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{IdleSleepMS: 1500, MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startApp(t, c, sb.ID)
+	tg := newTarget(t, sb, appPort)
+	u, err := url.Parse(tg.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// raw sends head (and body) on a connection of its own and reads the
+	// answer's status line, within 30 s: past the limits, not for ever.
+	raw := func(head, body string) string {
+		t.Helper()
+		conn, err := net.Dial("tcp", tg.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(30 * time.Second))
+		fmt.Fprintf(conn, "%s\r\nHost: %s\r\n%s: %s\r\n\r\n%s", head, u.Host, ingress.TokenHeader, tg.token, body)
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil {
+			t.Fatalf("%s: no answer: %v", head, err)
+		}
+		return line
+	}
+	// Both are in flight together, each holding the sandbox awake.
+	var wg sync.WaitGroup
+	var hang, upload string
+	wg.Add(2)
+	go func() { defer wg.Done(); hang = raw("GET /hang HTTP/1.1", "") }()
+	go func() { defer wg.Done(); upload = raw("POST /upload HTTP/1.1\r\nContent-Length: 100", "ten bytes.") }()
+	wg.Wait()
+	if !strings.Contains(hang, " 504 ") || !strings.Contains(upload, " 408 ") {
+		t.Fatalf("an unanswered request got %q (want 504), a stalled upload %q (want 408)", hang, upload)
+	}
+	if body := mustGet(t, tg, "/hello"); !strings.HasPrefix(body, "hello") {
+		t.Fatalf("after the stuck requests: %q", body)
+	}
+	tg.hc.Transport.(*http.Transport).CloseIdleConnections()
+	waitState(t, c, sb.ID, "sleeping", 15*time.Second)
+}

@@ -42,6 +42,9 @@ type Options struct {
 	// Host PORT-ID.IngressDomain reaches that port inside the sandbox.
 	Ingress       string
 	IngressDomain string
+	// IngressLimits are the ingress proxy's time and connection limits
+	// (its Domain and Log are set from the fields above).
+	IngressLimits ingress.Config
 	// E2B, when set, serves the E2B API (REST and envd) on this TCP
 	// address; it requires Token, which clients send as E2B_API_KEY.
 	E2B string
@@ -258,7 +261,9 @@ func Run(ctx context.Context, o Options) error {
 		defer stop()
 	}
 	if iln != nil {
-		proxy := ingress.New(ingress.Config{Domain: o.IngressDomain, Log: log}, mgr)
+		icfg := o.IngressLimits
+		icfg.Domain, icfg.Log = o.IngressDomain, log
+		proxy := ingress.New(icfg, mgr)
 		defer proxy.Close()
 		ihs := proxy.Server()
 		go func() { errc <- ihs.Serve(iln) }()

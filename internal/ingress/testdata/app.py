@@ -3,7 +3,8 @@
 # GET /hello -> "hello from HOST"; GET /inc -> the number of /inc requests so
 # far; GET /big?n=N -> N bytes, streamed in 64 KiB chunks (byte i is i % 251);
 # GET /ws with Upgrade -> 101, then echoes every byte until EOF;
-# GET /headers -> the request headers.
+# GET /headers -> the request headers; GET /hang -> no answer, ever;
+# POST /upload -> the number of body bytes read.
 import http.server, socketserver, sys, threading, socket
 
 count = 0
@@ -33,6 +34,8 @@ class H(http.server.BaseHTTPRequestHandler):
                 count += 1
                 n = count
             self.send_text(str(n))
+        elif path == "/hang":
+            threading.Event().wait()
         elif path == "/path":
             self.send_text(self.path)
         elif path == "/headers":
@@ -62,6 +65,10 @@ class H(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
         else:
             self.send_error(404)
+
+    def do_POST(self):
+        n = len(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        self.send_text(str(n))
 
 class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
