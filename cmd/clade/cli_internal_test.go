@@ -90,9 +90,38 @@ func TestBadValuesAreUsageErrors(t *testing.T) {
 		{"port-forward", "box", "0"},
 		{"mcp", "--log-level", "loud"},
 		{"mcp", "--token-file", "/dev/null"},
+		{"exec", "box", "--env", "X=1", "--", "env"}, // a flag after the sandbox
+		{"exec", "box", "-it", "bash"},
+		{"fork", "box", "-n", "0"},
+		{"url", "box", "8000", "--ttl", "1ns"}, // would round to 0 ms: an hour
+		{"url", "box", "8000", "--ttl", "-5m"},
+		{"url", "box", "8000", "--ttl", "721h"},
+		{"create", "--disk", "abc"},
+		{"create", "--disk", "0"},
+		{"create", "--timeout", "-1s"},
+		{"volume", "create", "v", "--size", "lots"},
 	} {
 		if code := run(append([]string{"--host", host}, args...)); code != 2 {
 			t.Errorf("clade %s: exit %d, want 2", strings.Join(args, " "), code)
+		}
+	}
+}
+
+// TestGoodValuesReachTheDaemon: what TestBadValuesAreUsageErrors refuses
+// has a valid neighbour that gets past the checks to the (missing) daemon:
+// exit 1, not 2.
+func TestGoodValuesReachTheDaemon(t *testing.T) {
+	host := t.TempDir() + "/no-daemon.sock"
+	for _, args := range [][]string{
+		{"exec", "box", "--", "--env"}, // -- makes it the command
+		{"exec", "--env", "X=1", "box", "--", "env"},
+		{"fork", "box", "-n", "1"},
+		{"url", "box", "8000", "--ttl", "1ms"},
+		{"url", "box", "8000", "--ttl", "720h"},
+		{"create", "--disk", "1TiB"},
+	} {
+		if code := run(append([]string{"--host", host}, args...)); code != 1 {
+			t.Errorf("clade %s: exit %d, want 1 (no daemon)", strings.Join(args, " "), code)
 		}
 	}
 }

@@ -58,7 +58,7 @@ func newVolumeCreateCmd() *cobra.Command {
 		if *size != "" {
 			mib, err := parseMiB(*size)
 			if err != nil {
-				return fmt.Errorf("--size: %w", err)
+				return badArg("--size: %v", err)
 			}
 			req.SizeBytes = int64(mib) << 20
 		}
