@@ -4,11 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -357,5 +360,44 @@ func TestCLIImageImport(t *testing.T) {
 	}
 	if _, errs, code := cli(t, d, "", "image", "import", dir); code != 1 || !strings.Contains(errs, "oci-layout") {
 		t.Fatalf("import of a plain directory: %d %q", code, errs)
+	}
+}
+
+// TestCLIInterrupted: Ctrl-C during a call the daemon has not answered says
+// "interrupted" and exits 130, not with the HTTP client's error text.
+func TestCLIInterrupted(t *testing.T) {
+	bin, _ := testenv.Binaries(t)
+	sock := filepath.Join(t.TempDir(), "hang.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrived := make(chan struct{}, 1)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done() // a create that takes long
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	cmd := exec.Command(bin, "--host", sock, "create")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-arrived:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("the create never reached the server")
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 130 || strings.TrimSpace(errb.String()) != "clade: interrupted" {
+		t.Fatalf("interrupted create: %v, stderr %q; want exit 130 and \"clade: interrupted\"", err, errb.String())
 	}
 }

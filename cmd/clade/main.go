@@ -50,6 +50,13 @@ func run(args []string) int {
 	root := newRoot()
 	root.SetArgs(normalizeArgs(root, args))
 	cmd, err := root.ExecuteContextC(ctx)
+	if err != nil && ctx.Err() != nil && !errors.As(err, new(exitError)) && !errors.As(err, new(usageError)) {
+		// Ctrl-C cut a call short: say so, not `Post "http://clade/...":
+		// interrupt signal received`. A create or fork the daemon finishes
+		// after that is removed by it, since no one learned its ids.
+		fmt.Fprintln(os.Stderr, "clade: interrupted")
+		return 130
+	}
 	return exitCode(cmd, err)
 }
 
