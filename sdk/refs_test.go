@@ -97,3 +97,29 @@ func TestSignedURLSubMillisecondTTLRefused(t *testing.T) {
 		t.Errorf("SignedURL 1ms sent %q, want ttl_ms 1", b)
 	}
 }
+
+// A secret over MaxSecretBytes is refused by the client with the daemon's
+// words, not sent to fail as a request body over its limit.
+func TestSetSecretTooLargeRefused(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"name":"s","version":1}`))
+	}))
+	t.Cleanup(srv.Close)
+	c, err := sdk.New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.SetSecret(t.Context(), "s", make([]byte, sdk.MaxSecretBytes+1))
+	if !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "at most 65536") {
+		t.Fatalf("SetSecret of MaxSecretBytes+1: %v, want an invalid_argument error saying the limit", err)
+	}
+	if hits.Load() != 0 {
+		t.Fatal("a too large secret reached the daemon")
+	}
+	if _, err := c.SetSecret(t.Context(), "s", make([]byte, sdk.MaxSecretBytes)); err != nil || hits.Load() != 1 {
+		t.Fatalf("SetSecret of MaxSecretBytes: %v (%d requests)", err, hits.Load())
+	}
+}

@@ -30,7 +30,7 @@ func newDaemonCmd() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	o := system.Options{Version: versionString()}
-	fs.StringVar(&o.DataDir, "data-dir", "/var/lib/clade", "state: database, images, sandboxes")
+	fs.StringVar(&o.DataDir, "data-dir", "/var/lib/clade", "state: database, snapshots, sleep images, volumes, sandboxes' writes (image roots and blobs are in --images-dir)")
 	fs.StringVar(&o.ImagesDir, "images-dir", "/var/cache/clade/images", "image roots and blobs; daemons with different data dirs may share it (make demo and the tests use this one, so the default image is built once)")
 	fs.StringVar(&o.Socket, "socket", sdk.DefaultSocket, "unix socket to serve the API on")
 	fs.StringVar(&o.Listen, "listen", "", "also serve TCP on ADDR (e.g. 127.0.0.1:7070); needs --token-file")

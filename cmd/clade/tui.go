@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -570,7 +571,7 @@ func (m *tuiModel) View() string {
 	var lines []string
 	add := func(s string) { lines = append(lines, fit(s, w)) }
 
-	title := fmt.Sprintf("clade · %d sandboxes · %d snapshots", len(m.sandboxes), len(m.snapshots))
+	title := "clade · " + count(len(m.sandboxes), "sandbox", "sandboxes") + " · " + count(len(m.snapshots), "snapshot", "snapshots")
 	if m.loaded {
 		title += " · updated " + m.lastOK.Format("15:04:05")
 	}
@@ -737,4 +738,12 @@ func compactBytes(n uint64) string {
 		return fmt.Sprintf("%dM", n>>20)
 	}
 	return fmt.Sprintf("%dK", n>>10)
+}
+
+// count is "1 sandbox", "2 sandboxes".
+func count(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }
