@@ -93,6 +93,7 @@ func TestBadValuesAreUsageErrors(t *testing.T) {
 		{"exec", "box", "--env", "X=1", "--", "env"}, // a flag after the sandbox
 		{"exec", "box", "-it", "bash"},
 		{"fork", "box", "-n", "0"},
+		{"tui", "--interval", "1ms"},
 		{"url", "box", "8000", "--ttl", "1ns"}, // would round to 0 ms: an hour
 		{"url", "box", "8000", "--ttl", "-5m"},
 		{"url", "box", "8000", "--ttl", "721h"},
