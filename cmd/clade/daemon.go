@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/clade-sandbox/clade/internal/network"
+	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/system"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -68,6 +69,9 @@ func newDaemonCmd() *cobra.Command {
 	_ = cmd.RegisterFlagCompletionFunc("log-level", fixedValues("debug", "info", "warn", "error"))
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
+		if err := checkDaemonNumbers(o.Sandbox, o.Network.PoolSize); err != nil {
+			return usagef(cmd, "%v", err)
+		}
 		rng, err := netip.ParsePrefix(*netRange)
 		if err != nil {
 			return fmt.Errorf("bad --network-range %q: use an IPv4 CIDR such as %s", *netRange, network.DefaultRange)
@@ -107,7 +111,7 @@ func newDaemonCmd() *cobra.Command {
 		o.Sandbox.CrashAt = os.Getenv("CLADE_CRASH_AT")
 		var lvl slog.Level
 		if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-			return fmt.Errorf("bad --log-level %q", *level)
+			return usagef(cmd, "bad --log-level %q: use debug, info, warn or error", *level)
 		}
 		o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 		if *pprofAddr != "" {
@@ -118,6 +122,33 @@ func newDaemonCmd() *cobra.Command {
 		return system.Run(ctx, o)
 	}
 	return cmd
+}
+
+// checkDaemonNumbers refuses numeric flags out of their range before the
+// daemon takes anything: a negative pool or parallelism would panic the
+// start, a negative floor or ratio would quietly turn a guard off.
+func checkDaemonNumbers(c sandbox.Config, networkPool int) error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"hot-pool", c.HotPool}, {"warm-pool", c.WarmPool}, {"network-pool", networkPool},
+		{"restore-parallel", c.RestoreParallel}, {"memory-floor", c.MemoryFloorMiB}, {"disk-floor", c.DiskFloorMiB},
+		{"default-disk", c.DefaultDiskMiB}} {
+		if f.v < 0 {
+			return fmt.Errorf("--%s %d: give 0 or more", f.name, f.v)
+		}
+	}
+	switch {
+	case c.MaxFork < 1:
+		return fmt.Errorf("--max-fork %d: give 1 or more", c.MaxFork)
+	case c.PressureFloorMiB < -1:
+		return fmt.Errorf("--pressure-floor %d: give MiB, 0 for the default or -1 for off", c.PressureFloorMiB)
+	case c.MemoryOvercommit < 0:
+		return fmt.Errorf("--memory-overcommit %g: give a ratio such as 1.5, or 0 for no cap", c.MemoryOvercommit)
+	case c.DefaultMemoryMiB < sandbox.MinMemoryMiB || c.DefaultMemoryMiB > sandbox.DefaultConfig().MaxMemoryMiB:
+		return fmt.Errorf("--default-memory %d: give %d to %d MiB", c.DefaultMemoryMiB, sandbox.MinMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB)
+	}
+	return nil
 }
 
 // servePprof serves net/http/pprof on addr, which must be a loopback
