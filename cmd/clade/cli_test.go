@@ -299,7 +299,7 @@ func TestCLISnapshotForkSleep(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"children"`) {
 		t.Fatalf("fork --json: %q", out)
 	}
-	if _, errs, code := cli(t, d, "", "fork", "src", "-n", "0"); code != 1 || !strings.Contains(errs, "at least 1") {
+	if _, errs, code := cli(t, d, "", "fork", "src", "-n", "0"); code != 2 || !strings.Contains(errs, "1 or more") {
 		t.Fatalf("fork -n 0: %d %q", code, errs)
 	}
 	out, errs, code = cli(t, d, "", "create", "--from", "snap1", "--name", "single")
