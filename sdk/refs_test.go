@@ -123,3 +123,23 @@ func TestSetSecretTooLargeRefused(t *testing.T) {
 		t.Fatalf("SetSecret of MaxSecretBytes: %v (%d requests)", err, hits.Load())
 	}
 }
+
+// A daemon that hangs up under a call (stopped, killed) is said so, not as
+// `Post "http://clade/v1/fork": EOF`.
+func TestDaemonHungUpSaid(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, err := sdk.New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Fork(t.Context(), "box", 2)
+	if err == nil || !strings.Contains(err.Error(), "closed the connection before answering") || !strings.Contains(err.Error(), srv.URL) {
+		t.Fatalf("fork against a daemon that hangs up: %v", err)
+	}
+}
