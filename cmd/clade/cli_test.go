@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
 )
 
 func TestMain(m *testing.M) {
@@ -84,6 +85,30 @@ func TestCLI(t *testing.T) {
 			}
 		})
 	}
+
+	// rm of volumes and secrets, like rm of sandboxes: each removed one
+	// printed, a failure said and the rest still removed, exit 1.
+	t.Run("volume and secret rm", func(t *testing.T) {
+		for _, v := range []string{"rm-a", "rm-b"} {
+			if _, err := d.Client.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: v, SizeBytes: 16 << 20}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Client.SetSecret(t.Context(), v, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, kind := range []string{"volume", "secret"} {
+			out, errs, code := cli(t, d, "", kind, "rm", "rm-a", "nope", "rm-b")
+			if code != 1 || out != "rm-a\nrm-b\n" || !strings.Contains(errs, "nope") {
+				t.Fatalf("%s rm rm-a nope rm-b: stdout %q stderr %q code %d; want both removed and printed, exit 1", kind, out, errs, code)
+			}
+		}
+		vols, err := d.Client.ListVolumes(t.Context())
+		scs, err2 := d.Client.ListSecrets(t.Context())
+		if err != nil || err2 != nil || len(vols) != 0 || len(scs) != 0 {
+			t.Fatalf("left: volumes %+v (%v), secrets %+v (%v)", vols, err, scs, err2)
+		}
+	})
 
 	t.Run("ls and inspect", func(t *testing.T) {
 		out, _, code := cli(t, d, "", "ls")

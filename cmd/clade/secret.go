@@ -106,12 +106,7 @@ func newSecretRemoveCmd() *cobra.Command {
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeSecrets,
 		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-			for _, name := range args {
-				if err := c.DeleteSecret(ctx, name); err != nil {
-					return err
-				}
-			}
-			return nil
+			return removeEach(args, false, func(name string) error { return c.DeleteSecret(ctx, name) })
 		}),
 	}
 }
