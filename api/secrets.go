@@ -14,6 +14,9 @@ type Secret struct {
 	UsedBy []string `json:"used_by,omitempty"`
 }
 
+// MaxSecretBytes bounds a secret's value.
+const MaxSecretBytes = 64 << 10
+
 // SetSecretRequest is the body of PUT /v1/secrets/{name}.
 type SetSecretRequest struct {
 	// Value is the secret (base64 in JSON), at most 64 KiB.

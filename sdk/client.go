@@ -48,6 +48,7 @@ type Client struct {
 	// dial opens a raw connection to the daemon, for upgraded streams.
 	dial func(ctx context.Context) (net.Conn, error)
 	hc   *http.Client
+	host string // as given, for messages
 }
 
 // Option configures a Client.
@@ -67,7 +68,7 @@ func New(host string, opts ...Option) (*Client, error) {
 	if host == "" {
 		host = DefaultSocket
 	}
-	c := &Client{token: os.Getenv("CLADE_TOKEN")}
+	c := &Client{token: os.Getenv("CLADE_TOKEN"), host: host}
 	var network, addr string
 	switch {
 	case strings.HasPrefix(host, "unix://"):
@@ -192,6 +193,12 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 		var ce *ConnectError
 		if errors.As(err, &ce) {
 			return nil, ce // "Post http://clade/...:" says nothing useful
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			// `Post "http://clade/v1/fork": EOF`: the daemon stopped or was
+			// killed under the call.
+			return nil, fmt.Errorf("the clade daemon at %s closed the connection before answering (did it stop or restart? see its log; "+
+				"a change it did not answer is there whole or not at all once it runs again: look with clade ls): %w", c.host, err)
 		}
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 
@@ -14,10 +15,19 @@ type (
 	SecretRef = api.SecretRef
 )
 
+// MaxSecretBytes bounds a secret's value.
+const MaxSecretBytes = api.MaxSecretBytes
+
 // SetSecret stores a new version of secret name, sealed with the daemon's
 // host key. Sandboxes created from now on get it (CreateSandboxRequest.Secrets);
-// running ones keep the version they have.
+// running ones keep the version they have. A value over MaxSecretBytes is
+// an InvalidArgument error.
 func (c *Client) SetSecret(ctx context.Context, name string, value []byte) (Secret, error) {
+	if len(value) > MaxSecretBytes {
+		// Sent, its JSON would pass the daemon's request body limit with
+		// an error that says nothing of secrets.
+		return Secret{}, &Error{Code: "invalid_argument", Message: fmt.Sprintf("secret %s is %d bytes: at most %d", name, len(value), MaxSecretBytes)}
+	}
 	var sc Secret
 	return sc, c.call(ctx, http.MethodPut, "/v1/secrets/"+url.PathEscape(name), api.SetSecretRequest{Value: value}, &sc)
 }

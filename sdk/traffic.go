@@ -108,8 +108,10 @@ func (p *portConn) CloseWrite() error {
 // days): for a browser, or anything that cannot send a header. The daemon
 // must serve an ingress (Conflict otherwise).
 func (c *Client) SignedURL(ctx context.Context, ref string, port int, ttl time.Duration) (api.SignedURL, error) {
-	if ttl < 0 {
-		return api.SignedURL{}, &Error{Code: "invalid_argument", Message: fmt.Sprintf("ttl %s: give a positive duration (0: one hour)", ttl)}
+	// The API counts whole milliseconds, 0 its default: a positive ttl under
+	// a millisecond would be signed for an hour.
+	if ttl < 0 || (ttl > 0 && ttl < time.Millisecond) {
+		return api.SignedURL{}, &Error{Code: "invalid_argument", Message: fmt.Sprintf("ttl %s: give 1ms or more (0: one hour)", ttl)}
 	}
 	var u api.SignedURL
 	return u, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/ports/"+strconv.Itoa(port)+"/url",

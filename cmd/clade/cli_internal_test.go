@@ -90,9 +90,72 @@ func TestBadValuesAreUsageErrors(t *testing.T) {
 		{"port-forward", "box", "0"},
 		{"mcp", "--log-level", "loud"},
 		{"mcp", "--token-file", "/dev/null"},
+		{"exec", "box", "--env", "X=1", "--", "env"}, // a flag after the sandbox
+		{"exec", "box", "-it", "bash"},
+		{"fork", "box", "-n", "0"},
+		{"tui", "--interval", "1ms"},
+
+		{"url", "box", "8000", "--ttl", "1ns"}, // would round to 0 ms: an hour
+		{"url", "box", "8000", "--ttl", "-5m"},
+		{"url", "box", "8000", "--ttl", "721h"},
+		{"create", "--disk", "abc"},
+		{"create", "--disk", "0"},
+		{"create", "--timeout", "-1s"},
+		{"volume", "create", "v", "--size", "lots"},
 	} {
 		if code := run(append([]string{"--host", host}, args...)); code != 2 {
 			t.Errorf("clade %s: exit %d, want 2", strings.Join(args, " "), code)
 		}
+	}
+}
+
+// TestGoodValuesReachTheDaemon: what TestBadValuesAreUsageErrors refuses
+// has a valid neighbour that gets past the checks to the (missing) daemon:
+// exit 1, not 2.
+func TestGoodValuesReachTheDaemon(t *testing.T) {
+	host := t.TempDir() + "/no-daemon.sock"
+	for _, args := range [][]string{
+		{"exec", "box", "--", "--env"}, // -- makes it the command
+		{"exec", "--env", "X=1", "box", "--", "env"},
+		{"fork", "box", "-n", "1"},
+		{"url", "box", "8000", "--ttl", "1ms"},
+		{"url", "box", "8000", "--ttl", "720h"},
+		{"create", "--disk", "1TiB"},
+	} {
+		if code := run(append([]string{"--host", host}, args...)); code != 1 {
+			t.Errorf("clade %s: exit %d, want 1 (no daemon)", strings.Join(args, " "), code)
+		}
+	}
+}
+
+// TestBadDaemonNumbersAreUsageErrors: the daemon refuses numbers out of
+// range before it takes a lock, a socket or a network (-2 restores at once
+// used to panic the start; a negative ratio or floor turned its guard off).
+func TestBadDaemonNumbersAreUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	// Were a check missing, the daemon would stop at the missing runsc,
+	// in a scratch data dir, not serve.
+	safe := []string{"daemon", "--data-dir", dir + "/data", "--socket", dir + "/s.sock", "--runsc", dir + "/no-runsc",
+		"--build-default-image=false", "--network-prefix", "cbad", "--network-range", "10.251.0.0/24"}
+	for _, args := range [][]string{
+		{"--restore-parallel", "-2"},
+		{"--warm-pool", "-1"},
+		{"--hot-pool", "-1"},
+		{"--network-pool", "-1"},
+		{"--max-fork", "0"},
+		{"--memory-overcommit", "-1"},
+		{"--pressure-floor", "-2"},
+		{"--memory-floor", "-5"},
+		{"--disk-floor", "-1"},
+		{"--default-disk", "-5"},
+		{"--default-memory", "1"},
+		{"--log-level", "loud"},
+	} {
+		if code := run(append(slices.Clone(safe), args...)); code != 2 {
+			t.Errorf("clade daemon %s: exit %d, want 2", strings.Join(args, " "), code)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a refused daemon start left %v in its dirs", ents)
 	}
 }

@@ -4,11 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -19,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
 )
 
 func TestMain(m *testing.M) {
@@ -81,6 +85,30 @@ func TestCLI(t *testing.T) {
 			}
 		})
 	}
+
+	// rm of volumes and secrets, like rm of sandboxes: each removed one
+	// printed, a failure said and the rest still removed, exit 1.
+	t.Run("volume and secret rm", func(t *testing.T) {
+		for _, v := range []string{"rm-a", "rm-b"} {
+			if _, err := d.Client.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: v, SizeBytes: 16 << 20}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Client.SetSecret(t.Context(), v, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, kind := range []string{"volume", "secret"} {
+			out, errs, code := cli(t, d, "", kind, "rm", "rm-a", "nope", "rm-b")
+			if code != 1 || out != "rm-a\nrm-b\n" || !strings.Contains(errs, "nope") {
+				t.Fatalf("%s rm rm-a nope rm-b: stdout %q stderr %q code %d; want both removed and printed, exit 1", kind, out, errs, code)
+			}
+		}
+		vols, err := d.Client.ListVolumes(t.Context())
+		scs, err2 := d.Client.ListSecrets(t.Context())
+		if err != nil || err2 != nil || len(vols) != 0 || len(scs) != 0 {
+			t.Fatalf("left: volumes %+v (%v), secrets %+v (%v)", vols, err, scs, err2)
+		}
+	})
 
 	t.Run("ls and inspect", func(t *testing.T) {
 		out, _, code := cli(t, d, "", "ls")
@@ -296,7 +324,7 @@ func TestCLISnapshotForkSleep(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"children"`) {
 		t.Fatalf("fork --json: %q", out)
 	}
-	if _, errs, code := cli(t, d, "", "fork", "src", "-n", "0"); code != 1 || !strings.Contains(errs, "at least 1") {
+	if _, errs, code := cli(t, d, "", "fork", "src", "-n", "0"); code != 2 || !strings.Contains(errs, "1 or more") {
 		t.Fatalf("fork -n 0: %d %q", code, errs)
 	}
 	out, errs, code = cli(t, d, "", "create", "--from", "snap1", "--name", "single")
@@ -357,5 +385,44 @@ func TestCLIImageImport(t *testing.T) {
 	}
 	if _, errs, code := cli(t, d, "", "image", "import", dir); code != 1 || !strings.Contains(errs, "oci-layout") {
 		t.Fatalf("import of a plain directory: %d %q", code, errs)
+	}
+}
+
+// TestCLIInterrupted: Ctrl-C during a call the daemon has not answered says
+// "interrupted" and exits 130, not with the HTTP client's error text.
+func TestCLIInterrupted(t *testing.T) {
+	bin, _ := testenv.Binaries(t)
+	sock := filepath.Join(t.TempDir(), "hang.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrived := make(chan struct{}, 1)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done() // a create that takes long
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	cmd := exec.Command(bin, "--host", sock, "create")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-arrived:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("the create never reached the server")
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 130 || strings.TrimSpace(errb.String()) != "clade: interrupted" {
+		t.Fatalf("interrupted create: %v, stderr %q; want exit 130 and \"clade: interrupted\"", err, errb.String())
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/network"
+	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/system"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -32,7 +33,7 @@ func newDaemonCmd() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	o := system.Options{Version: versionString()}
-	fs.StringVar(&o.DataDir, "data-dir", "/var/lib/clade", "state: database, images, sandboxes")
+	fs.StringVar(&o.DataDir, "data-dir", "/var/lib/clade", "state: database, snapshots, sleep images, volumes, sandboxes' writes (image roots and blobs are in --images-dir)")
 	fs.StringVar(&o.ImagesDir, "images-dir", "/var/cache/clade/images", "image roots and blobs; daemons with different data dirs may share it (make demo and the tests use this one, so the default image is built once)")
 	fs.StringVar(&o.Socket, "socket", sdk.DefaultSocket, "unix socket to serve the API on")
 	fs.StringVar(&o.Listen, "listen", "", "also serve TCP on ADDR (e.g. 127.0.0.1:7070); needs --token-file")
@@ -74,8 +75,11 @@ func newDaemonCmd() *cobra.Command {
 	_ = cmd.RegisterFlagCompletionFunc("log-level", fixedValues("debug", "info", "warn", "error"))
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
+		if err := checkDaemonNumbers(o.Sandbox, o.Network.PoolSize); err != nil {
+			return usagef(cmd, "%v", err)
+		}
 		if err := ingressLimits(&o.IngressLimits); err != nil {
-			return err
+			return usagef(cmd, "%v", err)
 		}
 		rng, err := netip.ParsePrefix(*netRange)
 		if err != nil {
@@ -116,7 +120,7 @@ func newDaemonCmd() *cobra.Command {
 		o.Sandbox.CrashAt = os.Getenv("CLADE_CRASH_AT")
 		var lvl slog.Level
 		if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-			return fmt.Errorf("bad --log-level %q", *level)
+			return usagef(cmd, "bad --log-level %q: use debug, info, warn or error", *level)
 		}
 		o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 		if *pprofAddr != "" {
@@ -127,6 +131,33 @@ func newDaemonCmd() *cobra.Command {
 		return system.Run(ctx, o)
 	}
 	return cmd
+}
+
+// checkDaemonNumbers refuses numeric flags out of their range before the
+// daemon takes anything: a negative pool or parallelism would panic the
+// start, a negative floor or ratio would quietly turn a guard off.
+func checkDaemonNumbers(c sandbox.Config, networkPool int) error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"hot-pool", c.HotPool}, {"warm-pool", c.WarmPool}, {"network-pool", networkPool},
+		{"restore-parallel", c.RestoreParallel}, {"memory-floor", c.MemoryFloorMiB}, {"disk-floor", c.DiskFloorMiB},
+		{"default-disk", c.DefaultDiskMiB}} {
+		if f.v < 0 {
+			return fmt.Errorf("--%s %d: give 0 or more", f.name, f.v)
+		}
+	}
+	switch {
+	case c.MaxFork < 1:
+		return fmt.Errorf("--max-fork %d: give 1 or more", c.MaxFork)
+	case c.PressureFloorMiB < -1:
+		return fmt.Errorf("--pressure-floor %d: give MiB, 0 for the default or -1 for off", c.PressureFloorMiB)
+	case c.MemoryOvercommit < 0:
+		return fmt.Errorf("--memory-overcommit %g: give a ratio such as 1.5, or 0 for no cap", c.MemoryOvercommit)
+	case c.DefaultMemoryMiB < sandbox.MinMemoryMiB || c.DefaultMemoryMiB > sandbox.DefaultConfig().MaxMemoryMiB:
+		return fmt.Errorf("--default-memory %d: give %d to %d MiB", c.DefaultMemoryMiB, sandbox.MinMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB)
+	}
+	return nil
 }
 
 // servePprof serves net/http/pprof on addr, which must be a loopback

@@ -20,7 +20,9 @@ func newEventsCmd() *cobra.Command {
 			"snapshotted, forked, slept, woken, stopped, removed, admission.refused), oldest\n" +
 			"first: the recent ones it keeps, or with --follow the new ones as they happen.\n" +
 			"Each line starts with the event's seq; --since SEQ resumes after it.",
-		Example: "  clade events --follow --sandbox box\n  clade events -f --since 1200 --json",
+		Example: "  clade events --follow --sandbox box\n" +
+			"  last=$(clade events | tail -1 | cut -d' ' -f1)   # the newest seq (a large number)\n" +
+			"  clade events -f --since \"$last\" --json",
 		Args:    nargs(0, 0),
 	}
 	fs := cmd.Flags()

@@ -39,6 +39,9 @@ func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 // because it forwards signals itself.
 var stopSignals = func() {}
 
+// signalsStopped is set once stopSignals ran.
+var signalsStopped bool
+
 func main() {
 	os.Exit(run(os.Args[1:]))
 }
@@ -46,10 +49,20 @@ func main() {
 func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	stopSignals = stop
+	signalsStopped = false
+	stopSignals = func() { signalsStopped = true; stop() }
 	root := newRoot()
 	root.SetArgs(normalizeArgs(root, args))
 	cmd, err := root.ExecuteContextC(ctx)
+	// stop (exec's stopSignals) also cancels ctx: only a signal counts.
+	interrupted := ctx.Err() != nil && !signalsStopped
+	if err != nil && interrupted && !errors.As(err, new(exitError)) && !errors.As(err, new(usageError)) {
+		// Ctrl-C cut a call short: say so, not `Post "http://clade/...":
+		// interrupt signal received`. A create or fork the daemon finishes
+		// after that is removed by it, since no one learned its ids.
+		fmt.Fprintln(os.Stderr, "clade: interrupted")
+		return 130
+	}
 	return exitCode(cmd, err)
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -48,12 +49,19 @@ func newSecretSetCmd() *cobra.Command {
 			}
 			defer f.Close()
 			r = f
+		} else if term.IsTerminal(int(os.Stdin.Fd())) {
+			fmt.Fprintln(os.Stderr, "clade: reading the secret from stdin: type it, then Ctrl-D (or use --from-file)")
 		}
-		value, err := io.ReadAll(io.LimitReader(r, 1<<20))
+		value, err := io.ReadAll(io.LimitReader(r, sdk.MaxSecretBytes+1))
+		defer clear(value)
 		if err != nil {
 			return err
 		}
-		defer clear(value)
+		if len(value) > sdk.MaxSecretBytes {
+			// Sent, a long one would fail as a request body over the
+			// daemon's limit, which says nothing of secrets.
+			return fmt.Errorf("secret %s: the value is over %d KiB, the most a secret holds", name, sdk.MaxSecretBytes>>10)
+		}
 		sc, err := c.SetSecret(ctx, name, value)
 		if err != nil {
 			return err
@@ -98,12 +106,7 @@ func newSecretRemoveCmd() *cobra.Command {
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeSecrets,
 		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-			for _, name := range args {
-				if err := c.DeleteSecret(ctx, name); err != nil {
-					return err
-				}
-			}
-			return nil
+			return removeEach(args, false, func(name string) error { return c.DeleteSecret(ctx, name) })
 		}),
 	}
 }

@@ -94,6 +94,9 @@ func newForkCmd() *cobra.Command {
 	n := cmd.Flags().IntP("count", "n", 1, "number of children")
 	asJSON := cmd.Flags().Bool("json", false, "print the whole result as JSON")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		if *n < 1 {
+			return badArg("-n %d: give the number of children, 1 or more", *n)
+		}
 		res, err := c.Fork(ctx, args[0], *n)
 		if err != nil {
 			return err
@@ -128,9 +131,12 @@ func newForkCmd() *cobra.Command {
 
 func newWakeCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:               "wake ID",
-		Short:             "Wake a sleeping sandbox",
-		Long:              "Restores a sleeping sandbox in place: same id, files and running processes.",
+		Use:   "wake ID",
+		Short: "Wake a sleeping sandbox",
+		Long: "Restores a sleeping sandbox in place: same id, files and running processes.\n" +
+			"Waking a running sandbox does nothing. The next exec, file copy or ingress\n" +
+			"request wakes a sleeping sandbox too.",
+		Example:           "  clade sleep box && clade wake box",
 		Args:              nargs(1, 1),
 		ValidArgsFunction: firstArg(completeSandboxes),
 		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {

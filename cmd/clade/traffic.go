@@ -116,6 +116,9 @@ func newTimeoutCmd() *cobra.Command {
 	return cmd
 }
 
+// maxURLTTL is the longest --ttl the daemon signs a URL for.
+const maxURLTTL = 30 * 24 * time.Hour
+
 func newURLCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "url [flags] ID PORT",
@@ -133,8 +136,10 @@ func newURLCmd() *cobra.Command {
 		if err != nil || port < 1 || port > 65535 {
 			return badArg("port %q: give a TCP port, 1 to 65535", pos[1])
 		}
-		if *ttl <= 0 {
-			return fmt.Errorf("--ttl %s: give a positive duration, e.g. 15m", *ttl)
+		// The API counts whole milliseconds and reads 0 as its default, an
+		// hour: a --ttl under a millisecond must not become one.
+		if *ttl < time.Millisecond || *ttl > maxURLTTL {
+			return badArg("--ttl %s: give a duration from 1ms to 30 days (720h), e.g. 15m", *ttl)
 		}
 		u, err := c.SignedURL(ctx, pos[0], port, *ttl)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,13 +33,20 @@ func newTUICmd() *cobra.Command {
 	interval := cmd.Flags().Duration("interval", time.Second, "how often CPU and memory refresh (the list follows the daemon's events at once)")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		if *interval < 100*time.Millisecond {
-			return fmt.Errorf("--interval %s is too short: use at least 100ms", *interval)
+			return badArg("--interval %s is too short: use at least 100ms", *interval)
 		}
+		tty, err := os.Open("/dev/tty")
+		if err != nil {
+			// Else bubbletea's words: "could not open a new TTY: open
+			// /dev/tty: no such device or address".
+			return errors.New("tui needs a terminal: in a script use clade ls, clade stats --no-stream or clade events --follow")
+		}
+		tty.Close()
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel() // ends the events stream when the program quits
 		m := &tuiModel{c: c, ctx: ctx, interval: *interval, width: 80, height: 24, stats: map[string]sdk.SandboxStats{}, cpu: map[string]float64{}}
 		p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
-		_, err := p.Run()
+		_, err = p.Run()
 		if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
 			return nil
 		}
@@ -570,7 +578,7 @@ func (m *tuiModel) View() string {
 	var lines []string
 	add := func(s string) { lines = append(lines, fit(s, w)) }
 
-	title := fmt.Sprintf("clade · %d sandboxes · %d snapshots", len(m.sandboxes), len(m.snapshots))
+	title := "clade · " + count(len(m.sandboxes), "sandbox", "sandboxes") + " · " + count(len(m.snapshots), "snapshot", "snapshots")
 	if m.loaded {
 		title += " · updated " + m.lastOK.Format("15:04:05")
 	}
@@ -737,4 +745,12 @@ func compactBytes(n uint64) string {
 		return fmt.Sprintf("%dM", n>>20)
 	}
 	return fmt.Sprintf("%dK", n>>10)
+}
+
+// count is "1 sandbox", "2 sandboxes".
+func count(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }

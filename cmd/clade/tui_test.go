@@ -112,7 +112,7 @@ func TestTUI(t *testing.T) {
 	if err := d.Client.DeleteSandbox(t.Context(), two.ID); err != nil {
 		t.Fatal(err)
 	}
-	tm.waitFor(`clade · 1 sandboxes`)
+	tm.waitFor(`clade · 1 sandbox · `)
 
 	// e: a shell in the (sleeping) sandbox, which it wakes; its output on
 	// the screen; exit gives the list back.

@@ -75,14 +75,14 @@ func newCreateCmd() *cobra.Command {
 			return err
 		}
 		if *idle < 0 || *idle%time.Millisecond != 0 || *timeout < 0 || *timeout%time.Millisecond != 0 {
-			return errors.New("--idle-sleep and --timeout take a positive duration in whole milliseconds, e.g. 90s")
+			return badArg("--idle-sleep and --timeout take a positive duration in whole milliseconds, e.g. 90s")
 		}
 		req.IdleSleepMS, req.TimeoutMS = idle.Milliseconds(), timeout.Milliseconds()
 		req.Env = env
 		if *disk != "" {
 			mib, err := parseMiB(*disk)
 			if err != nil {
-				return fmt.Errorf("--disk: %w", err)
+				return badArg("--disk: %v", err)
 			}
 			req.DiskMiB = mib
 		}
@@ -156,6 +156,11 @@ func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest [
 	ref, cmd := rest[0], rest[1:]
 	if cmd[0] == "--" {
 		cmd = cmd[1:]
+	} else if strings.HasPrefix(cmd[0], "-") && len(cmd[0]) > 1 {
+		// `clade exec box --env X=1 -- env`: a flag after the sandbox would
+		// run as a command named --env and fail as not found.
+		return usagef(cobraCmd, "%q after the sandbox %s would be the command: exec's flags go before ID "+
+			"(put -- before a command that starts with -)\nUsage: %s", cmd[0], ref, cobraCmd.UseLine())
 	}
 	if len(cmd) == 0 {
 		return usagef(cobraCmd, "missing CMD\nUsage: %s", cobraCmd.UseLine())
@@ -304,8 +309,12 @@ func printJSON(v any) error {
 
 func newInspectCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:               "inspect ID...",
-		Short:             "Print sandboxes as JSON",
+		Use:   "inspect ID...",
+		Short: "Print sandboxes as JSON",
+		Long: "Prints each sandbox's record as JSON: state, resources, labels, network,\n" +
+			"ingress URL and traffic token, timeouts. One ID prints an object, several\n" +
+			"an array of them.",
+		Example:           "  clade inspect box\n  clade inspect box other | jq '.[].state'",
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeSandboxes,
 	}
@@ -331,7 +340,8 @@ func newRemoveCmd() *cobra.Command {
 		Use:               "rm [flags] ID...",
 		Aliases:           []string{"remove"},
 		Short:             "Remove sandboxes, stopping what runs in them",
-		Long:              "Removes sandboxes, stopping what runs in them. Prints each one removed.",
+		Long:              "Removes sandboxes, stopping what runs in them (running, sleeping or stopped).\nPrints each one removed; a sandbox that does not exist is an error unless -f.",
+		Example:           "  clade rm box\n  clade rm -f box other",
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeSandboxes,
 	}
@@ -471,7 +481,7 @@ func parseMiB(s string) (int, error) {
 	}
 	n, err := strconv.Atoi(t)
 	if err != nil || n <= 0 || n > (1<<40)/mult {
-		return 0, fmt.Errorf("bad size %q: use a whole number of MiB, or a number with M, MiB, G, GiB or T, e.g. 2GiB", s)
+		return 0, fmt.Errorf("bad size %q: use a positive whole number of MiB, or one with M, MiB, G, GiB, T or TiB, e.g. 2GiB", s)
 	}
 	return n * mult, nil
 }

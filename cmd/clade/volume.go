@@ -58,7 +58,7 @@ func newVolumeCreateCmd() *cobra.Command {
 		if *size != "" {
 			mib, err := parseMiB(*size)
 			if err != nil {
-				return fmt.Errorf("--size: %w", err)
+				return badArg("--size: %v", err)
 			}
 			req.SizeBytes = int64(mib) << 20
 		}
@@ -131,16 +131,11 @@ func newVolumeRemoveCmd() *cobra.Command {
 		Use:               "rm NAME...",
 		Aliases:           []string{"remove"},
 		Short:             "Remove volumes and their data",
-		Long:              "Removes volumes and their data; a volume a sandbox mounts is refused.",
+		Long:              "Removes volumes and their data; a volume a sandbox mounts is refused.\nPrints each one removed; a failure does not stop the others.",
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeVolumes,
 		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-			for _, ref := range args {
-				if err := c.DeleteVolume(ctx, ref); err != nil {
-					return err
-				}
-			}
-			return nil
+			return removeEach(args, false, func(ref string) error { return c.DeleteVolume(ctx, ref) })
 		}),
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/guest"
@@ -19,7 +20,7 @@ import (
 )
 
 // MaxValue bounds a secret's value.
-const MaxValue = 64 << 10
+const MaxValue = api.MaxSecretBytes
 
 // FileDir is the in-sandbox tmpfs secret files are written to.
 const FileDir = "/run/secrets"

@@ -1,6 +1,7 @@
 package system
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -95,7 +97,15 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return fmt.Errorf("another clade daemon is using %s", o.DataDir)
+		who := "another clade daemon"
+		if b, err := os.ReadFile(lock.Name()); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			who += " (pid " + string(bytes.TrimSpace(b)) + ")"
+		}
+		return fmt.Errorf("%s is using data dir %s: stop it first, or give this one another --data-dir", who, o.DataDir)
+	}
+	// The holder's pid, for the message above.
+	if err := lock.Truncate(0); err == nil {
+		_, _ = lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	if o.ImagesDir == "" {
 		o.ImagesDir = filepath.Join(o.DataDir, "images")

@@ -4,6 +4,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -272,8 +273,31 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if s.clientGone(r, sb.ID) {
+		return nil
+	}
 	writeJSON(w, http.StatusCreated, s.sandboxAPI(sb))
 	return nil
+}
+
+// clientGone reports whether the client of r went away (Ctrl-C, a killed
+// process) before its create or fork answered, and then removes the
+// sandboxes ids the call made: the create runs to its end whatever the
+// client does, but a client that never learned their ids would leave them
+// running, and holding their memory, until someone noticed.
+func (s *Server) clientGone(r *http.Request, ids ...string) bool {
+	if r.Context().Err() == nil {
+		return false
+	}
+	ctx := context.WithoutCancel(r.Context())
+	for _, id := range ids {
+		if err := s.mgr.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Error("removing a sandbox made for a client that went away", "sandbox", id, "err", err)
+			continue
+		}
+		s.log.Info("client went away before the answer: sandbox removed", "sandbox", id, "path", r.URL.Path)
+	}
+	return true
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {

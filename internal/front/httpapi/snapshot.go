@@ -77,6 +77,15 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	var made []string
+	for _, c := range res.Children {
+		if c.Err == nil {
+			made = append(made, c.ID)
+		}
+	}
+	if s.clientGone(r, made...) {
+		return nil
+	}
 	out := api.ForkResult{Snapshot: res.Snapshot, Children: make([]api.ForkChild, len(res.Children))}
 	for i, c := range res.Children {
 		out.Children[i] = api.ForkChild{ID: c.ID}
