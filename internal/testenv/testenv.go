@@ -236,6 +236,10 @@ func (d *Daemon) Start(env []string) {
 	}
 }
 
+// SetArgs appends daemon flags for the next Start (a later flag wins over
+// an earlier one), e.g. to restart it with another --engine.
+func (d *Daemon) SetArgs(extra ...string) { d.args = append(d.args, extra...) }
+
 // Pid is the daemon process's id (for its /proc entries).
 func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
 

@@ -249,6 +249,20 @@ func (s *sandbox) ID() string          { return s.id }
 func (s *sandbox) Guest() *guest.Conn  { return s.client }
 func (s *sandbox) PID() int            { return s.pid }
 func (e *Engine) dir(id string) string { return filepath.Join(e.sbRoot, id) }
+
+// Holds implements multi.Holder: id has a sandbox directory here.
+func (e *Engine) Holds(id string) bool {
+	_, err := os.Lstat(e.dir(id))
+	return err == nil
+}
+
+// IsCheckpoint implements multi.CheckpointOwner: dir holds runsc's state
+// file, so a daemon whose default engine is another still restores gVisor
+// snapshots and sleeping sandboxes with gVisor.
+func (e *Engine) IsCheckpoint(dir string) bool {
+	_, err := os.Lstat(filepath.Join(dir, "checkpoint.img"))
+	return err == nil
+}
 func (e *Engine) upper(id string) string {
 	if e.cfg.UpperRoot != "" {
 		return filepath.Join(e.cfg.UpperRoot, id)

@@ -23,6 +23,12 @@ type CheckpointOwner interface {
 	IsCheckpoint(dir string) bool
 }
 
+// Holder is an engine that can tell cheaply (no process scan) whether it
+// holds a sandbox: it has that id's directory.
+type Holder interface {
+	Holds(id string) bool
+}
+
 // Engine dispatches to named engines.
 type Engine struct {
 	def     string
@@ -151,11 +157,22 @@ func (e *Engine) Create(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	return sb, err
 }
 
-// Attach implements engine.Engine.
+// Attach implements engine.Engine. A spec naming no engine (a record made
+// while another engine was the default) goes to the engine that holds the
+// id, so a daemon restarted with another --engine still finds its
+// sandboxes; the default one if none says so.
 func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, error) {
 	name, eng, err := e.pick(spec)
 	if err != nil {
 		return nil, err
+	}
+	if spec.Engine == "" {
+		for _, n := range e.names {
+			if h, ok := e.engines[n].(Holder); ok && h.Holds(spec.ID) {
+				name, eng = n, e.engines[n]
+				break
+			}
+		}
 	}
 	sb, err := eng.Attach(ctx, spec)
 	if err == nil {

@@ -1,6 +1,7 @@
 package multi_test
 
 import (
+	"context"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,6 +17,36 @@ import (
 type owner struct{ *fake.Engine }
 
 func (o owner) IsCheckpoint(dir string) bool { return strings.HasSuffix(dir, ".vm") }
+
+func (o owner) Holds(id string) bool {
+	ids, _ := o.List(context.Background())
+	return slices.Contains(ids, id)
+}
+
+// TestAttachFindsTheHolder: a record that names no engine, made while
+// another engine was the default, is attached in the engine holding it
+// (a daemon restarted with another --engine lost such sandboxes).
+func TestAttachFindsTheHolder(t *testing.T) {
+	a, b := fake.New(), owner{fake.New()}
+	ctx := t.Context()
+	before, err := multi.New("b", map[string]engine.Engine{"a": a, "b": b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := before.Create(ctx, engine.Spec{ID: "sb"}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := multi.New("a", map[string]engine.Engine{"a": a, "b": b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := after.Attach(ctx, engine.Spec{ID: "sb"}); err != nil {
+		t.Fatalf("attach after the default changed: %v", err)
+	}
+	if _, err := after.Attach(ctx, engine.Spec{ID: "nobody"}); !errdefs.IsNotFound(err) {
+		t.Fatalf("attach of an id no engine holds: %v, want the default engine's not found", err)
+	}
+}
 
 func TestDispatch(t *testing.T) {
 	a, b := fake.New(), owner{fake.New()}

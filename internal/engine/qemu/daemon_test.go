@@ -89,3 +89,73 @@ func TestDaemonServesBothEngines(t *testing.T) {
 		t.Fatalf("qemu processes left after rm: %v", left)
 	}
 }
+
+// TestDaemonDefaultEngineChanged: sandboxes made while gVisor was the
+// default (their records name no engine) survive a restart of the daemon
+// with --engine qemu: the running one is attached, the sleeping one wakes
+// and a snapshot forks, all still in gVisor; new sandboxes are VMs.
+func TestDaemonDefaultEngineChanged(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	ctx := t.Context()
+	run, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: "running"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nap, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: "asleep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{run.ID, nap.ID} {
+		if st, err := c.Exec(ctx, id, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo kept > /root/f"}}); err != nil || st.Code != 0 {
+			t.Fatalf("exec in %s: %+v %v", id, st, err)
+		}
+	}
+	snap, err := c.SnapshotSandbox(ctx, run.ID, "before-restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Sleep(ctx, nap.ID); err != nil {
+		t.Fatal(err)
+	}
+	d.Stop()
+	d.SetArgs("--engine", "qemu")
+	d.Start(nil)
+
+	read := func(id string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		st, err := c.Exec(ctx, id, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; uname -r"}, Stdout: &out, Stderr: &errb})
+		if err != nil || st.Code != 0 {
+			t.Fatalf("exec in %s after the restart: %+v %v %s", id, st, err, errb.String())
+		}
+		return out.String()
+	}
+	isGVisor := func(id, out string) {
+		t.Helper()
+		if !strings.HasPrefix(out, "kept\n") || strings.Contains(out, "cloud-amd64") {
+			t.Fatalf("%s after the restart with --engine qemu: %q, want its file, in gVisor", id, out)
+		}
+	}
+	if sb, err := c.GetSandbox(ctx, run.ID); err != nil || sb.State != "running" {
+		t.Fatalf("the running sandbox after the restart: %+v %v", sb, err)
+	}
+	isGVisor(run.ID, read(run.ID))
+	if _, err := c.Wake(ctx, nap.ID); err != nil {
+		t.Fatalf("wake of a gVisor sandbox under a qemu default: %v", err)
+	}
+	isGVisor(nap.ID, read(nap.ID))
+	res, err := c.Fork(ctx, snap.ID, 1)
+	if err != nil || len(res.Children) != 1 || res.Children[0].Error != "" {
+		t.Fatalf("fork of a gVisor snapshot under a qemu default: %+v %v", res, err)
+	}
+	isGVisor(res.Children[0].ID, read(res.Children[0].ID))
+	vm, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{MemoryMiB: 256, Network: &sdk.Network{Mode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if st, err := c.Exec(ctx, vm.ID, sdk.ExecRequest{Cmd: []string{"uname", "-r"}, Stdout: &out}); err != nil || st.Code != 0 || !strings.Contains(out.String(), "cloud-amd64") {
+		t.Fatalf("a new sandbox under --engine qemu: %+v %v %q, want a VM", st, err, out.String())
+	}
+}

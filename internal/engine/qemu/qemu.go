@@ -297,6 +297,12 @@ func (s *sandbox) release(reason error) {
 
 func (e *Engine) dir(id string) string { return filepath.Join(e.sbRoot, id) }
 
+// Holds implements multi.Holder: id has a VM directory here.
+func (e *Engine) Holds(id string) bool {
+	_, err := os.Lstat(e.dir(id))
+	return err == nil
+}
+
 // memFile is the share=on file holding id's guest RAM.
 func (e *Engine) memFile(id string) string { return e.shmPrefix + id + ".mem" }
 
