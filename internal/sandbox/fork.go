@@ -124,6 +124,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	unlockSnap()
 	sem := make(chan struct{}, m.cfg.RestoreParallel)
 	var wg sync.WaitGroup
+	live := make([]engine.Sandbox, len(recs))
 	for i, rec := range recs {
 		if rec.ID == "" {
 			continue
@@ -133,11 +134,23 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			defer unlocks[i]()
-			res.Children[i] = m.restoreChildLocked(ctx, snapper, rec, m.spec(rec, img), sn.Path)
+			live[i], res.Children[i] = m.restoreChildLocked(ctx, snapper, rec, m.spec(rec, img), sn.Path)
 		}()
 	}
 	wg.Wait()
+	// The children stay `creating` until every restore is done: a daemon
+	// killed before the answer leaves none the caller was not told of (the
+	// restart removes half-done sandboxes).
+	m.crashPoint("fork-after-children")
+	for i := range recs {
+		if recs[i].ID == "" {
+			continue
+		}
+		if live[i] != nil {
+			res.Children[i] = m.finishChildLocked(ctx, recs[i], live[i])
+		}
+		unlocks[i]()
+	}
 	forked := events.Event{Type: events.Forked, Snapshot: sn.ID}
 	for _, c := range res.Children {
 		if c.Err != nil {
@@ -147,26 +160,31 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		}
 	}
 	m.emitID(sn.Sandbox, forked)
-	m.crashPoint("fork-after-children")
 	m.gcSnapshot(ctx, sn.ID) // an implicit snapshot whose every child failed
 	return res, nil
 }
 
-// restoreChildLocked restores one recorded child. Guarded by rec's lock.
-func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, spec engine.Spec, path string) ForkChild {
+// restoreChildLocked restores one recorded child, which stays `creating`
+// (finishChildLocked makes it running). Guarded by rec's lock.
+func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, spec engine.Spec, path string) (engine.Sandbox, ForkChild) {
 	sb, err := m.startLocked(ctx, rec, spec, true, func(spec engine.Spec) (engine.Sandbox, error) {
 		return snapper.Restore(ctx, spec, path)
 	})
-	if err == nil {
-		if err = m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
-			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
-		}
-	}
 	if err != nil {
+		return nil, ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID))}
+	}
+	m.crashPoint("fork-mid-restore") // other children still restoring
+	return sb, ForkChild{ID: rec.ID}
+}
+
+// finishChildLocked records a restored child running. Guarded by rec's
+// lock.
+func (m *Manager) finishChildLocked(ctx context.Context, rec store.Sandbox, sb engine.Sandbox) ForkChild {
+	if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
+		err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
 		return ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID))}
 	}
 	m.track(rec.ID, sb)
-	m.crashPoint("fork-mid-restore") // other children still restoring
 	return ForkChild{ID: rec.ID}
 }
 
