@@ -95,6 +95,8 @@ type Engine struct {
 	// before the link redials (see link); defaultHelloWait unless a test
 	// sets it.
 	helloWait time.Duration
+	// noNudge: links write no wire.Nudge (a test compares).
+	noNudge bool
 
 	setupOnce sync.Once
 	accelOnce sync.Once
@@ -497,6 +499,7 @@ func (e *Engine) connect(ctx context.Context, id string, m vmMeta, firstWait tim
 	}
 	sb := &sandbox{id: id, dir: dir, pid: pid, meta: m, client: guest.NewConn(), exited: make(chan struct{}), stopped: make(chan struct{})}
 	sb.link = newLink(filepath.Join(dir, "agent.sock"), sb.client, firstWait)
+	sb.link.noNudge = e.noNudge
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	q, err := dialQMP(qctx, filepath.Join(dir, "qmp.sock"), nil)
@@ -995,6 +998,7 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	if err != nil {
 		return nil, err
 	}
+	cpuReady := cpuTime(sb.pid)
 	tReady := time.Now()
 	// A copy of a VM has its parent's clock and entropy pool: step the
 	// one and reseed the other.
@@ -1005,6 +1009,6 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	}
 	e.cfg.Log.Debug("restore", "sandbox", spec.ID, "launch", tLaunch.Sub(t0), "qmp", tQMP.Sub(tLaunch),
 		"incoming", tIn.Sub(tQMP), "agent", tReady.Sub(tIn), "silent", sb.link.silent.Load(), "reseed", time.Since(tReady), "total", time.Since(t0),
-		"qemu_cpu_before_cont", cpuIn, "qemu_cpu", cpuTime(sb.pid))
+		"qemu_cpu_before_cont", cpuIn, "qemu_cpu_ready", cpuReady, "qemu_cpu", cpuTime(sb.pid))
 	return s, nil
 }
