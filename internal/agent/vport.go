@@ -1,12 +1,15 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,7 +32,11 @@ func isCharDevice(path string) bool {
 // once it reads the agent's acknowledgement; afterQuiesce waits (at most a
 // second) for that, so that the next hello is not written into the host's
 // old connection (if it is, the host redials a silent connection and the
-// agent says hello again).
+// agent says hello again). A host that connects writes wire.Nudge first:
+// it ends the wait too. In a VM restored from a snapshot the old host's
+// hang-up may never show (the new QEMU's port is connected again before
+// it tells the guest), and without the nudge every restored child would
+// wait out the whole second.
 func dialPort(ctx context.Context, path string, afterQuiesce bool) (net.Conn, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
@@ -37,15 +44,34 @@ func dialPort(ctx context.Context, path string, afterQuiesce bool) (net.Conn, er
 	}
 	if afterQuiesce {
 		_ = f.SetReadDeadline(time.Now().Add(time.Second))
-		buf := make([]byte, 4096)
-		for ctx.Err() == nil {
-			if _, err := f.Read(buf); err != nil {
-				break // EOF: the host is gone; or the deadline
-			}
-		}
+		drainUntilNudge(ctx, f)
 		_ = f.SetReadDeadline(time.Time{})
 	}
 	return &portConn{f: f}, nil
+}
+
+// drainUntilNudge reads and drops what r gives until EOF, an error (the
+// deadline), ctx's end or a nudge: the old host's last frames go, and a
+// new host's nudge (which may follow them) ends the wait.
+func drainUntilNudge(ctx context.Context, r io.Reader) {
+	nudge := wire.Nudge()
+	buf := make([]byte, 4096)
+	var seen []byte // what was read, less what cannot start a nudge
+	for ctx.Err() == nil {
+		n, err := r.Read(buf)
+		if n > 0 {
+			seen = append(seen, buf[:n]...)
+			if bytes.Contains(seen, nudge) {
+				return
+			}
+			if k := len(seen) - (len(nudge) - 1); k > 0 {
+				seen = append(seen[:0], seen[k:]...)
+			}
+		}
+		if err != nil {
+			return // EOF: the host is gone; or the deadline
+		}
+	}
 }
 
 // portConn is a virtio port as a net.Conn.

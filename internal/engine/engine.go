@@ -120,6 +120,15 @@ type Snapshotter interface {
 	Restore(ctx context.Context, spec Spec, dir string) (Sandbox, error)
 }
 
+// HostnameSetter is a Sandbox whose engine set its guest's hostname as it
+// started it (a qemu restore sets the spec's in the frame that steps the
+// clock and reseeds the entropy pool): the caller need not Reconfigure it
+// for that, one round trip into the guest less per fork child.
+type HostnameSetter interface {
+	// HostnameSet is the hostname the engine set, "" if none.
+	HostnameSet() string
+}
+
 // Preparer is an engine that can do the slow part of making a sandbox
 // ahead of time. A later Create or Restore with the same spec ID (and the
 // same resources) finishes faster, but its guest may keep the hostname it

@@ -266,6 +266,9 @@ func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engin
 	sb, err := start(spec)
 	err = m.diskFull(err)
 	t2 := time.Now()
+	if hs, ok := sb.(engine.HostnameSetter); ok && err == nil && hs.HostnameSet() == spec.Hostname {
+		reconf = false // the engine set it as it started the guest
+	}
 	if err == nil && reconf {
 		if err = sb.Guest().Reconfigure(ctx, guest.Config{Hostname: spec.Hostname}); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))

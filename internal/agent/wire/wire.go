@@ -331,3 +331,18 @@ func MergeEnv(lists ...[]string) []string {
 	}
 	return env
 }
+
+// nudgePayload marks the Ping a newly connected host sends before it reads
+// the agent's hello (see Nudge).
+const nudgePayload = "clade: a new host is connected, say hello"
+
+// Nudge is the frame a host writes as soon as it connects over a virtio
+// port: a Ping no old host ever sends. An agent that quiesced for a
+// snapshot waits for its old host's hang-up before it says hello (see
+// internal/agent/vport.go), and in a VM restored from the snapshot that
+// hang-up may never come: the nudge ends the wait at once. An agent in
+// session answers it as any Ping, and the host drops a Pong it did not ask
+// for.
+func Nudge() []byte {
+	return append(AppendHeader(nil, Ping, 0, len(nudgePayload)), nudgePayload...)
+}

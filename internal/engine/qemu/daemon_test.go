@@ -62,6 +62,11 @@ func TestDaemonServesBothEngines(t *testing.T) {
 		if out := run(ch.ID, "cat", "/root/f"); out != "parent\n" {
 			t.Fatalf("child %s: %q", ch.ID, out)
 		}
+		// The engine sets a child's hostname as it restores it (the
+		// daemon skips its own round trip for it).
+		if out, want := run(ch.ID, "hostname"), "sb-"+ch.ID[:8]+"\n"; out != want {
+			t.Fatalf("child %s hostname %q, want %q", ch.ID, out, want)
+		}
 		if sb, err := c.GetSandbox(ctx, ch.ID); err != nil || sb.Engine != "qemu" {
 			t.Fatalf("child %s: %+v %v; want engine qemu", ch.ID, sb, err)
 		}

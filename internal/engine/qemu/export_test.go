@@ -9,6 +9,9 @@ import (
 // first hello (TestForkLevers compares settings).
 func (e *Engine) SetHelloWait(d time.Duration) { e.helloWait = d }
 
+// SetNudge turns the links' wire.Nudge on or off (TestForkLevers compares).
+func (e *Engine) SetNudge(on bool) { e.noNudge = !on }
+
 // Warm does what an engine does once before its first VM (the initramfs,
 // the accelerator probe) and builds rootfs's disk image, so that a timing
 // that starts after it sees what a long-running daemon's engine does.

@@ -42,6 +42,14 @@ var forkLevers = map[string]lever{
 	"wait5":    {eng: func(e *qemu.Engine) { e.SetHelloWait(5 * time.Second) }},
 	"tb8wait5": {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 8 }, eng: func(e *qemu.Engine) { e.SetHelloWait(5 * time.Second) }},
 	"newpar4":  {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 8 }, par: 4},
+	// The links' nudge off: a restored agent waits out its second for
+	// the old host's hang-up before it says hello.
+	"nonudge": {eng: func(e *qemu.Engine) { e.SetNudge(false) }},
+	"nudge":   {},
+	// 4 and 8 restores at a time (4: the daemon's default on two cores).
+	"nudgepar4":   {par: 4},
+	"nudgepar8":   {par: 8},
+	"nonudgepar4": {eng: func(e *qemu.Engine) { e.SetNudge(false) }, par: 4},
 }
 
 // TestForkLevers measures fork N (CLADE_QEMU_FORKS, default 16) of one

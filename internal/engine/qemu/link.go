@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/guest"
 )
 
@@ -20,7 +21,9 @@ import (
 // one socket connection is one agent session. The agent says hello first;
 // a connection that stays silent is dropped and dialled again (the guest
 // sees the host go and come back, and its agent says hello again), which
-// heals a hello lost in a race with a snapshot. During a checkpoint the
+// heals a hello lost in a race with a snapshot. Until the hello comes the
+// link nudges the agent (see nudge): an agent that quiesced for a snapshot
+// says hello to the first host that does. During a checkpoint the
 // link is paused: nothing dials, so the agent's next hello waits in the
 // guest and goes to whichever host (parent or restored child) connects next.
 type link struct {
@@ -38,6 +41,8 @@ type link struct {
 	firstWait time.Duration
 	// silent counts connections dropped for want of a hello (debug log).
 	silent atomic.Int32
+	// noNudge turns the nudges off (TestForkLevers measures without them).
+	noNudge bool
 }
 
 func newLink(path string, conn *guest.Conn, firstWait time.Duration) *link {
@@ -103,8 +108,12 @@ func (l *link) run() {
 		l.mu.Unlock()
 		br := bufio.NewReaderSize(nc, 64<<10)
 		_ = nc.SetReadDeadline(time.Now().Add(wait))
-		if _, err := br.Peek(1); err != nil {
-			l.drop(nc)
+		stopNudge, nudged := l.nudge(nc)
+		_, err = br.Peek(1)
+		if err != nil {
+			l.drop(nc) // unblocks a nudge's write
+			close(stopNudge)
+			<-nudged
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				l.silent.Add(1)
 				wait = min(max(wait*2, time.Second), 8*time.Second)
@@ -116,11 +125,49 @@ func (l *link) run() {
 			}
 			continue
 		}
+		// No nudge may be written once the session writes frames.
+		close(stopNudge)
+		<-nudged
 		_ = nc.SetReadDeadline(time.Time{})
 		wait = time.Second
 		_ = l.conn.Serve(&bufConn{Conn: nc, r: br})
 		l.drop(nc)
 	}
+}
+
+// nudgeEvery is how often a connection that has not heard the agent's hello
+// writes wire.Nudge again: one written before the guest's end of the port
+// is ready again (in a VM just restored) is lost.
+var nudgeEvery = 50 * time.Millisecond
+
+// nudge writes wire.Nudge to nc now and every nudgeEvery until stop is
+// closed (or a write fails); done is closed when it has stopped writing.
+// An agent that quiesced for a snapshot says hello when it reads one,
+// rather than when its wait for the old host's hang-up runs out: in a
+// restored VM that hang-up never shows, and the wait was a second of
+// every fork child's start. With l.noNudge it writes nothing.
+func (l *link) nudge(nc net.Conn) (stop, done chan struct{}) {
+	stop, done = make(chan struct{}), make(chan struct{})
+	if l.noNudge {
+		close(done)
+		return stop, done
+	}
+	go func() {
+		defer close(done)
+		t := time.NewTicker(nudgeEvery)
+		defer t.Stop()
+		for {
+			if _, err := nc.Write(wire.Nudge()); err != nil {
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return stop, done
 }
 
 // drop closes nc and forgets it if it is the current connection.

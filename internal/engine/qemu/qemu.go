@@ -44,6 +44,8 @@ var (
 	_ engine.Snapshotter = (*Engine)(nil)
 	_ engine.Preparer    = (*Engine)(nil)
 	_ engine.Inspector   = (*Engine)(nil)
+
+	_ engine.HostnameSetter = (*sandbox)(nil)
 )
 
 // DefaultTCGCacheMiB is Config.TCGCacheMiB's default. 8 MiB keeps a fork
@@ -95,6 +97,8 @@ type Engine struct {
 	// before the link redials (see link); defaultHelloWait unless a test
 	// sets it.
 	helloWait time.Duration
+	// noNudge: links write no wire.Nudge (a test compares).
+	noNudge bool
 
 	setupOnce sync.Once
 	accelOnce sync.Once
@@ -267,6 +271,8 @@ type sandbox struct {
 	client *guest.Conn
 	q      *qmp
 	link   *link
+	// hostname is the one Restore set (engine.HostnameSetter).
+	hostname string
 
 	expectExit atomic.Bool
 	exited     chan struct{}
@@ -280,6 +286,7 @@ func (s *sandbox) Guest() *guest.Conn      { return s.client }
 func (s *sandbox) PID() int                { return s.pid }
 func (s *sandbox) Exited() <-chan struct{} { return s.exited }
 func (s *sandbox) ExitReason() string      { return s.reason }
+func (s *sandbox) HostnameSet() string     { return s.hostname }
 
 // let go of the sandbox's connections (not of the VM).
 func (s *sandbox) release(reason error) {
@@ -503,6 +510,7 @@ func (e *Engine) connect(ctx context.Context, id string, m vmMeta, firstWait tim
 	}
 	sb := &sandbox{id: id, dir: dir, pid: pid, meta: m, client: guest.NewConn(), exited: make(chan struct{}), stopped: make(chan struct{})}
 	sb.link = newLink(filepath.Join(dir, "agent.sock"), sb.client, firstWait)
+	sb.link.noNudge = e.noNudge
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	q, err := dialQMP(qctx, filepath.Join(dir, "qmp.sock"), nil)
@@ -1001,16 +1009,18 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 	if err != nil {
 		return nil, err
 	}
+	cpuReady := cpuTime(sb.pid)
 	tReady := time.Now()
-	// A copy of a VM has its parent's clock and entropy pool: step the
-	// one and reseed the other.
+	// A copy of a VM has its parent's clock, entropy pool and hostname:
+	// step the one, reseed the other and set the spec's, in one frame.
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
-	if err := sb.client.Reconfigure(ctx, guest.Config{Clock: time.Now(), Seed: seed}); err != nil {
-		return nil, fmt.Errorf("reseed and set the clock of %s: %w", spec.ID, err)
+	if err := sb.client.Reconfigure(ctx, guest.Config{Clock: time.Now(), Seed: seed, Hostname: spec.Hostname}); err != nil {
+		return nil, fmt.Errorf("reseed, set the clock and the hostname of %s: %w", spec.ID, err)
 	}
+	sb.hostname = spec.Hostname
 	e.cfg.Log.Debug("restore", "sandbox", spec.ID, "launch", tLaunch.Sub(t0), "qmp", tQMP.Sub(tLaunch),
 		"incoming", tIn.Sub(tQMP), "agent", tReady.Sub(tIn), "silent", sb.link.silent.Load(), "reseed", time.Since(tReady), "total", time.Since(t0),
-		"qemu_cpu_before_cont", cpuIn, "qemu_cpu", cpuTime(sb.pid))
+		"qemu_cpu_before_cont", cpuIn, "qemu_cpu_ready", cpuReady, "qemu_cpu", cpuTime(sb.pid))
 	return s, nil
 }
