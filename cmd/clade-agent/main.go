@@ -45,7 +45,7 @@ func main() {
 	_ = unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0, 0, 0)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a := agent.New(agent.Config{Socket: sock, BaseEnv: env, Log: log,
-		Workdir: os.Getenv("CLADE_AGENT_WORKDIR"), User: os.Getenv("CLADE_AGENT_USER")})
+		Workdir: os.Getenv("CLADE_AGENT_WORKDIR"), User: os.Getenv("CLADE_AGENT_USER"), Etc: "/etc"})
 	if err := a.Run(context.Background()); err != nil {
 		log.Error("agent stopped", "err", err)
 		os.Exit(1)

@@ -36,7 +36,11 @@ type Config struct {
 	// and User); empty means / and root.
 	Workdir string
 	User    string
-	Log     *slog.Logger
+	// Etc is the directory whose hostname and hosts files the agent keeps
+	// naming the sandbox (see hostfiles.go); empty leaves them alone (the
+	// agent's tests run on the host).
+	Etc string
+	Log *slog.Logger
 }
 
 // Agent serves the host.
@@ -80,6 +84,9 @@ func New(cfg Config) *Agent {
 func (a *Agent) Run(ctx context.Context) error {
 	go a.reaper.run(ctx)
 	ignoreInitSignals(ctx)
+	if name, err := os.Hostname(); err == nil {
+		a.writeHostFiles(name)
+	}
 	backoff := time.Millisecond
 	port := isCharDevice(a.cfg.Socket)
 	var quiesced bool

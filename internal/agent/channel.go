@@ -623,6 +623,7 @@ func (ch *channel) identity() wire.ExitMsg {
 		a.mu.Lock()
 		a.hostEnv = []string{"HOSTNAME=" + ch.req.Hostname}
 		a.mu.Unlock()
+		a.writeHostFiles(ch.req.Hostname)
 	}
 	if ch.req.ClockNS != 0 {
 		tv := syscall.NsecToTimeval(ch.req.ClockNS)

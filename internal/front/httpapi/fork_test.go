@@ -109,13 +109,19 @@ func TestFork(t *testing.T) {
 		// Own hostname and entropy per child; a listener in one child is
 		// not reachable from another (each has its own network stack).
 		seen := map[string]bool{}
-		for _, id := range kids {
+		for _, id := range append([]string{parent.ID}, kids...) {
 			r := run(t, c, id, sdk.ExecRequest{Cmd: []string{"sh", "-c", "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'"}})
 			lines := strings.Split(r.stdout, "\n")
-			if len(lines) != 2 || seen[lines[0]] || seen[lines[1]] || lines[0] == "parent" {
-				t.Fatalf("child %s identity %q: hostname and entropy must be its own", id, r.stdout)
+			if len(lines) != 2 || seen[lines[0]] || seen[lines[1]] || (id != parent.ID && lines[0] == "parent") {
+				t.Fatalf("sandbox %s identity %q: hostname and entropy must be its own", id, r.stdout)
 			}
 			seen[lines[0]], seen[lines[1]] = true, true
+			// /etc/hostname and /etc/hosts name it too: localhost and its
+			// own name resolve without DNS.
+			r = run(t, c, id, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /etc/hostname; getent hosts localhost " + lines[0]}})
+			if want := lines[0] + "\n"; !strings.HasPrefix(r.stdout, want) || !strings.Contains(r.stdout, "localhost") || !strings.Contains(r.stdout, "127.0.1.1       "+lines[0]) {
+				t.Fatalf("sandbox %s (hostname %s): /etc/hostname and getent said %q", id, lines[0], r.stdout)
+			}
 		}
 		run(t, c, kids[0], sdk.ExecRequest{Cmd: []string{"sh", "-c", "nohup python3 -m http.server 8080 --bind 127.0.0.1 > /dev/null 2>&1 & until python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080))' 2>/dev/null; do sleep 0.02; done"}})
 		r := run(t, c, kids[1], sdk.ExecRequest{Cmd: []string{"python3", "-c", "import socket\ntry:\n  socket.create_connection(('127.0.0.1', 8080), timeout=2); print('reached')\nexcept OSError: print('isolated')"}})

@@ -1,0 +1,74 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+)
+
+// hostsMarker opens an /etc/hosts the agent wrote; one without it is the
+// image's own and is left alone.
+const hostsMarker = "# written by clade for this sandbox's hostname; remove this line to keep your own\n"
+
+// writeHostFiles makes /etc/hostname and /etc/hosts name the sandbox's
+// hostname, as container runtimes do. Images built with debootstrap carry
+// their build host's /etc/hostname and no /etc/hosts, so `localhost` did
+// not resolve (glibc asks DNS, and a sandbox without a network has none).
+// Each file is replaced by a rename in the same directory (never written
+// through a symlink); an /etc/hosts of the image's own, a hostname path
+// that is not a regular file, or an /etc that is not a directory are
+// left as they are. Errors are logged only: the sandbox runs without.
+func (a *Agent) writeHostFiles(name string) {
+	dir := a.cfg.Etc
+	if dir == "" || name == "" {
+		return
+	}
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return
+	}
+	hosts := hostsMarker + "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + name + "\n"
+	if old, err := readRegular(filepath.Join(dir, "hosts")); err == nil && bytes.HasPrefix(old, []byte(hostsMarker)) || os.IsNotExist(err) {
+		a.replaceFile(dir, "hosts", hosts)
+	}
+	if _, err := readRegular(filepath.Join(dir, "hostname")); err == nil || os.IsNotExist(err) {
+		a.replaceFile(dir, "hostname", name+"\n")
+	}
+}
+
+// readRegular reads a regular file; anything else is an error that is not
+// os.IsNotExist.
+func readRegular(path string) ([]byte, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, os.ErrInvalid
+	}
+	return os.ReadFile(path)
+}
+
+// replaceFile puts content at dir/name unless it is there already.
+func (a *Agent) replaceFile(dir, name, content string) {
+	path := filepath.Join(dir, name)
+	if old, err := os.ReadFile(path); err == nil && string(old) == content {
+		return
+	}
+	tmp := filepath.Join(dir, "."+name+".clade")
+	_ = os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err == nil {
+		_, err = f.WriteString(content)
+		err = errors.Join(err, f.Close())
+		if err == nil {
+			err = os.Rename(tmp, path)
+		}
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}
+	if err != nil {
+		a.cfg.Log.Warn("keeping the image's file", "file", path, "err", err)
+	}
+}
