@@ -23,7 +23,7 @@ func newEventsCmd() *cobra.Command {
 		Example: "  clade events --follow --sandbox box\n" +
 			"  last=$(clade events | tail -1 | cut -d' ' -f1)   # the newest seq (a large number)\n" +
 			"  clade events -f --since \"$last\" --json",
-		Args:    nargs(0, 0),
+		Args: nargs(0, 0),
 	}
 	fs := cmd.Flags()
 	follow := fs.BoolP("follow", "f", false, "keep printing new events until interrupted")
