@@ -52,6 +52,10 @@ type Agent struct {
 	// by a quiesce, so reconnecting after a snapshot or restore is quick.
 	fastUntil time.Time
 
+	// hostFiles is held while /etc/hostname and /etc/hosts are rewritten
+	// after a rename (renameHostFiles).
+	hostFiles sync.Mutex
+
 	mu sync.Mutex
 	// secretEnv is merged into every exec's environment (wire.Request's
 	// SecretEnv). Memory only: it lives on in a checkpoint of the sandbox,

@@ -57,6 +57,9 @@ func (ch *channel) run(ctx context.Context) {
 	defer ch.s.remove(ch.id)
 	defer close(ch.done)
 	var exit wire.ExitMsg
+	if ch.req.Op != wire.OpIdentity {
+		ch.s.a.hostFilesDone() // a request after a rename sees its files
+	}
 	switch ch.req.Op {
 	case wire.OpExec:
 		exit = ch.exec(ctx)
@@ -623,7 +626,7 @@ func (ch *channel) identity() wire.ExitMsg {
 		a.mu.Lock()
 		a.hostEnv = []string{"HOSTNAME=" + ch.req.Hostname}
 		a.mu.Unlock()
-		a.writeHostFiles(ch.req.Hostname)
+		a.renameHostFiles(ch.req.Hostname)
 	}
 	if ch.req.ClockNS != 0 {
 		tv := syscall.NsecToTimeval(ch.req.ClockNS)

@@ -36,6 +36,24 @@ func (a *Agent) writeHostFiles(name string) {
 	}
 }
 
+// renameHostFiles rewrites the files for a new hostname after the
+// identity frame is answered (a hot claim's answer does not wait for two
+// file writes in the sandbox); every other request waits for it first
+// (hostFilesDone).
+func (a *Agent) renameHostFiles(name string) {
+	a.hostFiles.Lock()
+	go func() {
+		defer a.hostFiles.Unlock()
+		a.writeHostFiles(name)
+	}()
+}
+
+// hostFilesDone waits for a rewrite under way.
+func (a *Agent) hostFilesDone() {
+	a.hostFiles.Lock()
+	a.hostFiles.Unlock() //nolint:staticcheck // a wait, not a critical section
+}
+
 // readRegular reads a regular file; anything else is an error that is not
 // os.IsNotExist.
 func readRegular(path string) ([]byte, error) {
