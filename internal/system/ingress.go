@@ -24,10 +24,16 @@ func listenIngress(o Options) (net.Listener, error) {
 // ingressURL returns the URL template of a sandbox's ports behind the
 // ingress listening on addr.
 func ingressURL(addr net.Addr, domain string) func(id string) string {
-	port := ""
-	if ta, ok := addr.(*net.TCPAddr); ok && ta.Port != 80 {
-		port = fmt.Sprintf(":%d", ta.Port)
-	}
+	port := ingressPort(addr)
 	domain = strings.Trim(domain, ".")
 	return func(id string) string { return "http://{port}-" + id + "." + domain + port }
+}
+
+// ingressPort is ":PORT" for an ingress listening on another port than
+// 80, else "".
+func ingressPort(addr net.Addr) string {
+	if ta, ok := addr.(*net.TCPAddr); ok && ta.Port != 80 {
+		return fmt.Sprintf(":%d", ta.Port)
+	}
+	return ""
 }

@@ -225,7 +225,10 @@ try {
   const ingress = process.env.CLADE_INGRESS_ADDR
   if (ingress) {
     const host = sbx.getHost(8000)
-    assert.equal(host, `8000-${sbx.sandboxId}.${process.env.CLADE_INGRESS_DOMAIN}`)
+    // The ingress's port rides on the domain (it is not on 80 here), so
+    // the host getHost returns reaches it.
+    const port = ingress.split(':').pop()
+    assert.equal(host, `8000-${sbx.sandboxId}.${process.env.CLADE_INGRESS_DOMAIN}${port === '80' ? '' : ':' + port}`)
     await sbx.files.write('/tmp/www/index.html', 'served')
     const srv = await sbx.commands.run('python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp/www', { background: true, timeoutMs: 0 })
     let page
