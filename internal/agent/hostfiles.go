@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // hostsMarker opens an /etc/hosts the agent wrote; one without it is the
@@ -15,7 +16,8 @@ const hostsMarker = "# written by clade for this sandbox's hostname; remove this
 // hostname, as container runtimes do. Images built with debootstrap carry
 // their build host's /etc/hostname and no /etc/hosts, so `localhost` did
 // not resolve (glibc asks DNS, and a sandbox without a network has none).
-// Each file is replaced by a rename in the same directory (never written
+// A hosts file the agent wrote keeps every line but its hostname's (see
+// hostsFor). Each file is replaced by a rename in the same directory (never written
 // through a symlink); an /etc/hosts of the image's own, a hostname path
 // that is not a regular file, or an /etc that is not a directory are
 // left as they are. Errors are logged only: the sandbox runs without.
@@ -27,13 +29,45 @@ func (a *Agent) writeHostFiles(name string) {
 	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
 		return
 	}
-	hosts := hostsMarker + "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + name + "\n"
 	if old, err := readRegular(filepath.Join(dir, "hosts")); err == nil && bytes.HasPrefix(old, []byte(hostsMarker)) || os.IsNotExist(err) {
-		a.replaceFile(dir, "hosts", hosts)
+		a.replaceFile(dir, "hosts", hostsFor(old, name))
 	}
 	if _, err := readRegular(filepath.Join(dir, "hostname")); err == nil || os.IsNotExist(err) {
 		a.replaceFile(dir, "hostname", name+"\n")
 	}
+}
+
+// hostLine is the prefix of the /etc/hosts line naming the sandbox.
+const hostLine = "127.0.1.1\t"
+
+// hostsFor is the /etc/hosts naming name: old (one the agent wrote, nil if
+// none) with its hostname line replaced, every other line kept. The
+// hostname is sent again at every wake and fork child's restore, and a
+// user's `echo "10.0.0.5 db" >> /etc/hosts` must survive that.
+func hostsFor(old []byte, name string) string {
+	line := hostLine + name
+	if old == nil {
+		return hostsMarker + "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + line + "\n"
+	}
+	lines := strings.SplitAfter(string(old), "\n")
+	done := false
+	var b strings.Builder
+	for _, l := range lines {
+		if strings.HasPrefix(l, hostLine) {
+			if done {
+				continue
+			}
+			l, done = line+"\n", true
+		}
+		b.WriteString(l)
+	}
+	if !done {
+		if s := b.String(); s != "" && !strings.HasSuffix(s, "\n") {
+			b.WriteString("\n")
+		}
+		b.WriteString(line + "\n")
+	}
+	return b.String()
 }
 
 // readRegular reads a regular file; anything else is an error that is not
