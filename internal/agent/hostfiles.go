@@ -3,9 +3,12 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // hostsMarker opens an /etc/hosts the agent wrote; one without it is the
@@ -30,10 +33,10 @@ func (a *Agent) writeHostFiles(name string) {
 		return
 	}
 	if old, err := readRegular(filepath.Join(dir, "hosts")); err == nil && bytes.HasPrefix(old, []byte(hostsMarker)) || os.IsNotExist(err) {
-		a.replaceFile(dir, "hosts", hostsFor(old, name))
+		a.replaceFile(dir, "hosts", old, hostsFor(old, name))
 	}
-	if _, err := readRegular(filepath.Join(dir, "hostname")); err == nil || os.IsNotExist(err) {
-		a.replaceFile(dir, "hostname", name+"\n")
+	if old, err := readRegular(filepath.Join(dir, "hostname")); err == nil || os.IsNotExist(err) {
+		a.replaceFile(dir, "hostname", old, name+"\n")
 	}
 }
 
@@ -70,23 +73,43 @@ func hostsFor(old []byte, name string) string {
 	return b.String()
 }
 
-// readRegular reads a regular file; anything else is an error that is not
-// os.IsNotExist.
+// maxHostFile bounds what readRegular reads: an /etc/hosts or hostname
+// larger than this is no file the agent wrote (and is left alone).
+const maxHostFile = 1 << 20
+
+// readRegular reads a regular file, opened once without following a
+// symlink and without blocking (a FIFO a process in the sandbox swaps in
+// must not stall the agent's read loop, where a hostname change is
+// applied); anything else, or a file over maxHostFile, is an error that
+// is not os.IsNotExist.
 func readRegular(path string) ([]byte, error) {
-	fi, err := os.Lstat(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		if os.IsNotExist(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%s: %w", path, errors.Join(os.ErrInvalid, err))
 	}
-	if !fi.Mode().IsRegular() {
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, errors.Join(os.ErrInvalid, err)
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > maxHostFile {
 		return nil, os.ErrInvalid
 	}
-	return os.ReadFile(path)
+	b, err := io.ReadAll(io.LimitReader(f, maxHostFile+1))
+	if err == nil && len(b) > maxHostFile {
+		err = os.ErrInvalid
+	}
+	return b, err
 }
 
-// replaceFile puts content at dir/name unless it is there already.
-func (a *Agent) replaceFile(dir, name, content string) {
+// replaceFile puts content at dir/name, which holds old (readRegular's),
+// unless that is content already.
+func (a *Agent) replaceFile(dir, name string, old []byte, content string) {
 	path := filepath.Join(dir, name)
-	if old, err := os.ReadFile(path); err == nil && string(old) == content {
+	if old != nil && string(old) == content {
 		return
 	}
 	tmp := filepath.Join(dir, "."+name+".clade")
