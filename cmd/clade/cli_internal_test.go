@@ -144,6 +144,9 @@ func TestBadDaemonNumbersAreUsageErrors(t *testing.T) {
 		{"--network-pool", "-1"},
 		{"--max-fork", "0"},
 		{"--memory-overcommit", "-1"},
+		{"--memory-overcommit", "NaN"}, // was the cap off, silently
+		{"--memory-overcommit", "inf"}, // was every create refused (int(+Inf) is negative)
+		{"--memory-overcommit", "1e300"},
 		{"--pressure-floor", "-2"},
 		{"--memory-floor", "-5"},
 		{"--disk-floor", "-1"},

@@ -133,6 +133,10 @@ func newDaemonCmd() *cobra.Command {
 	return cmd
 }
 
+// maxOvercommit is the largest --memory-overcommit: far past any use, and
+// its limit in MiB fits an int on any host.
+const maxOvercommit = 1000
+
 // checkDaemonNumbers refuses numeric flags out of their range before the
 // daemon takes anything: a negative pool or parallelism would panic the
 // start, a negative floor or ratio would quietly turn a guard off.
@@ -152,8 +156,10 @@ func checkDaemonNumbers(c sandbox.Config, networkPool int) error {
 		return fmt.Errorf("--max-fork %d: give 1 or more", c.MaxFork)
 	case c.PressureFloorMiB < -1:
 		return fmt.Errorf("--pressure-floor %d: give MiB, 0 for the default or -1 for off", c.PressureFloorMiB)
-	case c.MemoryOvercommit < 0:
-		return fmt.Errorf("--memory-overcommit %g: give a ratio such as 1.5, or 0 for no cap", c.MemoryOvercommit)
+	case !(c.MemoryOvercommit >= 0 && c.MemoryOvercommit <= maxOvercommit):
+		// NaN turned the cap off; +Inf or a huge ratio overflowed the
+		// limit in MiB to a negative one, which refused every create.
+		return fmt.Errorf("--memory-overcommit %g: give a ratio from 0 to %d such as 1.5, or 0 for no cap", c.MemoryOvercommit, maxOvercommit)
 	case c.DefaultMemoryMiB < sandbox.MinMemoryMiB || c.DefaultMemoryMiB > sandbox.DefaultConfig().MaxMemoryMiB:
 		return fmt.Errorf("--default-memory %d: give %d to %d MiB", c.DefaultMemoryMiB, sandbox.MinMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB)
 	}

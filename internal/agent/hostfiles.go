@@ -3,8 +3,12 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 )
 
 // hostsMarker opens an /etc/hosts the agent wrote; one without it is the
@@ -15,7 +19,8 @@ const hostsMarker = "# written by clade for this sandbox's hostname; remove this
 // hostname, as container runtimes do. Images built with debootstrap carry
 // their build host's /etc/hostname and no /etc/hosts, so `localhost` did
 // not resolve (glibc asks DNS, and a sandbox without a network has none).
-// Each file is replaced by a rename in the same directory (never written
+// A hosts file the agent wrote keeps every line but its hostname's (see
+// hostsFor). Each file is replaced by a rename in the same directory (never written
 // through a symlink); an /etc/hosts of the image's own, a hostname path
 // that is not a regular file, or an /etc that is not a directory are
 // left as they are. Errors are logged only: the sandbox runs without.
@@ -27,12 +32,20 @@ func (a *Agent) writeHostFiles(name string) {
 	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
 		return
 	}
-	hosts := hostsMarker + "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + name + "\n"
-	if old, err := readRegular(filepath.Join(dir, "hosts")); err == nil && bytes.HasPrefix(old, []byte(hostsMarker)) || os.IsNotExist(err) {
-		a.replaceFile(dir, "hosts", hosts)
+	old, err := readRegular(filepath.Join(dir, "hosts"))
+	if err == nil && len(old) == 0 {
+		// An empty placeholder (images exported from a container runtime
+		// that mounted its own) is no file of the image's.
+		err = os.ErrNotExist
 	}
-	if _, err := readRegular(filepath.Join(dir, "hostname")); err == nil || os.IsNotExist(err) {
-		a.replaceFile(dir, "hostname", name+"\n")
+	if err == nil && bytes.HasPrefix(old, []byte(hostsMarker)) || os.IsNotExist(err) {
+		if err != nil {
+			old = nil
+		}
+		a.replaceFile(dir, "hosts", old, hostsFor(old, name))
+	}
+	if old, err := readRegular(filepath.Join(dir, "hostname")); err == nil || os.IsNotExist(err) {
+		a.replaceFile(dir, "hostname", old, name+"\n")
 	}
 }
 
@@ -54,23 +67,76 @@ func (a *Agent) hostFilesDone() {
 	a.hostFiles.Unlock() //nolint:staticcheck // a wait, not a critical section
 }
 
-// readRegular reads a regular file; anything else is an error that is not
-// os.IsNotExist.
-func readRegular(path string) ([]byte, error) {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return nil, err
+// hostLine is the prefix of the /etc/hosts line naming the sandbox.
+const hostLine = "127.0.1.1\t"
+
+// hostsFor is the /etc/hosts naming name: old (one the agent wrote, nil if
+// none) with its hostname line replaced, every other line kept. The
+// hostname is sent again at every wake and fork child's restore, and a
+// user's `echo "10.0.0.5 db" >> /etc/hosts` must survive that.
+func hostsFor(old []byte, name string) string {
+	line := hostLine + name
+	if old == nil {
+		return hostsMarker + "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + line + "\n"
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, os.ErrInvalid
+	lines := strings.SplitAfter(string(old), "\n")
+	done := false
+	var b strings.Builder
+	for _, l := range lines {
+		if strings.HasPrefix(l, hostLine) {
+			if done {
+				continue
+			}
+			l, done = line+"\n", true
+		}
+		b.WriteString(l)
 	}
-	return os.ReadFile(path)
+	if !done {
+		if s := b.String(); s != "" && !strings.HasSuffix(s, "\n") {
+			b.WriteString("\n")
+		}
+		b.WriteString(line + "\n")
+	}
+	return b.String()
 }
 
-// replaceFile puts content at dir/name unless it is there already.
-func (a *Agent) replaceFile(dir, name, content string) {
+// maxHostFile bounds what readRegular reads: an /etc/hosts or hostname
+// larger than this is no file the agent wrote (and is left alone).
+const maxHostFile = 1 << 20
+
+// readRegular reads a regular file, opened once without following a
+// symlink and without blocking (a FIFO a process in the sandbox swaps in
+// must not stall the agent's read loop, where a hostname change is
+// applied); anything else, or a file over maxHostFile, is an error that
+// is not os.IsNotExist.
+func readRegular(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%s: %w", path, errors.Join(os.ErrInvalid, err))
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, errors.Join(os.ErrInvalid, err)
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > maxHostFile {
+		return nil, os.ErrInvalid
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxHostFile+1))
+	if err == nil && len(b) > maxHostFile {
+		err = os.ErrInvalid
+	}
+	return b, err
+}
+
+// replaceFile puts content at dir/name, which holds old (readRegular's),
+// unless that is content already.
+func (a *Agent) replaceFile(dir, name string, old []byte, content string) {
 	path := filepath.Join(dir, name)
-	if old, err := os.ReadFile(path); err == nil && string(old) == content {
+	if old != nil && string(old) == content {
 		return
 	}
 	tmp := filepath.Join(dir, "."+name+".clade")

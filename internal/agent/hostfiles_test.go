@@ -63,4 +63,44 @@ func TestWriteHostFiles(t *testing.T) {
 			t.Fatalf("a write went through the hostname symlink: %q", got)
 		}
 	})
+	t.Run("lines a user added to the written hosts survive a wake and a rename", func(t *testing.T) {
+		// `echo "10.0.0.5 db" >> /etc/hosts` is how hosts files are
+		// edited; a wake (or a fork child's restore) sends the hostname
+		// again, and must not throw such lines away.
+		etc := t.TempDir()
+		a.cfg.Etc = etc
+		a.writeHostFiles("box")
+		p := filepath.Join(etc, "hosts")
+		f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString("10.0.0.5 db\n"); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		a.writeHostFiles("box") // a wake: the same name
+		if got := read(p); !strings.Contains(got, "10.0.0.5 db\n") || !strings.Contains(got, "127.0.1.1\tbox\n") {
+			t.Fatalf("hosts after a wake %q", got)
+		}
+		a.writeHostFiles("box-2") // a fork child: another name
+		got := read(p)
+		if !strings.Contains(got, "10.0.0.5 db\n") || !strings.Contains(got, "127.0.1.1\tbox-2\n") || strings.Contains(got, "\tbox\n") {
+			t.Fatalf("hosts after a rename %q", got)
+		}
+		if !strings.HasPrefix(got, hostsMarker) || !strings.Contains(got, "127.0.0.1\tlocalhost\n") {
+			t.Fatalf("hosts lost its marker or localhost: %q", got)
+		}
+	})
+	t.Run("an empty placeholder hosts is written", func(t *testing.T) {
+		etc := t.TempDir()
+		a.cfg.Etc = etc
+		if err := os.WriteFile(filepath.Join(etc, "hosts"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		a.writeHostFiles("box")
+		if got := read(filepath.Join(etc, "hosts")); !strings.Contains(got, "127.0.0.1\tlocalhost\n") || !strings.Contains(got, "127.0.1.1\tbox\n") {
+			t.Fatalf("hosts %q, want localhost and box", got)
+		}
+	})
 }

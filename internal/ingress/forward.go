@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -263,7 +264,10 @@ func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
 // setUserTimeout sets TCP_USER_TIMEOUT on a client's TCP connection: the
 // kernel drops it once bytes sent stay unacknowledged for d, zero-window
 // probes included (Linux 5.1 on), i.e. a client that stops reading.
-// One call per connection, none per request.
+// One call per connection, none per request. The option is a 32-bit count
+// of milliseconds whose 0 means none: d is held to 1 ms .. ~24.8 days, so
+// a sub-millisecond or very long --ingress-send-timeout never turns the
+// limit off (an overflowed value was refused, silently).
 func setUserTimeout(c net.Conn, d time.Duration) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
@@ -274,7 +278,7 @@ func setUserTimeout(c net.Conn, d time.Duration) {
 		return
 	}
 	_ = rc.Control(func(fd uintptr) {
-		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d/time.Millisecond))
+		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(min(max(d/time.Millisecond, 1), math.MaxInt32)))
 	})
 }
 

@@ -316,7 +316,10 @@ func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string,
 	if c := res.Children[0]; c.Err != nil {
 		return store.Sandbox{}, c.Err
 	}
-	return m.store.GetSandbox(ctx, res.Children[0].ID)
+	// The child is made: a cancelled ctx (its client went away) must not
+	// fail the read and so hide it from the caller, which removes what a
+	// client gone made (httpapi's clientGone) only when told its id.
+	return m.store.GetSandbox(context.WithoutCancel(ctx), res.Children[0].ID)
 }
 
 // shapeOf is the warm-pool shape of a sandbox.

@@ -288,7 +288,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	_ = os.Chmod(o.Socket, 0o660)
 	lns = append(lns, uln)
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ConnContext: httpapi.ConnContext, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	go func() { errc <- hs.Serve(uln) }()
 	log.Info("clade daemon serving", "socket", o.Socket, "data_dir", o.DataDir, "version", o.Version)
 	if o.BuildDefaultImage {

@@ -230,6 +230,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if s.clientGone(r, sb.ID) {
+		return nil
+	}
 	s.prepareUser(r.Context(), sb.ID)
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb))
 	return nil
@@ -518,6 +521,15 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	var made []string
+	for _, c := range res.Children {
+		if c.Err == nil {
+			made = append(made, c.ID)
+		}
+	}
+	if s.clientGone(r, made...) {
+		return nil
+	}
 	type result struct {
 		Sandbox *sandboxBody `json:"sandbox,omitempty"`
 		Error   *apiError    `json:"error,omitempty"`
@@ -526,10 +538,13 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	for _, c := range res.Children {
 		err := c.Err
 		var sb store.Sandbox
+		// Made: a client going away now must not fail these and so
+		// leave a child it is told is an error.
+		ctx := context.WithoutCancel(r.Context())
 		if err == nil && timeout > 0 {
-			sb, err = s.mgr.SetTimeout(r.Context(), c.ID, timeout, "")
+			sb, err = s.mgr.SetTimeout(ctx, c.ID, timeout, "")
 		} else if err == nil {
-			sb, err = s.mgr.Get(r.Context(), c.ID)
+			sb, err = s.mgr.Get(ctx, c.ID)
 		}
 		if err != nil {
 			st := statusOf(errdefs.ClassOf(err))
@@ -633,4 +648,25 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, []any{m})
 	return nil
+}
+
+// clientGone reports whether the client of r went away (an SDK's request
+// timeout, a killed process) before its create or fork answered, and then
+// removes the sandboxes ids the call made, as the native API does: the
+// client never learned their ids, and they would run, holding their
+// memory, until their timeout.
+func (s *Server) clientGone(r *http.Request, ids ...string) bool {
+	if r.Context().Err() == nil {
+		return false
+	}
+	ctx := context.WithoutCancel(r.Context())
+	for _, id := range ids {
+		if err := s.mgr.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Error("e2b: removing a sandbox made for a client that went away", "sandbox", id, "err", err)
+			continue
+		}
+		s.procs.forget(id)
+		s.log.Info("e2b: client went away before the answer: sandbox removed", "sandbox", id, "path", r.URL.Path)
+	}
+	return true
 }

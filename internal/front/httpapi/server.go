@@ -134,7 +134,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, fmt.Errorf("internal error: %v", v))
 		}
 	}()
-	s.mux.ServeHTTP(w, r)
+	ctx, stop := peerContext(r)
+	defer stop()
+	s.mux.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // RequireToken wraps h so that every request must carry the bearer token;
@@ -273,7 +275,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if s.clientGone(r, sb.ID) {
+	if s.clientGone(w, r, sb.ID) {
 		return nil
 	}
 	writeJSON(w, http.StatusCreated, s.sandboxAPI(sb))
@@ -285,7 +287,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 // sandboxes ids the call made: the create runs to its end whatever the
 // client does, but a client that never learned their ids would leave them
 // running, and holding their memory, until someone noticed.
-func (s *Server) clientGone(r *http.Request, ids ...string) bool {
+func (s *Server) clientGone(w http.ResponseWriter, r *http.Request, ids ...string) bool {
 	if r.Context().Err() == nil {
 		return false
 	}
@@ -297,6 +299,9 @@ func (s *Server) clientGone(r *http.Request, ids ...string) bool {
 		}
 		s.log.Info("client went away before the answer: sandbox removed", "sandbox", id, "path", r.URL.Path)
 	}
+	// Not an empty 200: a client still reading (a TCP one that shut down
+	// its writes, see peerContext) learns what happened.
+	writeError(w, errdefs.New(errdefs.Unavailable, "the connection was closed before the answer, so what the call made (%s) was removed: keep the connection open for writing until the answer comes", strings.Join(ids, ", ")))
 	return true
 }
 

@@ -83,7 +83,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 			made = append(made, c.ID)
 		}
 	}
-	if s.clientGone(r, made...) {
+	if s.clientGone(w, r, made...) {
 		return nil
 	}
 	out := api.ForkResult{Snapshot: res.Snapshot, Children: make([]api.ForkChild, len(res.Children))}
