@@ -142,12 +142,20 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	// killed before the answer leaves none the caller was not told of (the
 	// restart removes half-done sandboxes).
 	m.crashPoint("fork-after-children")
+	var restored []string
+	for i := range recs {
+		if live[i] != nil {
+			restored = append(restored, recs[i].ID)
+		}
+	}
+	// One transaction: a kill leaves all of them creating or all running.
+	moved := m.store.TransitionAll(ctx, restored, store.StateCreating, store.StateRunning)
 	for i := range recs {
 		if recs[i].ID == "" {
 			continue
 		}
 		if live[i] != nil {
-			res.Children[i] = m.finishChildLocked(ctx, recs[i], live[i])
+			res.Children[i] = m.finishChildLocked(ctx, recs[i], live[i], moved)
 		}
 		unlocks[i]()
 	}
@@ -177,13 +185,15 @@ func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapsho
 	return sb, ForkChild{ID: rec.ID}
 }
 
-// finishChildLocked records a restored child running. Guarded by rec's
-// lock.
-func (m *Manager) finishChildLocked(ctx context.Context, rec store.Sandbox, sb engine.Sandbox) ForkChild {
-	if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
-		err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+// finishChildLocked tracks a restored child that moved to running, or
+// removes it if the move failed. Guarded by rec's lock.
+func (m *Manager) finishChildLocked(ctx context.Context, rec store.Sandbox, sb engine.Sandbox, moved error) ForkChild {
+	if moved != nil {
+		err := errors.Join(moved, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
 		return ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID))}
 	}
+	rec.State = store.StateRunning
+	m.emitMove(rec, store.StateCreating, store.StateRunning, "")
 	m.track(rec.ID, sb)
 	return ForkChild{ID: rec.ID}
 }

@@ -377,6 +377,36 @@ func (s *Store) Transition(ctx context.Context, id, from, to, msg string) error 
 	return errdefs.New(errdefs.Conflict, "sandbox %s is %s, not %s", id, cur.State, from)
 }
 
+// TransitionAll moves every sandbox of ids from state from to state to in
+// one transaction: all of them or none (a fork's children become running
+// together, so a daemon killed in between leaves none half told).
+func (s *Store) TransitionAll(ctx context.Context, ids []string, from, to string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	now := time.Now().UnixNano()
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		for _, id := range ids {
+			res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = '', updated_at = ? WHERE id = ? AND state = ?`, to, now, id, from)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n != 1 {
+				return errdefs.New(errdefs.Conflict, "sandbox %s is not %s", id, from)
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		for _, id := range ids {
+			s.idx.setStateLocked(id, to)
+		}
+	}
+	return err
+}
+
 const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, rootfs, opts, created_at, updated_at`
 
 func scan(row scanner) (Sandbox, error) {
