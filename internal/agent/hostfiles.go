@@ -32,14 +32,10 @@ func (a *Agent) writeHostFiles(name string) {
 	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
 		return
 	}
-	old, err := readRegular(filepath.Join(dir, "hosts"))
-	if err == nil && len(old) == 0 {
-		// An empty placeholder (images exported from a container runtime
-		// that mounted its own) is no file of the image's.
-		err = os.ErrNotExist
-	}
-	if err == nil && bytes.HasPrefix(old, []byte(hostsMarker)) || os.IsNotExist(err) {
-		if err != nil {
+	// Ours to write: missing, one the agent wrote, or an empty placeholder
+	// (images exported from a container runtime that mounted its own).
+	if old, err := readRegular(filepath.Join(dir, "hosts")); os.IsNotExist(err) || err == nil && (len(old) == 0 || bytes.HasPrefix(old, []byte(hostsMarker))) {
+		if len(old) == 0 {
 			old = nil
 		}
 		a.replaceFile(dir, "hosts", old, hostsFor(old, name))

@@ -446,6 +446,25 @@ func (m *Manager) ready(ctx context.Context, ref string) (engine.Sandbox, error)
 	return sb, nil
 }
 
+// RemoveAbandoned removes the sandboxes ids that a create or fork made for
+// a client that went away before the answer (Ctrl-C, an SDK's timeout): it
+// never learned their ids, and they would run, holding their memory, until
+// someone noticed. The removal outlives ctx. It returns the ids removed
+// (or gone already); the others are logged.
+func (m *Manager) RemoveAbandoned(ctx context.Context, why string, ids ...string) []string {
+	ctx = context.WithoutCancel(ctx)
+	var removed []string
+	for _, id := range ids {
+		if err := m.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			m.log.Error("removing a sandbox made for a client that went away", "sandbox", id, "call", why, "err", err)
+			continue
+		}
+		removed = append(removed, id)
+		m.log.Info("client went away before the answer: sandbox removed", "sandbox", id, "call", why)
+	}
+	return removed
+}
+
 // Destroy removes a sandbox and everything it holds. It waits for an
 // operation in flight on the sandbox (a create, sleep, wake or another
 // remove) to finish; a sandbox that is gone by then is NotFound.

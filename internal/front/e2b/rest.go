@@ -659,14 +659,8 @@ func (s *Server) clientGone(r *http.Request, ids ...string) bool {
 	if r.Context().Err() == nil {
 		return false
 	}
-	ctx := context.WithoutCancel(r.Context())
-	for _, id := range ids {
-		if err := s.mgr.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
-			s.log.Error("e2b: removing a sandbox made for a client that went away", "sandbox", id, "err", err)
-			continue
-		}
+	for _, id := range s.mgr.RemoveAbandoned(r.Context(), "e2b "+r.URL.Path, ids...) {
 		s.procs.forget(id)
-		s.log.Info("e2b: client went away before the answer: sandbox removed", "sandbox", id, "path", r.URL.Path)
 	}
 	return true
 }

@@ -4,7 +4,6 @@ package httpapi
 
 import (
 	"bytes"
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -291,14 +290,7 @@ func (s *Server) clientGone(w http.ResponseWriter, r *http.Request, ids ...strin
 	if r.Context().Err() == nil {
 		return false
 	}
-	ctx := context.WithoutCancel(r.Context())
-	for _, id := range ids {
-		if err := s.mgr.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
-			s.log.Error("removing a sandbox made for a client that went away", "sandbox", id, "err", err)
-			continue
-		}
-		s.log.Info("client went away before the answer: sandbox removed", "sandbox", id, "path", r.URL.Path)
-	}
+	s.mgr.RemoveAbandoned(r.Context(), r.URL.Path, ids...)
 	// Not an empty 200: a client still reading (a TCP one that shut down
 	// its writes, see peerContext) learns what happened.
 	writeError(w, errdefs.New(errdefs.Unavailable, "the connection was closed before the answer, so what the call made (%s) was removed: keep the connection open for writing until the answer comes", strings.Join(ids, ", ")))
