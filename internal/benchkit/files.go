@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/sdk"
 )
 
@@ -57,7 +58,7 @@ func (r *runner) phaseFiles(ctx context.Context, ph *Phase) {
 	r.prog.Update("files: push %d MiB", filesLargeMiB)
 	size := int64(filesLargeMiB) << 20
 	start := time.Now()
-	err = t.c.CopyTo(ctx, sb.ID, "/var/tmp", tarStream(func(tw *tar.Writer) error {
+	err = t.c.CopyTo(ctx, sb.ID, "/var/tmp", tarx.Stream(func(tw *tar.Writer) error {
 		if err := tw.WriteHeader(&tar.Header{Name: "large.bin", Mode: 0o644, Size: size, Typeflag: tar.TypeReg}); err != nil {
 			return err
 		}
@@ -95,7 +96,7 @@ func (r *runner) phaseFiles(ctx context.Context, ph *Phase) {
 	r.settle(ctx)
 	r.prog.Update("files: push %d files of %d KiB", filesSmall, filesSmallSize>>10)
 	start = time.Now()
-	err = t.c.CopyTo(ctx, sb.ID, "/var/tmp", tarStream(func(tw *tar.Writer) error {
+	err = t.c.CopyTo(ctx, sb.ID, "/var/tmp", tarx.Stream(func(tw *tar.Writer) error {
 		if err := tw.WriteHeader(&tar.Header{Name: "small/", Mode: 0o755, Typeflag: tar.TypeDir}); err != nil {
 			return err
 		}
@@ -130,20 +131,6 @@ func (r *runner) phaseFiles(ctx context.Context, ph *Phase) {
 		return
 	}
 	f.PullFilesPS = round3(float64(filesSmall) / time.Since(start).Seconds())
-}
-
-// tarStream returns the archive fill writes, produced as it is read.
-func tarStream(fill func(*tar.Writer) error) io.Reader {
-	pr, pw := io.Pipe()
-	go func() {
-		tw := tar.NewWriter(pw)
-		err := fill(tw)
-		if err == nil {
-			err = tw.Close()
-		}
-		pw.CloseWithError(err)
-	}()
-	return pr
 }
 
 // pull reads the archive of path to its end and returns the bytes of its

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/tarx"
 )
 
 // BenchmarkLoopback runs the real agent in this process over a unix socket:
@@ -44,7 +45,7 @@ func BenchmarkLoopback(b *testing.B) {
 	b.Run("push-256MiB", func(b *testing.B) {
 		b.SetBytes(size)
 		for b.Loop() {
-			err := g.CopyIn(ctx, dir, tarReader(func(tw *tar.Writer) error {
+			err := g.CopyIn(ctx, dir, tarx.Stream(func(tw *tar.Writer) error {
 				if err := tw.WriteHeader(&tar.Header{Name: "large.bin", Mode: 0o644, Size: size, Typeflag: tar.TypeReg}); err != nil {
 					return err
 				}
@@ -77,7 +78,7 @@ func BenchmarkLoopback(b *testing.B) {
 	const files = 2000
 	b.Run("push-files", func(b *testing.B) {
 		for b.Loop() {
-			err := g.CopyIn(ctx, dir, tarReader(func(tw *tar.Writer) error {
+			err := g.CopyIn(ctx, dir, tarx.Stream(func(tw *tar.Writer) error {
 				if err := tw.WriteHeader(&tar.Header{Name: "small/", Mode: 0o755, Typeflag: tar.TypeDir}); err != nil {
 					return err
 				}
@@ -111,17 +112,4 @@ func BenchmarkLoopback(b *testing.B) {
 		}
 		b.ReportMetric(float64(files*b.N)/b.Elapsed().Seconds(), "files/s")
 	})
-}
-
-func tarReader(fill func(*tar.Writer) error) io.Reader {
-	pr, pw := io.Pipe()
-	go func() {
-		tw := tar.NewWriter(pw)
-		err := fill(tw)
-		if err == nil {
-			err = tw.Close()
-		}
-		pw.CloseWithError(err)
-	}()
-	return pr
 }

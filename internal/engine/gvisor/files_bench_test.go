@@ -16,6 +16,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/engine/gvisor"
 	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/internal/testenv"
 )
 
@@ -129,7 +130,7 @@ func BenchmarkAgentFiles(b *testing.B) {
 		b.SetBytes(size)
 		defer cpu(b)()
 		for b.Loop() {
-			if err := g.CopyIn(context.Background(), "/var/tmp", tarOf(large)); err != nil {
+			if err := g.CopyIn(context.Background(), "/var/tmp", tarx.Stream(large)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -168,7 +169,7 @@ func BenchmarkAgentFiles(b *testing.B) {
 	b.Run(fmt.Sprintf("push-%d-files", files), func(b *testing.B) {
 		defer cpu(b)()
 		for b.Loop() {
-			if err := g.CopyIn(context.Background(), "/var/tmp", tarOf(small)); err != nil {
+			if err := g.CopyIn(context.Background(), "/var/tmp", tarx.Stream(small)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -189,20 +190,6 @@ func BenchmarkAgentFiles(b *testing.B) {
 		}
 		b.ReportMetric(float64(files*b.N)/b.Elapsed().Seconds(), "files/s")
 	})
-}
-
-// tarOf returns the archive fill writes, made as it is read.
-func tarOf(fill func(*tar.Writer) error) io.Reader {
-	pr, pw := io.Pipe()
-	go func() {
-		tw := tar.NewWriter(pw)
-		err := fill(tw)
-		if err == nil {
-			err = tw.Close()
-		}
-		pw.CloseWithError(err)
-	}()
-	return pr
 }
 
 // sandboxCPU is the CPU time in ns the sandbox's cgroup used so far (v1

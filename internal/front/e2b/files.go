@@ -17,6 +17,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/clade-sandbox/clade/internal/tarx"
 )
 
 // getFile answers envd's GET /files?path=: the file's bytes.
@@ -168,18 +169,13 @@ func (s *Server) writeFile(ctx context.Context, id, p string, r io.Reader) (writ
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return err
 		}
-		pr, pw := io.Pipe()
-		go func() {
-			tw := tar.NewWriter(pw)
-			err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: size, ModTime: time.Now(), Typeflag: tar.TypeReg})
-			if err == nil {
-				_, err = io.Copy(tw, io.LimitReader(f, size))
+		pr := tarx.Stream(func(tw *tar.Writer) error {
+			if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: size, ModTime: time.Now(), Typeflag: tar.TypeReg}); err != nil {
+				return err
 			}
-			if err == nil {
-				err = tw.Close()
-			}
-			pw.CloseWithError(err)
-		}()
+			_, err := io.Copy(tw, io.LimitReader(f, size))
+			return err
+		})
 		err := g.CopyIn(ctx, dir, pr)
 		pr.CloseWithError(errors.New("upload ended"))
 		return err

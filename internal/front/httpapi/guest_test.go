@@ -16,6 +16,7 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/api/stream"
+	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -237,18 +238,13 @@ func TestCopyEdgeCases(t *testing.T) {
 	t.Run("many files", func(t *testing.T) {
 		// The smallest sandbox, so that the limit (4,096 files) comes fast.
 		sb := newSandbox(t, c, sdk.CreateSandboxRequest{MemoryMiB: 64})
-		pr, pw := io.Pipe()
-		go func() {
-			tw := tar.NewWriter(pw)
+		pr := tarx.Stream(func(tw *tar.Writer) error {
 			var err error
 			for i := 0; i < 100000 && err == nil; i++ {
 				err = tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("d%d/f%d", i/1000, i), Mode: 0o644, Typeflag: tar.TypeReg})
 			}
-			if err == nil {
-				err = tw.Close()
-			}
-			pw.CloseWithError(err)
-		}()
+			return err
+		})
 		t0 := time.Now()
 		err := c.CopyTo(t.Context(), sb.ID, "/tmp", pr)
 		pr.Close()
