@@ -113,9 +113,13 @@ func TestExecTTY(t *testing.T) {
 	})
 
 	t.Run("resize, echo and exit", func(t *testing.T) {
+		// The handler writes with os.write: a print there can land while
+		// the main print still holds stdout's buffer lock (the SIGWINCH
+		// arrives once its line is out, not once its call returned), and
+		// Python then raises "reentrant call" instead of printing.
 		const script = `import os, signal, sys
 def winch(*_):
-    print("winch %d %d" % os.get_terminal_size(0)[::-1], flush=True)
+    os.write(1, b"winch %d %d\n" % os.get_terminal_size(0)[::-1])
 signal.signal(signal.SIGWINCH, winch)
 print("size %d %d" % os.get_terminal_size(0)[::-1], flush=True)
 line = sys.stdin.readline()
