@@ -154,11 +154,20 @@ func TestExecInteractiveTTY(t *testing.T) {
 		t.Fatalf("create: %q %q", out, errs)
 	}
 	id := strings.TrimSpace(out)
+	// SIGWINCH is blocked and taken with sigwait, not a handler: a Python
+	// handler runs only between bytecodes, so one that arrives just before
+	// the blocking readline would wait for typed input (and one inside the
+	// print's flush raises "reentrant call"); a blocked signal stays pending.
 	const script = `import os, signal, sys
-def winch(*_):
-    print("winch %d %d" % os.get_terminal_size(0)[::-1], flush=True)
-signal.signal(signal.SIGWINCH, winch)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGWINCH})
+first = os.get_terminal_size(0)
 print("size %d %d term %s" % (*os.get_terminal_size(0)[::-1], os.environ.get("TERM")), flush=True)
+while True:
+    signal.sigwait({signal.SIGWINCH})
+    now = os.get_terminal_size(0)
+    print("winch %d %d" % now[::-1], flush=True)
+    if now != first:
+        break
 line = sys.stdin.readline()
 print("got " + line.strip(), flush=True)
 sys.exit(5)`

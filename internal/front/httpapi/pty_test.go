@@ -113,15 +113,21 @@ func TestExecTTY(t *testing.T) {
 	})
 
 	t.Run("resize, echo and exit", func(t *testing.T) {
-		// The handler writes with os.write: a print there can land while
-		// the main print still holds stdout's buffer lock (the SIGWINCH
-		// arrives once its line is out, not once its call returned), and
-		// Python then raises "reentrant call" instead of printing.
+		// SIGWINCH is blocked and taken with sigwait, not a handler: a
+		// Python handler runs only between bytecodes, so one that arrives
+		// just before the blocking readline would wait for typed input
+		// (and one that arrives inside the print's flush raises
+		// "reentrant call"), while a blocked signal stays pending.
 		const script = `import os, signal, sys
-def winch(*_):
-    os.write(1, b"winch %d %d\n" % os.get_terminal_size(0)[::-1])
-signal.signal(signal.SIGWINCH, winch)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGWINCH})
+first = os.get_terminal_size(0)
 print("size %d %d" % os.get_terminal_size(0)[::-1], flush=True)
+while True:
+    signal.sigwait({signal.SIGWINCH})
+    now = os.get_terminal_size(0)
+    print("winch %d %d" % now[::-1], flush=True)
+    if now != first:
+        break
 line = sys.stdin.readline()
 print("got " + line.strip(), flush=True)
 sys.exit(3)`
