@@ -287,6 +287,11 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 	if err := errors.Join(errs...); err != nil {
 		res.CleanupError = err.Error()
 	}
+	// Read again at the end: an engine may say more once it has run
+	// sandboxes (QEMU picks KVM or TCG at its first VM start).
+	if h, err := c.Health(cctx); err == nil && h.EngineVersion != "" {
+		res.Env.Runsc = h.EngineVersion
+	}
 	res.Canceled = ctx.Err() != nil
 	res.Seconds = round3(time.Since(res.Started).Seconds())
 	r.prog.Clear()

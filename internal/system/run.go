@@ -160,6 +160,10 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// The versions' first reads run the engines' binaries (runsc, QEMU):
+	// in the background, so that neither the start nor the first health
+	// call waits for them.
+	go engineVersion(ctx, eng)
 	liveEngineSandboxes = func() int {
 		ids, err := eng.List(context.Background())
 		if err != nil {
@@ -226,7 +230,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	registerCounters(reg, mgr.Counters(), mgr)
 	var iln net.Listener
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: engineVersion(ctx, eng), TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets}
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: func() string { return engineVersion(ctx, eng) }, TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o); err != nil {
 			return err

@@ -86,6 +86,9 @@ type Engine struct {
 
 	mu   sync.Mutex
 	live map[string]*sandbox
+	// versionMu guards version, runsc's, read once (RunscVersion).
+	versionMu sync.Mutex
+	version   string
 	// prepared maps ids of created-not-started containers to the hostname
 	// they were created with.
 	prepared map[string]string
@@ -181,13 +184,19 @@ func (e *Engine) installAgent() error {
 func (e *Engine) Name() string { return "gvisor" }
 
 // RunscVersion returns `runsc --version`'s first line.
+// It runs runsc once; a run that failed is tried again at the next call.
 func (e *Engine) RunscVersion(ctx context.Context) string {
+	e.versionMu.Lock()
+	defer e.versionMu.Unlock()
+	if e.version != "" {
+		return e.version
+	}
 	out, err := exec.CommandContext(ctx, e.cfg.Runsc, "--version").Output()
 	if err != nil {
 		return "unknown"
 	}
-	line, _, _ := strings.Cut(string(out), "\n")
-	return line
+	e.version, _, _ = strings.Cut(string(out), "\n")
+	return e.version
 }
 
 type sandbox struct {

@@ -23,6 +23,9 @@ func TestDaemonServesBothEngines(t *testing.T) {
 		t.Fatalf("health: %+v, %v; want the qemu engine listed", h, err)
 	}
 	t.Logf("engines: %s", h.EngineVersion)
+	if strings.Contains(h.EngineVersion, "tcg (") || strings.Contains(h.EngineVersion, "kvm (") {
+		t.Fatalf("health named an accelerator before any VM started (the daemon probed KVM at start): %s", h.EngineVersion)
+	}
 	run := func(id string, cmd ...string) string {
 		t.Helper()
 		var out, errb bytes.Buffer
@@ -46,6 +49,11 @@ func TestDaemonServesBothEngines(t *testing.T) {
 	// A VM has a kernel of its own; gVisor's is its own emulation.
 	if k := run(vm.ID, "uname", "-r"); !strings.Contains(k, "cloud-amd64") {
 		t.Fatalf("uname in the VM: %q", k)
+	}
+	// The accelerator is picked at the first VM start, and health says
+	// which from then on.
+	if h, err := c.Health(ctx); err != nil || !(strings.Contains(h.EngineVersion, "tcg (") || strings.Contains(h.EngineVersion, "kvm (")) {
+		t.Fatalf("health after a VM start: %+v, %v; want the accelerator named", h, err)
 	}
 	if k := run(g.ID, "uname", "-r"); strings.Contains(k, "cloud-amd64") {
 		t.Fatalf("uname in the gVisor sandbox: %q", k)

@@ -102,7 +102,12 @@ type Engine struct {
 
 	setupOnce sync.Once
 	accelOnce sync.Once
-	setupErr  error
+	// accelKnown is set once accel and accelWhy are (Version reads them
+	// without waiting for a probe).
+	accelKnown  atomic.Bool
+	versionOnce sync.Once
+	version     string
+	setupErr    error
 
 	imgMu sync.Mutex
 	mu    sync.Mutex
@@ -227,21 +232,31 @@ func (e *Engine) Name() string { return "qemu" }
 func (e *Engine) Accel() (string, string) {
 	e.accelOnce.Do(func() {
 		e.accel, e.accelWhy = e.pickAccel(e.cfg.Accel)
+		e.accelKnown.Store(true)
 		e.cfg.Log.Info("qemu engine", "accel", e.accel, "why", e.accelWhy)
 	})
 	return e.accel, e.accelWhy
 }
 
-// Version is QEMU's version and the accelerator, for /v1/health.
+// Version is QEMU's version and the accelerator, for /v1/health. It never
+// probes: the probe boots a guest (60 ms to over a second here), which a
+// daemon that starts no VM, and every health call, need not wait for.
+// Until the first VM start has picked the accelerator it says so.
 func (e *Engine) Version(ctx context.Context) string {
-	out, err := exec.CommandContext(ctx, e.cfg.QEMU, "--version").Output()
-	v := "unknown"
-	if err == nil {
-		v, _, _ = strings.Cut(string(out), "\n")
-		v = strings.TrimPrefix(v, "QEMU emulator version ")
+	e.versionOnce.Do(func() {
+		vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		e.version = "unknown"
+		if out, err := exec.CommandContext(vctx, e.cfg.QEMU, "--version").Output(); err == nil {
+			v, _, _ := strings.Cut(string(out), "\n")
+			e.version = strings.TrimPrefix(v, "QEMU emulator version ")
+		}
+	})
+	if e.cfg.Accel == "" && !e.accelKnown.Load() {
+		return fmt.Sprintf("qemu %s, accelerator not picked yet (KVM if a probe guest boots under it, else TCG, at the first VM start)", e.version)
 	}
 	accel, why := e.Accel()
-	return fmt.Sprintf("qemu %s, %s (%s)", v, accel, why)
+	return fmt.Sprintf("qemu %s, %s (%s)", e.version, accel, why)
 }
 
 // vmMeta is what a sandbox's directory records about it, so that a later

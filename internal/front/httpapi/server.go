@@ -31,8 +31,9 @@ type Config struct {
 	Log     *slog.Logger
 	// TmpDir holds uploads (image archives) while they are imported.
 	TmpDir string
-	// EngineVersion is reported by /v1/health.
-	EngineVersion string
+	// EngineVersion is reported by /v1/health, asked at each call (it
+	// may change: QEMU's accelerator is picked at the first VM start).
+	EngineVersion func() string
 	// Addr returns a running sandbox's own network address, if it has
 	// one; nil when the daemon has no networking.
 	Addr func(store.Sandbox) (netip.Addr, bool)
@@ -229,8 +230,15 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach Flush and Hijack.
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
+func (s *Server) engineVersion() string {
+	if s.cfg.EngineVersion == nil {
+		return ""
+	}
+	return s.cfg.EngineVersion()
+}
+
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), EngineVersion: s.cfg.EngineVersion, Warm: s.mgr.Warm(), Hot: s.mgr.Hot()})
+	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), EngineVersion: s.engineVersion(), Warm: s.mgr.Warm(), Hot: s.mgr.Hot()})
 	return nil
 }
 
