@@ -81,6 +81,10 @@ func TestBadValuesAreUsageErrors(t *testing.T) {
 	host := t.TempDir() + "/no-daemon.sock"
 	for _, args := range [][]string{
 		{"events", "--label", "novalue"},
+		{"ls", "--label", "novalue"},
+		{"ls", "--label", "=x"},
+		{"ls", "--json", "-q"},
+		{"sleep", "--label", "novalue"},
 		{"events", "--since", "abc"}, // cobra's, for comparison
 		{"create", "--label", "=x"},
 		{"cp", "a", "b"},
@@ -121,6 +125,8 @@ func TestGoodValuesReachTheDaemon(t *testing.T) {
 		{"url", "box", "8000", "--ttl", "1ms"},
 		{"url", "box", "8000", "--ttl", "720h"},
 		{"create", "--disk", "1TiB"},
+		{"ls", "--label", "a=b", "-q"},
+		{"sleep", "--label", "a="},
 	} {
 		if code := run(append([]string{"--host", host}, args...)); code != 1 {
 			t.Errorf("clade %s: exit %d, want 1 (no daemon)", strings.Join(args, " "), code)

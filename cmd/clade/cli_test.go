@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,6 +119,11 @@ func TestCLI(t *testing.T) {
 		out, _, code = cli(t, d, "", "ls", "--json")
 		if code != 0 || !strings.Contains(out, `"id": "`+id+`"`) {
 			t.Fatalf("ls --json: %q", out)
+		}
+		// -q: the ids alone, for $(clade ls -q).
+		out, _, code = cli(t, d, "", "ls", "-q")
+		if lines := strings.Fields(out); code != 0 || !slices.Contains(lines, id) || slices.ContainsFunc(lines, func(l string) bool { return len(l) != 16 }) {
+			t.Fatalf("ls -q: %q %d, want ids only, %s among them", out, code, id)
 		}
 		out, _, code = cli(t, d, "", "inspect", "cli-box")
 		if code != 0 || !strings.Contains(out, `"memory_mib": 256`) {

@@ -16,13 +16,13 @@ import (
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-// parseLabels reads K=V flags.
+// parseLabels reads K=V flags; a malformed one is a usage error.
 func parseLabels(kvs []string) (map[string]string, error) {
 	var out map[string]string
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("--label %q: use KEY=VALUE", kv)
+			return nil, badArg("--label %q: use KEY=VALUE", kv)
 		}
 		if out == nil {
 			out = map[string]string{}

@@ -264,11 +264,12 @@ func newListCmd() *cobra.Command {
 		Use:     "ls [flags]",
 		Aliases: []string{"list", "ps"},
 		Short:   "List sandboxes",
-		Example: "  clade ls --label team=ml --json",
+		Example: "  clade ls --label team=ml --json\n  clade rm -f $(clade ls -q --label team=ml)",
 		Args:    nargs(0, 0),
 	}
 	fs := cmd.Flags()
 	asJSON := fs.Bool("json", false, "print JSON")
+	quiet := fs.BoolP("quiet", "q", false, "print only the ids, one a line")
 	var labels multi
 	fs.Var(&labels, "label", "list only sandboxes with label `K=V` (repeatable: all must match)")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
@@ -276,12 +277,21 @@ func newListCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
+		if *asJSON && *quiet {
+			return badArg("--json and --quiet: give one")
+		}
 		sbs, err := c.ListSandboxesLabeled(ctx, want)
 		if err != nil {
 			return err
 		}
 		if *asJSON {
 			return printJSON(sbs)
+		}
+		if *quiet {
+			for _, sb := range sbs {
+				fmt.Println(sb.ID)
+			}
+			return nil
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
