@@ -37,8 +37,8 @@ func TestNormalizeArgs(t *testing.T) {
 	}
 }
 
-// TestEveryVerbHelps: every verb and sub-verb has a summary and a --help
-// that exits 0.
+// TestEveryVerbHelps: every verb and sub-verb has a summary, an example
+// and a --help that exits 0.
 func TestEveryVerbHelps(t *testing.T) {
 	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {
@@ -57,6 +57,9 @@ func TestEveryVerbHelps(t *testing.T) {
 			n++
 			if sub.Short == "" || strings.HasSuffix(sub.Short, ".") {
 				t.Errorf("%s: summary %q: want one line without a full stop", sub.CommandPath(), sub.Short)
+			}
+			if sub.Example == "" {
+				t.Errorf("%s: no example in its --help", sub.CommandPath())
 			}
 			if sub.Runnable() && sub.Args == nil {
 				t.Errorf("%s: no check of its arguments", sub.CommandPath())
