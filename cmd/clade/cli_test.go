@@ -345,6 +345,13 @@ func TestCLISnapshotForkSleep(t *testing.T) {
 	if !strings.Contains(out, "sleeping") {
 		t.Fatalf("ls after sleep: %q", out)
 	}
+	// A sleeping sandbox cannot be snapshotted or forked: the error says
+	// how to go on.
+	for _, args := range [][]string{{"snapshot", "src"}, {"fork", "src", "-n", "1"}} {
+		if _, errs, code := cli(t, d, "", args...); code != 1 || !strings.Contains(errs, "clade wake ") {
+			t.Fatalf("%v of a sleeping sandbox: %d %q, want exit 1 saying to wake it", args, code, errs)
+		}
+	}
 	if _, errs, code := cli(t, d, "", "wake", "src"); code != 0 {
 		t.Fatalf("wake: %q", errs)
 	}
