@@ -70,6 +70,8 @@ func TestCLI(t *testing.T) {
 		{"exec by name", "", []string{"exec", "cli-box", "--", "sh", "-c", "echo $FOO"}, "bar\n", 0, ""},
 		{"exec exit code", "", []string{"exec", id, "--", "sh", "-c", "exit 9"}, "", 9, ""},
 		{"exec not found", "", []string{"exec", id, "--", "nonexistent-cmd"}, "", 127, "not found"},
+		{"exec not executable", "", []string{"exec", id, "--", "/etc/hostname"}, "", 126, "clade: /etc/hostname: permission denied (not an executable file)\n"},
+		{"exec a directory", "", []string{"exec", id, "--", "/root"}, "", 126, "clade: /root: permission denied (not an executable file)\n"},
 		{"exec signal", "", []string{"exec", id, "--", "sh", "-c", "kill -KILL $$"}, "", 137, ""},
 		{"exec stdin", "abc\n", []string{"exec", "-i", id, "--", "cat"}, "abc\n", 0, ""},
 		{"exec env workdir", "", []string{"exec", "--env", "X=1", "--workdir", "/tmp", id, "--", "sh", "-c", "echo $X $(pwd)"}, "1 /tmp\n", 0, ""},
