@@ -88,6 +88,11 @@ func TestBadValuesAreUsageErrors(t *testing.T) {
 		{"ls", "--label", "=x"},
 		{"ls", "--json", "-q"},
 		{"sleep", "--label", "novalue"},
+		{"create", "--env", "NOEQUALS"},
+		{"create", "--on-timeout", "explode"},
+		{"timeout", "box", "1h", "--on-timeout", "explode"},
+		{"exec", "--env", "=x", "box", "--", "true"},
+		{"exec", "--timeout", "-1s", "box", "--", "true"},
 		{"events", "--since", "abc"}, // cobra's, for comparison
 		{"create", "--label", "=x"},
 		{"cp", "a", "b"},
@@ -130,6 +135,9 @@ func TestGoodValuesReachTheDaemon(t *testing.T) {
 		{"create", "--disk", "1TiB"},
 		{"ls", "--label", "a=b", "-q"},
 		{"sleep", "--label", "a="},
+		{"create", "--env", "X=", "--on-timeout", "sleep"},
+		{"timeout", "box", "1h", "--on-timeout", "rm"},
+		{"exec", "--env", "X==", "--timeout", "0s", "box", "--", "true"},
 	} {
 		if code := run(append([]string{"--host", host}, args...)); code != 1 {
 			t.Errorf("clade %s: exit %d, want 1 (no daemon)", strings.Join(args, " "), code)

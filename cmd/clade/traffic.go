@@ -102,6 +102,9 @@ func newTimeoutCmd() *cobra.Command {
 		if err != nil || d < 0 {
 			return badArg("timeout %q: give a duration such as 90s, 30m or 2h (0 removes the timeout)", pos[1])
 		}
+		if err := checkOnTimeout(*onTimeout); err != nil {
+			return err
+		}
 		sb, err := c.SetTimeout(ctx, pos[0], d, *onTimeout)
 		if err != nil {
 			return err
