@@ -363,6 +363,20 @@ func TestCLISnapshotForkSleep(t *testing.T) {
 	if _, errs, code := cli(t, d, "", "wake", "nope"); code != 1 || !strings.Contains(errs, "no such sandbox") {
 		t.Fatalf("wake unknown: %d %q", code, errs)
 	}
+
+	// sleep --label: the matching running sandboxes, each printed; none
+	// matching is said (a mistyped label), not an error.
+	out, errs, code = cli(t, d, "", "create", "--label", "team=sleepy")
+	if code != 0 {
+		t.Fatalf("create --label: %q", errs)
+	}
+	labeled := strings.TrimSpace(out)
+	if out, errs, code := cli(t, d, "", "sleep", "--label", "team=sleepy"); code != 0 || out != labeled+"\n" {
+		t.Fatalf("sleep --label team=sleepy: %q %q %d, want %s slept", out, errs, code, labeled)
+	}
+	if out, errs, code := cli(t, d, "", "sleep", "--label", "team=nobody"); code != 0 || out != "" || !strings.Contains(errs, "no running sandbox matched") {
+		t.Fatalf("sleep --label team=nobody: %q %q %d, want nothing slept and said so", out, errs, code)
+	}
 }
 
 func TestCLIImageImport(t *testing.T) {

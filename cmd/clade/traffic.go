@@ -66,6 +66,12 @@ func newSleepCmd() *cobra.Command {
 					refs = append(refs, sb.ID)
 				}
 			}
+			if len(refs) == 0 {
+				// Not an error (nothing to do), but said, so that a
+				// mistyped label is not taken for success.
+				fmt.Fprintln(os.Stderr, "clade: no running sandbox matched: nothing put to sleep")
+				return nil
+			}
 		}
 		failed := false
 		for _, ref := range refs {
