@@ -28,6 +28,7 @@ func newBenchCmd() *cobra.Command {
 		"(N slept apps woken by one request each at once). They need a daemon with networking.\n"+
 		"Removes everything it made, also on Ctrl-C. Exits 1 if a phase failed.")
 	cmd.Short, cmd.Args = "Measure clade on this host (optionally against plain runsc)", nargs(0, 0)
+	cmd.Example = "  clade bench --phases create,exec --samples 10\n  clade bench --baseline --json bench.json\n  clade bench --phases fork --fanout 1,16"
 	fs := cmd.Flags()
 	cfg := benchkit.DefaultConfig()
 	phases := fs.String("phases", strings.Join(cfg.Phases, ","), "phases to run, in order")

@@ -175,10 +175,11 @@ func newRoot() *cobra.Command {
 
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "version",
-		Short: "Print clade's version",
-		Args:  nargs(0, 0),
-		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "clade", versionString()) },
+		Use:     "version",
+		Short:   "Print clade's version",
+		Example: "  clade version\n  clade --version",
+		Args:    nargs(0, 0),
+		Run:     func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "clade", versionString()) },
 	}
 }
 

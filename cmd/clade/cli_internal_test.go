@@ -37,8 +37,8 @@ func TestNormalizeArgs(t *testing.T) {
 	}
 }
 
-// TestEveryVerbHelps: every verb and sub-verb has a summary and a --help
-// that exits 0.
+// TestEveryVerbHelps: every verb and sub-verb has a summary, an example
+// and a --help that exits 0.
 func TestEveryVerbHelps(t *testing.T) {
 	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {
@@ -57,6 +57,9 @@ func TestEveryVerbHelps(t *testing.T) {
 			n++
 			if sub.Short == "" || strings.HasSuffix(sub.Short, ".") {
 				t.Errorf("%s: summary %q: want one line without a full stop", sub.CommandPath(), sub.Short)
+			}
+			if sub.Example == "" {
+				t.Errorf("%s: no example in its --help", sub.CommandPath())
 			}
 			if sub.Runnable() && sub.Args == nil {
 				t.Errorf("%s: no check of its arguments", sub.CommandPath())
@@ -81,6 +84,15 @@ func TestBadValuesAreUsageErrors(t *testing.T) {
 	host := t.TempDir() + "/no-daemon.sock"
 	for _, args := range [][]string{
 		{"events", "--label", "novalue"},
+		{"ls", "--label", "novalue"},
+		{"ls", "--label", "=x"},
+		{"ls", "--json", "-q"},
+		{"sleep", "--label", "novalue"},
+		{"create", "--env", "NOEQUALS"},
+		{"create", "--on-timeout", "explode"},
+		{"timeout", "box", "1h", "--on-timeout", "explode"},
+		{"exec", "--env", "=x", "box", "--", "true"},
+		{"exec", "--timeout", "-1s", "box", "--", "true"},
 		{"events", "--since", "abc"}, // cobra's, for comparison
 		{"create", "--label", "=x"},
 		{"cp", "a", "b"},
@@ -121,6 +133,11 @@ func TestGoodValuesReachTheDaemon(t *testing.T) {
 		{"url", "box", "8000", "--ttl", "1ms"},
 		{"url", "box", "8000", "--ttl", "720h"},
 		{"create", "--disk", "1TiB"},
+		{"ls", "--label", "a=b", "-q"},
+		{"sleep", "--label", "a="},
+		{"create", "--env", "X=", "--on-timeout", "sleep"},
+		{"timeout", "box", "1h", "--on-timeout", "rm"},
+		{"exec", "--env", "X==", "--timeout", "0s", "box", "--", "true"},
 	} {
 		if code := run(append([]string{"--host", host}, args...)); code != 1 {
 			t.Errorf("clade %s: exit %d, want 1 (no daemon)", strings.Join(args, " "), code)

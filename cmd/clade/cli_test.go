@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,8 @@ func TestCLI(t *testing.T) {
 		{"exec by name", "", []string{"exec", "cli-box", "--", "sh", "-c", "echo $FOO"}, "bar\n", 0, ""},
 		{"exec exit code", "", []string{"exec", id, "--", "sh", "-c", "exit 9"}, "", 9, ""},
 		{"exec not found", "", []string{"exec", id, "--", "nonexistent-cmd"}, "", 127, "not found"},
+		{"exec not executable", "", []string{"exec", id, "--", "/etc/hostname"}, "", 126, "clade: /etc/hostname: permission denied (not an executable file)\n"},
+		{"exec a directory", "", []string{"exec", id, "--", "/root"}, "", 126, "clade: /root: permission denied (not an executable file)\n"},
 		{"exec signal", "", []string{"exec", id, "--", "sh", "-c", "kill -KILL $$"}, "", 137, ""},
 		{"exec stdin", "abc\n", []string{"exec", "-i", id, "--", "cat"}, "abc\n", 0, ""},
 		{"exec env workdir", "", []string{"exec", "--env", "X=1", "--workdir", "/tmp", id, "--", "sh", "-c", "echo $X $(pwd)"}, "1 /tmp\n", 0, ""},
@@ -118,6 +121,11 @@ func TestCLI(t *testing.T) {
 		out, _, code = cli(t, d, "", "ls", "--json")
 		if code != 0 || !strings.Contains(out, `"id": "`+id+`"`) {
 			t.Fatalf("ls --json: %q", out)
+		}
+		// -q: the ids alone, for $(clade ls -q).
+		out, _, code = cli(t, d, "", "ls", "-q")
+		if lines := strings.Fields(out); code != 0 || !slices.Contains(lines, id) || slices.ContainsFunc(lines, func(l string) bool { return len(l) != 16 }) {
+			t.Fatalf("ls -q: %q %d, want ids only, %s among them", out, code, id)
 		}
 		out, _, code = cli(t, d, "", "inspect", "cli-box")
 		if code != 0 || !strings.Contains(out, `"memory_mib": 256`) {
@@ -339,6 +347,13 @@ func TestCLISnapshotForkSleep(t *testing.T) {
 	if !strings.Contains(out, "sleeping") {
 		t.Fatalf("ls after sleep: %q", out)
 	}
+	// A sleeping sandbox cannot be snapshotted or forked: the error says
+	// how to go on.
+	for _, args := range [][]string{{"snapshot", "src"}, {"fork", "src", "-n", "1"}} {
+		if _, errs, code := cli(t, d, "", args...); code != 1 || !strings.Contains(errs, "clade wake ") {
+			t.Fatalf("%v of a sleeping sandbox: %d %q, want exit 1 saying to wake it", args, code, errs)
+		}
+	}
 	if _, errs, code := cli(t, d, "", "wake", "src"); code != 0 {
 		t.Fatalf("wake: %q", errs)
 	}
@@ -347,6 +362,20 @@ func TestCLISnapshotForkSleep(t *testing.T) {
 	}
 	if _, errs, code := cli(t, d, "", "wake", "nope"); code != 1 || !strings.Contains(errs, "no such sandbox") {
 		t.Fatalf("wake unknown: %d %q", code, errs)
+	}
+
+	// sleep --label: the matching running sandboxes, each printed; none
+	// matching is said (a mistyped label), not an error.
+	out, errs, code = cli(t, d, "", "create", "--label", "team=sleepy")
+	if code != 0 {
+		t.Fatalf("create --label: %q", errs)
+	}
+	labeled := strings.TrimSpace(out)
+	if out, errs, code := cli(t, d, "", "sleep", "--label", "team=sleepy"); code != 0 || out != labeled+"\n" {
+		t.Fatalf("sleep --label team=sleepy: %q %q %d, want %s slept", out, errs, code, labeled)
+	}
+	if out, errs, code := cli(t, d, "", "sleep", "--label", "team=nobody"); code != 0 || out != "" || !strings.Contains(errs, "no running sandbox matched") {
+		t.Fatalf("sleep --label team=nobody: %q %q %d, want nothing slept and said so", out, errs, code)
 	}
 }
 

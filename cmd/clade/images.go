@@ -21,6 +21,7 @@ func newImageCmd() *cobra.Command {
 		Use:     "image VERB",
 		Aliases: []string{"images"},
 		Short:   "Pull, import, build, list and remove images",
+		Example: "  clade image pull python:3.12-slim\n  clade image ls\n  clade image rm python:3.12-slim",
 	})
 	cmd.AddCommand(newImageListCmd(), newImagePullCmd(), newImageImportCmd(), newImageBuildCmd(), newImageInspectCmd(), newImageRemoveCmd())
 	return cmd
@@ -31,6 +32,7 @@ func newImageListCmd() *cobra.Command {
 		Use:     "ls [flags]",
 		Aliases: []string{"list"},
 		Short:   "List images",
+		Example: "  clade image ls\n  clade image ls --json | jq -r '.[].name'",
 		Args:    nargs(0, 0),
 	}
 	asJSON := cmd.Flags().Bool("json", false, "print JSON")
@@ -61,6 +63,7 @@ func newImageRemoveCmd() *cobra.Command {
 		Use:     "rm NAME|REF...",
 		Aliases: []string{"remove"},
 		Short:   "Remove images no sandbox or snapshot uses",
+		Example: "  clade image rm python:3.12-slim\n  clade image rm app old-app",
 		Long: "Removes images no sandbox or snapshot uses, by name or by the reference\n" +
 			"they were pulled or imported as.",
 		Args:              nargs(1, -1),
@@ -144,8 +147,9 @@ func newImageImportCmd() *cobra.Command {
 
 func newImageInspectCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "inspect NAME|REF",
-		Short: "Print an image as JSON",
+		Use:     "inspect NAME|REF",
+		Short:   "Print an image as JSON",
+		Example: "  clade image inspect default\n  clade image inspect python:3.12-slim | jq .config.env",
 		Long: "Prints an image as JSON: source, layers, config and users. REF is a\n" +
 			"reference the image was pulled or imported as, e.g. python:3.12-slim.",
 		Args:              nargs(1, 1),

@@ -47,7 +47,7 @@ func newMCPCmd() *cobra.Command {
 			if *tokenFile != "" {
 				return badArg("--token-file is for --http: over stdio the agent that starts clade mcp is the only client")
 			}
-			err := srv.Run(ctx, &mcpsdk.StdioTransport{})
+			err := srv.Run(ctx, cmcp.StdioTransport(ctx, os.Stdin, os.Stdout))
 			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 				return nil
 			}

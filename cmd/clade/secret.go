@@ -21,6 +21,7 @@ func newSecretCmd() *cobra.Command {
 		Use:     "secret VERB",
 		Aliases: []string{"secrets"},
 		Short:   "Store, list and remove sealed secrets",
+		Example: "  clade secret set api-key < key.txt\n  clade create --secret api-key\n  clade secret ls\n  clade secret rm api-key",
 		Long: "Secrets are sealed with the daemon's key. clade create --secret NAME[:ENVVAR] or\n" +
 			"--secret-file NAME:/run/secrets/FILE hands one to a sandbox.",
 	})
@@ -77,6 +78,7 @@ func newSecretListCmd() *cobra.Command {
 		Use:     "ls [flags]",
 		Aliases: []string{"list"},
 		Short:   "List secrets: names, versions and dates, never values",
+		Example: "  clade secret ls\n  clade secret ls --json",
 		Args:    nargs(0, 0),
 	}
 	asJSON := cmd.Flags().Bool("json", false, "print JSON")
@@ -103,6 +105,7 @@ func newSecretRemoveCmd() *cobra.Command {
 		Use:               "rm NAME...",
 		Aliases:           []string{"remove"},
 		Short:             "Remove secrets no sandbox uses",
+		Example:           "  clade secret rm api-key\n  clade secret rm old-key other-key",
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeSecrets,
 		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {

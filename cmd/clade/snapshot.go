@@ -42,6 +42,7 @@ func newSnapshotListCmd() *cobra.Command {
 		Use:     "ls [flags]",
 		Aliases: []string{"list"},
 		Short:   "List snapshots and the sandboxes restored from them",
+		Example: "  clade snapshot ls\n  clade snapshot ls --json | jq -r '.[].id'",
 		Args:    nargs(0, 0),
 	}
 	asJSON := cmd.Flags().Bool("json", false, "print JSON")
@@ -72,6 +73,7 @@ func newSnapshotRemoveCmd() *cobra.Command {
 		Use:               "rm SNAP...",
 		Aliases:           []string{"remove"},
 		Short:             "Remove snapshots no sandbox was restored from",
+		Example:           "  clade snapshot rm warm\n  clade snapshot rm warm 5e75caf9d2d64b3d",
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeSnapshots,
 		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {

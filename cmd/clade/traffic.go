@@ -16,13 +16,13 @@ import (
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-// parseLabels reads K=V flags.
+// parseLabels reads K=V flags; a malformed one is a usage error.
 func parseLabels(kvs []string) (map[string]string, error) {
 	var out map[string]string
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("--label %q: use KEY=VALUE", kv)
+			return nil, badArg("--label %q: use KEY=VALUE", kv)
 		}
 		if out == nil {
 			out = map[string]string{}
@@ -66,6 +66,12 @@ func newSleepCmd() *cobra.Command {
 					refs = append(refs, sb.ID)
 				}
 			}
+			if len(refs) == 0 {
+				// Not an error (nothing to do), but said, so that a
+				// mistyped label is not taken for success.
+				fmt.Fprintln(os.Stderr, "clade: no running sandbox matched: nothing put to sleep")
+				return nil
+			}
 		}
 		failed := false
 		for _, ref := range refs {
@@ -101,6 +107,9 @@ func newTimeoutCmd() *cobra.Command {
 		d, err := time.ParseDuration(pos[1])
 		if err != nil || d < 0 {
 			return badArg("timeout %q: give a duration such as 90s, 30m or 2h (0 removes the timeout)", pos[1])
+		}
+		if err := checkOnTimeout(*onTimeout); err != nil {
+			return err
 		}
 		sb, err := c.SetTimeout(ctx, pos[0], d, *onTimeout)
 		if err != nil {

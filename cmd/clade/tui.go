@@ -25,6 +25,7 @@ func newTUICmd() *cobra.Command {
 		Use:     "tui [flags]",
 		Aliases: []string{"top"},
 		Short:   "A live terminal view with keys to exec, sleep, wake, snapshot, fork, remove",
+		Example: "  clade tui\n  clade tui --interval 5s",
 		Long: "A live view of the daemon's sandboxes (state, image, age, CPU, memory,\n" +
 			"processes) and snapshots, with keys to open a shell, sleep, wake, snapshot,\n" +
 			"fork and remove. Press ? in it for the keys.",

@@ -78,6 +78,12 @@ func newCreateCmd() *cobra.Command {
 			return badArg("--idle-sleep and --timeout take a positive duration in whole milliseconds, e.g. 90s")
 		}
 		req.IdleSleepMS, req.TimeoutMS = idle.Milliseconds(), timeout.Milliseconds()
+		if err := checkOnTimeout(req.OnTimeout); err != nil {
+			return err
+		}
+		if err := checkEnv(env); err != nil {
+			return err
+		}
 		req.Env = env
 		if *disk != "" {
 			mib, err := parseMiB(*disk)
@@ -86,15 +92,8 @@ func newCreateCmd() *cobra.Command {
 			}
 			req.DiskMiB = mib
 		}
-		for _, kv := range labels {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				return badArg("--label %q: use KEY=VALUE", kv)
-			}
-			if req.Labels == nil {
-				req.Labels = map[string]string{}
-			}
-			req.Labels[k] = v
+		if req.Labels, err = parseLabels(labels); err != nil {
+			return err
 		}
 		if *mode != "" || pol.set() {
 			n := pol.network()
@@ -164,6 +163,12 @@ func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest [
 	}
 	if len(cmd) == 0 {
 		return usagef(cobraCmd, "missing CMD\nUsage: %s", cobraCmd.UseLine())
+	}
+	if err := checkEnv(env); err != nil {
+		return usagef(cobraCmd, "%v", err)
+	}
+	if timeout < 0 {
+		return usagef(cobraCmd, "--timeout %s: give a positive duration, e.g. 30s (none: no timeout)", timeout)
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
@@ -264,11 +269,12 @@ func newListCmd() *cobra.Command {
 		Use:     "ls [flags]",
 		Aliases: []string{"list", "ps"},
 		Short:   "List sandboxes",
-		Example: "  clade ls --label team=ml --json",
+		Example: "  clade ls --label team=ml --json\n  clade rm -f $(clade ls -q --label team=ml)",
 		Args:    nargs(0, 0),
 	}
 	fs := cmd.Flags()
 	asJSON := fs.Bool("json", false, "print JSON")
+	quiet := fs.BoolP("quiet", "q", false, "print only the ids, one a line")
 	var labels multi
 	fs.Var(&labels, "label", "list only sandboxes with label `K=V` (repeatable: all must match)")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
@@ -276,12 +282,21 @@ func newListCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
+		if *asJSON && *quiet {
+			return badArg("--json and --quiet: give one")
+		}
 		sbs, err := c.ListSandboxesLabeled(ctx, want)
 		if err != nil {
 			return err
 		}
 		if *asJSON {
 			return printJSON(sbs)
+		}
+		if *quiet {
+			for _, sb := range sbs {
+				fmt.Println(sb.ID)
+			}
+			return nil
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
@@ -292,6 +307,25 @@ func newListCmd() *cobra.Command {
 		return tw.Flush()
 	})
 	return cmd
+}
+
+// checkEnv refuses --env values the daemon would: each must be K=V.
+func checkEnv(env []string) error {
+	for _, kv := range env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return badArg("--env %q: use KEY=VALUE", kv)
+		}
+	}
+	return nil
+}
+
+// checkOnTimeout refuses an --on-timeout the daemon would.
+func checkOnTimeout(v string) error {
+	switch v {
+	case "", "rm", "sleep":
+		return nil
+	}
+	return badArg("--on-timeout %q: use rm (remove the sandbox) or sleep (put it to sleep)", v)
 }
 
 func dash(s string) string {

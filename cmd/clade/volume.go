@@ -19,6 +19,7 @@ func newVolumeCmd() *cobra.Command {
 		Use:     "volume VERB",
 		Aliases: []string{"volumes"},
 		Short:   "Make, list and remove named volumes",
+		Example: "  clade volume create data --size 1GiB\n  clade create --volume data:/data\n  clade volume ls\n  clade volume rm data",
 		Long:    "A volume outlives sandboxes: clade create --volume NAME:/path[:ro] mounts it.",
 	})
 	cmd.AddCommand(newVolumeCreateCmd(), newVolumeListCmd(), newVolumeInspectCmd(), newVolumeRemoveCmd(),
@@ -77,6 +78,7 @@ func newVolumeListCmd() *cobra.Command {
 		Use:     "ls [flags]",
 		Aliases: []string{"list"},
 		Short:   "List volumes and the sandboxes that mount them",
+		Example: "  clade volume ls\n  clade volume ls --json",
 		Args:    nargs(0, 0),
 	}
 	asJSON := cmd.Flags().Bool("json", false, "print JSON")
@@ -106,6 +108,7 @@ func newVolumeInspectCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "inspect NAME...",
 		Short:             "Print volumes as JSON",
+		Example:           "  clade volume inspect data\n  clade volume inspect data cache | jq '.[].used_by'",
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeVolumes,
 	}
@@ -131,6 +134,7 @@ func newVolumeRemoveCmd() *cobra.Command {
 		Use:               "rm NAME...",
 		Aliases:           []string{"remove"},
 		Short:             "Remove volumes and their data",
+		Example:           "  clade volume rm data\n  clade volume rm data cache",
 		Long:              "Removes volumes and their data; a volume a sandbox mounts is refused.\nPrints each one removed; a failure does not stop the others.",
 		Args:              nargs(1, -1),
 		ValidArgsFunction: completeVolumes,

@@ -217,12 +217,7 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 		if inW != nil {
 			inW.Close()
 		}
-		code := 126
-		class := errdefs.InvalidArgument
-		if errors.Is(err, fs.ErrNotExist) {
-			code, class = 127, errdefs.NotFound
-		}
-		return wire.ExitMsg{Code: code, Error: err.Error(), ErrorClass: string(class)}
+		return startFailed(err)
 	}
 	ch.mu.Lock()
 	ch.proc = cmd.Process
@@ -395,6 +390,27 @@ func (p *outPump) run(wg *sync.WaitGroup) {
 			return
 		}
 	}
+}
+
+// startFailed is the exit of a command that could not start: 127 when it
+// does not exist, else 126, as a shell says, with the path and the reason
+// (not Go's "fork/exec PATH: permission denied").
+func startFailed(err error) wire.ExitMsg {
+	if errors.Is(err, fs.ErrNotExist) {
+		return wire.ExitMsg{Code: 127, Error: err.Error(), ErrorClass: string(errdefs.NotFound)}
+	}
+	msg := err.Error()
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		msg = pe.Path + ": " + pe.Err.Error()
+		switch {
+		case errors.Is(pe.Err, syscall.EACCES):
+			msg += " (not an executable file)"
+		case errors.Is(pe.Err, syscall.ENOEXEC):
+			msg += " (neither a binary nor a script starting with #!)"
+		}
+	}
+	return wire.ExitMsg{Code: 126, Error: msg, ErrorClass: string(errdefs.InvalidArgument)}
 }
 
 func envValue(env []string, key string) string {

@@ -2,10 +2,8 @@ package agent
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"strconv"
@@ -123,12 +121,7 @@ func (ch *channel) execTTY(cmd *exec.Cmd) wire.ExitMsg {
 	slave.Close() // the process holds it now
 	if err != nil {
 		master.Close()
-		code := 126
-		class := errdefs.InvalidArgument
-		if errors.Is(err, fs.ErrNotExist) {
-			code, class = 127, errdefs.NotFound
-		}
-		return wire.ExitMsg{Code: code, Error: err.Error(), ErrorClass: string(class)}
+		return startFailed(err)
 	}
 	ch.mu.Lock()
 	ch.proc = cmd.Process

@@ -46,6 +46,9 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 		return store.Snapshot{}, err
 	}
 	defer unlock()
+	if rec.State == store.StateSleeping {
+		return store.Snapshot{}, errdefs.New(errdefs.Conflict, "sandbox %s is sleeping: only a running sandbox can be snapshotted or forked; wake it first (`clade wake %s`)", ref, ref)
+	}
 	if rec.State != store.StateRunning {
 		return store.Snapshot{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a running sandbox can be snapshotted", ref, rec.State)
 	}

@@ -505,6 +505,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	if req.Count != nil {
 		n = *req.Count
 	}
+	if n < 1 {
+		return errdefs.New(errdefs.InvalidArgument, "count %d: give the number of children, 1 or more", n)
+	}
 	id := r.PathValue("id")
 	if _, err := s.get(r.Context(), id); err != nil {
 		return err

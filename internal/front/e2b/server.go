@@ -23,6 +23,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/filesystem/filesystemconnect"
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/process/processconnect"
+	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 )
 
@@ -98,6 +99,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, fmt.Errorf("internal error: %v", v))
 		}
 	}()
+	if err := httpapi.CheckQuery(r); err != nil {
+		writeError(w, err)
+		return
+	}
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
 		tok := r.Header.Get("X-Access-Token")
 		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) != 1 {

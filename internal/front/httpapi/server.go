@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 
@@ -134,9 +135,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, fmt.Errorf("internal error: %v", v))
 		}
 	}()
+	if err := CheckQuery(r); err != nil {
+		writeError(w, err)
+		return
+	}
 	ctx, stop := peerContext(r)
 	defer stop()
 	s.mux.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// CheckQuery refuses a request whose query string does not parse (a bad
+// %-escape, a raw ';'). r.URL.Query() drops such pairs without a word, so
+// ?label=a=b;c would have listed every sandbox instead of none: a filter
+// a client got wrong must fail, never widen.
+func CheckQuery(r *http.Request) error {
+	if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+		return errdefs.New(errdefs.InvalidArgument, "malformed query string %.100q: %v (URL-encode each value: %%3D for '=', %%3B for ';', %%25 for '%%')", r.URL.RawQuery, err)
+	}
+	return nil
 }
 
 // RequireToken wraps h so that every request must carry the bearer token;
