@@ -523,7 +523,7 @@ func TestIngressScaleToZero(t *testing.T) {
 		conn.Close()
 	})
 	t.Run("idle sleep, then a request wakes it and is served once", func(t *testing.T) {
-		waitState(t, c, sb.ID, "sleeping", 10*time.Second)
+		waitState(t, c, sb.ID, "sleeping", time.Minute)
 		wakes := metric(t, d, "clade_wakes_total")
 		start := time.Now()
 		if body := mustGet(t, tg, "/inc"); body != "1" {
@@ -585,8 +585,8 @@ func TestIngressScaleToZero(t *testing.T) {
 		if _, err := c.SetTimeout(ctx, sl.ID, time.Second, ""); err != nil {
 			t.Fatal(err)
 		}
-		waitState(t, c, rm.ID, "gone", 10*time.Second)
-		waitState(t, c, sl.ID, "sleeping", 10*time.Second)
+		waitState(t, c, rm.ID, "gone", time.Minute)
+		waitState(t, c, sl.ID, "sleeping", time.Minute)
 		if _, err := c.SetTimeout(ctx, sl.ID, time.Second, "explode"); !sdk.IsInvalidArgument(err) {
 			t.Fatalf("on_timeout explode: %v", err)
 		}
@@ -687,7 +687,7 @@ func TestIngressRequestsRacingWakes(t *testing.T) {
 	}
 	wakes := metric(t, d, "clade_wakes_total")
 	for round := range rounds {
-		waitState(t, c, sb.ID, "sleeping", 20*time.Second)
+		waitState(t, c, sb.ID, "sleeping", time.Minute)
 		var wg sync.WaitGroup
 		errs := make(chan string, clients*perRound)
 		start := time.Now()
@@ -771,5 +771,5 @@ func TestIngressStuckRequestsEnd(t *testing.T) {
 		t.Fatalf("after the stuck requests: %q", body)
 	}
 	tg.hc.Transport.(*http.Transport).CloseIdleConnections()
-	waitState(t, c, sb.ID, "sleeping", 15*time.Second)
+	waitState(t, c, sb.ID, "sleeping", time.Minute)
 }

@@ -97,13 +97,16 @@ func TestLifetimeValidation(t *testing.T) {
 
 func TestIdleSleepAndHold(t *testing.T) {
 	e := newEnv(t, Config{})
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	go e.m.WatchLifetimes(ctx)
 	held := e.createOpts(t, store.Options{IdleSleepMS: 300})
 	idle := e.createOpts(t, store.Options{IdleSleepMS: 300})
 	never := e.create(t, 128)
 	release := e.m.Hold(held.ID)
+	// The watcher starts once the hold is in place: started before, it
+	// could put held to sleep while the creates after it took longer
+	// than its idle time (a loaded machine).
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go e.m.WatchLifetimes(ctx)
 	e.waitState(t, idle.ID, store.StateSleeping, 5*time.Second)
 	if s := e.state(t, held.ID); s != store.StateRunning {
 		t.Fatalf("a held sandbox is %s, want running", s)
@@ -120,25 +123,37 @@ func TestIdleSleepAndHold(t *testing.T) {
 
 func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
 	e := newEnv(t, Config{})
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	go e.m.WatchLifetimes(ctx)
-	rm := e.createOpts(t, store.Options{TimeoutMS: 300})
-	sl := e.createOpts(t, store.Options{TimeoutMS: 300, OnTimeout: OnTimeoutSleep})
+	// renewed first: its first timeout passes before the others', so the
+	// sweep that removes rm would have removed it too had the renewal not
+	// replaced it. The watcher starts once the renewal is made: started
+	// before, it could apply the first timeout while the create and the
+	// renewal took longer than it (a loaded machine).
 	renewed := e.createOpts(t, store.Options{TimeoutMS: 300})
 	if _, err := e.m.SetTimeout(t.Context(), renewed.ID, time.Hour, ""); err != nil {
 		t.Fatal(err)
 	}
+	rm := e.createOpts(t, store.Options{TimeoutMS: 300})
+	sl := e.createOpts(t, store.Options{TimeoutMS: 300, OnTimeout: OnTimeoutSleep})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go e.m.WatchLifetimes(ctx)
 	e.waitState(t, rm.ID, "gone", 5*time.Second)
 	e.waitState(t, sl.ID, store.StateSleeping, 5*time.Second)
 	if s := e.state(t, renewed.ID); s != store.StateRunning {
 		t.Fatalf("a renewed sandbox is %s", s)
 	}
-	if rec, _ := e.m.Get(t.Context(), sl.ID); rec.Opts.ExpiresAt != nil {
+	// The state shows sleeping before the expiry is cleared, both under
+	// the sandbox's lock: take it to read what the timeout left.
+	rec, unlock, err := e.m.lockSandbox(t.Context(), sl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	if rec.Opts.ExpiresAt != nil {
 		t.Fatalf("a timeout sleep left expiry %v", rec.Opts.ExpiresAt)
 	}
 	// A wake starts the next timeout.
-	rec, err := e.m.Wake(t.Context(), sl.ID)
+	rec, err = e.m.Wake(t.Context(), sl.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

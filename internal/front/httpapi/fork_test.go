@@ -38,7 +38,7 @@ func readCount(t *testing.T, c *sdk.Client, id string) int {
 // process runs (polling the sandbox, bounded).
 func waitCountPast(t *testing.T, c *sdk.Client, id string, n int) int {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		if m := readCount(t, c, id); m > n {
 			return m

@@ -208,7 +208,7 @@ sys.exit(3)`
 		done := make(chan result, 1)
 		go func() {
 			st, err := c.Exec(ctx, sb.ID, sdk.ExecRequest{Cmd: []string{"bash", "--norc", "--noprofile", "-i"},
-				Env: []string{`PS1=[\#]$ `}, TTY: true, Stdin: pr, Stdout: out})
+				Env: []string{`PS1=[\#]$ `}, TTY: true, Size: sdk.WindowSize{Rows: 24, Cols: 250}, Stdin: pr, Stdout: out})
 			done <- result{st, err}
 		}()
 		typeIn := func(s string) {
@@ -222,8 +222,16 @@ sys.exit(3)`
 		// signal that races an execve is dropped by design (gVisor's
 		// initiateGroupStop, "lost to racing execve", as Linux does for
 		// a multi-threaded exec), so `echo; exec sleep` lost the ^Z when
-		// it came right after the echo (5 of 40 runs under load).
-		typeIn("sh -c 'echo sta''rted; read x'\r")
+		// it came right after the echo (5 of 40 runs under load). It says
+		// when it is continued: fg prints the job's command before it
+		// gives the job the terminal and then continues it, so a ^C sent
+		// once the command is shown can reach bash instead of the job.
+		// SIGCONT is blocked and taken with sigwait, and SIGINT has its
+		// default action: a Python handler runs only between bytecodes,
+		// so one that arrives just before a blocking call waits with it.
+		// (The words it prints are split in what is typed, which the
+		// terminal echoes.)
+		typeIn(`python3 -c 'import signal as s, sys; s.pthread_sigmask(s.SIG_BLOCK, {s.SIGCONT}); s.signal(s.SIGINT, s.SIG_DFL); print("sta" "rted", flush=True); s.sigwait({s.SIGCONT}); print("resu" "med", flush=True); sys.stdin.readline()'` + "\r")
 		out.waitFor(t, "started\r\n")
 		typeIn("\x1a") // ^Z
 		out.waitFor(t, "Stopped")
@@ -231,8 +239,9 @@ sys.exit(3)`
 		typeIn("jobs\r")
 		out.waitFor(t, "[3]$ ")
 		typeIn("fg\r")
-		out.waitAfter(t, "[3]$ fg", "read x'\r\n") // fg names the job it resumes
-		typeIn("\x03")                             // ^C
+		out.waitAfter(t, "[3]$ fg", "readline()'\r\n") // fg names the job it resumes
+		out.waitAfter(t, "[3]$ fg", "resumed\r\n")     // and continues it, in the foreground
+		typeIn("\x03")                                 // ^C
 		out.waitFor(t, "[4]$ ")
 		typeIn("exit 7\r")
 		r := <-done

@@ -109,7 +109,7 @@ try {
   const decoder = new TextDecoder()
   const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { term += decoder.decode(d) } })
   await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('tty; stty size\n'))
-  await waitFor('the terminal says its size', 10_000, () => /\/dev\/pts\/\d+\s+24 80/.test(term))
+  await waitFor('the terminal says its size', 30_000, () => /\/dev\/pts\/\d+\s+24 80/.test(term))
   await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 })
   await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; exit 0\n'))
   const ptyEnd = await pty.wait()
@@ -152,11 +152,11 @@ try {
   const seen = []
   const watch = await sbx.files.watchDir('/tmp/w', (ev) => seen.push(`${ev.type}:${ev.name}`))
   await sbx.files.write('/tmp/w/new.txt', 'one')
-  await waitFor('a create event', 10_000, () => seen.includes('create:new.txt'))
+  await waitFor('a create event', 30_000, () => seen.includes('create:new.txt'))
   await sbx.files.write('/tmp/w/new.txt', 'two, longer')
-  await waitFor('a write event', 10_000, () => seen.includes('write:new.txt'))
+  await waitFor('a write event', 30_000, () => seen.includes('write:new.txt'))
   await sbx.files.remove('/tmp/w/new.txt')
-  await waitFor('a remove event', 10_000, () => seen.includes('remove:new.txt'))
+  await waitFor('a remove event', 30_000, () => seen.includes('remove:new.txt'))
   await watch.stop()
   await rejects(sbx.files.watchDir('/tmp/no-such-dir', () => {}), NotFoundError, 'watching a missing directory')
   ok('files.watchDir: create, write, remove')
@@ -232,7 +232,7 @@ try {
     await sbx.files.write('/tmp/www/index.html', 'served')
     const srv = await sbx.commands.run('python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp/www', { background: true, timeoutMs: 0 })
     let page
-    await waitFor('the server in the sandbox answers', 20_000, async () => {
+    await waitFor('the server in the sandbox answers', 60_000, async () => {
       page = await get(ingress, host, '/index.html').catch(() => undefined)
       return page?.status === 200
     })
@@ -244,11 +244,11 @@ try {
   // Lifecycle: a timeout kills, or with onTimeout 'pause' pauses.
   const shortLived = await Sandbox.create({ timeoutMs: 2_000 })
   killed.push(shortLived)
-  await waitFor('the sandbox is killed at its timeout', 20_000, async () => !(await shortLived.isRunning().catch(() => false)) &&
+  await waitFor('the sandbox is killed at its timeout', 60_000, async () => !(await shortLived.isRunning().catch(() => false)) &&
     (await Sandbox.getInfo(shortLived.sandboxId).then(() => false, (e) => e instanceof SandboxNotFoundError)))
   const autoPaused = await Sandbox.create({ timeoutMs: 2_000, lifecycle: { onTimeout: 'pause' } })
   killed.push(autoPaused)
-  await waitFor('the sandbox is paused at its timeout', 30_000, async () => (await Sandbox.getInfo(autoPaused.sandboxId)).state === 'paused')
+  await waitFor('the sandbox is paused at its timeout', 60_000, async () => (await Sandbox.getInfo(autoPaused.sandboxId)).state === 'paused')
   await Sandbox.connect(autoPaused.sandboxId, { timeoutMs: 60_000 })
   assert.equal((await autoPaused.commands.run('echo back')).stdout, 'back\n')
   ok('timeout kills; onTimeout pause pauses, connect resumes')
