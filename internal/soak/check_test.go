@@ -290,32 +290,63 @@ func (s *soak) checkSandbox(ctx context.Context, c *sdk.Client, sb *sbox, reason
 		}
 		delete(sb.maybe, p)
 	}
-	var a, b int
-	switch n, _ := fmt.Sscanf(counter, "%d %d", &a, &b); {
-	case counter == "none" && sb.counter == 1:
-		s.finding(true, "%s: sandbox %s: its counter file is gone", reason, sb.id)
-		sb.counter = 0
-	case counter == "none":
-		if sb.counter == 2 {
-			resolved++
-		}
-		sb.counter = 0
-	case n != 2:
+	v := judgeCounter(sb.counter, sb.lastCount, counter)
+	switch {
+	case v.unparsed:
 		s.t.Errorf("%s: sandbox %s: counter check said %q", reason, sb.id, counter)
-	case b <= a && sb.counter != 0:
-		s.finding(true, "%s: sandbox %s: its counter process is not running (stuck at %d)", reason, sb.id, a)
-		sb.counter = 0
-	case a < sb.lastCount:
-		s.finding(true, "%s: sandbox %s: its counter went back from %d to %d (an old state came back)", reason, sb.id, sb.lastCount, a)
-		sb.lastCount = b
-	default:
-		if sb.counter == 2 {
-			resolved++
-		}
-		sb.counter = 1
-		sb.lastCount = b
+	case v.lost != "":
+		s.finding(true, "%s: sandbox %s: %s", reason, sb.id, v.lost)
+	case v.resolved:
+		resolved++
 	}
+	sb.counter, sb.lastCount = v.counter, v.lastCount
 	return resolved
+}
+
+// counterVerdict is what a check makes of a sandbox's counter.
+type counterVerdict struct {
+	// counter and lastCount are the sandbox's (sbox) from now on.
+	counter, lastCount int
+	// resolved: an unknown outcome (a start in flight at a crash) is
+	// settled; lost says what acknowledged was lost; unparsed: the check's
+	// output made no sense.
+	resolved bool
+	lost     string
+	unparsed bool
+}
+
+// judgeCounter judges the check's counter output seen ("none", or two
+// readings "a b": b > a when the counter advances) against the sandbox's
+// expected counter (0 none runs, 1 one runs, 2 one may: its start was in
+// flight at a crash) and the highest value seen before, last.
+//
+// A start in flight at a crash may have left a counter file that no
+// longer advances: the agent kills an exec's process group (the counter
+// started in its background with it) when the daemon's connection breaks
+// (closeAll), so "started, then killed with its exec" is one of the
+// outcomes of a start nobody acknowledged, not a loss. A counter known not
+// to run (0) stays so however often a check sees its stuck file.
+func judgeCounter(want, last int, seen string) counterVerdict {
+	v := counterVerdict{counter: want, lastCount: last}
+	var a, b int
+	switch n, _ := fmt.Sscanf(seen, "%d %d", &a, &b); {
+	case seen == "none" && want == 1:
+		v.lost, v.counter = "its counter file is gone", 0
+	case seen == "none":
+		v.resolved, v.counter = want == 2, 0
+	case n != 2:
+		v.unparsed = true
+	case b <= a && want == 1:
+		v.lost, v.counter = fmt.Sprintf("its counter process is not running (stuck at %d)", a), 0
+	case a < last:
+		v.lost, v.lastCount = fmt.Sprintf("its counter went back from %d to %d (an old state came back)", last, a), b
+	case b <= a:
+		// Not running, as known (0), or as a start cut short may leave it (2).
+		v.resolved, v.counter, v.lastCount = want == 2, 0, max(last, a)
+	default:
+		v.resolved, v.counter, v.lastCount = want == 2, 1, b
+	}
+	return v
 }
 
 // inBetween says whether a sandbox's state is one between two others.

@@ -181,6 +181,63 @@ func TestHotClaimCrashPoints(t *testing.T) {
 	}
 }
 
+// TestHotClaimSurvivesKill checks that a sandbox claimed from the hot pool
+// is the user's once the create answered: SIGKILLs of the daemon (one with
+// the claimed sandbox running, one with the next daemon's pool refilled,
+// one with it asleep) must find it each time, its files, processes and
+// hostname intact, and never take it for a pool sandbox nobody claimed.
+func TestHotClaimSurvivesKill(t *testing.T) {
+	d := testenv.StartDaemon(t, "--hot-pool", "1")
+	c := d.Client
+	waitHot(t, c)
+	sb := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "claimed"})
+	if !hotClaimed(d.Log(), sb.ID) {
+		t.Fatalf("the create did not claim the hot sandbox (no hot=true create timings for %s):\n%s", sb.ID, d.Log())
+	}
+	if r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo before > /root/f; nohup sleep 1000 > /dev/null 2>&1 & echo $! > /root/pid"}}); r.err != nil || r.st.Code != 0 {
+		t.Fatalf("exec: %+v", r)
+	}
+	check := func(when string) {
+		t.Helper()
+		got, err := c.GetSandbox(t.Context(), "claimed")
+		if err != nil || got.ID != sb.ID {
+			t.Fatalf("%s: %+v %v, want sandbox %s\n%s", when, got, err, sb.ID, d.Log())
+		}
+		r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; hostname; kill -0 $(cat /root/pid) && echo alive"}})
+		if r.err != nil || r.stdout != "before\nclaimed\nalive\n" {
+			t.Fatalf("%s: exec: %+v, want the file, the claim's hostname and the process started before\n%s", when, r, d.Log())
+		}
+	}
+	d.Kill()
+	d.Start(nil)
+	check("after a SIGKILL")
+	// The new daemon's pool sandbox and the claimed one side by side.
+	waitHot(t, c)
+	d.Kill()
+	d.Start(nil)
+	check("after a SIGKILL with the pool refilled")
+	if _, err := c.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	d.Kill()
+	d.Start(nil)
+	check("after a SIGKILL while it slept")
+	if sbs, err := c.ListSandboxes(t.Context()); err != nil || len(sbs) != 1 {
+		t.Fatalf("sandboxes: %+v %v, want only the claimed one (no pool sandbox is listed)", sbs, err)
+	}
+}
+
+// hotClaimed reports whether the daemon's log says sandbox id was created
+// from the hot pool.
+func hotClaimed(log, id string) bool {
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "create timings") && strings.Contains(line, id) && strings.Contains(line, "hot=true") {
+			return true
+		}
+	}
+	return false
+}
+
 // waitHot waits (bounded) until the daemon's hot pool holds a sandbox.
 func waitHot(t *testing.T, c *sdk.Client) {
 	t.Helper()
