@@ -19,7 +19,7 @@ import (
 // on out (or cancelled by the client's notifications/cancelled), ctx is
 // done, or the session is closed.
 func StdioTransport(ctx context.Context, in io.Reader, out io.Writer) mcpsdk.Transport {
-	d := &drain{pending: map[string]struct{}{}, changed: make(chan struct{})}
+	d := &drain{pending: map[string]struct{}{}, early: map[string]struct{}{}, changed: make(chan struct{})}
 	return &mcpsdk.IOTransport{
 		Reader: &drainReader{ctx: ctx, d: d, r: in},
 		Writer: &drainWriter{d: d, w: out},
@@ -30,6 +30,10 @@ func StdioTransport(ctx context.Context, in io.Reader, out io.Writer) mcpsdk.Tra
 type drain struct {
 	mu      sync.Mutex
 	pending map[string]struct{}
+	// early holds answers to requests not yet counted: the SDK decodes a
+	// message before the newline that ends its line reaches the drain
+	// (the last line of a pipe often has none), so it may answer first.
+	early   map[string]struct{}
 	closed  bool
 	changed chan struct{} // closed and replaced at every change
 }
@@ -61,13 +65,37 @@ func (d *drain) wait(ctx context.Context) {
 	}
 }
 
-// message is what the drain reads of a JSON-RPC message.
+// maxEarly bounds the answers kept for requests not yet counted; past it
+// a request could be waited for after its answer went out, until ctx ends.
+const maxEarly = 1024
+
+// message is what the drain reads of a JSON-RPC message, as the SDK reads
+// it: field names match exactly (encoding/json alone would take "ID" for
+// "id" where the SDK does not, and wait for an answer that never comes).
 type message struct {
-	ID     json.RawMessage `json:"id"`
-	Method *string         `json:"method"`
-	Params struct {
-		RequestID json.RawMessage `json:"requestId"`
-	} `json:"params"`
+	ID        json.RawMessage
+	Method    *string
+	RequestID json.RawMessage // params.requestId
+}
+
+func parseMessage(raw json.RawMessage) (message, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil {
+		return message{}, false
+	}
+	m := message{ID: fields["id"]}
+	if rawMethod, ok := fields["method"]; ok {
+		var method string
+		if json.Unmarshal(rawMethod, &method) != nil {
+			return message{}, false // the SDK ends the session for it
+		}
+		m.Method = &method
+	}
+	var params map[string]json.RawMessage
+	if json.Unmarshal(fields["params"], &params) == nil {
+		m.RequestID = params["requestId"]
+	}
+	return m, true
 }
 
 // messages reads one line: a message or a batch of them. What does not
@@ -84,22 +112,28 @@ func messages(line []byte) []message {
 	}
 	var out []message
 	for _, raw := range raws {
-		var m message
-		if json.Unmarshal(raw, &m) == nil {
+		if m, ok := parseMessage(raw); ok {
 			out = append(out, m)
 		}
 	}
 	return out
 }
 
-// idKey is a JSON-RPC id as the server echoes it: 1 and 1.0 are one id,
-// "1" another.
+// idKey is a JSON-RPC id as the SDK echoes it: a string, or a number cut
+// to an int64 (1, 1.0 and 1.5 are one id; "1" another). Other ids the
+// SDK refuses, ending the session.
 func idKey(raw json.RawMessage) (string, bool) {
 	var v any
-	if len(raw) == 0 || json.Unmarshal(raw, &v) != nil || v == nil {
+	if len(raw) == 0 || json.Unmarshal(raw, &v) != nil {
 		return "", false
 	}
-	return fmt.Sprintf("%T:%v", v, v), true
+	switch v := v.(type) {
+	case string:
+		return "s:" + v, true
+	case float64:
+		return fmt.Sprintf("n:%d", int64(v)), true
+	}
+	return "", false
 }
 
 // sawIn records a line from the client: requests become pending, a
@@ -110,13 +144,19 @@ func (d *drain) sawIn(line []byte) {
 			continue // the client's answer to a server request
 		}
 		if *m.Method == "notifications/cancelled" {
-			if k, ok := idKey(m.Params.RequestID); ok {
+			if k, ok := idKey(m.RequestID); ok {
 				d.update(func() { delete(d.pending, k) })
 			}
 			continue
 		}
 		if k, ok := idKey(m.ID); ok {
-			d.update(func() { d.pending[k] = struct{}{} })
+			d.update(func() {
+				if _, answered := d.early[k]; answered {
+					delete(d.early, k)
+					return
+				}
+				d.pending[k] = struct{}{}
+			})
 		}
 	}
 }
@@ -128,7 +168,13 @@ func (d *drain) sawOut(line []byte) {
 			continue // a request or notification of the server's
 		}
 		if k, ok := idKey(m.ID); ok {
-			d.update(func() { delete(d.pending, k) })
+			d.update(func() {
+				if _, ok := d.pending[k]; ok {
+					delete(d.pending, k)
+				} else if len(d.early) < maxEarly {
+					d.early[k] = struct{}{}
+				}
+			})
 		}
 	}
 }
