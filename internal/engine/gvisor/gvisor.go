@@ -183,6 +183,11 @@ func (e *Engine) installAgent() error {
 // Name implements engine.Engine.
 func (e *Engine) Name() string { return "gvisor" }
 
+// runscVersionWait bounds `runsc --version`: callers queue behind it (the
+// daemon's first read has no deadline), so a runsc that hangs would hang
+// every health call.
+var runscVersionWait = 10 * time.Second
+
 // RunscVersion returns `runsc --version`'s first line.
 // It runs runsc once; a run that failed is tried again at the next call.
 func (e *Engine) RunscVersion(ctx context.Context) string {
@@ -191,6 +196,8 @@ func (e *Engine) RunscVersion(ctx context.Context) string {
 	if e.version != "" {
 		return e.version
 	}
+	ctx, cancel := context.WithTimeout(ctx, runscVersionWait)
+	defer cancel()
 	out, err := exec.CommandContext(ctx, e.cfg.Runsc, "--version").Output()
 	if err != nil {
 		return "unknown"
