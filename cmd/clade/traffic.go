@@ -16,13 +16,18 @@ import (
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-// parseLabels reads K=V flags; a malformed one is a usage error.
+// parseLabels reads K=V flags; a malformed one is a usage error, and so is
+// a key given two values (as a filter, a=1 and a=2 match nothing: keeping
+// the last would have matched, and slept, every a=2 sandbox).
 func parseLabels(kvs []string) (map[string]string, error) {
 	var out map[string]string
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
 			return nil, badArg("--label %q: use KEY=VALUE", kv)
+		}
+		if old, dup := out[k]; dup && old != v {
+			return nil, badArg("--label %s given twice (%q, %q): give each key once", k, old, v)
 		}
 		if out == nil {
 			out = map[string]string{}
