@@ -42,6 +42,9 @@ func parseEventsQuery(r *http.Request) (eventsQuery, error) {
 		if !ok || k == "" {
 			return eq, errdefs.New(errdefs.InvalidArgument, "label=%q: give KEY=VALUE", kv)
 		}
+		if old, dup := eq.filter.Labels[k]; dup && old != v {
+			return eq, errdefs.New(errdefs.InvalidArgument, "label=%s given twice (%q, %q): a sandbox has one value per key", k, old, v)
+		}
 		if eq.filter.Labels == nil {
 			eq.filter.Labels = map[string]string{}
 		}

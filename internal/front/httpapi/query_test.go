@@ -38,3 +38,19 @@ func TestMalformedQueryRefused(t *testing.T) {
 		t.Errorf("a well-formed query refused: %v", err)
 	}
 }
+
+// TestLabelFilterTwoValues: ?label=a=1&label=a=2 matches no sandbox (one
+// value per key); keeping the last pair listed every a=2 sandbox.
+func TestLabelFilterTwoValues(t *testing.T) {
+	_, err := labelFilter(httptest.NewRequest(http.MethodGet, "/v1/sandboxes?label=a=1&label=a=2", nil))
+	if err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Fatalf("labelFilter(a=1, a=2) = %v; want an invalid_argument error", err)
+	}
+	want, err := labelFilter(httptest.NewRequest(http.MethodGet, "/v1/sandboxes?label=a=1&label=a=1&label=b=2", nil))
+	if err != nil || len(want) != 2 {
+		t.Fatalf("labelFilter(a=1, a=1, b=2) = %v, %v", want, err)
+	}
+	if _, err := parseEventsQuery(httptest.NewRequest(http.MethodGet, "/v1/events?label=a=1&label=a=2", nil)); err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Fatalf("parseEventsQuery(a=1, a=2) = %v; want an invalid_argument error", err)
+	}
+}

@@ -37,6 +37,9 @@ func labelFilter(r *http.Request) (map[string]string, error) {
 		if !ok || k == "" {
 			return nil, errdefs.New(errdefs.InvalidArgument, "label filter %q: use label=KEY=VALUE", kv)
 		}
+		if old, dup := want[k]; dup && old != v {
+			return nil, errdefs.New(errdefs.InvalidArgument, "label filter %s given twice (%q, %q): a sandbox has one value per key", k, old, v)
+		}
 		if want == nil {
 			want = map[string]string{}
 		}
