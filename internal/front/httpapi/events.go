@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -37,19 +36,11 @@ func parseEventsQuery(r *http.Request) (eventsQuery, error) {
 		eq.since, eq.hasSince = n, true
 	}
 	eq.filter.Sandbox = q.Get("sandbox")
-	for _, kv := range q["label"] {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return eq, errdefs.New(errdefs.InvalidArgument, "label=%q: give KEY=VALUE", kv)
-		}
-		if old, dup := eq.filter.Labels[k]; dup && old != v {
-			return eq, errdefs.New(errdefs.InvalidArgument, "label=%s given twice (%q, %q): a sandbox has one value per key", k, old, v)
-		}
-		if eq.filter.Labels == nil {
-			eq.filter.Labels = map[string]string{}
-		}
-		eq.filter.Labels[k] = v
+	labels, err := labelFilter(r)
+	if err != nil {
+		return eq, err
 	}
+	eq.filter.Labels = labels
 	return eq, nil
 }
 

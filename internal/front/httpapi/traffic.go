@@ -29,7 +29,8 @@ func (s *Server) sandboxAPI(sb store.Sandbox) api.Sandbox {
 	return a
 }
 
-// labelFilter reads the repeatable ?label=K=V filter of a sandbox listing.
+// labelFilter reads the repeatable ?label=K=V filter of a sandbox listing
+// (and of the event stream).
 func labelFilter(r *http.Request) (map[string]string, error) {
 	var want map[string]string
 	for _, kv := range r.URL.Query()["label"] {
