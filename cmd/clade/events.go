@@ -34,17 +34,11 @@ func newEventsCmd() *cobra.Command {
 	asJSON := fs.Bool("json", false, "print each event as a line of JSON")
 	_ = cmd.RegisterFlagCompletionFunc("sandbox", completeSandboxes)
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-		f := sdk.EventFilter{Sandbox: *sandbox, Follow: *follow, Since: *since}
-		for _, kv := range labels {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				return badArg("--label %q: give K=V", kv)
-			}
-			if f.Labels == nil {
-				f.Labels = map[string]string{}
-			}
-			f.Labels[k] = v
+		lbl, err := parseLabels(labels)
+		if err != nil {
+			return err
 		}
+		f := sdk.EventFilter{Sandbox: *sandbox, Follow: *follow, Since: *since, Labels: lbl}
 		evs, err := c.Events(ctx, f)
 		if err != nil {
 			return err
