@@ -89,7 +89,10 @@ type Engine interface {
 	Create(ctx context.Context, spec Spec) (Sandbox, error)
 	// Attach reconnects to a sandbox created earlier, by this or a previous
 	// process. It returns an errdefs NotFound error when the sandbox is no
-	// longer running.
+	// longer running, and an Unavailable one when it runs but could not be
+	// reached before ctx ended or the engine's wait ran out (a loaded
+	// host, a frozen sandbox): a later Attach may succeed, so the caller
+	// must not destroy it for that.
 	Attach(ctx context.Context, spec Spec) (Sandbox, error)
 	// Destroy stops the sandbox and removes all its resources. Destroying a
 	// sandbox that is already gone, or half created, returns nil.

@@ -65,7 +65,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 					addErr(m.eng.Destroy(ctx, rec.Engine()))
 				}
 				err := m.reconcileLocked(ctx, rec)
-				if errdefs.Is(err, errdefs.ResourceExhausted) {
+				if worthRetry(err) {
 					emu.Lock()
 					unsettled = append(unsettled, rec.ID)
 					emu.Unlock()
@@ -130,12 +130,20 @@ func (m *Manager) settleLater(ids []string) {
 	}
 }
 
-// settle retries the reconcile of sandboxes a full disk kept from settling
-// (the store could not record their outcome, and they show a state in
-// between, e.g. waking; or their agent socket did not fit) until it can,
-// or ctx ends. Start it with settleLater.
+// worthRetry says whether a reconcile that failed with err is worth
+// retrying: a full disk kept it from recording its outcome (ResourceExhausted),
+// or a running sandbox's agent did not answer in time (Unavailable).
+func worthRetry(err error) bool {
+	return errdefs.Is(err, errdefs.ResourceExhausted) || errdefs.IsUnavailable(err)
+}
+
+// settle retries the reconcile of sandboxes that could not settle: a full
+// disk kept the store from recording their outcome (they show a state in
+// between, e.g. waking) or their agent socket from fitting, or a running
+// one's agent did not answer in time. It retries until they settle or ctx
+// ends. Start it with settleLater.
 func (m *Manager) settle(ctx context.Context, ids []string) {
-	m.log.Warn("reconcile: the database cannot record what some sandboxes are (disk full?); retrying until it can", "sandboxes", ids)
+	m.log.Warn("reconcile: some sandboxes could not settle yet (a full disk, or an agent that did not answer in time); retrying until they do", "sandboxes", ids)
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
 	defer func() {
@@ -165,12 +173,12 @@ func (m *Manager) settle(ctx context.Context, ids []string) {
 			}
 			unlock()
 			switch {
-			case errdefs.Is(err, errdefs.ResourceExhausted):
+			case worthRetry(err):
 				left = append(left, id)
 			case err != nil && !errdefs.IsNotFound(err):
 				m.log.Error("reconcile: settling a sandbox", "sandbox", id, "err", err)
 			}
-			if !errdefs.Is(err, errdefs.ResourceExhausted) {
+			if !worthRetry(err) {
 				m.mu.Lock()
 				delete(m.settling, id)
 				m.mu.Unlock()
@@ -262,6 +270,13 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 		sb, err := m.attach(ctx, rec)
 		if errdefs.Is(err, errdefs.ResourceExhausted) {
 			return err // it may well run: settle retries once there is room
+		}
+		if errdefs.IsUnavailable(err) && cut == nil {
+			// It runs, but its agent did not answer in time (a loaded
+			// host, a frozen sandbox, a shutdown under way): it stays
+			// running and unattached (requests get "retry"), and settle
+			// tries again. Destroying it would lose the user's work.
+			return err
 		}
 		if err != nil {
 			_ = m.eng.Destroy(ctx, rec.Engine())

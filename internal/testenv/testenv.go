@@ -311,6 +311,25 @@ func tailString(s string, n int) string {
 	return s
 }
 
+// MountsUnder lists the mount points under dir, but runsc's shared null
+// netns (it stays mounted under its root).
+func MountsUnder(dir string) []string {
+	var mounts []string
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], dir) && !strings.HasSuffix(fields[4], "/null-netns") {
+			mounts = append(mounts, fields[4])
+		}
+	}
+	return mounts
+}
+
 // Leaks lists what sandboxes of a data dir still hold: runsc processes,
 // mounts (other than runsc's shared null netns), sandbox directories,
 // cgroups and network slots (a running daemon's pool of unowned slots is
@@ -320,15 +339,8 @@ func Leaks(dataDir string) []string {
 	for _, p := range ProcessesMentioning(dataDir) {
 		leaks = append(leaks, "process: "+p)
 	}
-	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) > 4 && strings.HasPrefix(fields[4], dataDir) && !strings.HasSuffix(fields[4], "/null-netns") {
-				leaks = append(leaks, "mount: "+fields[4])
-			}
-		}
-		f.Close()
+	for _, m := range MountsUnder(dataDir) {
+		leaks = append(leaks, "mount: "+m)
 	}
 	// With every sandbox and snapshot removed, their files must be gone.
 	for _, sub := range []string{"snapshots", "sleep"} {

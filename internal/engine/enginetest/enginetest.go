@@ -193,6 +193,55 @@ func Run(t *testing.T, env Env, newEngine Factory) {
 		}
 	})
 
+	t.Run("AttachToAFrozenSandbox", func(t *testing.T) {
+		// A restarted daemon that cannot reach a running sandbox in time
+		// (frozen here; a loaded host in life) must hear Unavailable, not
+		// NotFound: on NotFound it removes the sandbox, the user's work
+		// with it.
+		dir := env.StateDir(t)
+		e1 := newEngine(t, dir)
+		spec := engine.Spec{ID: newID()}
+		sb := create(t, e1, spec)
+		Exec(t, sb, "sh", "-c", "echo kept > /root/state")
+		pid := sb.PID()
+		if pid <= 0 {
+			t.Fatalf("PID() = %d", pid)
+		}
+		if err := e1.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		thawed := false
+		thaw := func() {
+			if !thawed {
+				thawed = true
+				_ = unix.Kill(pid, unix.SIGCONT)
+			}
+		}
+		defer thaw()
+		e2 := newEngine(t, dir)
+		spec.RootFS = env.RootFS
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		_, err := e2.Attach(ctx, spec)
+		cancel()
+		if !errdefs.IsUnavailable(err) {
+			t.Fatalf("attach to a frozen sandbox: %v, want Unavailable", err)
+		}
+		thaw()
+		sb2, err := e2.Attach(t.Context(), spec)
+		if err != nil {
+			t.Fatalf("attach once thawed: %v", err)
+		}
+		if r := Exec(t, sb2, "cat", "/root/state"); r.Stdout != "kept\n" {
+			t.Fatalf("after the thawed attach: %+v, want the file written before", r)
+		}
+		if err := e2.Destroy(t.Context(), spec.ID); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("LoopbackOnlyNetwork", func(t *testing.T) {
 		e := newEngine(t, env.StateDir(t))
 		sb := create(t, e, engine.Spec{})

@@ -32,6 +32,9 @@ type Engine struct {
 	OnCreate     func(spec engine.Spec) error
 	OnRestore    func(spec engine.Spec) error
 	OnCheckpoint func(id string) error
+	// OnAttach may fail an attach of a running sandbox (e.g. Unavailable,
+	// as an agent too slow to reconnect makes it).
+	OnAttach func(spec engine.Spec) error
 	// OnDestroy runs after a destroy, which it cannot fail.
 	OnDestroy func(id string)
 	// Delay is added to every create, restore and checkpoint.
@@ -108,6 +111,11 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if sb := e.running[spec.ID]; sb != nil {
+		if e.OnAttach != nil {
+			if err := e.OnAttach(spec); err != nil {
+				return nil, err
+			}
+		}
 		// A new handle, as a restarted daemon would get.
 		nsb := &Sandbox{id: spec.ID, client: newGuest(), exited: make(chan struct{})}
 		e.running[spec.ID] = nsb

@@ -7,6 +7,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -831,19 +832,40 @@ type runscState struct {
 }
 
 // state asks runsc about id. It returns NotFound when runsc knows no such
-// container.
+// container, and Unavailable when runsc could not say (it failed
+// otherwise, or ctx ended first): a caller must not take that for gone.
 func (e *Engine) state(ctx context.Context, id string) (runscState, error) {
 	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(id), "state", id)...)
 	cmd.WaitDelay = 5 * time.Second
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return runscState{}, errdefs.New(errdefs.NotFound, "sandbox %s is not running", id)
+		msg := strings.TrimSpace(stderr.String())
+		if ctx.Err() == nil && unknownContainer(msg) {
+			return runscState{}, errdefs.New(errdefs.NotFound, "sandbox %s is not running", id)
+		}
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return runscState{}, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("runsc state %s: %w: %s", id, err, msg))
 	}
 	var st runscState
 	if err := json.Unmarshal(out, &st); err != nil {
 		return runscState{}, fmt.Errorf("runsc state %s: %w", id, err)
 	}
 	return st, nil
+}
+
+// unknownContainer says whether runsc's error message msg means it has no
+// record of the container ("loading container: file does not exist").
+func unknownContainer(msg string) bool {
+	for _, s := range []string{"does not exist", "no such file", "not found"} {
+		if strings.Contains(strings.ToLower(msg), s) {
+			return true
+		}
+	}
+	return false
 }
 
 func (e *Engine) statePID(ctx context.Context, id string) int {
@@ -872,7 +894,16 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 		return nil, err
 	}
 	if err := e.waitReady(ctx, sb); err != nil {
-		return nil, err
+		// It runs, but its agent did not answer in time (a loaded host, a
+		// frozen sandbox, ctx ended): a later attach may well succeed,
+		// and the caller must not destroy it for this.
+		e.mu.Lock()
+		if e.live[spec.ID] == sb {
+			delete(e.live, spec.ID)
+		}
+		e.mu.Unlock()
+		sb.stop()
+		return nil, errdefs.Wrap(errdefs.Unavailable, err)
 	}
 	sb.pid = st.PID
 	e.watch(sb)
@@ -1101,10 +1132,15 @@ func (e *Engine) PIDs() ([]int, error) {
 }
 
 // Started implements engine.Inspector: a prepared sandbox is runsc's
-// "created"; one that runsc does not know was never started.
+// "created"; one that runsc does not know was never started. One runsc
+// cannot tell about just now counts as started: it may hold a user's
+// state.
 func (e *Engine) Started(ctx context.Context, id string) bool {
 	st, err := e.state(ctx, id)
-	return err == nil && st.Status != "created"
+	if err != nil {
+		return !errdefs.IsNotFound(err)
+	}
+	return st.Status != "created"
 }
 
 // Version is the engine's version for /v1/health: runsc's.

@@ -25,8 +25,23 @@ func TestConformance(t *testing.T) {
 	images := testenv.ImagesDir(t)
 	_, agent := testenv.Binaries(t)
 	env := enginetest.Env{
-		RootFS:   filepath.Join(images, "default", "rootfs"),
-		StateDir: func(t *testing.T) string { return testenv.TempDir(t) },
+		RootFS: filepath.Join(images, "default", "rootfs"),
+		// Its check runs after every sandbox of the subtest is destroyed
+		// (cleanups run last first; the subtest asks for its dir first).
+		StateDir: func(t *testing.T) string {
+			dir := testenv.TempDir(t)
+			t.Cleanup(func() {
+				// Processes and mounts: the dir's own files are the
+				// test's (images it took) and go with it.
+				if leaks := testenv.ProcessesMentioning(dir); len(leaks) > 0 {
+					t.Errorf("processes left: %v", leaks)
+				}
+				if mounts := testenv.MountsUnder(dir); len(mounts) > 0 {
+					t.Errorf("mounts left: %v", mounts)
+				}
+			})
+			return dir
+		},
 	}
 	stateDirs := map[engine.Engine]string{}
 	env.DiskUsage = func(t *testing.T, e engine.Engine, id string) int64 { return diskUsage(t, stateDirs[e], id) }
@@ -36,11 +51,6 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		stateDirs[e] = dir
-		t.Cleanup(func() {
-			if leaks := testenv.Leaks(filepath.Dir(dir)); false && len(leaks) > 0 {
-				t.Errorf("leaks: %v", leaks)
-			}
-		})
 		return e
 	})
 }

@@ -664,16 +664,28 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	if err != nil || !m.Started || !e.alive(readPID(dir), spec.ID) {
 		return nil, errdefs.New(errdefs.NotFound, "sandbox %s is not running", spec.ID)
 	}
+	// The VM runs: failing to reach its agent now (a loaded host, a
+	// stopped QEMU, ctx ended) is no sign it is gone, and the caller must
+	// not destroy it for that.
 	sb, err = e.connect(ctx, spec.ID, m, 2*time.Second)
 	if err != nil {
-		return nil, err
+		return nil, unreachable(err)
 	}
 	s, err := e.finish(ctx, sb, time.Now())
 	if err != nil {
 		e.forget(sb)
-		return nil, err
+		return nil, unreachable(err)
 	}
 	return s, nil
+}
+
+// unreachable classes an error reaching a running VM as Unavailable,
+// unless it already has a class.
+func unreachable(err error) error {
+	if errdefs.ClassOf(err) != errdefs.Internal {
+		return err
+	}
+	return errdefs.Wrap(errdefs.Unavailable, err)
 }
 
 func (e *Engine) forget(sb *sandbox) {
