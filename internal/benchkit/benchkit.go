@@ -42,6 +42,10 @@ type Config struct {
 	MemoryMiB int `json:"memory_mib,omitempty"`
 	// DensityMemoryMiB is the limit of the density phase's idle sandboxes.
 	DensityMemoryMiB int `json:"density_memory_mib"`
+	// DensityIdle is how long the density phase watches the host's CPU
+	// with its sandboxes idle (after half as long again to settle); 0 is
+	// 10 s.
+	DensityIdle time.Duration `json:"density_idle_ns,omitempty"`
 	// MemforkChildren is K for memfork; 0 takes the largest fan-out <= 16.
 	MemforkChildren int `json:"memfork_children,omitempty"`
 	MemforkMiB      int `json:"memfork_mib"`

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
+
+	"github.com/clade-sandbox/clade/internal/hostinfo"
 )
 
 // phaseMemfork forks K children of one snapshot of a sandbox holding
@@ -161,9 +164,44 @@ func (r *runner) phaseDensity(ctx context.Context, ph *Phase) {
 		_, _ = step(d.Reached)
 	}
 	d.Create = Summarize(creates)
+	if d.Reached > 0 && ctx.Err() == nil {
+		idleCPU(ctx, d, r.cfg.DensityIdle)
+	}
 	if d.Reached > 0 {
 		d.PerSandboxMiB = round3((avail0 - d.Steps[len(d.Steps)-1].MemAvailableMiB) / float64(d.Reached))
 	} else {
 		ph.Error = "no sandbox started: " + d.StopCause
 	}
+}
+
+// idleCPU measures the host's busy CPU while d's sandboxes sit idle: for
+// idle (Config.DensityIdle), after half as long for the last creates'
+// work (the pools' refills) to end.
+func idleCPU(ctx context.Context, d *Density, idle time.Duration) {
+	if idle <= 0 {
+		idle = 10 * time.Second
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(idle / 2):
+	}
+	b0, t0, err := hostinfo.ReadCPUTimes()
+	if err != nil {
+		return
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(idle):
+	}
+	b1, t1, err := hostinfo.ReadCPUTimes()
+	if err != nil || t1 <= t0 {
+		return
+	}
+	frac := float64(b1-b0) / float64(t1-t0)
+	d.IdleCPUPercent = round3(100 * frac)
+	d.IdleCPUs = round3(frac * float64(runtime.NumCPU()))
+	d.IdleSeconds = round3(time.Since(start).Seconds())
 }

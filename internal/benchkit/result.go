@@ -129,6 +129,13 @@ type Density struct {
 	Steps         []DensityStep `json:"steps"`
 	Create        *Stats        `json:"create"`
 	RemoveSeconds float64       `json:"remove_seconds"`
+	// IdleCPUPercent is the whole host's busy CPU, in percent of all its
+	// cores, over IdleSeconds while the Reached sandboxes sat idle (the
+	// daemon and anything else on the host included); IdleCPUs is how
+	// many cores that is.
+	IdleCPUPercent float64 `json:"idle_cpu_percent"`
+	IdleCPUs       float64 `json:"idle_cpus"`
+	IdleSeconds    float64 `json:"idle_seconds"`
 }
 
 // DensityStep is a sample of free memory as sandboxes accumulate.

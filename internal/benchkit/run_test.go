@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
 )
@@ -189,6 +191,7 @@ func TestRunSnapshotPhases(t *testing.T) {
 	cfg.Fanout = []int{2}
 	cfg.MemforkMiB = 16
 	cfg.Density = 2
+	cfg.DensityIdle = 200 * time.Millisecond
 	res, err := Run(t.Context(), d.Client, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +216,8 @@ func TestRunSnapshotPhases(t *testing.T) {
 			t.Errorf("memfork %s: %+v", side, ms)
 		}
 	}
-	if dn := res.Phases[4].Density; dn.Reached != 2 || dn.StopCause != "" || len(dn.Steps) < 2 {
+	if dn := res.Phases[4].Density; dn.Reached != 2 || dn.StopCause != "" || len(dn.Steps) < 2 ||
+		dn.IdleSeconds < 0.2 || dn.IdleCPUPercent < 0 || dn.IdleCPUPercent > 100 || dn.IdleCPUs > float64(runtime.NumCPU()) {
 		t.Errorf("density: %+v", dn)
 	}
 	assertClean(t, d, before)

@@ -193,6 +193,9 @@ func writeDensity(w io.Writer, d *Density) {
 		fmt.Fprintf(w, ", create p50 %s p99 %s ms", ms(c.P50), ms(c.P99))
 	}
 	fmt.Fprintf(w, ", removed in %.1fs\n", d.RemoveSeconds)
+	if d.IdleSeconds > 0 {
+		fmt.Fprintf(w, "  host CPU with them idle: %.1f%% of all cores (%.2f cores) over %.1fs\n", d.IdleCPUPercent, d.IdleCPUs, d.IdleSeconds)
+	}
 	if d.StopCause != "" {
 		fmt.Fprintf(w, "  stopped: %s\n", d.StopCause)
 	}

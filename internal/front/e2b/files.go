@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/hostinfo"
 	"github.com/clade-sandbox/clade/internal/store"
 	"github.com/clade-sandbox/clade/internal/tarx"
 )
@@ -228,8 +229,8 @@ func (s *Server) sample(ctx context.Context, sb store.Sandbox) (metric, error) {
 	if len(lines) < 7 {
 		return metric{}, errdefs.New(errdefs.Internal, "unexpected metrics sample %q", out)
 	}
-	busy1, total1 := cpuTimes(lines[0])
-	busy2, total2 := cpuTimes(lines[1])
+	busy1, total1 := hostinfo.CPUTimes(lines[0])
+	busy2, total2 := hostinfo.CPUTimes(lines[1])
 	if total2 > total1 {
 		m.CPUUsedPct = 100 * float64(busy2-busy1) / float64(total2-total1)
 	}
@@ -253,17 +254,4 @@ func (s *Server) sample(ctx context.Context, sb store.Sandbox) (metric, error) {
 	}
 	m.CPUCount, _ = strconv.Atoi(strings.TrimSpace(lines[6]))
 	return m, nil
-}
-
-// cpuTimes parses a /proc/stat cpu line into busy and total jiffies.
-func cpuTimes(line string) (busy, total int64) {
-	f := strings.Fields(line)
-	for i, v := range f[min(1, len(f)):] {
-		n, _ := strconv.ParseInt(v, 10, 64)
-		total += n
-		if i != 3 && i != 4 { // idle, iowait
-			busy += n
-		}
-	}
-	return busy, total
 }

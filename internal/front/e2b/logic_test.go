@@ -58,16 +58,6 @@ func TestParseEntry(t *testing.T) {
 	}
 }
 
-func TestCPUTimes(t *testing.T) {
-	busy, total := cpuTimes("cpu  100 5 50 800 45 0 0 0 0 0")
-	if busy != 155 || total != 1000 {
-		t.Fatalf("cpuTimes = %d, %d; want 155, 1000", busy, total)
-	}
-	if busy, total := cpuTimes(""); busy != 0 || total != 0 {
-		t.Fatalf("cpuTimes of nothing = %d, %d", busy, total)
-	}
-}
-
 func TestEndEvent(t *testing.T) {
 	for _, tc := range []struct {
 		exit   guest.ExitStatus
