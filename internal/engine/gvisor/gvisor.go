@@ -831,10 +831,20 @@ type runscState struct {
 	Status string `json:"status"`
 }
 
+// stateWait bounds `runsc state`, which asks the sandbox process itself
+// and waits for it without end when that process is frozen (SIGSTOP, a
+// cgroup freezer) or wedged: the daemon's start (Reconcile) and settle's
+// retries, whose contexts have no deadline, would hang on it for good,
+// holding the sandbox's lock (a `clade rm` of it would hang too).
+var stateWait = 10 * time.Second
+
 // state asks runsc about id. It returns NotFound when runsc knows no such
 // container, and Unavailable when runsc could not say (it failed
-// otherwise, or ctx ended first): a caller must not take that for gone.
+// otherwise, or ctx ended first, or stateWait passed): a caller must not
+// take that for gone.
 func (e *Engine) state(ctx context.Context, id string) (runscState, error) {
+	ctx, cancel := context.WithTimeout(ctx, stateWait)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(id), "state", id)...)
 	cmd.WaitDelay = 5 * time.Second
 	var stderr bytes.Buffer

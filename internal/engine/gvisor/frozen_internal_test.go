@@ -1,0 +1,66 @@
+package gvisor
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/engine"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/testenv"
+	"golang.org/x/sys/unix"
+)
+
+// TestAttachToAFrozenSandboxEnds: `runsc state` asks the sandbox process,
+// and waits for a frozen one without end. A restarted daemon attaches
+// under contexts with no deadline (its start, settle's retries): the
+// attach must still end, with Unavailable, not hang the daemon's start and
+// hold the sandbox's lock for good.
+func TestAttachToAFrozenSandboxEnds(t *testing.T) {
+	runsc := testenv.Runsc(t)
+	images := testenv.ImagesDir(t)
+	_, agent := testenv.Binaries(t)
+	defer func(d time.Duration) { stateWait = d }(stateWait)
+	stateWait = time.Second
+	dir := testenv.TempDir(t)
+	e1, err := New(Config{StateDir: dir, Runsc: runsc, AgentPath: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := engine.Spec{ID: "frozen0000000001", RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 128}
+	sb, err := e1.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e1.Destroy(context.Background(), spec.ID) })
+	pid := sb.PID()
+	if err := e1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Kill(pid, unix.SIGCONT) // before the Destroy above
+	e2, err := New(Config{StateDir: dir, Runsc: runsc, AgentPath: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e2.Attach(context.Background(), spec)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errdefs.IsUnavailable(err) {
+			t.Fatalf("attach to a frozen sandbox: %v, want Unavailable", err)
+		}
+	case <-time.After(10 * time.Second):
+		unix.Kill(pid, unix.SIGCONT) // lets the hung attach end
+		t.Fatal("attach to a frozen sandbox, with no deadline, did not end in 10 s")
+	}
+	if !e2.Started(context.Background(), spec.ID) {
+		t.Fatal("Started says a frozen sandbox was never started: reconcile would destroy it as unrecorded")
+	}
+}
