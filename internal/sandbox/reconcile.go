@@ -218,8 +218,11 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
 		sb, err := m.attach(ctx, rec)
-		if errdefs.Is(err, errdefs.ResourceExhausted) {
-			return err // it may well run: settle retries once there is room
+		if worthRetry(err) {
+			// It may well run (no room for its agent socket), or runs but
+			// did not answer in time: settle retries. Destroying it would
+			// lose the user's work, its unsealed image being of no use.
+			return err
 		}
 		if err != nil {
 			// Neither running nor provably asleep: keep what is on disk
@@ -271,11 +274,17 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 		if errdefs.Is(err, errdefs.ResourceExhausted) {
 			return err // it may well run: settle retries once there is room
 		}
-		if errdefs.IsUnavailable(err) && cut == nil {
+		if errdefs.IsUnavailable(err) {
 			// It runs, but its agent did not answer in time (a loaded
 			// host, a frozen sandbox, a shutdown under way): it stays
 			// running and unattached (requests get "retry"), and settle
-			// tries again. Destroying it would lose the user's work.
+			// tries again. Destroying it would lose the user's work. A
+			// snapshot cut short before its seal left it running too
+			// (the engine stops it only once the image is sealed): that
+			// half-made snapshot is of no use, and goes.
+			if cut != nil {
+				return errors.Join(err, m.removeCutSnapshot(ctx, *cut))
+			}
 			return err
 		}
 		if err != nil {
@@ -363,13 +372,24 @@ func (m *Manager) removeCutSnapshot(ctx context.Context, sn store.Snapshot) erro
 	return m.removeSnapshot(ctx, sn)
 }
 
-// attach reconnects to rec's engine sandbox.
+// attach reconnects to rec's engine sandbox. Whatever fails once ctx has
+// ended (the daemon stops while it reconciles) is Unavailable: it says
+// nothing of the sandbox, which callers must not destroy for it.
 func (m *Manager) attach(ctx context.Context, rec store.Sandbox) (engine.Sandbox, error) {
 	img, err := m.images.Get(ctx, rec.Image)
 	if err != nil && rec.RootFS == "" {
-		return nil, err
+		return nil, unavailableIfEnded(ctx, err)
 	}
-	return m.eng.Attach(ctx, m.spec(rec, img))
+	sb, err := m.eng.Attach(ctx, m.spec(rec, img))
+	return sb, unavailableIfEnded(ctx, err)
+}
+
+// unavailableIfEnded classes err Unavailable when ctx has ended.
+func unavailableIfEnded(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil && !errdefs.IsUnavailable(err) {
+		return errdefs.Wrap(errdefs.Unavailable, err)
+	}
+	return err
 }
 
 func (m *Manager) reconcileHooks(ctx context.Context) error {
