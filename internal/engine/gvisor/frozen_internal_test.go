@@ -64,3 +64,47 @@ func TestAttachToAFrozenSandboxEnds(t *testing.T) {
 		t.Fatal("Started says a frozen sandbox was never started: reconcile would destroy it as unrecorded")
 	}
 }
+
+// TestDestroyAFrozenSandbox: `runsc delete --force` waits without end for
+// a frozen sandbox, and a removal's context has no deadline (it outlives
+// the client): `clade rm` of a frozen sandbox hung for good, holding its
+// lock. Its processes die by SIGKILL all the same.
+func TestDestroyAFrozenSandbox(t *testing.T) {
+	runsc := testenv.Runsc(t)
+	images := testenv.ImagesDir(t)
+	_, agent := testenv.Binaries(t)
+	defer func(s, d time.Duration) { stateWait, deleteWait = s, d }(stateWait, deleteWait)
+	stateWait, deleteWait = time.Second, 2*time.Second
+	dir := testenv.TempDir(t)
+	e, err := New(Config{StateDir: dir, Runsc: runsc, AgentPath: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := engine.Spec{ID: "frozen0000000002", RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 128}
+	sb, err := e.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := sb.PID()
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Destroy(context.Background(), spec.ID) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("destroy of a frozen sandbox: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		unix.Kill(pid, unix.SIGKILL) // lets the hung destroy end
+		<-done
+		t.Fatal("destroy of a frozen sandbox did not end in 15 s")
+	}
+	if left := testenv.ProcessesMentioning(dir); len(left) > 0 {
+		t.Fatalf("processes left: %v", left)
+	}
+	if e.Started(context.Background(), spec.ID) {
+		t.Fatal("runsc still knows the destroyed sandbox")
+	}
+}

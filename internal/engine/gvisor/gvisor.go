@@ -920,6 +920,9 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	return sb, nil
 }
 
+// deleteWait bounds `runsc delete --force` in Destroy.
+var deleteWait = 30 * time.Second
+
 // Destroy implements engine.Engine.
 func (e *Engine) Destroy(ctx context.Context, id string) error {
 	if id == "" || strings.ContainsAny(id, "/.") {
@@ -948,7 +951,11 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	// One call: delete --force kills with SIGKILL. Only when it fails is
 	// it worth asking whether there was anything to delete (each runsc call
 	// is a process start, ~15 ms).
-	derr := e.runsc(ctx, id, "delete", "--force", id)
+	// Bounded: runsc waits without end for a frozen sandbox process (SIGSTOP,
+	// a cgroup freezer), which the SIGKILLs below end all the same.
+	dctx, cancel := context.WithTimeout(ctx, deleteWait)
+	derr := e.runsc(dctx, id, "delete", "--force", id)
+	cancel()
 	if derr != nil {
 		if _, serr := e.state(ctx, id); errdefs.IsNotFound(serr) {
 			derr = nil
