@@ -92,6 +92,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.writeHostFiles(name)
 	}
 	backoff := time.Millisecond
+	var failingSince time.Time // zero while connected
 	port := isCharDevice(a.cfg.Socket)
 	var quiesced bool
 	for ctx.Err() == nil {
@@ -103,19 +104,21 @@ func (a *Agent) Run(ctx context.Context) error {
 			nc, err = (&net.Dialer{}).DialContext(ctx, "unix", a.cfg.Socket)
 		}
 		if err != nil {
-			if time.Now().Before(a.fastUntil) {
+			now := time.Now()
+			if failingSince.IsZero() {
+				failingSince = now
+			}
+			if now.Before(a.fastUntil) {
 				backoff = time.Millisecond
 			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(backoff):
 			}
-			// A low cap: a connection lost without a quiesce (a host
-			// restart, a restore that caught a half-made connection) is
-			// back within 10 ms, and a failed dial costs next to nothing.
-			backoff = min(backoff*2, 10*time.Millisecond)
+			backoff = min(backoff*2, redialCap(now.Sub(failingSince)))
 			continue
 		}
+		failingSince = time.Time{}
 		backoff = time.Millisecond
 		a.boot++
 		err = a.serve(ctx, nc)
@@ -123,6 +126,22 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.cfg.Log.Info("host connection ended", "err", err)
 	}
 	return ctx.Err()
+}
+
+// redialCap bounds the wait between dials once they have failed for
+// failing. For a second it is 10 ms: a connection lost without a quiesce
+// (a restore that caught a half-made connection, a daemon restarting) is
+// back at once. After that the host is down for longer (a daemon stopped
+// or restarting), and a failed dial is not free under gVisor (a trap, the
+// sentry's socket lookup, a timer): 200 sandboxes redialling every 10 ms
+// kept both cores of a host busy (~380% CPU, load 700) while the daemon
+// was down, and its restart took minutes to reattach them. 250 ms costs
+// them ~0.15 cores, and a restarted daemon waits at most that for each.
+func redialCap(failing time.Duration) time.Duration {
+	if failing < time.Second {
+		return 10 * time.Millisecond
+	}
+	return 250 * time.Millisecond
 }
 
 // initIgnored are the signals the agent, as init, must survive when a

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -47,11 +48,16 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		inEngine[id] = true
 	}
 	var unsettled []string // could not record their outcome: a full disk
+	// Bounded: each attach starts a runsc process (~20 ms of CPU) and
+	// then mostly waits for the agent's next dial.
+	sem := make(chan struct{}, reconcileParallel())
 	for _, rec := range recs {
 		known[rec.Engine()] = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
 			unlock := m.locks.lock(rec.ID)
 			defer unlock()
 			if rec, err := m.store.GetSandbox(ctx, rec.ID); err == nil {
@@ -110,6 +116,9 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// reconcileParallel is how many sandboxes Reconcile settles at once.
+func reconcileParallel() int { return max(16, 4*runtime.NumCPU()) }
 
 // settleLater starts settle, under the service's context, for those of
 // ids no settle retries yet. It may be called with a sandbox's lock held
