@@ -98,7 +98,8 @@ func TestSchema(t *testing.T) {
 	wantKeys(t, "memstats", mf.(map[string]any)["clade"], "avail_per_child_mib", "pss_per_child_mib",
 		"cgroup_per_child_mib", "parent_pss_mib", "processes", "fork_ms")
 	dn := phases[3].(map[string]any)["density"]
-	wantKeys(t, "density", dn, "target", "reached", "memory_mib", "stop_cause", "per_sandbox_mib", "steps", "create", "remove_seconds")
+	wantKeys(t, "density", dn, "target", "reached", "memory_mib", "stop_cause", "per_sandbox_mib", "steps", "create", "remove_seconds",
+		"idle_cpu_percent", "idle_cpus", "idle_seconds")
 	wantKeys(t, "density step", dn.(map[string]any)["steps"].([]any)[0], "sandboxes", "mem_available_mib", "seconds")
 	wantKeys(t, "proxy", phases[4].(map[string]any)["proxy"], "via", "mib", "via_mib_s", "direct_mib_s")
 	wantKeys(t, "files", phases[6].(map[string]any)["files"], "large_mib", "push_mib_s", "pull_mib_s", "small_files", "small_kib",
