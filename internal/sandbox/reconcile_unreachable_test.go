@@ -14,8 +14,42 @@ import (
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
-// These follow TestReconcileKeepsARunningSandboxItCannotReachYet into the
-// other branches of reconcile that attach to a sandbox the engine may well
+// TestReconcileKeepsARunningSandboxItCannotReachYet: a restart whose
+// attach of a running sandbox fails with Unavailable (its agent did not
+// answer in time: a loaded host, a frozen sandbox) must keep it, running,
+// and attach it once it answers. It used to be destroyed, the user's work
+// with it.
+func TestReconcileKeepsARunningSandboxItCannotReachYet(t *testing.T) {
+	e := newEnv(t, Config{})
+	sb := e.create(t, 128)
+	thaw := unreachable(e)
+	if err := e.restartUnsettled(t, t.Context()); !errdefs.IsUnavailable(err) {
+		t.Fatalf("reconcile: %v, want the Unavailable of the attach", err)
+	}
+	if got := e.state(t, sb.ID); got != store.StateRunning {
+		t.Fatalf("after the failed attach the sandbox is %s, want running", got)
+	}
+	if !e.eng.Started(t.Context(), sb.Engine()) {
+		t.Fatal("the restart destroyed a running sandbox it could not reach")
+	}
+	if _, err := e.m.running(t.Context(), sb.ID); !errdefs.IsUnavailable(err) {
+		t.Fatalf("a request before it is reattached: %v, want Unavailable (retry)", err)
+	}
+	thaw()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := e.m.running(t.Context(), sb.ID)
+		if err == nil {
+			break
+		}
+		if !errdefs.IsUnavailable(err) || time.Now().After(deadline) {
+			t.Fatalf("once it answers: %v, want it reattached", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling until the retry lands
+	}
+}
+
+// The tests below follow that one into the other branches of reconcile that attach to a sandbox the engine may well
 // still run: none may destroy it because its agent did not answer in time
 // or the daemon began to stop.
 

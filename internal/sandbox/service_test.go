@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -853,51 +852,6 @@ func TestReconcileOnAFullDiskSettlesLater(t *testing.T) {
 	}
 	if _, err := e.m.Wake(t.Context(), sb.ID); err != nil {
 		t.Fatalf("wake after settling: %v", err)
-	}
-}
-
-// TestReconcileKeepsARunningSandboxItCannotReachYet: a restart whose
-// attach of a running sandbox fails with Unavailable (its agent did not
-// answer in time: a loaded host, a frozen sandbox) must keep it, running,
-// and attach it once it answers. It used to be destroyed, the user's work
-// with it.
-func TestReconcileKeepsARunningSandboxItCannotReachYet(t *testing.T) {
-	e := newEnv(t, Config{})
-	sb := e.create(t, 128)
-	var frozen atomic.Bool
-	frozen.Store(true)
-	e.eng.OnAttach = func(engine.Spec) error {
-		if frozen.Load() {
-			return errdefs.New(errdefs.Unavailable, "agent did not connect in time")
-		}
-		return nil
-	}
-	cfg := e.cfg
-	cfg.MemoryFloorMiB, cfg.PressureFloorMiB = 1, -1
-	e.m = New(cfg, e.eng, e.st, e.imgs)
-	if err := e.m.Reconcile(t.Context()); !errdefs.IsUnavailable(err) {
-		t.Fatalf("reconcile: %v, want the Unavailable of the attach", err)
-	}
-	if got := e.state(t, sb.ID); got != store.StateRunning {
-		t.Fatalf("after the failed attach the sandbox is %s, want running", got)
-	}
-	if !e.eng.Started(t.Context(), sb.Engine()) {
-		t.Fatal("the restart destroyed a running sandbox it could not reach")
-	}
-	if _, err := e.m.running(t.Context(), sb.ID); !errdefs.IsUnavailable(err) {
-		t.Fatalf("a request before it is reattached: %v, want Unavailable (retry)", err)
-	}
-	frozen.Store(false)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		_, err := e.m.running(t.Context(), sb.ID)
-		if err == nil {
-			break
-		}
-		if !errdefs.IsUnavailable(err) || time.Now().After(deadline) {
-			t.Fatalf("once it answers: %v, want it reattached", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling until the retry lands
 	}
 }
 

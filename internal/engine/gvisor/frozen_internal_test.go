@@ -18,21 +18,10 @@ import (
 // attach must still end, with Unavailable, not hang the daemon's start and
 // hold the sandbox's lock for good.
 func TestAttachToAFrozenSandboxEnds(t *testing.T) {
-	runsc := testenv.Runsc(t)
-	images := testenv.ImagesDir(t)
-	_, agent := testenv.Binaries(t)
 	defer func(d time.Duration) { stateWait = d }(stateWait)
 	stateWait = time.Second
 	dir := testenv.TempDir(t)
-	e1, err := New(Config{StateDir: dir, Runsc: runsc, AgentPath: agent})
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := engine.Spec{ID: "frozen0000000001", RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 128}
-	sb, err := e1.Create(t.Context(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e1, spec, sb := startSandbox(t, dir, "frozen0000000001")
 	t.Cleanup(func() { _ = e1.Destroy(context.Background(), spec.ID) })
 	pid := sb.PID()
 	if err := e1.Close(); err != nil {
@@ -42,7 +31,7 @@ func TestAttachToAFrozenSandboxEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Kill(pid, unix.SIGCONT) // before the Destroy above
-	e2, err := New(Config{StateDir: dir, Runsc: runsc, AgentPath: agent})
+	e2, err := New(Config{StateDir: dir, Runsc: testenv.Runsc(t), AgentPath: e1.cfg.AgentPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,21 +59,10 @@ func TestAttachToAFrozenSandboxEnds(t *testing.T) {
 // the client): `clade rm` of a frozen sandbox hung for good, holding its
 // lock. Its processes die by SIGKILL all the same.
 func TestDestroyAFrozenSandbox(t *testing.T) {
-	runsc := testenv.Runsc(t)
-	images := testenv.ImagesDir(t)
-	_, agent := testenv.Binaries(t)
 	defer func(s, d time.Duration) { stateWait, deleteWait = s, d }(stateWait, deleteWait)
 	stateWait, deleteWait = time.Second, 2*time.Second
 	dir := testenv.TempDir(t)
-	e, err := New(Config{StateDir: dir, Runsc: runsc, AgentPath: agent})
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := engine.Spec{ID: "frozen0000000002", RootFS: filepath.Join(images, "default", "rootfs"), MemoryMiB: 128}
-	sb, err := e.Create(t.Context(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, spec, sb := startSandbox(t, dir, "frozen0000000002")
 	pid := sb.PID()
 	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -107,4 +85,21 @@ func TestDestroyAFrozenSandbox(t *testing.T) {
 	if e.Started(context.Background(), spec.ID) {
 		t.Fatal("runsc still knows the destroyed sandbox")
 	}
+}
+
+// startSandbox starts sandbox id (128 MiB, the default image) on a new
+// engine with its state in dir.
+func startSandbox(t *testing.T, dir, id string) (*Engine, engine.Spec, engine.Sandbox) {
+	t.Helper()
+	_, agent := testenv.Binaries(t)
+	e, err := New(Config{StateDir: dir, Runsc: testenv.Runsc(t), AgentPath: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := engine.Spec{ID: id, RootFS: filepath.Join(testenv.ImagesDir(t), "default", "rootfs"), MemoryMiB: 128}
+	sb, err := e.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, spec, sb
 }

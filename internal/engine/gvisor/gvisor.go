@@ -852,11 +852,10 @@ func (e *Engine) state(ctx context.Context, id string) (runscState, error) {
 	out, err := cmd.Output()
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
-		if ctx.Err() == nil && unknownContainer(msg) {
+		if cerr := ctx.Err(); cerr != nil {
+			err = cerr
+		} else if unknownContainer(msg) {
 			return runscState{}, errdefs.New(errdefs.NotFound, "sandbox %s is not running", id)
-		}
-		if ctx.Err() != nil {
-			err = ctx.Err()
 		}
 		return runscState{}, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("runsc state %s: %w: %s", id, err, msg))
 	}
@@ -870,8 +869,9 @@ func (e *Engine) state(ctx context.Context, id string) (runscState, error) {
 // unknownContainer says whether runsc's error message msg means it has no
 // record of the container ("loading container: file does not exist").
 func unknownContainer(msg string) bool {
+	msg = strings.ToLower(msg)
 	for _, s := range []string{"does not exist", "no such file", "not found"} {
-		if strings.Contains(strings.ToLower(msg), s) {
+		if strings.Contains(msg, s) {
 			return true
 		}
 	}
