@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/clade-sandbox/clade/internal/agent"
+	"github.com/clade-sandbox/clade/internal/nothp"
 	"github.com/clade-sandbox/clade/internal/vminit"
 	"golang.org/x/sys/unix"
 )
@@ -21,6 +22,8 @@ import (
 const SocketEnv = "CLADE_AGENT_SOCKET"
 
 func main() {
+	// On the host, the qemu engine starts QEMU through this binary.
+	nothp.Main()
 	runtime.GOMAXPROCS(1)
 	if vminit.IsVM() {
 		// The first stage of a qemu guest: it execs the agent again from

@@ -80,8 +80,10 @@ func (r *runner) memfork(ctx context.Context, t target, k int) (*MemStats, error
 	if len(pids) == 0 {
 		return nil, errors.New("no host process mentions the children's ids: is the daemon on another host?")
 	}
-	cg, err := cgroupMiB(pids)
-	if err != nil {
+	cg, err := cgroupMiB(ids, pids)
+	if errors.Is(err, errSharedCgroup) {
+		cg = 0 // not the children's alone: the table shows none
+	} else if err != nil {
 		return nil, err
 	}
 	return &MemStats{

@@ -2,6 +2,7 @@ package benchkit
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -83,9 +84,10 @@ func pssMiB(pids []int) float64 {
 }
 
 // cgroupMiB sums anonymous and shared memory (a sandbox's memory file is
-// shmem) charged to the memory cgroups of pids. Unlike MemAvailable it is
-// blind to the rest of the host, so it stays exact on a busy machine.
-func cgroupMiB(pids []int) (float64, error) {
+// shmem) charged to the memory cgroups of pids, each named for one of ids.
+// Unlike MemAvailable it is blind to the rest of the host, so it stays
+// exact on a busy machine.
+func cgroupMiB(ids []string, pids []int) (float64, error) {
 	seen := map[string]bool{}
 	var total int64
 	for _, pid := range pids {
@@ -94,6 +96,9 @@ func cgroupMiB(pids []int) (float64, error) {
 			continue
 		}
 		seen[dir] = true
+		if !slices.ContainsFunc(ids, func(id string) bool { return strings.Contains(dir, id) }) {
+			return 0, errSharedCgroup
+		}
 		stat, err := os.ReadFile(dir + "/memory.stat")
 		if err != nil {
 			return 0, err
@@ -105,6 +110,10 @@ func cgroupMiB(pids []int) (float64, error) {
 	}
 	return float64(total) / (1 << 20), nil
 }
+
+// errSharedCgroup: a child's memory cgroup is not its own (QEMU VMs run
+// in the daemon's), so its counters are not the child's.
+var errSharedCgroup = errors.New("the children have no memory cgroups of their own")
 
 // anonShmem returns anonymous plus shared bytes of a memory.stat. v1 has
 // both a cgroup's own counters (rss, shmem) and hierarchical ones

@@ -108,7 +108,8 @@ type MemStats struct {
 	PSSPerChildMiB float64 `json:"pss_per_child_mib"`
 	// CgroupPerChildMiB is anonymous plus shared memory charged to the
 	// children's memory cgroups, per child: exact even on a busy host,
-	// where MemAvailable moves with everything else.
+	// where MemAvailable moves with everything else. 0 when the children's
+	// cgroup holds other processes too (QEMU VMs run in the daemon's).
 	CgroupPerChildMiB float64 `json:"cgroup_per_child_mib"`
 	// ParentPSSMiB is the same sum for the forked sandbox, for scale.
 	ParentPSSMiB float64 `json:"parent_pss_mib"`

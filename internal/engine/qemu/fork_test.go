@@ -43,6 +43,22 @@ func smaps(t *testing.T, pid int) (private, pss int) {
 	return private, pss
 }
 
+// procStatus is the value of key in /proc/PID/status.
+func procStatus(t *testing.T, pid int, key string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && k == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("/proc/%d/status has no %s", pid, key)
+	return ""
+}
+
 // TestForkSharesMemory forks N children (CLADE_QEMU_FORKS, default 8) from
 // one checkpoint of a 512 MiB guest that touched 64 MiB: each child maps the
 // checkpoint's memory file privately, so what it holds of its own (its
@@ -127,6 +143,11 @@ until [ -s /tmp/ready ]; do sleep 0.1; done; echo ok`)
 		}
 		p, s := smaps(t, k.PID())
 		privs, psss = append(privs, p>>10), append(psss, s>>10)
+		// Started through the no-THP launcher: no 2 MiB page of its own
+		// for a few bytes of its translation cache or firmware.
+		if v := procStatus(t, k.PID(), "THP_enabled"); v != "0" {
+			t.Errorf("child %d's QEMU has THP_enabled %q, want 0", i, v)
+		}
 	}
 	t.Logf("boot %v, exec %v, checkpoint (leave running, 512 MiB guest, 64 MiB touched) %v, parent private %d MiB", boot.Round(time.Millisecond), execTime.Round(time.Millisecond), ckpt.Round(time.Millisecond), ppriv>>10)
 	t.Logf("fork %d: %v to all answering; per child private MiB %v, PSS MiB %v, MemAvailable drop per child %d MiB", n, fork.Round(time.Millisecond), privs, psss, availDelta>>10)

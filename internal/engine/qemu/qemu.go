@@ -35,6 +35,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/nothp"
 	"github.com/clade-sandbox/clade/internal/vminit"
 	"golang.org/x/sys/unix"
 )
@@ -48,12 +49,16 @@ var (
 	_ engine.HostnameSetter = (*sandbox)(nil)
 )
 
-// DefaultTCGCacheMiB is Config.TCGCacheMiB's default. 8 MiB keeps a fork
-// child that has run a command at ~32 MiB of its own (41 MiB with 16), but
-// a conformance run with it lost a busy child's agent under load (a cache
-// too small for the guest's working set is flushed and refilled over and
-// over): 16 until that is measured apart from the load.
-const DefaultTCGCacheMiB = 16
+// DefaultTCGCacheMiB is Config.TCGCacheMiB's default. The cache is private
+// to each QEMU and fills as the guest runs new code, so it bounds much of
+// what a fork child holds of its own. Measured side by side (16 children
+// of a 512 MiB guest holding 64 MiB, THP off; docs/benchmarks.md): a child
+// that has run one command holds ~36 MiB PSS with 16, ~32 with 12, ~27 with
+// 8, but with 8 ten varied commands took 1.7x as long as with 12 or 16
+// (a cache smaller than the guest's working set is flushed and refilled
+// over and over; a conformance run with 8 lost a busy child's agent under
+// load). 12 is where the exec time has not moved yet.
+const DefaultTCGCacheMiB = 12
 
 // DefaultKernelDir is where `make deps-qemu` puts the guest kernel.
 const DefaultKernelDir = "/var/cache/clade/qemu"
@@ -489,10 +494,16 @@ func (e *Engine) launch(ctx context.Context, id string, args []string) error {
 	}
 	defer logf.Close()
 	start, _ := logf.Seek(0, io.SeekEnd)
-	cmd := exec.CommandContext(ctx, e.cfg.QEMU, args...)
+	argv := append([]string{e.cfg.QEMU}, args...)
 	if m, err := readMeta(dir); err == nil && m.NetNS != "" {
-		cmd = exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + m.NetNS, "--", e.cfg.QEMU}, args...)...)
+		nsenter, err := exec.LookPath("nsenter")
+		if err != nil {
+			return fmt.Errorf("a networked VM starts in its namespace through nsenter: %w (apt-get install util-linux)", err)
+		}
+		argv = append([]string{nsenter, "--net=" + m.NetNS, "--"}, argv...)
 	}
+	// Through the agent binary, which turns THP off for QEMU (see nothp).
+	cmd := nothp.Command(ctx, e.cfg.AgentPath, argv)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second

@@ -1,0 +1,44 @@
+package nothp_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/clade-sandbox/clade/internal/nothp"
+)
+
+// The test binary is its own launcher.
+func TestMain(m *testing.M) {
+	nothp.Main()
+	os.Exit(m.Run())
+}
+
+func TestCommandTurnsTHPOff(t *testing.T) {
+	// Without the launcher a command has THP as the host gives it.
+	out, err := exec.Command("/bin/sh", "-c", "grep THP_enabled /proc/self/status").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "THP_enabled:\t1") {
+		t.Skipf("this host has THP off for every process (%q): nothing to turn off", out)
+	}
+	out, err = nothp.Command(t.Context(), os.Args[0], []string{"/bin/sh", "-c", "grep THP_enabled /proc/self/status; echo $_CLADE_NO_THP_EXEC"}).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// THP off, and the marker not passed on to the command.
+	if got := strings.Fields(string(out)); len(got) != 2 || got[1] != "0" {
+		t.Fatalf("the launched command says %q, want THP_enabled 0 and no marker", out)
+	}
+}
+
+func TestCommandMissing(t *testing.T) {
+	out, err := nothp.Command(t.Context(), os.Args[0], []string{"/nonexistent/qemu"}).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 127 || !strings.Contains(string(out), "exec /nonexistent/qemu") {
+		t.Fatalf("launching a missing command: %v, %q; want exit 127 and the path in the message", err, out)
+	}
+}
