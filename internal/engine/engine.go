@@ -141,6 +141,18 @@ type Preparer interface {
 	Prepare(ctx context.Context, spec Spec) error
 }
 
+// ForkSharer is an engine whose sandboxes restored from a checkpoint map
+// its memory privately (copy-on-write): what a child has not written stays
+// shared with its siblings, so a fresh child holds a small part of its
+// memory limit (qemu: ~30 MiB of a 512 MiB guest). Admission counts such
+// children at what they take, not at their limits.
+type ForkSharer interface {
+	// SharesForkMemory reports whether children restored from the
+	// checkpoint in dir share its memory; with dir empty, whether children
+	// of a checkpoint of the running sandbox id would.
+	SharesForkMemory(ctx context.Context, id, dir string) bool
+}
+
 // Inspector is an engine that can tell a sandbox that was started (and may
 // hold a user's state) from one that was only prepared. Reconcile destroys
 // unrecorded prepared sandboxes (a killed daemon's warm pool) and keeps

@@ -56,7 +56,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		if perr != nil {
 			return ForkResult{}, perr
 		}
-		release, err := m.admit(len(recs) * parent.MemoryMiB)
+		release, err := m.admitFork(ctx, len(recs), parent.MemoryMiB, parent.Engine(), "")
 		if err != nil {
 			return ForkResult{}, err
 		}
@@ -70,7 +70,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		if sn.State != store.SnapshotReady {
 			return ForkResult{}, errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", source)
 		}
-		release, err := m.admit(len(recs) * sn.MemoryMiB)
+		release, err := m.admitFork(ctx, len(recs), sn.MemoryMiB, "", sn.Path)
 		if err != nil {
 			return ForkResult{}, err
 		}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -184,5 +185,56 @@ func TestAdmissionExactUnderConcurrentCreates(t *testing.T) {
 	}
 	if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 512}); err == nil {
 		t.Fatal("a ninth sandbox was admitted past the limit")
+	}
+}
+
+// TestAdmitForkSharedMemory: children of an engine that shares the
+// snapshot's memory with them count at sharedForkChildMiB against the
+// memory floor, where counted at their limits they would not fit; the
+// overcommit cap still counts their whole limits, and its refusal says so.
+func TestAdmitForkSharedMemory(t *testing.T) {
+	avail, err := memAvailableMiB()
+	if err != nil {
+		t.Skip("no /proc/meminfo")
+	}
+	const n, limit = 16, 512
+	// Room for 16 x 64 MiB (1 GiB) with 1 GiB to spare for the host's
+	// moves, not for 16 x 512 MiB.
+	room := 2 * n * sharedForkChildMiB
+	for _, shares := range []bool{false, true} {
+		e := newEnv(t, Config{MemoryFloorMiB: avail - room})
+		e.eng.SharesFork = shares
+		parent := e.create(t, limit)
+		res, err := e.m.Fork(t.Context(), parent.ID, n)
+		if !shares {
+			if err == nil || !strings.Contains(err.Error(), "each sandbox counted at its whole memory limit") {
+				t.Fatalf("fork %d of %d MiB without shared memory, %d MiB of room: %v, want refused at their limits", n, limit, room, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("fork %d of %d MiB sharing the snapshot's memory, %d MiB of room: %v", n, limit, room, err)
+		}
+		for _, c := range res.Children {
+			if c.Err != nil {
+				t.Fatal(c.Err)
+			}
+		}
+	}
+	total, err := memTotalMiB()
+	if err != nil {
+		t.Skip("no /proc/meminfo")
+	}
+	// The cap holds eight 512 MiB sandboxes: one parent and 16 children of
+	// it pass it, shared memory or not.
+	e := newEnv(t, Config{MemoryOvercommit: 4096.0 / float64(total)})
+	e.eng.SharesFork = true
+	parent := e.create(t, limit)
+	_, err = e.m.Fork(t.Context(), parent.ID, n)
+	if err == nil || !strings.Contains(err.Error(), "count at their whole 512 MiB limits") || !strings.Contains(err.Error(), "--memory-overcommit") {
+		t.Fatalf("fork past the overcommit cap: %v, want refused, counting the children's limits", err)
+	}
+	if committed, _ := e.st.CommittedMemoryMiB(t.Context()); committed != limit {
+		t.Fatalf("committed %d MiB after a refused fork, want the parent's %d", committed, limit)
 	}
 }

@@ -111,16 +111,17 @@ type Manager struct {
 	// imageMu orders image removal against creates that use the image.
 	imageMu sync.Mutex
 
-	mu          sync.Mutex
-	live        map[string]engine.Sandbox // guarded by mu
-	reservedMiB int                       // guarded by mu: admitted, not yet made
-	lastUsed    map[string]time.Time      // guarded by mu: last request per sandbox
-	wokeAt      map[string]time.Time      // guarded by mu: when each live sandbox last woke
-	holds       map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
-	hot         map[string]hotSandbox     // guarded by mu: started sandboxes in the hot pool
-	settling    map[string]bool           // guarded by mu: sandboxes a settle goroutine retries
-	reaping     map[string]chan struct{}  // guarded by mu: engine ids a sleep tears down (reap.go)
-	reaps       sync.WaitGroup            // the teardowns in flight
+	mu             sync.Mutex
+	live           map[string]engine.Sandbox // guarded by mu
+	reservedMiB    int                       // guarded by mu: admitted, not yet made (the floor's count)
+	reservedCapMiB int                       // guarded by mu: the same, as the overcommit cap counts it
+	lastUsed       map[string]time.Time      // guarded by mu: last request per sandbox
+	wokeAt         map[string]time.Time      // guarded by mu: when each live sandbox last woke
+	holds          map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
+	hot            map[string]hotSandbox     // guarded by mu: started sandboxes in the hot pool
+	settling       map[string]bool           // guarded by mu: sandboxes a settle goroutine retries
+	reaping        map[string]chan struct{}  // guarded by mu: engine ids a sleep tears down (reap.go)
+	reaps          sync.WaitGroup            // the teardowns in flight
 
 	counters Counters
 	// wakes holds a token per wake restoring now (RestoreParallel).

@@ -39,6 +39,8 @@ type Engine struct {
 	OnDestroy func(id string)
 	// Delay is added to every create, restore and checkpoint.
 	Delay time.Duration
+	// SharesFork is what SharesForkMemory says (engine.ForkSharer).
+	SharesFork bool
 
 	mu       sync.Mutex
 	running  map[string]*Sandbox // guarded by mu
@@ -179,6 +181,9 @@ func (e *Engine) Spec(id string) (engine.Spec, bool) {
 
 // Close implements engine.Engine.
 func (e *Engine) Close() error { return nil }
+
+// SharesForkMemory implements engine.ForkSharer: e.SharesFork.
+func (e *Engine) SharesForkMemory(context.Context, string, string) bool { return e.SharesFork }
 
 // Checkpoint implements engine.Snapshotter: it writes a state file naming
 // the sandbox. A failed checkpoint leaves the sandbox running.

@@ -273,6 +273,24 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) error {
 	return nil
 }
 
+// SharesForkMemory implements engine.ForkSharer: asks the engine that
+// wrote dir, or the one that holds id.
+func (e *Engine) SharesForkMemory(ctx context.Context, id, dir string) bool {
+	var eng engine.Engine
+	if dir != "" {
+		for _, n := range e.names {
+			if o, ok := e.engines[n].(CheckpointOwner); ok && o.IsCheckpoint(dir) {
+				eng = e.engines[n]
+				break
+			}
+		}
+	} else {
+		eng, _ = e.holder(ctx, id)
+	}
+	s, ok := eng.(engine.ForkSharer)
+	return ok && s.SharesForkMemory(ctx, id, dir)
+}
+
 // Started implements engine.Inspector: started in any engine.
 func (e *Engine) Started(ctx context.Context, id string) bool {
 	for _, n := range e.names {

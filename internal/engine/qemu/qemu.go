@@ -45,6 +45,7 @@ var (
 	_ engine.Snapshotter = (*Engine)(nil)
 	_ engine.Preparer    = (*Engine)(nil)
 	_ engine.Inspector   = (*Engine)(nil)
+	_ engine.ForkSharer  = (*Engine)(nil)
 
 	_ engine.HostnameSetter = (*sandbox)(nil)
 )
@@ -419,6 +420,11 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) error {
 	}
 	return nil
 }
+
+// SharesForkMemory implements engine.ForkSharer: every child maps its
+// checkpoint's memory file privately (share=off), so what it has not
+// written stays in the page cache, shared.
+func (e *Engine) SharesForkMemory(context.Context, string, string) bool { return true }
 
 // Started implements engine.Inspector.
 func (e *Engine) Started(ctx context.Context, id string) bool {
