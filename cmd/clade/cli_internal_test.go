@@ -169,6 +169,8 @@ func TestBadDaemonNumbersAreUsageErrors(t *testing.T) {
 		{"--disk-floor", "-1"},
 		{"--default-disk", "-5"},
 		{"--default-memory", "1"},
+		{"--qemu-tcg-cache", "0"},
+		{"--qemu-tcg-cache", "4096"},
 		{"--log-level", "loud"},
 	} {
 		if code := run(append(slices.Clone(safe), args...)); code != 2 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/clade-sandbox/clade/internal/engine/qemu"
 	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
@@ -48,6 +49,7 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
 	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
 	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")
+	fs.IntVar(&o.QEMUTCGCacheMiB, "qemu-tcg-cache", qemu.DefaultTCGCacheMiB, "MiB of TCG translation cache per qemu VM when it runs without KVM: private to each VM, so it is most of what a fork child holds of its own;\nsmaller runs varied commands slower (the cache refills), larger costs memory per VM (see docs/engines.md)")
 	fs.BoolVar(&o.BuildDefaultImage, "build-default-image", true, "build the default image at start if missing")
 	fs.IntVar(&o.Sandbox.DefaultMemoryMiB, "default-memory", 512, "memory limit of sandboxes that ask for none, MiB")
 	fs.IntVar(&o.Sandbox.DefaultDiskMiB, "default-disk", 10240, "MiB a sandbox that asks for no --disk may write (its files); 0: no cap")
@@ -75,7 +77,7 @@ func newDaemonCmd() *cobra.Command {
 	_ = cmd.RegisterFlagCompletionFunc("log-level", fixedValues("debug", "info", "warn", "error"))
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
-		if err := checkDaemonNumbers(o.Sandbox, o.Network.PoolSize); err != nil {
+		if err := checkDaemonNumbers(o.Sandbox, o.Network.PoolSize, o.QEMUTCGCacheMiB); err != nil {
 			return usagef(cmd, "%v", err)
 		}
 		if err := ingressLimits(&o.IngressLimits); err != nil {
@@ -140,7 +142,7 @@ const maxOvercommit = 1000
 // checkDaemonNumbers refuses numeric flags out of their range before the
 // daemon takes anything: a negative pool or parallelism would panic the
 // start, a negative floor or ratio would quietly turn a guard off.
-func checkDaemonNumbers(c sandbox.Config, networkPool int) error {
+func checkDaemonNumbers(c sandbox.Config, networkPool, tcgCache int) error {
 	for _, f := range []struct {
 		name string
 		v    int
@@ -152,6 +154,8 @@ func checkDaemonNumbers(c sandbox.Config, networkPool int) error {
 		}
 	}
 	switch {
+	case tcgCache < 1 || tcgCache > 2048:
+		return fmt.Errorf("--qemu-tcg-cache %d: give 1 to 2048 MiB", tcgCache)
 	case c.MaxFork < 1:
 		return fmt.Errorf("--max-fork %d: give 1 or more", c.MaxFork)
 	case c.PressureFloorMiB < -1:

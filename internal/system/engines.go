@@ -22,7 +22,7 @@ var engines = map[string]func(o Options, log *slog.Logger) (engine.Engine, error
 			UpperRoot: o.upperRoot, CrashAt: o.Sandbox.CrashAt})
 	},
 	"qemu": func(o Options, log *slog.Logger) (engine.Engine, error) {
-		return qemu.New(qemu.Config{StateDir: filepath.Join(o.DataDir, "qemu"), AgentPath: o.AgentPath, Log: log})
+		return qemu.New(qemu.Config{StateDir: filepath.Join(o.DataDir, "qemu"), AgentPath: o.AgentPath, Log: log, TCGCacheMiB: o.QEMUTCGCacheMiB})
 	},
 }
 

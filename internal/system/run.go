@@ -54,6 +54,9 @@ type Options struct {
 	Engine    string
 	Runsc     string
 	AgentPath string
+	// QEMUTCGCacheMiB is each qemu VM's TCG translation cache
+	// (qemu.Config.TCGCacheMiB; 0 the engine's default).
+	QEMUTCGCacheMiB int
 	// BuildDefaultImage builds the default image at start if it is missing.
 	BuildDefaultImage bool
 	Sandbox           sandbox.Config

@@ -33,7 +33,11 @@ type lever struct {
 }
 
 var forkLevers = map[string]lever{
-	"tb16":     {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 16 }},
+	"tb16": {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 16 }},
+	"tb12": {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 12 }},
+	// THP as the host has it (QEMU started without the no-THP launcher).
+	"tb16thp":  {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 16 }, eng: func(e *qemu.Engine) { e.SetTHP(true) }},
+	"tb12thp":  {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 12 }, eng: func(e *qemu.Engine) { e.SetTHP(true) }},
 	"old":      {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 16 }, eng: func(e *qemu.Engine) { e.SetHelloWait(time.Second) }},
 	"new":      {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 8 }},
 	"tb8":      {cfg: func(c *qemu.Config) { c.TCGCacheMiB = 8 }},

@@ -50,15 +50,16 @@ var (
 	_ engine.HostnameSetter = (*sandbox)(nil)
 )
 
-// DefaultTCGCacheMiB is Config.TCGCacheMiB's default. The cache is private
-// to each QEMU and fills as the guest runs new code, so it bounds much of
-// what a fork child holds of its own. Measured side by side (16 children
-// of a 512 MiB guest holding 64 MiB, THP off; docs/benchmarks.md): a child
-// that has run one command holds ~36 MiB PSS with 16, ~32 with 12, ~27 with
-// 8, but with 8 ten varied commands took 1.7x as long as with 12 or 16
-// (a cache smaller than the guest's working set is flushed and refilled
-// over and over; a conformance run with 8 lost a busy child's agent under
-// load). 12 is where the exec time has not moved yet.
+// DefaultTCGCacheMiB is Config.TCGCacheMiB's default (the daemon's
+// --qemu-tcg-cache). The cache is private to each QEMU and fills as the
+// guest runs new code, so it bounds much of what a fork child holds of its
+// own. Measured side by side (16 children of a 512 MiB guest holding 64
+// MiB, THP off; docs/benchmarks.md): a child that has run one command
+// holds ~36 MiB PSS with 16, ~32 with 12, ~27 with 8; ten varied commands
+// took 1.15-1.3x as long with 12 as with 16, and 1.7x with 8 (a cache
+// smaller than the guest's working set is flushed and refilled; a
+// conformance run with 8 lost a busy child's agent under load). 12 keeps a
+// child within 32 MiB at a price in exec time that the flag can buy back.
 const DefaultTCGCacheMiB = 12
 
 // DefaultKernelDir is where `make deps-qemu` puts the guest kernel.
@@ -105,6 +106,8 @@ type Engine struct {
 	helloWait time.Duration
 	// noNudge: links write no wire.Nudge (a test compares).
 	noNudge bool
+	// keepTHP: QEMU starts without the no-THP launcher (a test compares).
+	keepTHP bool
 
 	setupOnce sync.Once
 	accelOnce sync.Once
@@ -510,6 +513,9 @@ func (e *Engine) launch(ctx context.Context, id string, args []string) error {
 	}
 	// Through the agent binary, which turns THP off for QEMU (see nothp).
 	cmd := nothp.Command(ctx, e.cfg.AgentPath, argv)
+	if e.keepTHP {
+		cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second
