@@ -424,10 +424,28 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) error {
 	return nil
 }
 
-// SharesForkMemory implements engine.ForkSharer: every child maps its
-// checkpoint's memory file privately (share=off), so what it has not
-// written stays in the page cache, shared.
-func (e *Engine) SharesForkMemory(context.Context, string, string) bool { return true }
+// SharesForkMemory implements engine.ForkSharer. Only a "shared"
+// checkpoint (of a VM whose RAM is its own share=on file: one that was
+// booted, not restored) gives children a private mapping of its memory
+// file (share=off), whose unwritten pages stay shared in the page cache.
+// A checkpoint of a restored VM (a fork child, a woken sandbox) is a
+// "stream": each child loads all of its RAM into a share=on file of its
+// own in /dev/shm and shares nothing.
+func (e *Engine) SharesForkMemory(_ context.Context, id, dir string) bool {
+	if dir != "" {
+		var sm snapMeta
+		b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
+		return err == nil && json.Unmarshal(b, &sm) == nil && sm.Format == "shared"
+	}
+	e.mu.Lock()
+	sb := e.live[id]
+	e.mu.Unlock()
+	if sb != nil {
+		return sb.meta.SharedRAM
+	}
+	m, err := readMeta(e.dir(id))
+	return err == nil && m.SharedRAM
+}
 
 // Started implements engine.Inspector.
 func (e *Engine) Started(ctx context.Context, id string) bool {
