@@ -22,17 +22,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// env marks a process started as the launcher.
-const env = "_CLADE_NO_THP_EXEC"
+// argv0 marks a process started as the launcher: its argv[0], which only
+// the process that starts it sets. An environment variable would not do:
+// the agent is also PID 1 of every sandbox, started with the environment
+// its user asks for (clade create --env, an image's ENV), and a marker
+// there made it exec its own missing argument instead of serving.
+const argv0 = "clade-no-thp-exec"
 
 // Main returns at once unless this process was started by Command; then it
 // turns THP off for itself and execs the command in its arguments, and
 // never returns.
 func Main() {
-	if os.Getenv(env) != "1" {
+	if len(os.Args) == 0 || os.Args[0] != argv0 {
 		return
 	}
-	os.Unsetenv(env)
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "clade: the no-THP launcher needs a command")
 		os.Exit(127)
@@ -49,6 +52,6 @@ func Main() {
 // launcher, a binary that calls Main first; argv[0] must be a path.
 func Command(ctx context.Context, launcher string, argv []string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, launcher, argv...)
-	cmd.Env = append(os.Environ(), env+"=1")
+	cmd.Args[0] = argv0
 	return cmd
 }

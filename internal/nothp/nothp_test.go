@@ -25,13 +25,13 @@ func TestCommandTurnsTHPOff(t *testing.T) {
 	if !strings.Contains(string(out), "THP_enabled:\t1") {
 		t.Skipf("this host has THP off for every process (%q): nothing to turn off", out)
 	}
-	out, err = nothp.Command(t.Context(), os.Args[0], []string{"/bin/sh", "-c", "grep THP_enabled /proc/self/status; echo $_CLADE_NO_THP_EXEC"}).Output()
+	out, err = nothp.Command(t.Context(), os.Args[0], []string{"/bin/sh", "-c", "grep THP_enabled /proc/self/status; echo $0"}).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// THP off, and the marker not passed on to the command.
-	if got := strings.Fields(string(out)); len(got) != 2 || got[1] != "0" {
-		t.Fatalf("the launched command says %q, want THP_enabled 0 and no marker", out)
+	// THP off, and the command's own argv[0].
+	if got := strings.Fields(string(out)); len(got) != 3 || got[1] != "0" || got[2] != "/bin/sh" {
+		t.Fatalf("the launched command says %q, want THP_enabled 0 and argv[0] /bin/sh", out)
 	}
 }
 
@@ -40,5 +40,15 @@ func TestCommandMissing(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 127 || !strings.Contains(string(out), "exec /nonexistent/qemu") {
 		t.Fatalf("launching a missing command: %v, %q; want exit 127 and the path in the message", err, out)
+	}
+}
+
+// TestEnvironmentDoesNotLaunch: the launcher is also a sandbox's PID 1,
+// started with its user's environment; no variable there makes it exec.
+func TestEnvironmentDoesNotLaunch(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "_CLADE_NO_THP_EXEC=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the binary with the old marker in its environment: %v, %q; want it to run as itself", err, out)
 	}
 }
