@@ -52,11 +52,7 @@ func (c *cpio) bytes() []byte {
 // first stage, see package vminit), the guest kernel's modules and the
 // marker that tells the agent it boots a VM. It is rewritten only when its
 // content changes.
-func buildInitramfs(agentPath, modulesDir, dst string) error {
-	agent, err := os.ReadFile(agentPath)
-	if err != nil {
-		return fmt.Errorf("agent binary: %w: run `make build` or set --agent", err)
-	}
+func buildInitramfs(agent []byte, modulesDir, dst string) error {
 	var c cpio
 	for _, d := range []string{"dev", "proc", "sys", "mnt", "modules", strings.TrimPrefix(vminit.AgentDir, "/")} {
 		c.dir(d)
@@ -77,6 +73,23 @@ func buildInitramfs(agentPath, modulesDir, dst string) error {
 	}
 	tmp := dst + ".tmp"
 	if err := os.WriteFile(tmp, out, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+// installLauncher writes the agent binary to dst (the engine's launcher,
+// see nothp), aside and renamed so that a QEMU being started keeps the old
+// inode.
+func installLauncher(agent []byte, dst string) error {
+	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, agent) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, agent, 0o700); err != nil {
 		return err
 	}
 	return os.Rename(tmp, dst)

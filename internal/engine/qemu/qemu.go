@@ -93,7 +93,12 @@ type Engine struct {
 	sbRoot    string
 	imgDir    string
 	initramfs string
-	vmlinux   string
+	// launcher is the engine's copy of the agent that QEMU starts through
+	// (nothp), made at setup: replacing or removing the configured binary
+	// while the daemon runs (an upgrade, a rebuild) leaves it alone, as it
+	// leaves the initramfs' copy.
+	launcher string
+	vmlinux  string
 	// shmPrefix names guest RAM files: PREFIX<id>.mem in /dev/shm.
 	shmPrefix string
 	accel     string
@@ -155,7 +160,7 @@ func New(cfg Config) (*Engine, error) {
 	cfg.StateDir = abs
 	sum := sha256.Sum256([]byte(abs))
 	e := &Engine{cfg: cfg, sbRoot: filepath.Join(abs, "sandboxes"), imgDir: filepath.Join(abs, "images"),
-		initramfs: filepath.Join(abs, "initramfs.cpio"), vmlinux: vmlinux,
+		initramfs: filepath.Join(abs, "initramfs.cpio"), launcher: filepath.Join(abs, "bin", "clade-agent"), vmlinux: vmlinux,
 		shmPrefix: filepath.Join("/dev/shm", "clade-qemu-"+hex.EncodeToString(sum[:6])+"-"),
 		live:      map[string]*sandbox{}, tscKHz: hostTSCkHz(), helloWait: defaultHelloWait}
 	for _, d := range []string{e.sbRoot, e.imgDir} {
@@ -173,7 +178,14 @@ func New(cfg Config) (*Engine, error) {
 // start: a daemon that never starts a VM pays nothing for it.
 func (e *Engine) setup() error {
 	e.setupOnce.Do(func() {
-		e.setupErr = buildInitramfs(e.cfg.AgentPath, filepath.Join(e.cfg.KernelDir, "modules"), e.initramfs)
+		agent, err := os.ReadFile(e.cfg.AgentPath)
+		if err != nil {
+			e.setupErr = fmt.Errorf("agent binary: %w: run `make build` or set --agent", err)
+			return
+		}
+		if e.setupErr = buildInitramfs(agent, filepath.Join(e.cfg.KernelDir, "modules"), e.initramfs); e.setupErr == nil {
+			e.setupErr = installLauncher(agent, e.launcher)
+		}
 	})
 	e.Accel()
 	return e.setupErr
@@ -530,7 +542,7 @@ func (e *Engine) launch(ctx context.Context, id string, args []string) error {
 		argv = append([]string{nsenter, "--net=" + m.NetNS, "--"}, argv...)
 	}
 	// Through the agent binary, which turns THP off for QEMU (see nothp).
-	cmd := nothp.Command(ctx, e.cfg.AgentPath, argv)
+	cmd := nothp.Command(ctx, e.launcher, argv)
 	if e.keepTHP {
 		cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
 	}
