@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -214,19 +213,6 @@ func scan(dir string, sums bool) ([]file, error) {
 	})
 	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
 	return files, err
-}
-
-func checksum(path string) (uint32, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	h := crc32.New(castagnoli)
-	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
-		return 0, err
-	}
-	return h.Sum32(), nil
 }
 
 // The verified cache: dir -> stamp of its files when last verified. A
