@@ -51,13 +51,18 @@ func (m *Manager) admit(mib int) (release func(), err error) {
 // answer.
 const sharedForkChildMiB = 64
 
-// admitFork admits n children of limit MiB each of a snapshot (dir) or of
-// a running sandbox's snapshot (id, dir empty): counted at their limits,
-// or at sharedForkChildMiB against the memory floor when their engine
-// shares the snapshot's memory with them.
-func (m *Manager) admitFork(ctx context.Context, n, limit int, id, dir string) (release func(), err error) {
+// sharesFork reports whether children of a snapshot (dir) or of a running
+// sandbox's snapshot (id, dir empty) share its memory (engine.ForkSharer).
+func (m *Manager) sharesFork(ctx context.Context, id, dir string) bool {
 	s, ok := m.eng.(engine.ForkSharer)
-	if !ok || !s.SharesForkMemory(ctx, id, dir) || limit <= sharedForkChildMiB {
+	return ok && s.SharesForkMemory(ctx, id, dir)
+}
+
+// admitFork admits n children of limit MiB each: counted at their limits,
+// or at sharedForkChildMiB against the memory floor when they share their
+// snapshot's memory.
+func (m *Manager) admitFork(n, limit int, shared bool) (release func(), err error) {
+	if !shared || limit <= sharedForkChildMiB {
 		return m.admit(n * limit)
 	}
 	return m.admitCounted(n*sharedForkChildMiB, n*limit,

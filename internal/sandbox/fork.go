@@ -57,7 +57,8 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		if perr != nil {
 			return ForkResult{}, perr
 		}
-		release, err := m.admitFork(ctx, len(recs), parent.MemoryMiB, parent.Engine(), "")
+		shared := m.sharesFork(ctx, parent.Engine(), "")
+		release, err := m.admitFork(len(recs), parent.MemoryMiB, shared)
 		if err != nil {
 			return ForkResult{}, err
 		}
@@ -66,13 +67,25 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			return ForkResult{}, err
 		}
 		implicit = true
+		if shared && !m.sharesFork(ctx, "", sn.Path) {
+			// The parent slept and woke between the admission and its
+			// snapshot: its children load all of the image, so they count
+			// whole.
+			release()
+			full, err := m.admitFork(len(recs), parent.MemoryMiB, false)
+			if err != nil {
+				m.gcSnapshot(ctx, sn.ID)
+				return ForkResult{}, err
+			}
+			defer full()
+		}
 	} else if err != nil {
 		return ForkResult{}, err
 	} else {
 		if sn.State != store.SnapshotReady {
 			return ForkResult{}, errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", source)
 		}
-		release, err := m.admitFork(ctx, len(recs), sn.MemoryMiB, "", sn.Path)
+		release, err := m.admitFork(len(recs), sn.MemoryMiB, m.sharesFork(ctx, "", sn.Path))
 		if err != nil {
 			return ForkResult{}, err
 		}

@@ -238,3 +238,26 @@ func TestAdmitForkSharedMemory(t *testing.T) {
 		t.Fatalf("committed %d MiB after a refused fork, want the parent's %d", committed, limit)
 	}
 }
+
+// TestAdmitForkRecountsAfterSnapshot: a fork of a running sandbox admitted
+// as sharing (the running VM's answer) whose implicit snapshot turns out
+// not to share (it slept and woke in between: a stream image) is counted
+// again at the children's whole limits, refused here, and leaves no
+// snapshot behind.
+func TestAdmitForkRecountsAfterSnapshot(t *testing.T) {
+	avail, err := memAvailableMiB()
+	if err != nil {
+		t.Skip("no /proc/meminfo")
+	}
+	const n, limit = 16, 512
+	e := newEnv(t, Config{MemoryFloorMiB: avail - 2*n*sharedForkChildMiB})
+	e.eng.OnSharesFork = func(id, dir string) bool { return dir == "" }
+	parent := e.create(t, limit)
+	_, err = e.m.Fork(t.Context(), parent.ID, n)
+	if err == nil || !strings.Contains(err.Error(), "each sandbox counted at its whole memory limit") {
+		t.Fatalf("fork whose snapshot shares nothing: %v, want refused at the children's limits", err)
+	}
+	if sns, err := e.st.ListSnapshots(t.Context()); err != nil || len(sns) != 0 {
+		t.Fatalf("snapshots left after the refused fork: %v (%v)", sns, err)
+	}
+}

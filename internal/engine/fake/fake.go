@@ -39,8 +39,10 @@ type Engine struct {
 	OnDestroy func(id string)
 	// Delay is added to every create, restore and checkpoint.
 	Delay time.Duration
-	// SharesFork is what SharesForkMemory says (engine.ForkSharer).
-	SharesFork bool
+	// SharesFork is what SharesForkMemory says (engine.ForkSharer), unless
+	// OnSharesFork is set.
+	SharesFork   bool
+	OnSharesFork func(id, dir string) bool
 
 	mu       sync.Mutex
 	running  map[string]*Sandbox // guarded by mu
@@ -182,8 +184,14 @@ func (e *Engine) Spec(id string) (engine.Spec, bool) {
 // Close implements engine.Engine.
 func (e *Engine) Close() error { return nil }
 
-// SharesForkMemory implements engine.ForkSharer: e.SharesFork.
-func (e *Engine) SharesForkMemory(context.Context, string, string) bool { return e.SharesFork }
+// SharesForkMemory implements engine.ForkSharer: OnSharesFork, else
+// e.SharesFork.
+func (e *Engine) SharesForkMemory(_ context.Context, id, dir string) bool {
+	if e.OnSharesFork != nil {
+		return e.OnSharesFork(id, dir)
+	}
+	return e.SharesFork
+}
 
 // Checkpoint implements engine.Snapshotter: it writes a state file naming
 // the sandbox. A failed checkpoint leaves the sandbox running.
