@@ -174,16 +174,20 @@ func writeMemfork(w io.Writer, m *Memfork) {
 		name string
 		f    func(*MemStats) float64
 		r    float64
+		// omitZero: a row with no value on either side is left out (the
+		// cgroup row of QEMU children, which have no cgroup of their own).
+		omitZero bool
 	}{
-		{"MemAvailable drop per child", func(s *MemStats) float64 { return s.AvailPerChildMiB }, m.AvailRatio},
-		{"PSS per child", func(s *MemStats) float64 { return s.PSSPerChildMiB }, m.PSSRatio},
-		{"cgroup anon+shmem per child", func(s *MemStats) float64 { return s.CgroupPerChildMiB }, m.CgroupRatio},
-		{"PSS of the parent", func(s *MemStats) float64 { return s.ParentPSSMiB }, 0},
-		{"fork wall time, ms", func(s *MemStats) float64 { return s.ForkMS }, 0},
+		{"MemAvailable drop per child", func(s *MemStats) float64 { return s.AvailPerChildMiB }, m.AvailRatio, false},
+		{"PSS per child", func(s *MemStats) float64 { return s.PSSPerChildMiB }, m.PSSRatio, false},
+		{"cgroup anon+shmem per child", func(s *MemStats) float64 { return s.CgroupPerChildMiB }, m.CgroupRatio, true},
+		{"PSS of the parent", func(s *MemStats) float64 { return s.ParentPSSMiB }, 0, false},
+		{"fork wall time, ms", func(s *MemStats) float64 { return s.ForkMS }, 0, false},
 	}
+	zero := func(s *MemStats, f func(*MemStats) float64) bool { return s == nil || f(s) == 0 }
 	for _, r := range rows {
-		if r.name == "cgroup anon+shmem per child" && (m.Clade == nil || m.Clade.CgroupPerChildMiB == 0) && (m.Baseline == nil || m.Baseline.CgroupPerChildMiB == 0) {
-			continue // no cgroup of the children's own (QEMU)
+		if r.omitZero && zero(m.Clade, r.f) && zero(m.Baseline, r.f) {
+			continue
 		}
 		fmt.Fprintf(tw, "%-28s\t%s\t%s\t%s\t\n", r.name, side(m.Clade, r.f), side(m.Baseline, r.f), rat(r.r))
 	}

@@ -229,6 +229,16 @@ func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	return s.Checkpoint(ctx, id, dir, leaveRunning)
 }
 
+// checkpointOwner is the name of the engine that claims checkpoint dir as its own.
+func (e *Engine) checkpointOwner(dir string) (string, bool) {
+	for _, n := range e.names {
+		if o, ok := e.engines[n].(CheckpointOwner); ok && o.IsCheckpoint(dir) {
+			return n, true
+		}
+	}
+	return "", false
+}
+
 // Restore implements engine.Snapshotter: the engine that claims dir
 // restores it, else spec's.
 func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (engine.Sandbox, error) {
@@ -236,11 +246,8 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (eng
 	if err != nil {
 		return nil, err
 	}
-	for _, n := range e.names {
-		if o, ok := e.engines[n].(CheckpointOwner); ok && o.IsCheckpoint(dir) {
-			name, eng = n, e.engines[n]
-			break
-		}
+	if n, ok := e.checkpointOwner(dir); ok {
+		name, eng = n, e.engines[n]
 	}
 	s, ok := eng.(engine.Snapshotter)
 	if !ok {
@@ -278,11 +285,8 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) error {
 func (e *Engine) SharesForkMemory(ctx context.Context, id, dir string) bool {
 	var eng engine.Engine
 	if dir != "" {
-		for _, n := range e.names {
-			if o, ok := e.engines[n].(CheckpointOwner); ok && o.IsCheckpoint(dir) {
-				eng = e.engines[n]
-				break
-			}
+		if n, ok := e.checkpointOwner(dir); ok {
+			eng = e.engines[n]
 		}
 	} else {
 		eng, _ = e.holder(ctx, id)

@@ -191,11 +191,20 @@ func (e *Engine) setup() error {
 	return e.setupErr
 }
 
-// IsCheckpoint reports whether dir holds a qemu checkpoint (multi.CheckpointOwner).
-func (e *Engine) IsCheckpoint(dir string) bool {
+// readSnapMeta reads a checkpoint's vm.json.
+func readSnapMeta(dir string) (snapMeta, error) {
 	var sm snapMeta
 	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
-	return err == nil && json.Unmarshal(b, &sm) == nil && sm.Format != ""
+	if err == nil {
+		err = json.Unmarshal(b, &sm)
+	}
+	return sm, err
+}
+
+// IsCheckpoint reports whether dir holds a qemu checkpoint (multi.CheckpointOwner).
+func (e *Engine) IsCheckpoint(dir string) bool {
+	sm, err := readSnapMeta(dir)
+	return err == nil && sm.Format != ""
 }
 
 // hostTSCkHz is the host's TSC frequency, for the guest's tsc_early_khz
@@ -445,9 +454,8 @@ func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) error {
 // own in /dev/shm and shares nothing.
 func (e *Engine) SharesForkMemory(_ context.Context, id, dir string) bool {
 	if dir != "" {
-		var sm snapMeta
-		b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
-		return err == nil && json.Unmarshal(b, &sm) == nil && sm.Format == "shared"
+		sm, err := readSnapMeta(dir)
+		return err == nil && sm.Format == "shared"
 	}
 	e.mu.Lock()
 	sb := e.live[id]
@@ -1019,11 +1027,7 @@ func classifyDiskErr(err error, dir string) error {
 
 // Restore implements engine.Snapshotter.
 func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ engine.Sandbox, err error) {
-	var sm snapMeta
-	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &sm)
-	}
+	sm, err := readSnapMeta(dir)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.InvalidArgument, fmt.Errorf("%s is not a qemu checkpoint: %w", dir, err))
 	}
