@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 RUNSC_VERSION := $(shell awk '$$1 == "gvisor.dev/gvisor" {print $$2}' tools/runsc/go.mod)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: help deps deps-qemu build demo test test-qemu soak bench gobench lint fmt generate clean
+.PHONY: help deps deps-test deps-qemu build demo test test-qemu soak bench gobench lint fmt generate clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -39,7 +39,14 @@ build: ## build bin/clade and bin/clade-agent (static)
 demo: deps build ## start a daemon, run Python in a sandbox, copy files in and out, clean up
 	@BIN=$(BIN) DATA_DIR=$(DATA_DIR) IMAGES_DIR=$(IMAGES_DIR) ./scripts/demo.sh
 
-test: deps ## run the whole test suite (needs root: real runsc)
+E2B_JS := internal/front/e2b/testdata/js
+
+deps-test: deps ## what the tests need beyond `deps`: the pinned E2B JS clients (npm ci, again only when the lockfile changed)
+	@command -v npm >/dev/null || (echo "npm not found: the E2B tests drive the real JS clients; install Node.js 20 and npm (apt-get install nodejs npm)"; exit 1)
+	@if [ ! -f $(E2B_JS)/node_modules/.package-lock.json ] || [ $(E2B_JS)/package-lock.json -nt $(E2B_JS)/node_modules/.package-lock.json ]; then \
+		npm ci --prefix $(E2B_JS) --no-audit --no-fund; fi
+
+test: deps-test ## run the whole test suite (needs root: real runsc); installs what it needs first
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	$(GO) test -count=1 -timeout 45m ./...

@@ -29,7 +29,7 @@ func jsDir(t testing.TB) string {
 	dir := filepath.Join(testenv.ModuleRoot(), "internal", "front", "e2b", "testdata", "js")
 	for _, m := range []string{"e2b", "e2b-2.50"} {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", m, "package.json")); err != nil {
-			t.Fatalf("the E2B SDK %s is not installed: run `npm ci` in %s (%v)", m, dir, err)
+			t.Fatalf("the E2B SDK %s is not installed in %s: run `make deps-test` (`make test` does) (%v)", m, dir, err)
 		}
 	}
 	return dir
