@@ -296,6 +296,19 @@ type Health struct {
 	Warm int `json:"warm"`
 	// Hot counts started sandboxes waiting in the hot pool.
 	Hot int `json:"hot"`
+	// Engines lists the engines this daemon has: those it runs (the
+	// default first) and those this host lacks, with what is missing.
+	Engines []EngineStatus `json:"engines,omitempty"`
+}
+
+// EngineStatus is one engine of GET /v1/health.
+type EngineStatus struct {
+	Name      string `json:"name"`
+	Default   bool   `json:"default,omitempty"`
+	Available bool   `json:"available"`
+	// Reason says, for an engine that is not available, what is missing
+	// and how to install it.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Error is the body of every 4xx and 5xx answer.

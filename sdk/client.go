@@ -30,6 +30,7 @@ type (
 	CreateSandboxRequest = api.CreateSandboxRequest
 	Image                = api.Image
 	Health               = api.Health
+	EngineStatus         = api.EngineStatus
 	ExitStatus           = api.ExitStatus
 	Snapshot             = api.Snapshot
 	ForkResult           = api.ForkResult

@@ -49,6 +49,8 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
 	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
 	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")
+	fs.StringVar(&o.QEMU, "qemu", "", "the qemu engine's `qemu-system-x86_64` binary (default: from $PATH; `make deps-qemu` installs it)")
+	fs.StringVar(&o.QEMUKernelDir, "qemu-kernel-dir", qemu.DefaultKernelDir, "`directory` of the qemu engine's guest kernel (vmlinux; `make deps-qemu` extracts it)")
 	fs.IntVar(&o.QEMUTCGCacheMiB, "qemu-tcg-cache", qemu.DefaultTCGCacheMiB, "MiB of TCG translation cache per qemu VM when it runs without KVM: private to each VM, so it is most of what a fork child holds of its own;\nsmaller runs varied commands slower (the cache refills), larger costs memory per VM (see docs/engines.md)")
 	fs.BoolVar(&o.BuildDefaultImage, "build-default-image", true, "build the default image at start if missing")
 	fs.IntVar(&o.Sandbox.DefaultMemoryMiB, "default-memory", 512, "memory limit of sandboxes that ask for none, MiB")

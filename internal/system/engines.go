@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/engine/gvisor"
 	"github.com/clade-sandbox/clade/internal/engine/multi"
@@ -22,7 +23,8 @@ var engines = map[string]func(o Options, log *slog.Logger) (engine.Engine, error
 			UpperRoot: o.upperRoot, CrashAt: o.Sandbox.CrashAt})
 	},
 	"qemu": func(o Options, log *slog.Logger) (engine.Engine, error) {
-		return qemu.New(qemu.Config{StateDir: filepath.Join(o.DataDir, "qemu"), AgentPath: o.AgentPath, Log: log, TCGCacheMiB: o.QEMUTCGCacheMiB})
+		return qemu.New(qemu.Config{StateDir: filepath.Join(o.DataDir, "qemu"), AgentPath: o.AgentPath, Log: log, TCGCacheMiB: o.QEMUTCGCacheMiB,
+			QEMU: o.QEMU, KernelDir: o.QEMUKernelDir})
 	},
 }
 
@@ -36,7 +38,18 @@ func Engines() []string {
 	return names
 }
 
-func newEngine(o Options, log *slog.Logger) (engine.Engine, error) {
+// checkpointKinds recognise an engine's checkpoints without the engine,
+// so a host that lacks it refuses their restores instead of handing them
+// to another engine.
+var checkpointKinds = map[string]func(dir string) bool{
+	"qemu": qemu.IsCheckpoint,
+}
+
+// newEngine makes the default engine and, beside it, every other engine
+// this host can run. It always answers a multi.Engine, so a sandbox that
+// names an engine this host lacks is refused with what is missing, never
+// run by another one.
+func newEngine(o Options, log *slog.Logger) (*multi.Engine, error) {
 	name := o.Engine
 	if name == "" {
 		name = "gvisor"
@@ -49,25 +62,30 @@ func newEngine(o Options, log *slog.Logger) (engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The other engines serve beside the default one (clade create
-	// --engine) when this host has what they need; one that cannot start
-	// here (e.g. no QEMU installed) is left out with a note in the log.
 	all := map[string]engine.Engine{name: def}
+	missing := map[string]multi.Missing{}
 	for _, n := range Engines() {
 		if n == name {
 			continue
 		}
 		eng, err := engines[n](o, log)
 		if err != nil {
-			log.Info("engine not available", "engine", n, "why", err)
+			log.Warn("engine not available: sandboxes asking for it are refused", "engine", n, "why", err)
+			missing[n] = multi.Missing{Why: err, IsCheckpoint: checkpointKinds[n]}
 			continue
 		}
 		all[n] = eng
 	}
-	if len(all) == 1 {
-		return def, nil
+	return multi.New(name, all, missing)
+}
+
+// engineStatuses is eng's engines as /v1/health reports them.
+func engineStatuses(eng *multi.Engine) []api.EngineStatus {
+	var out []api.EngineStatus
+	for _, st := range eng.Statuses() {
+		out = append(out, api.EngineStatus{Name: st.Name, Default: st.Default, Available: st.Available, Reason: st.Why})
 	}
-	return multi.New(name, all)
+	return out
 }
 
 // engineVersion is the engine's version for /v1/health, if it tells one.

@@ -57,6 +57,9 @@ type Options struct {
 	// QEMUTCGCacheMiB is each qemu VM's TCG translation cache
 	// (qemu.Config.TCGCacheMiB; 0 the engine's default).
 	QEMUTCGCacheMiB int
+	// QEMU is the qemu-system-x86_64 binary (empty: from $PATH) and
+	// QEMUKernelDir the guest kernel's directory (empty: qemu's default).
+	QEMU, QEMUKernelDir string
 	// BuildDefaultImage builds the default image at start if it is missing.
 	BuildDefaultImage bool
 	Sandbox           sandbox.Config
@@ -163,6 +166,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	log.Info("engines", "default", eng.Name(), "available", strings.Join(eng.Names(), ","))
 	// The versions' first reads run the engines' binaries (runsc, QEMU):
 	// in the background, so that neither the start nor the first health
 	// call waits for them.
@@ -233,7 +237,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	registerCounters(reg, mgr.Counters(), mgr)
 	var iln net.Listener
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: func() string { return engineVersion(ctx, eng) }, TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets}
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: func() string { return engineVersion(ctx, eng) }, TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets,
+		Engines: engineStatuses(eng)}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o); err != nil {
 			return err

@@ -29,10 +29,23 @@ type Holder interface {
 	Holds(id string) bool
 }
 
+// Missing is an engine this binary has but this host cannot run (QEMU
+// not installed, no guest kernel): a sandbox, snapshot or sleep image of
+// it is refused with Why, never handed to another engine.
+type Missing struct {
+	// Why says what is missing and how to install it.
+	Why error
+	// IsCheckpoint recognises the engine's checkpoint directories without
+	// the engine, so their restores are refused rather than tried by
+	// another engine. Nil: recognised by the spec's engine name only.
+	IsCheckpoint func(dir string) bool
+}
+
 // Engine dispatches to named engines.
 type Engine struct {
 	def     string
 	engines map[string]engine.Engine
+	missing map[string]Missing
 	names   []string // default first, then sorted
 
 	mu    sync.Mutex
@@ -47,11 +60,13 @@ var (
 )
 
 // New serves engines; def names the default one, which must be among them.
-func New(def string, engines map[string]engine.Engine) (*Engine, error) {
+// missing names the engines this host cannot run, each refused with its
+// reason.
+func New(def string, engines map[string]engine.Engine, missing map[string]Missing) (*Engine, error) {
 	if engines[def] == nil {
 		return nil, errors.New("multi: the default engine is not among the engines")
 	}
-	e := &Engine{def: def, engines: engines, owner: map[string]string{}}
+	e := &Engine{def: def, engines: engines, missing: missing, owner: map[string]string{}}
 	for n := range engines {
 		if n != def {
 			e.names = append(e.names, n)
@@ -71,6 +86,39 @@ func (e *Engine) Names() []string { return slices.Clone(e.names) }
 // Get returns the engine called name, or nil.
 func (e *Engine) Get(name string) engine.Engine { return e.engines[name] }
 
+// Status is one engine as the daemon reports it.
+type Status struct {
+	Name      string
+	Default   bool
+	Available bool
+	// Why says, for an engine that is not available, what is missing.
+	Why string
+}
+
+// Statuses lists the engines served (the default first) and then those
+// missing, sorted.
+func (e *Engine) Statuses() []Status {
+	out := make([]Status, 0, len(e.names)+len(e.missing))
+	for _, n := range e.names {
+		out = append(out, Status{Name: n, Default: n == e.def, Available: true})
+	}
+	miss := make([]string, 0, len(e.missing))
+	for n := range e.missing {
+		miss = append(miss, n)
+	}
+	sort.Strings(miss)
+	for _, n := range miss {
+		out = append(out, Status{Name: n, Why: e.missing[n].Why.Error()})
+	}
+	return out
+}
+
+// missingErr is the refusal of work for engine name, which this host
+// cannot run, as class cls.
+func (e *Engine) missingErr(cls errdefs.Class, name string) error {
+	return errdefs.New(cls, "the %s engine is not available on this host: %v", name, e.missing[name].Why)
+}
+
 // Version joins the engines' versions, for /v1/health.
 func (e *Engine) Version(ctx context.Context) string {
 	var parts []string
@@ -86,14 +134,20 @@ func (e *Engine) Version(ctx context.Context) string {
 	return strings.Join(parts, "; ")
 }
 
-// pick returns the engine spec names.
-func (e *Engine) pick(spec engine.Spec) (string, engine.Engine, error) {
+// pick returns the engine spec names. An engine this host lacks is
+// refused as class cls: InvalidArgument for new sandboxes (the request
+// cannot be served here), Unavailable for existing ones (installing the
+// engine makes a retry work).
+func (e *Engine) pick(spec engine.Spec, cls errdefs.Class) (string, engine.Engine, error) {
 	name := spec.Engine
 	if name == "" {
 		name = e.def
 	}
 	eng := e.engines[name]
 	if eng == nil {
+		if _, ok := e.missing[name]; ok {
+			return "", nil, e.missingErr(cls, name)
+		}
 		return "", nil, errdefs.New(errdefs.InvalidArgument, "unknown engine %q: use one of %s", name, strings.Join(e.names, ", "))
 	}
 	return name, eng, nil
@@ -143,7 +197,7 @@ func (e *Engine) evictOthers(ctx context.Context, id, name string) error {
 
 // Create implements engine.Engine.
 func (e *Engine) Create(ctx context.Context, spec engine.Spec) (engine.Sandbox, error) {
-	name, eng, err := e.pick(spec)
+	name, eng, err := e.pick(spec, errdefs.InvalidArgument)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +216,7 @@ func (e *Engine) Create(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 // id, so a daemon restarted with another --engine still finds its
 // sandboxes; the default one if none says so.
 func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, error) {
-	name, eng, err := e.pick(spec)
+	name, eng, err := e.pick(spec, errdefs.Unavailable)
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +296,12 @@ func (e *Engine) checkpointOwner(dir string) (string, bool) {
 // Restore implements engine.Snapshotter: the engine that claims dir
 // restores it, else spec's.
 func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (engine.Sandbox, error) {
-	name, eng, err := e.pick(spec)
+	for n, m := range e.missing {
+		if m.IsCheckpoint != nil && m.IsCheckpoint(dir) {
+			return nil, e.missingErr(errdefs.Unavailable, n)
+		}
+	}
+	name, eng, err := e.pick(spec, errdefs.Unavailable)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +324,7 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (eng
 
 // Prepare implements engine.Preparer.
 func (e *Engine) Prepare(ctx context.Context, spec engine.Spec) error {
-	name, eng, err := e.pick(spec)
+	name, eng, err := e.pick(spec, errdefs.InvalidArgument)
 	if err != nil {
 		return err
 	}

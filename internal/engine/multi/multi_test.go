@@ -2,6 +2,7 @@ package multi_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -29,14 +30,14 @@ func (o owner) Holds(id string) bool {
 func TestAttachFindsTheHolder(t *testing.T) {
 	a, b := fake.New(), owner{fake.New()}
 	ctx := t.Context()
-	before, err := multi.New("b", map[string]engine.Engine{"a": a, "b": b})
+	before, err := multi.New("b", map[string]engine.Engine{"a": a, "b": b}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := before.Create(ctx, engine.Spec{ID: "sb"}); err != nil {
 		t.Fatal(err)
 	}
-	after, err := multi.New("a", map[string]engine.Engine{"a": a, "b": b})
+	after, err := multi.New("a", map[string]engine.Engine{"a": a, "b": b}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestAttachFindsTheHolder(t *testing.T) {
 
 func TestDispatch(t *testing.T) {
 	a, b := fake.New(), owner{fake.New()}
-	m, err := multi.New("a", map[string]engine.Engine{"a": a, "b": b})
+	m, err := multi.New("a", map[string]engine.Engine{"a": a, "b": b}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,5 +114,44 @@ func TestDispatch(t *testing.T) {
 	}
 	if ids, _ := m.List(ctx); len(ids) != 0 {
 		t.Fatalf("after destroying everything: %v", ids)
+	}
+}
+
+// TestMissingEngineRefuses: an engine this host lacks is refused with its
+// reason at every way in (create, prepare, attach, the restore of a
+// checkpoint it wrote), never served by the default engine instead.
+func TestMissingEngineRefuses(t *testing.T) {
+	a := fake.New()
+	why := errors.New("qemu-system-x86_64 not found: run `make deps-qemu`")
+	m, err := multi.New("a", map[string]engine.Engine{"a": a},
+		map[string]multi.Missing{"vm": {Why: why, IsCheckpoint: func(dir string) bool { return strings.HasSuffix(dir, ".vm") }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	refused := func(what string, err error, cls errdefs.Class) {
+		t.Helper()
+		if !errdefs.Is(err, cls) || !strings.Contains(err.Error(), "vm engine is not available") || !strings.Contains(err.Error(), "make deps-qemu") {
+			t.Fatalf("%s: %v; want %s naming the missing part and its install command", what, err, cls)
+		}
+	}
+	_, err = m.Create(ctx, engine.Spec{ID: "c", Engine: "vm"})
+	refused("create", err, errdefs.InvalidArgument)
+	refused("prepare", m.Prepare(ctx, engine.Spec{ID: "p", Engine: "vm"}), errdefs.InvalidArgument)
+	_, err = m.Attach(ctx, engine.Spec{ID: "at", Engine: "vm"})
+	refused("attach", err, errdefs.Unavailable)
+	// A checkpoint of the missing engine, restored for a spec that names
+	// no engine (a fork child of a record made when it was the default).
+	_, err = m.Restore(ctx, engine.Spec{ID: "r"}, filepath.Join(t.TempDir(), "snap.vm"))
+	refused("restore of its checkpoint", err, errdefs.Unavailable)
+	_, err = m.Restore(ctx, engine.Spec{ID: "r2", Engine: "vm"}, t.TempDir())
+	refused("restore for a spec naming it", err, errdefs.Unavailable)
+	if ids, _ := a.List(ctx); len(ids) != 0 {
+		t.Fatalf("the default engine ran %v in place of the missing one", ids)
+	}
+	st := m.Statuses()
+	if len(st) != 2 || st[0] != (multi.Status{Name: "a", Default: true, Available: true}) ||
+		st[1].Name != "vm" || st[1].Available || st[1].Why != why.Error() {
+		t.Fatalf("statuses: %+v", st)
 	}
 }

@@ -4,6 +4,7 @@ package qemu_test
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
@@ -171,4 +172,67 @@ func TestDaemonDefaultEngineChanged(t *testing.T) {
 	if st, err := c.Exec(ctx, vm.ID, sdk.ExecRequest{Cmd: []string{"uname", "-r"}, Stdout: &out}); err != nil || st.Code != 0 || !strings.Contains(out.String(), "cloud-amd64") {
 		t.Fatalf("a new sandbox under --engine qemu: %+v %v %q, want a VM", st, err, out.String())
 	}
+}
+
+// TestEngineGoneRefuses: a qemu sandbox asleep and a qemu snapshot, on a
+// daemon restarted where QEMU is missing: wake, fork and create are
+// refused with what is missing (never restored by gVisor), the sandbox
+// stays asleep, and with QEMU back it wakes with its files.
+func TestEngineGoneRefuses(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	ctx := t.Context()
+	vm, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{MemoryMiB: 256, Engine: "qemu", Network: &sdk.Network{Mode: "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, vm.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo kept > /root/f"}}); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := c.SnapshotSandbox(ctx, vm.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Sleep(ctx, vm.ID); err != nil {
+		t.Fatal(err)
+	}
+	d.Stop()
+	d.SetArgs("--qemu", "/nonexistent/qemu-system-x86_64")
+	d.Start(nil)
+	refused := func(what string, err error) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), "qemu engine is not available") || !strings.Contains(err.Error(), "make deps-qemu") {
+			t.Fatalf("%s without QEMU: %v; want a refusal naming the missing part and `make deps-qemu`", what, err)
+		}
+	}
+	_, err = c.Wake(ctx, vm.ID)
+	refused("wake", err)
+	if sb, err := c.GetSandbox(ctx, vm.ID); err != nil || sb.State != "sleeping" {
+		t.Fatalf("after the refused wake: %+v, %v; want it still sleeping", sb, err)
+	}
+	if res, ferr := c.Fork(ctx, snap.ID, 1); ferr == nil {
+		for _, ch := range res.Children {
+			refused("fork child", errorString(ch.Error))
+		}
+	} else {
+		refused("fork", ferr)
+	}
+	_, err = c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Engine: "qemu"})
+	refused("create", err)
+	d.Stop()
+	d.SetArgs("--qemu", "")
+	d.Start(nil)
+	var out bytes.Buffer
+	if st, err := c.Exec(ctx, vm.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; uname -r"}, Stdout: &out}); err != nil || st.Code != 0 ||
+		!strings.HasPrefix(out.String(), "kept\n") || !strings.Contains(out.String(), "cloud-amd64") {
+		t.Fatalf("with QEMU back, exec (wakes it): %+v %v %q", st, err, out.String())
+	}
+}
+
+// errorString is s as an error, nil when empty.
+func errorString(s string) error {
+	if s == "" {
+		return nil
+	}
+	return errors.New(s)
 }

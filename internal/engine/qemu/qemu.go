@@ -148,6 +148,8 @@ func New(cfg Config) (*Engine, error) {
 			return nil, errors.New("qemu-system-x86_64 not found: run `make deps-qemu` (apt-get install qemu-system-x86)")
 		}
 		cfg.QEMU = p
+	} else if st, err := os.Stat(cfg.QEMU); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return nil, fmt.Errorf("qemu binary %s not found or not executable: run `make deps-qemu` (apt-get install qemu-system-x86) or set --qemu", cfg.QEMU)
 	}
 	vmlinux := filepath.Join(cfg.KernelDir, "vmlinux")
 	if _, err := os.Stat(vmlinux); err != nil {
@@ -202,7 +204,12 @@ func readSnapMeta(dir string) (snapMeta, error) {
 }
 
 // IsCheckpoint reports whether dir holds a qemu checkpoint (multi.CheckpointOwner).
-func (e *Engine) IsCheckpoint(dir string) bool {
+func (e *Engine) IsCheckpoint(dir string) bool { return IsCheckpoint(dir) }
+
+// IsCheckpoint tells whether dir holds a qemu checkpoint (its vm.json),
+// without an engine: a daemon on a host without QEMU recognises, and
+// refuses, the restore of one.
+func IsCheckpoint(dir string) bool {
 	sm, err := readSnapMeta(dir)
 	return err == nil && sm.Format != ""
 }

@@ -45,6 +45,8 @@ type Config struct {
 	Volumes *volume.Manager
 	// Secrets manages sealed secrets; nil when the daemon has none.
 	Secrets *secret.Manager
+	// Engines lists the daemon's engines for /v1/health.
+	Engines []api.EngineStatus
 }
 
 // Server is the HTTP API.
@@ -254,7 +256,7 @@ func (s *Server) engineVersion() string {
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), EngineVersion: s.engineVersion(), Warm: s.mgr.Warm(), Hot: s.mgr.Hot()})
+	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), EngineVersion: s.engineVersion(), Warm: s.mgr.Warm(), Hot: s.mgr.Hot(), Engines: s.cfg.Engines})
 	return nil
 }
 
