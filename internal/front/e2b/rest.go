@@ -485,12 +485,25 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		if sb, err = s.mgr.SetTimeout(r.Context(), id, d, ""); err != nil {
-			return err
+		if extends(sb, time.Now().Add(d)) {
+			if sb, err = s.mgr.SetTimeout(r.Context(), id, d, ""); err != nil {
+				return err
+			}
 		}
 	}
 	writeJSON(w, status, s.sandboxBody(sb))
 	return nil
+}
+
+// extends tells whether an end at end would be later than sb's: E2B's
+// connect only ever extends a sandbox's time (older SDKs send 300 s on
+// every connect). A sandbox without an end keeps none; one whose timer
+// is not running (asleep) gets the new end.
+func extends(sb store.Sandbox, end time.Time) bool {
+	if sb.Opts.ExpiresAt != nil {
+		return end.After(*sb.Opts.ExpiresAt)
+	}
+	return sb.Opts.TimeoutMS > 0
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {

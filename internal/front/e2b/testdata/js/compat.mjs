@@ -178,6 +178,18 @@ try {
   assert.ok(metrics.length >= 1 && metrics[0].memTotal > 0 && metrics[0].cpuCount > 0, JSON.stringify(metrics))
   ok('setTimeout, getInfo, list with a metadata filter, getMetrics')
 
+  // connect() only ever extends the timeout, as E2B's does: a reconnect
+  // with a short timeout (older SDKs send 300 s on every connect) keeps a
+  // longer end; a longer one moves it out.
+  await sbx.setTimeout(3_600_000)
+  await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60_000 })
+  let end = (await sbx.getInfo()).endAt.getTime() - Date.now()
+  assert.ok(end > 3_500_000, `a connect with 60 s cut the 1 h timeout to ${end} ms`)
+  await Sandbox.connect(sbx.sandboxId, { timeoutMs: 7_200_000 })
+  end = (await sbx.getInfo()).endAt.getTime() - Date.now()
+  assert.ok(end > 7_100_000 && end <= 7_201_000, `a connect with 2 h left ${end} ms`)
+  ok('connect extends the timeout, never shortens it')
+
   // Pause (clade sleep) and resume (wake): the files are still there.
   assert.equal(await sbx.pause(), true)
   si = await Sandbox.getInfo(sbx.sandboxId)
