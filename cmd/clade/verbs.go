@@ -424,7 +424,9 @@ func newCopyCmd() *cobra.Command {
 		Short: "Copy files between the host and a sandbox",
 		Long: "Copies files between the host and a sandbox; one of SRC and DST is ID:PATH\n" +
 			"with an absolute PATH. Directories copy recursively. If DST is an existing\n" +
-			"directory SRC is copied into it, else SRC is copied as DST. As in docker cp,\n" +
+			"directory SRC is copied into it, else SRC is copied as DST. On the host a\n" +
+			"symlink DST is replaced, not followed (a sandbox may have made it): end DST\n" +
+			"with / to copy into the directory it points to. As in docker cp,\n" +
 			"- as DST writes a tar archive of SRC to stdout, and - as SRC reads a tar\n" +
 			"archive from stdin and unpacks it into the sandbox directory DST.",
 		Example: "  clade cp ./src box:/work/\n  clade cp box:/work/out.csv .\n" +
@@ -482,14 +484,25 @@ func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 		if err != nil {
 			return err
 		}
+		// The sandbox chooses what lands at DST (a symlink to any host
+		// directory, say), so DST is not followed unless the user asks
+		// with a trailing slash, and the archive may hold nothing but
+		// SRC's base name: see tarx.ExtractTo.
+		stat, top := os.Lstat, path.Base(path.Clean(spath))
+		if strings.HasSuffix(dpath, "/") && abs != "/" {
+			stat, abs = os.Stat, abs+"/"
+		}
+		if top == "/" {
+			top = "" // an archive of / holds its children
+		}
 		// What the copy makes: DST, or the source's base name inside an
 		// existing directory DST. A failed copy removes it if it is new.
-		made := abs
-		if fi, err := os.Stat(abs); err == nil && fi.IsDir() {
-			made = filepath.Join(abs, path.Base(spath))
+		made := filepath.Clean(abs)
+		if fi, err := stat(made); err == nil && fi.IsDir() {
+			made = filepath.Join(made, top)
 		}
 		_, existed := os.Lstat(made)
-		if err := tarx.ExtractTo(abs, rc, tarx.Options{}); err != nil {
+		if err := tarx.ExtractTo(abs, rc, tarx.Options{Top: top}); err != nil {
 			if existed != nil {
 				err = errors.Join(err, os.RemoveAll(made))
 			}

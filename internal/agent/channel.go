@@ -510,10 +510,12 @@ func (ch *channel) tarPut() wire.ExitMsg {
 	if ch.stdin == nil {
 		return errExit(errdefs.New(errdefs.InvalidArgument, "tar-put needs stdin"))
 	}
-	// Entries are counted as they come, each before it is extracted.
+	// Entries are counted as they come, each before it is extracted. A
+	// symlink at the destination is followed: inside the sandbox it can
+	// only lead to the sandbox's own files.
 	limit := maxUploadEntries(memTotal("/proc/meminfo"))
 	var limitErr error
-	err := tarx.ExtractTo(ch.req.Path, ch.stdin, tarx.Options{Chown: true, Limit: func(n int) error {
+	err := tarx.ExtractTo(ch.req.Path, ch.stdin, tarx.Options{Chown: true, FollowDest: true, Limit: func(n int) error {
 		if n <= limit {
 			return nil
 		}

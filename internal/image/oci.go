@@ -238,6 +238,15 @@ func (s *Store) Import(ctx context.Context, p string, opts ImportOptions) (Image
 		// Docker 25 and later write both: manifest.json is the sure one.
 		return s.importDockerSave(ctx, abs, src, hdrs, opts)
 	case hdrs["index.json"] != nil:
+		// The layout is read from disk once extracted, and the reader
+		// follows symlinks at index.json and above the blobs: blobs/ as a
+		// link to a host directory would read the host's blobs (other
+		// clients' images, by digest) into this one. A layout needs none.
+		for n, h := range hdrs {
+			if h.Typeflag == tar.TypeSymlink {
+				return Image{}, errdefs.New(errdefs.InvalidArgument, "%s: OCI layout entry %.256q is a symlink: a layout has only files and directories", src, n)
+			}
+		}
 		tmp, err := s.begin("layout")
 		if err != nil {
 			return Image{}, err

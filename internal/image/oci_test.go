@@ -735,6 +735,37 @@ func TestImportLayout(t *testing.T) {
 		assertClean(t, s, got.Name)
 	})
 
+	// A layout's reader refuses a blob that is a symlink but follows
+	// index.json and the directories above the blobs: a tar whose blobs/
+	// is a link to a host directory would read the host's blobs (another
+	// client's images, by digest) into this one.
+	t.Run("tar with a symlink", func(t *testing.T) {
+		host, cp := t.TempDir(), filepath.Join(t.TempDir(), "layout")
+		if err := os.CopyFS(cp, os.DirFS(dir)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(cp, "blobs"), filepath.Join(host, "blobs")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join(host, "blobs"), filepath.Join(cp, "blobs")); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(t.TempDir(), "layout.tar")
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tarx.Create(f, cp, "."); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		s := newTestStore(t)
+		if got, err := s.Import(t.Context(), p, ImportOptions{Name: "linked"}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "symlink") {
+			t.Fatalf("import of a layout tar with a symlinked blobs/: %+v, %v; want an InvalidArgument error naming the symlink", got, err)
+		}
+		assertClean(t, s)
+	})
+
 	t.Run("containerd name", func(t *testing.T) {
 		dir := t.TempDir()
 		lp, _ := layout.Write(dir, empty.Index)

@@ -35,19 +35,41 @@ func Extract(root string, r io.Reader, opts Options) error {
 }
 
 // ExtractTo extracts r with `docker cp` semantics for the destination dest.
-// If dest is an existing directory, the archive is extracted into it.
-// Otherwise every entry must share one top-level name, which is renamed to
-// filepath.Base(dest) and extracted into filepath.Dir(dest); a second
-// top-level name is an InvalidArgument error, found only once the entries
-// before it are extracted. A missing parent directory is a NotFound error.
-// Extraction is as safe as Extract's, with filepath.Dir(dest) as the root.
+// If dest is an existing directory, the archive is extracted into it, with
+// every entry under opts.Top if that is set. Otherwise every entry must
+// share one top-level name, which is renamed to filepath.Base(dest) and
+// extracted into filepath.Dir(dest); a second top-level name is an
+// InvalidArgument error, found only once the entries before it are
+// extracted. A missing parent directory is a NotFound error. Extraction is
+// as safe as Extract's, with filepath.Dir(dest) as the root.
+//
+// dest's parents are the caller's and are followed; dest itself is not,
+// unless opts.FollowDest is set: a symlink at dest is replaced like any
+// other non-directory, so whatever a copy made at dest, repeating the copy
+// writes only there again. A dest ending in a slash asks for the
+// directory it names, a symlink to one included: it must exist (NotFound)
+// and be a directory (InvalidArgument), so that form never makes dest
+// either.
 func ExtractTo(dest string, r io.Reader, opts Options) error {
 	if dest == "" {
 		return errdefs.New(errdefs.InvalidArgument, "empty destination path")
 	}
+	slash := strings.HasSuffix(dest, "/") && !opts.FollowDest
 	dest = filepath.Clean(dest)
-	if fi, err := os.Stat(dest); err == nil && fi.IsDir() {
-		return Extract(dest, r, opts)
+	stat := os.Lstat
+	if slash || opts.FollowDest {
+		stat = os.Stat
+	}
+	fi, err := stat(dest)
+	switch {
+	case err == nil && fi.IsDir():
+		return extract(dest, r, opts, under(opts.Top))
+	case slash && errors.Is(err, fs.ErrNotExist):
+		return errdefs.New(errdefs.NotFound, "directory %s does not exist: create it first, or leave out the trailing slash to copy as %s", dest, dest)
+	case slash && err == nil:
+		return errdefs.New(errdefs.InvalidArgument, "%s is not a directory: leave out the trailing slash to replace it", dest)
+	case slash:
+		return err
 	}
 	parent, base := filepath.Dir(dest), filepath.Base(dest)
 	switch fi, err := os.Stat(parent); {
@@ -89,6 +111,19 @@ type copyPolicy struct {
 	// need not Lstat every component of every entry. Removed evicts a
 	// directory that goes.
 	dirs map[string]bool
+}
+
+// under returns a rename that refuses names outside top ("" allows any).
+func under(top string) func(string) (string, error) {
+	if top == "" {
+		return nil
+	}
+	return func(name string) (string, error) {
+		if first, _, _ := strings.Cut(name, "/"); first != top && name != "." {
+			return "", invalid("outside %.256q, the name of what was copied", top)
+		}
+		return name, nil
+	}
 }
 
 func extract(dir string, r io.Reader, opts Options, rename func(string) (string, error)) error {

@@ -27,4 +27,17 @@ type Options struct {
 	// the entry is extracted; an error it returns ends the extraction as
 	// it is (what came before stays).
 	Limit func(n int) error
+	// FollowDest makes ExtractTo treat a symlink at its destination as the
+	// directory it points to, as `docker cp` does. Leave it unset wherever
+	// an earlier extraction from the same untrusted source may have made
+	// that symlink (a copy out of a sandbox onto the host): a first copy
+	// could plant the destination as a link to any directory and a second
+	// one would then write there. Inside a sandbox, which is its own
+	// boundary, the agent sets it.
+	FollowDest bool
+	// Top, when set, is the one top-level name ExtractTo accepts when it
+	// extracts into an existing directory: the base name of what was
+	// copied, so a copy of box:/out into ~ can only make ~/out, never
+	// ~/.bashrc. A name outside it is an InvalidArgument error.
+	Top string
 }
