@@ -207,7 +207,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		}
 		timeout = d
 	}
-	creq.Opts.TimeoutMS = timeout.Milliseconds()
+	// The clock runs from when the sandbox is ready (as E2B's does), so it
+	// is set again after the user setup below; until then the sandbox
+	// holds at least setupGrace, so that a short timeout on a loaded host
+	// cannot end it (or put it to sleep) in the middle of its setup.
+	creq.Opts.TimeoutMS = max(timeout, setupGrace).Milliseconds()
 	creq.Opts.OnTimeout = sandbox.OnTimeoutRemove
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.Opts.OnTimeout = sandbox.OnTimeoutSleep
@@ -234,6 +238,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	s.prepareUser(r.Context(), sb.ID)
+	if sb, err = s.mgr.SetTimeout(r.Context(), sb.ID, timeout, ""); err != nil {
+		return err
+	}
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb))
 	return nil
 }
@@ -259,6 +266,10 @@ func (s *Server) resolveTemplate(ctx context.Context, t string, creq *sandbox.Cr
 	creq.Image = t
 	return nil
 }
+
+// setupGrace is the least time a new sandbox is given for its setup
+// before its own timeout starts.
+const setupGrace = time.Minute
 
 // userSetup gives the sandbox what E2B code assumes: a user `user` (uid
 // 1000) with home /home/user and /bin/bash. It writes the account files
