@@ -2,6 +2,10 @@ package httpapi_test
 
 import (
 	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,5 +94,43 @@ func TestRestartWithAFrozenAgent(t *testing.T) {
 			t.Fatalf("exec once its agent runs again: %+v, want it reattached", r)
 		}
 		time.Sleep(200 * time.Millisecond) // polling until the retry lands
+	}
+}
+
+// TestRestartResumesAPausedSandbox: a sandbox paused in the engine (runsc
+// pause: its tasks and clock stopped) by a daemon killed before it
+// resumed it never ran again: the restart took it for gone, and stopped
+// it. The restart must resume it: exec works and its clock moves.
+func TestRestartResumesAPausedSandbox(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})
+	if r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo before > /root/f"}}); r.err != nil {
+		t.Fatalf("exec: %+v", r)
+	}
+	root := filepath.Join(d.DataDir, "gvisor", "runsc")
+	runsc := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(testenv.Runsc(t), append([]string{"--root", root}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("runsc %v: %v: %s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	ids := strings.Fields(runsc("list", "-quiet"))
+	if len(ids) != 1 {
+		t.Fatalf("runsc lists %q, want the one sandbox", ids)
+	}
+	runsc("pause", ids[0])
+	d.Kill()
+	d.Start(nil)
+	r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; date +%s%N; sleep 0.2; date +%s%N"}})
+	var before string
+	var a, b int64
+	if r.err != nil {
+		t.Fatalf("exec after the restart: %v, want the paused sandbox resumed", r.err)
+	}
+	if _, err := fmt.Sscan(r.stdout, &before, &a, &b); err != nil || before != "before" || b-a < int64(150*time.Millisecond) {
+		t.Fatalf("exec after the restart: %q (%v), want the file written before and a clock that moves", r.stdout, err)
 	}
 }
