@@ -70,7 +70,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 					m.log.Info("reconcile: destroying the leftover engine sandbox of a sleeping sandbox", "sandbox", rec.ID, "engine_sandbox", rec.Engine())
 					addErr(m.eng.Destroy(ctx, rec.Engine()))
 				}
-				err := m.reconcileLocked(ctx, rec)
+				err := m.reconcileLocked(ctx, rec, firstAttachWait)
 				if worthRetry(err) {
 					emu.Lock()
 					unsettled = append(unsettled, rec.ID)
@@ -120,6 +120,15 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 // reconcileParallel is how many sandboxes Reconcile settles at once.
 func reconcileParallel() int { return max(16, 4*runtime.NumCPU()) }
 
+// firstAttachWait bounds Reconcile's attach of a running sandbox (and of
+// one whose sleep was cut short), which the daemon's API waits for. A
+// healthy agent redials within 250 ms; one that does not answer in this
+// long (a frozen agent, `kill -STOP 1` inside; a host too loaded) is
+// left to settle, which waits for it in the background, its lock free.
+// The engine's own wait (30 s) per batch of reconcileParallel used to hold
+// the API that long for every frozen agent.
+var firstAttachWait = 5 * time.Second
+
 // settleLater starts settle, under the service's context, for those of
 // ids no settle retries yet. It may be called with a sandbox's lock held
 // (deleteRecord), and from settle itself (through destroyLocked): one
@@ -168,33 +177,98 @@ func (m *Manager) settle(ctx context.Context, ids []string) {
 			return
 		case <-t.C:
 		}
-		var left []string
+		var (
+			left []string
+			lmu  sync.Mutex
+			wg   sync.WaitGroup
+		)
+		// At once: one sandbox whose agent does not answer must not keep
+		// the others waiting for its attach to give up.
+		sem := make(chan struct{}, reconcileParallel())
 		for _, id := range ids {
-			unlock := m.locks.lock(id)
-			rec, err := m.store.GetSandbox(ctx, id)
-			m.mu.Lock()
-			_, live := m.live[id]
-			m.mu.Unlock()
-			if err == nil && (inBetween(rec.State) || rec.State == store.StateRunning && !live) {
-				// Nothing else runs on it (its lock is ours): the state is
-				// the one the restart left.
-				err = m.reconcileLocked(ctx, rec)
-			}
-			unlock()
-			switch {
-			case worthRetry(err):
-				left = append(left, id)
-			case err != nil && !errdefs.IsNotFound(err):
-				m.log.Error("reconcile: settling a sandbox", "sandbox", id, "err", err)
-			}
-			if !worthRetry(err) {
-				m.mu.Lock()
-				delete(m.settling, id)
-				m.mu.Unlock()
-			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				err := m.settleOne(ctx, id)
+				switch {
+				case worthRetry(err):
+					lmu.Lock()
+					left = append(left, id)
+					lmu.Unlock()
+				case err != nil && !errdefs.IsNotFound(err):
+					m.log.Error("reconcile: settling a sandbox", "sandbox", id, "err", err)
+				}
+				if !worthRetry(err) {
+					m.mu.Lock()
+					delete(m.settling, id)
+					m.mu.Unlock()
+				}
+			}()
 		}
+		wg.Wait()
 		ids = left
 	}
+}
+
+// settleOne tries once more to settle sandbox id (see settle).
+func (m *Manager) settleOne(ctx context.Context, id string) error {
+	unlock := m.locks.lock(id)
+	rec, err := m.store.GetSandbox(ctx, id)
+	if err != nil {
+		unlock()
+		return err
+	}
+	if rec.State == store.StateRunning && !m.isLive(id) && m.cutSnapshot(ctx, rec) == nil {
+		unlock()
+		return m.reattach(ctx, rec)
+	}
+	defer unlock()
+	if inBetween(rec.State) || rec.State == store.StateRunning && !m.isLive(id) {
+		// Nothing else runs on it (its lock is ours): the state is the
+		// one the restart left.
+		return m.reconcileLocked(ctx, rec, 0)
+	}
+	return nil
+}
+
+// reattach attaches a running sandbox a restart could not reach, without
+// its lock: the attach may wait long for an agent that does not answer (a
+// frozen one), and requests to the sandbox must meanwhile get their
+// "retry" at once, and a removal go ahead. Its lock is taken for the
+// outcome: the attach is kept only if the sandbox is still running and
+// unattached (a removal meanwhile destroyed the engine sandbox, ending
+// the attach); a failure other than a retryable one is settled by
+// reconcileLocked as at a restart.
+func (m *Manager) reattach(ctx context.Context, rec store.Sandbox) error {
+	sb, aerr := m.attach(ctx, rec)
+	if worthRetry(aerr) {
+		return aerr
+	}
+	unlock := m.locks.lock(rec.ID)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, rec.ID)
+	if err != nil {
+		return err
+	}
+	if cur.State != store.StateRunning || m.isLive(rec.ID) {
+		return nil // settled meanwhile
+	}
+	if aerr != nil {
+		return m.reconcileLocked(ctx, cur, 0)
+	}
+	m.track(rec.ID, sb)
+	m.log.Info("reconcile: reattached", "sandbox", rec.ID)
+	return nil
+}
+
+// isLive says whether sandbox id has a live engine sandbox.
+func (m *Manager) isLive(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, live := m.live[id]
+	return live
 }
 
 // inBetween says whether a sandbox in state is mid-way between two others.
@@ -206,8 +280,11 @@ func inBetween(state string) bool {
 	return false
 }
 
-// reconcileLocked settles one sandbox after a restart. Guarded by rec's lock.
-func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error {
+// reconcileLocked settles one sandbox after a restart. wait, if not zero,
+// bounds the attach of a sandbox that may run on (running, or a sleep cut
+// short): one that does not answer in that long is Unavailable, for
+// settle to retry. Guarded by rec's lock.
+func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait time.Duration) error {
 	switch rec.State {
 	case store.StateCreating, store.StateDestroying:
 		m.log.Info("reconcile: removing half-done sandbox", "sandbox", rec.ID, "state", rec.State)
@@ -226,7 +303,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 			_ = m.eng.Destroy(ctx, rec.Engine())
 			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
-		sb, err := m.attach(ctx, rec)
+		sb, err := m.attachWithin(ctx, rec, wait)
 		if worthRetry(err) {
 			// It may well run (no room for its agent socket), or runs but
 			// did not answer in time: settle retries. Destroying it would
@@ -279,7 +356,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox) error 
 			_ = m.eng.Destroy(ctx, rec.Engine())
 			return m.reconcileCutSnapshotLocked(ctx, rec, *cut)
 		}
-		sb, err := m.attach(ctx, rec)
+		sb, err := m.attachWithin(ctx, rec, wait)
 		if errdefs.Is(err, errdefs.ResourceExhausted) {
 			return err // it may well run: settle retries once there is room
 		}
@@ -391,6 +468,17 @@ func (m *Manager) attach(ctx context.Context, rec store.Sandbox) (engine.Sandbox
 	}
 	sb, err := m.eng.Attach(ctx, m.spec(rec, img))
 	return sb, unavailableIfEnded(ctx, err)
+}
+
+// attachWithin is attach bounded by wait, if not zero; an attach that
+// runs out of it is Unavailable.
+func (m *Manager) attachWithin(ctx context.Context, rec store.Sandbox, wait time.Duration) (engine.Sandbox, error) {
+	if wait <= 0 {
+		return m.attach(ctx, rec)
+	}
+	actx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return m.attach(actx, rec)
 }
 
 // unavailableIfEnded classes err Unavailable when ctx has ended.

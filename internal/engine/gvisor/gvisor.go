@@ -886,11 +886,29 @@ func (e *Engine) statePID(ctx context.Context, id string) int {
 	return st.PID
 }
 
-// Attach implements engine.Engine.
+// Attach implements engine.Engine. A sandbox it finds paused (runsc's
+// "paused") or frozen (its cgroup's freezer) is thawed first: the daemon
+// never leaves a sandbox of a running record so, but one killed between a
+// pause and its resume would, and the sandbox would never run again (its
+// agent never redials, its clock stands still).
 func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, error) {
+	// Before `runsc state`, which waits without end for a frozen sandbox
+	// process.
+	if thawed, err := thawCgroup(spec.ID); err != nil {
+		return nil, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("sandbox %s: thaw its cgroup: %w", spec.ID, err))
+	} else if thawed {
+		e.cfg.Log.Warn("attach: thawed a sandbox whose cgroup was frozen", "sandbox", spec.ID)
+	}
 	st, err := e.state(ctx, spec.ID)
 	if err != nil {
 		return nil, err
+	}
+	if st.Status == "paused" {
+		if err := e.runsc(ctx, spec.ID, "resume", spec.ID); err != nil {
+			return nil, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("sandbox %s is paused and did not resume: %w", spec.ID, err))
+		}
+		e.cfg.Log.Warn("attach: resumed a paused sandbox", "sandbox", spec.ID)
+		st.Status = "running"
 	}
 	if st.Status != "running" {
 		return nil, errdefs.New(errdefs.NotFound, "sandbox %s is %s, not running", spec.ID, st.Status)
@@ -920,6 +938,33 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	return sb, nil
 }
 
+// thawCgroup undoes a freeze of sandbox id's cgroup (/clade/ID: the v1
+// freezer's freezer.state, v2's cgroup.freeze) and says whether there was
+// one. A cgroup that does not exist has nothing to thaw.
+func thawCgroup(id string) (bool, error) {
+	cg := cgroupsOnce()
+	path, thawed := "", ""
+	switch {
+	case cg.freeze != "":
+		path, thawed = filepath.Join(cg.freeze, "clade", id, "freezer.state"), "THAWED"
+	case cg.v2 != "":
+		path, thawed = filepath.Join(cg.v2, "clade", id, "cgroup.freeze"), "0"
+	default:
+		return false, nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if cur := strings.TrimSpace(string(b)); cur == thawed || cur == "" {
+		return false, nil
+	}
+	return true, os.WriteFile(path, []byte(thawed), 0)
+}
+
 // deleteWait bounds `runsc delete --force` in Destroy.
 var deleteWait = 30 * time.Second
 
@@ -943,6 +988,11 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 		delete(e.disk, id)
 		e.mu.Unlock()
 	}()
+	// A frozen cgroup's processes do not die of SIGKILL (cgroup v1) until
+	// it is thawed.
+	if _, err := thawCgroup(id); err != nil {
+		e.cfg.Log.Warn("destroy: thawing the sandbox's cgroup", "sandbox", id, "err", err)
+	}
 	dir := e.dir(id)
 	if !fileExists(dir) {
 		e.killProcesses(dir + "/")

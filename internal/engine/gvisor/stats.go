@@ -76,8 +76,8 @@ func (e *Engine) pids(ctx context.Context, id string) (int, error) {
 
 // cgroupMounts says where the cgroup controllers clade reads are mounted.
 type cgroupMounts struct {
-	v2              string // the unified hierarchy, when it is the only one
-	cpuacct, memory string // cgroup v1 controllers
+	v2                      string // the unified hierarchy, when it is the only one
+	cpuacct, memory, freeze string // cgroup v1 controllers (freeze: the freezer)
 }
 
 var cgroupsOnce = sync.OnceValue(func() cgroupMounts {
@@ -108,6 +108,8 @@ var cgroupsOnce = sync.OnceValue(func() cgroupMounts {
 					cg.cpuacct = mnt
 				case "memory":
 					cg.memory = mnt
+				case "freezer":
+					cg.freeze = mnt
 				}
 			}
 		}
