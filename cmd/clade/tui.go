@@ -14,7 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	tea "github.com/charmbracelet/bubbletea"
+	tea "charm.land/bubbletea/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/clade-sandbox/clade/sdk"
@@ -46,7 +46,7 @@ func newTUICmd() *cobra.Command {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel() // ends the events stream when the program quits
 		m := &tuiModel{c: c, ctx: ctx, interval: *interval, width: 80, height: 24, stats: map[string]sdk.SandboxStats{}, cpu: map[string]float64{}}
-		p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
+		p := tea.NewProgram(m, tea.WithContext(ctx))
 		_, err = p.Run()
 		if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
 			return nil
@@ -272,18 +272,10 @@ func (m *tuiModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 			m.status = msg.text
 		}
 		return m, m.refreshNow()
-	case tea.KeyMsg:
-		if msg.Type != tea.KeyRunes || len(msg.Runes) < 2 || msg.Paste {
-			return m.key(msg)
-		}
-		// Keys typed faster than the screen reads them come as one
-		// message: take them one at a time.
-		var cmds []tea.Cmd
-		for _, r := range msg.Runes {
-			_, cmd := m.key(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune{r}})
-			cmds = append(cmds, cmd)
-		}
-		return m, tea.Batch(cmds...)
+	case tea.KeyPressMsg:
+		// Keys typed faster than the screen reads them come one message
+		// each; a paste is a tea.PasteMsg, which no key takes.
+		return m.key(msg)
 	}
 	return m, nil
 }
@@ -345,7 +337,7 @@ func (m *tuiModel) ids() []string {
 	return ids
 }
 
-func (m *tuiModel) key(k tea.KeyMsg) (tea.Model, tea.Cmd) {
+func (m *tuiModel) key(k tea.KeyPressMsg) (tea.Model, tea.Cmd) {
 	key := k.String()
 	if key == "ctrl+c" {
 		return m, tea.Quit
@@ -574,7 +566,7 @@ func short(id string) string {
 	return id
 }
 
-func (m *tuiModel) View() string {
+func (m *tuiModel) View() tea.View {
 	w, h := max(m.width, 20), max(m.height, 6)
 	var lines []string
 	add := func(s string) { lines = append(lines, fit(s, w)) }
@@ -612,7 +604,7 @@ func (m *tuiModel) View() string {
 			"anywhere:", "  r  refresh now   ?  this help   q  quit", "", "press any key"} {
 			add(l)
 		}
-		return strings.Join(pad(lines, h), "\n")
+		return tuiView(strings.Join(pad(lines, h), "\n"))
 	}
 	var header string
 	var rows []string
@@ -679,7 +671,15 @@ func (m *tuiModel) View() string {
 		keys = "↑↓ move  f fork  d remove  tab sandboxes  ? help  q quit"
 	}
 	lines = append(lines, fit(keys, w))
-	return strings.Join(lines, "\n")
+	return tuiView(strings.Join(lines, "\n"))
+}
+
+// tuiView is the screen with content, on the alternate screen so the
+// shell's scrollback is left as it was.
+func tuiView(content string) tea.View {
+	v := tea.NewView(content)
+	v.AltScreen = true
+	return v
 }
 
 // fit cuts s to w columns (runes: the table is ASCII but for a few marks).
