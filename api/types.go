@@ -52,7 +52,8 @@ type Sandbox struct {
 
 // Network is a sandbox's network: its mode, its egress policy and, while
 // it runs with a network of its own, its address. It is also the body of
-// PUT /v1/sandboxes/{id}/network, which replaces the policy.
+// PUT /v1/sandboxes/{id}/network, which replaces the policy (PATCH with a
+// NetworkChange edits it).
 type Network struct {
 	// Mode is "internet" (an address of its own, egress under the policy)
 	// or "none" (loopback only).
@@ -66,6 +67,20 @@ type Network struct {
 	Deny  []string `json:"deny,omitempty"`
 	// Address is the sandbox's own IPv4 address (read only).
 	Address string `json:"address,omitempty"`
+}
+
+// NetworkChange is the body of PATCH /v1/sandboxes/{id}/network: rules to
+// add to and remove from a sandbox's egress policy, the others kept.
+// Rules compare in canonical form; removals apply first, and removing a
+// rule the policy does not hold changes nothing. Egress, when given,
+// replaces the policy's default; omitted, it stays (removing the last
+// allow rule of an allowlist leaves nothing allowed).
+type NetworkChange struct {
+	Egress      string   `json:"egress,omitempty"`
+	AddAllow    []string `json:"add_allow,omitempty"`
+	RemoveAllow []string `json:"remove_allow,omitempty"`
+	AddDeny     []string `json:"add_deny,omitempty"`
+	RemoveDeny  []string `json:"remove_deny,omitempty"`
 }
 
 // Ingress is how a sandbox's ports are reached through the daemon's

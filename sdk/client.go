@@ -36,6 +36,7 @@ type (
 	ForkResult           = api.ForkResult
 	ForkChild            = api.ForkChild
 	Network              = api.Network
+	NetworkChange        = api.NetworkChange
 )
 
 // DefaultSocket is where the daemon listens by default.
@@ -272,6 +273,15 @@ func (c *Client) GetSandbox(ctx context.Context, ref string) (Sandbox, error) {
 func (c *Client) SetNetwork(ctx context.Context, ref string, n Network) (Sandbox, error) {
 	var sb Sandbox
 	return sb, c.call(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(ref)+"/network", n, &sb)
+}
+
+// ChangeNetwork adds rules to and removes rules from a sandbox's egress
+// policy, keeping the others (see NetworkChange), and returns the sandbox.
+// The daemon reads and writes the policy under the sandbox's lock, so
+// concurrent changes all apply.
+func (c *Client) ChangeNetwork(ctx context.Context, ref string, ch NetworkChange) (Sandbox, error) {
+	var sb Sandbox
+	return sb, c.call(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(ref)+"/network", ch, &sb)
 }
 
 // ListSandboxes returns every sandbox.

@@ -234,23 +234,41 @@ func (p *policyFlagSet) network() sdk.Network {
 func newNetworkCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "network ID [flags]",
-		Short: "Show or replace a sandbox's egress policy",
+		Short: "Show, replace or change a sandbox's egress policy",
 		Long: "Without flags prints the sandbox's network (mode, policy, address) as JSON.\n" +
-			"With flags replaces its egress policy: what is not given takes the default\n" +
-			"(egress allow, no rules). A running sandbox follows it at once.",
-		Example:           "  clade network box --egress deny --allow github.com --allow 10.0.0.0/8",
+			"--allow, --deny and --egress REPLACE the whole egress policy: what is not given\n" +
+			"takes the default (egress allow, no rules), so `--allow x` drops every other rule.\n" +
+			"--add-allow, --remove-allow, --add-deny and --remove-deny change only the rules\n" +
+			"they name and keep the others (with them, --egress sets just the default); the\n" +
+			"daemon applies the change under the sandbox's lock. Removing the last allow rule\n" +
+			"leaves egress deny: nothing allowed. A running sandbox follows at once.",
+		Example: "  clade network box --egress deny --allow github.com --allow 10.0.0.0/8\n" +
+			"  clade network box --add-allow pypi.org --remove-allow github.com",
 		Args:              nargs(1, 1),
 		ValidArgsFunction: firstArg(completeSandboxes),
 	}
 	pol := policyFlags(cmd.Flags())
+	var ch sdk.NetworkChange
+	fs := cmd.Flags()
+	fs.Var((*multi)(&ch.AddAllow), "add-allow", "add an allow `RULE` (HOST, *.DOMAIN or IPv4 CIDR), keeping the others (repeatable)")
+	fs.Var((*multi)(&ch.RemoveAllow), "remove-allow", "remove an allow `RULE`, keeping the others (repeatable)")
+	fs.Var((*multi)(&ch.AddDeny), "add-deny", "add a deny `CIDR`, keeping the others (repeatable)")
+	fs.Var((*multi)(&ch.RemoveDeny), "remove-deny", "remove a deny `CIDR`, keeping the others (repeatable)")
 	_ = cmd.RegisterFlagCompletionFunc("egress", fixedValues("allow", "deny"))
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		ref := args[0]
 		var sb sdk.Sandbox
 		var err error
-		if pol.set() {
+		edits := len(ch.AddAllow) + len(ch.RemoveAllow) + len(ch.AddDeny) + len(ch.RemoveDeny)
+		switch {
+		case edits > 0 && (len(pol.allow) > 0 || len(pol.deny) > 0):
+			return badArg("--allow/--deny replace the whole policy, --add-*/--remove-* change it: give one kind")
+		case edits > 0:
+			ch.Egress = *pol.egress
+			sb, err = c.ChangeNetwork(ctx, ref, ch)
+		case pol.set():
 			sb, err = c.SetNetwork(ctx, ref, pol.network())
-		} else {
+		default:
 			sb, err = c.GetSandbox(ctx, ref)
 		}
 		if err != nil {

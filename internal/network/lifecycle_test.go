@@ -2,6 +2,7 @@ package network_test
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -198,5 +199,32 @@ func TestDaemonHostnameEnv(t *testing.T) {
 		if got := execOut(t, c, id, "sh", "-c", `echo "$(hostname) $HOSTNAME"`); got != want+" "+want {
 			t.Errorf("sandbox %s: hostname and $HOSTNAME %q, want %q twice", id, got, want)
 		}
+	}
+}
+
+// TestDaemonStopDuringHotStart: a daemon stopped (SIGTERM) while its hot
+// pool starts a sandbox (the sandbox's slot is held, the pool still empty)
+// waits for that start and gives everything back: no slot, no nftables
+// table, no runsc process is left for the next start to find.
+func TestDaemonStopDuringHotStart(t *testing.T) {
+	d := testenv.StartDaemon(t, "--hot-pool", "1")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		slots, _ := os.ReadDir(filepath.Join(d.DataDir, "network"))
+		h, err := d.Client.Health(t.Context())
+		if err == nil && h.Hot == 0 && len(slots) > 0 {
+			break // a hot start under way: its slot is acquired
+		}
+		if err == nil && h.Hot > 0 {
+			t.Skip("the hot pool filled before a start under way was seen")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no hot start seen: %+v %v", h, err)
+		}
+		time.Sleep(time.Millisecond) // polling for the start's slot
+	}
+	d.Stop()
+	if left := append(testenv.Leaks(d.DataDir), d.Net.NetLeaks()...); len(left) > 0 {
+		t.Fatalf("left after a stop during a hot start:\n  %s\n%s", strings.Join(left, "\n  "), d.Log())
 	}
 }

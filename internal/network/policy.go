@@ -205,3 +205,63 @@ func validHostname(s string) bool {
 	}
 	return true
 }
+
+// PolicyEdit is a change to a policy, as opposed to a whole new one: rules
+// to add and to remove, and the default for destinations no rule names.
+type PolicyEdit struct {
+	// Egress is EgressAllow or EgressDeny; empty keeps the policy's.
+	Egress                string
+	AddAllow, RemoveAllow []string
+	AddDeny, RemoveDeny   []string
+}
+
+// Edit returns p with e applied, checked and in canonical form. Rules are
+// compared in canonical form (a bare address is its /32, names are lower
+// case): removals come first, and removing a rule p does not hold changes
+// nothing; an added rule p already holds is not added again. The egress
+// stays p's unless e sets it, so removing the last allow rule of an
+// allowlist leaves egress deny (nothing allowed), never everything open.
+// Errors are InvalidArgument: a bad rule, more than MaxPolicyEntries in a
+// list of e or in the result.
+func (p Policy) Edit(e PolicyEdit) (Policy, error) {
+	for _, l := range []struct {
+		what string
+		n    int
+	}{{"add_allow", len(e.AddAllow)}, {"remove_allow", len(e.RemoveAllow)}, {"add_deny", len(e.AddDeny)}, {"remove_deny", len(e.RemoveDeny)}} {
+		if l.n > MaxPolicyEntries {
+			return Policy{}, errdefs.New(errdefs.InvalidArgument, "too many %s rules (%d): a policy holds at most %d", l.what, l.n, MaxPolicyEntries)
+		}
+	}
+	cur, err := p.Check()
+	if err != nil {
+		return Policy{}, err
+	}
+	_, ch, err := Policy{Allow: slices.Concat(e.AddAllow, e.RemoveAllow), Deny: slices.Concat(e.AddDeny, e.RemoveDeny)}.compileUnlimited()
+	if err != nil {
+		return Policy{}, err
+	}
+	addAllow, removeAllow := ch.Allow[:len(e.AddAllow)], ch.Allow[len(e.AddAllow):]
+	addDeny, removeDeny := ch.Deny[:len(e.AddDeny)], ch.Deny[len(e.AddDeny):]
+	out := Policy{Egress: cur.Egress, Allow: edit(cur.Allow, addAllow, removeAllow), Deny: edit(cur.Deny, addDeny, removeDeny)}
+	if e.Egress != "" {
+		out.Egress = e.Egress
+	}
+	return out.Check()
+}
+
+// edit returns list without the entries of remove, then with those of add
+// it does not hold yet, in order.
+func edit(list, add, remove []string) []string {
+	var out []string
+	for _, x := range list {
+		if !slices.Contains(remove, x) {
+			out = append(out, x)
+		}
+	}
+	for _, x := range add {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}

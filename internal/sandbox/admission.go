@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"github.com/clade-sandbox/clade/internal/engine"
@@ -36,9 +35,10 @@ func (m *Manager) Counters() *Counters { return &m.counters }
 //     host's memory (the explicit overcommit policy; 0 turns it off).
 //
 // The caller releases the reservation once the sandboxes exist (their
-// memory then shows in MemAvailable and in the records); release is
-// idempotent.
-func (m *Manager) admit(mib int) (release func(), err error) {
+// memory then shows in MemAvailable and in the records), and tells it
+// recorded as soon as their records count toward the cap (a `creating` or
+// `waking` record does), so that nothing is counted twice meanwhile.
+func (m *Manager) admit(mib int) (*reservation, error) {
 	return m.admitCounted(mib, mib, "each sandbox counted at its whole memory limit", "")
 }
 
@@ -61,7 +61,7 @@ func (m *Manager) sharesFork(ctx context.Context, id, dir string) bool {
 // admitFork admits n children of limit MiB each: counted at their limits,
 // or at sharedForkChildMiB against the memory floor when they share their
 // snapshot's memory.
-func (m *Manager) admitFork(n, limit int, shared bool) (release func(), err error) {
+func (m *Manager) admitFork(n, limit int, shared bool) (*reservation, error) {
 	if !shared || limit <= sharedForkChildMiB {
 		return m.admit(n * limit)
 	}
@@ -73,13 +73,15 @@ func (m *Manager) admitFork(n, limit int, shared bool) (release func(), err erro
 // admitCounted is admit with what the floor check counts (mib, described
 // by counted) apart from what the overcommit cap counts (capMiB, with hint
 // for its refusal).
-func (m *Manager) admitCounted(mib, capMiB int, counted, hint string) (release func(), err error) {
+func (m *Manager) admitCounted(mib, capMiB int, counted, hint string) (*reservation, error) {
 	avail, err := memAvailableMiB()
 	if err != nil {
-		return func() {}, nil // no /proc/meminfo: no admission control
+		return &reservation{}, nil // no /proc/meminfo: no admission control
 	}
 	committed := -1
 	if m.cfg.MemoryOvercommit > 0 {
+		m.admitMu.Lock()
+		defer m.admitMu.Unlock()
 		if committed, err = m.store.CommittedMemoryMiB(context.Background()); err != nil {
 			return nil, err
 		}
@@ -106,15 +108,43 @@ func (m *Manager) admitCounted(mib, capMiB int, counted, hint string) (release f
 	}
 	m.reservedMiB += mib
 	m.reservedCapMiB += capMiB
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			m.mu.Lock()
-			m.reservedMiB -= mib
-			m.reservedCapMiB -= capMiB
-			m.mu.Unlock()
-		})
-	}, nil
+	return &reservation{m: m, mib: mib, capMiB: capMiB}, nil
+}
+
+// reservation is memory admit set aside for sandboxes not made yet: mib
+// against the memory floor, capMiB against the overcommit cap. Its
+// methods are idempotent and safe to call in any order.
+type reservation struct {
+	m           *Manager // nil: nothing reserved
+	mib, capMiB int      // guarded by m.mu
+}
+
+// recorded gives back the cap's part: the sandboxes' records now count
+// their limits toward it (CommittedMemoryMiB). The floor's part stays
+// until release, since MemAvailable shows the memory only once they run.
+// Call it only after the records are written.
+func (r *reservation) recorded() {
+	if r.m == nil {
+		return
+	}
+	r.m.admitMu.Lock()
+	defer r.m.admitMu.Unlock()
+	r.m.mu.Lock()
+	r.m.reservedCapMiB -= r.capMiB
+	r.capMiB = 0
+	r.m.mu.Unlock()
+}
+
+// release gives back what is left of the reservation.
+func (r *reservation) release() {
+	if r.m == nil {
+		return
+	}
+	r.m.mu.Lock()
+	r.m.reservedMiB -= r.mib
+	r.m.reservedCapMiB -= r.capMiB
+	r.mib, r.capMiB = 0, 0
+	r.m.mu.Unlock()
 }
 
 // checkDisk refuses an operation that writes state to disk (create, fork,

@@ -48,6 +48,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		return ForkResult{}, err
 	}
 	sn, err := m.store.GetSnapshot(ctx, source)
+	var resv *reservation
 	implicit := false // sn is taken here, of a running sandbox
 	if errdefs.IsNotFound(err) {
 		parent, perr := m.store.GetSandbox(ctx, source)
@@ -58,12 +59,12 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			return ForkResult{}, perr
 		}
 		shared := m.sharesFork(ctx, parent.Engine(), "")
-		release, err := m.admitFork(len(recs), parent.MemoryMiB, shared)
+		resv, err = m.admitFork(len(recs), parent.MemoryMiB, shared)
 		if err != nil {
 			return ForkResult{}, err
 		}
-		defer release()
 		if sn, err = m.Snapshot(ctx, parent.ID, "", true); err != nil {
+			resv.release()
 			return ForkResult{}, err
 		}
 		implicit = true
@@ -71,13 +72,11 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			// The parent slept and woke between the admission and its
 			// snapshot: its children load all of the image, so they count
 			// whole.
-			release()
-			full, err := m.admitFork(len(recs), parent.MemoryMiB, false)
-			if err != nil {
+			resv.release()
+			if resv, err = m.admitFork(len(recs), parent.MemoryMiB, false); err != nil {
 				m.gcSnapshot(ctx, sn.ID)
 				return ForkResult{}, err
 			}
-			defer full()
 		}
 	} else if err != nil {
 		return ForkResult{}, err
@@ -85,12 +84,11 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		if sn.State != store.SnapshotReady {
 			return ForkResult{}, errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", source)
 		}
-		release, err := m.admitFork(len(recs), sn.MemoryMiB, m.sharesFork(ctx, "", sn.Path))
-		if err != nil {
+		if resv, err = m.admitFork(len(recs), sn.MemoryMiB, m.sharesFork(ctx, "", sn.Path)); err != nil {
 			return ForkResult{}, err
 		}
-		defer release()
 	}
+	defer resv.release()
 	// A snapshot this fork just took and sealed needs no second read of
 	// its image (the checksums are ~0.6 s of a 512 MiB qemu VM's).
 	if !implicit {
@@ -141,6 +139,9 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		m.emitRec(recs[i], events.Event{Type: events.Created, Snapshot: sn.ID})
 	}
 	unlockSnap()
+	// The `creating` records count the children toward the cap from here:
+	// the reservation holds only the floor's part.
+	resv.recorded()
 	sem := make(chan struct{}, m.cfg.RestoreParallel)
 	var wg sync.WaitGroup
 	live := make([]engine.Sandbox, len(recs))

@@ -142,11 +142,27 @@ func (m *Manager) snapshotRemoved(ctx context.Context, sn store.Snapshot) error 
 // Errors: NotFound, InvalidArgument (a bad policy, a mode change, or a
 // sandbox without a network of its own).
 func (m *Manager) SetNetwork(ctx context.Context, ref string, n store.NetworkOptions) (store.Sandbox, error) {
+	return m.EditNetwork(ctx, ref, func(store.NetworkOptions) (store.NetworkOptions, error) { return n, nil })
+}
+
+// EditNetwork is SetNetwork with the new options edit makes of the
+// sandbox's current ones (zero when it has none), read and replaced under
+// the sandbox's lock: concurrent edits do not lose each other's changes.
+// Errors: edit's, and SetNetwork's.
+func (m *Manager) EditNetwork(ctx context.Context, ref string, edit func(cur store.NetworkOptions) (store.NetworkOptions, error)) (store.Sandbox, error) {
 	rec, unlock, err := m.lockSandbox(ctx, ref)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
 	defer unlock()
+	var cur store.NetworkOptions
+	if rec.Opts.Network != nil {
+		cur = *rec.Opts.Network
+	}
+	n, err := edit(cur)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
 	opts := rec.Opts
 	opts.Network = &n
 	found := false

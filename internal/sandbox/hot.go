@@ -61,11 +61,11 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 		return "", err
 	}
 	// A hot sandbox holds its idle memory: never at the cost of the floor.
-	release, err := m.admit(64)
+	resv, err := m.admit(64)
 	if err != nil {
 		return "", err
 	}
-	defer release()
+	defer resv.release()
 	img, err := m.images.Get(ctx, sh.Image)
 	if err != nil {
 		return "", err

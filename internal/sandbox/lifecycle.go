@@ -119,11 +119,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		return store.Sandbox{}, err
 	}
 	st.mark("validate")
-	release, err := m.admit(req.MemoryMiB)
+	resv, err := m.admit(req.MemoryMiB)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	defer release()
+	defer resv.release()
 	st.mark("admit")
 	// Held until the record exists: an image removal checks the records.
 	m.imageMu.Lock()
@@ -146,7 +146,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 			sn.Opts.DiskMiB == req.Opts.DiskMiB && networkMode(sn.Opts) == networkMode(req.Opts) {
 			m.imageMu.Unlock()
 			imageLocked = false
-			release()
+			resv.release()
 			return m.createFromSnapshot(ctx, sn.ID, req.Name, req.Opts)
 		}
 	}
@@ -213,6 +213,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		return store.Sandbox{}, err
 	}
 	st.mark("insert")
+	resv.recorded()
 	m.emitRec(rec, events.Event{Type: events.Created})
 	m.imageMu.Unlock()
 	imageLocked = false

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -259,5 +260,60 @@ func TestAdmitForkRecountsAfterSnapshot(t *testing.T) {
 	}
 	if sns, err := e.st.ListSnapshots(t.Context()); err != nil || len(sns) != 0 {
 		t.Fatalf("snapshots left after the refused fork: %v (%v)", sns, err)
+	}
+}
+
+// TestAdmitDuringForkCountsChildrenOnce: while a fork's children restore,
+// they count toward the overcommit cap once (as their `creating` records),
+// not again in the fork's reservation: a create that fits beside them is
+// admitted, one that does not is refused, and nothing stays reserved after.
+func TestAdmitDuringForkCountsChildrenOnce(t *testing.T) {
+	total, err := memTotalMiB()
+	if err != nil {
+		t.Skip("no /proc/meminfo")
+	}
+	const n, limit = 4, 512
+	e := newEnv(t, Config{MemoryOvercommit: 4096.0 / float64(total)}) // eight 512 MiB sandboxes
+	parent := e.create(t, limit)
+	restoring, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.eng.OnRestore = func(engine.Spec) error {
+		once.Do(func() { close(restoring) })
+		<-gate
+		return nil
+	}
+	forked := make(chan error, 1)
+	go func() {
+		res, err := e.m.Fork(context.Background(), parent.ID, n)
+		for _, c := range res.Children {
+			err = errors.Join(err, c.Err)
+		}
+		forked <- err
+	}()
+	<-restoring
+	// 512 (parent) + 4 x 512 (children) leave 1536 MiB under the cap.
+	if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 2048}); err == nil {
+		t.Error("a 2048 MiB create beside the fork was admitted past the cap")
+	}
+	fits, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 1536})
+	close(gate)
+	if err != nil {
+		t.Errorf("a 1536 MiB create, which fits beside the fork's children: %v", err)
+	}
+	if err := <-forked; err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	want := limit + n*limit
+	if fits.ID != "" {
+		want += 1536
+	}
+	if committed, _ := e.st.CommittedMemoryMiB(t.Context()); committed != want {
+		t.Fatalf("committed %d MiB after the fork, want %d", committed, want)
+	}
+	e.m.mu.Lock()
+	floor, capped := e.m.reservedMiB, e.m.reservedCapMiB
+	e.m.mu.Unlock()
+	if floor != 0 || capped != 0 {
+		t.Fatalf("reserved after every operation ended: %d MiB (floor), %d MiB (cap), want none", floor, capped)
 	}
 }

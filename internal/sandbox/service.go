@@ -110,6 +110,10 @@ type Manager struct {
 	locks keyedLocks
 	// imageMu orders image removal against creates that use the image.
 	imageMu sync.Mutex
+	// admitMu orders an admission's read of the committed memory and its
+	// reservation against a reservation's recorded: the cap's count of a
+	// sandbox moves from one to the other with no moment counted in neither.
+	admitMu sync.Mutex
 
 	mu             sync.Mutex
 	live           map[string]engine.Sandbox // guarded by mu

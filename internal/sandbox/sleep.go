@@ -179,11 +179,11 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return err
 	}
 	tv := time.Now()
-	release, err := m.admit(rec.MemoryMiB)
+	resv, err := m.admit(rec.MemoryMiB)
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer resv.release()
 	ta := time.Now()
 	// Restores at once beyond a few per core only share the CPU and the
 	// memory bandwidth: every one of them ends late. Queued, the first
@@ -215,6 +215,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	if err := m.moveLocked(ctx, rec, store.StateWaking, ""); err != nil {
 		return err
 	}
+	resv.recorded() // a waking record counts toward the cap
 	m.crashPoint("wake-before-engine")
 	t2 := time.Now()
 	sb, err := m.startLocked(ctx, *rec, m.spec(*rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {

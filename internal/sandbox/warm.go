@@ -36,11 +36,11 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 		return "", err
 	}
 	// A prepared sandbox holds ~30 MiB: never at the cost of the floor.
-	release, err := m.admit(64)
+	resv, err := m.admit(64)
 	if err != nil {
 		return "", err
 	}
-	defer release()
+	defer resv.release()
 	img, err := m.images.Get(ctx, sh.Image)
 	if err != nil {
 		return "", err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/secret"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -73,6 +74,7 @@ func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
 	s.route("GET /v1/sandboxes/{id}", "sandbox_inspect", s.getSandbox)
 	s.route("DELETE /v1/sandboxes/{id}", "sandbox_remove", s.deleteSandbox)
 	s.route("PUT /v1/sandboxes/{id}/network", "sandbox_network", s.setNetwork)
+	s.route("PATCH /v1/sandboxes/{id}/network", "sandbox_network_change", s.changeNetwork)
 	s.route("POST /v1/sandboxes/{id}/exec", "exec", s.exec)
 	s.route("GET /v1/sandboxes/{id}/files", "files_get", s.getFiles)
 	s.route("PUT /v1/sandboxes/{id}/files", "files_put", s.putFiles)
@@ -277,6 +279,23 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	sb, err := s.mgr.SetNetwork(r.Context(), r.PathValue("id"), store.NetworkOptions{Mode: req.Mode, Egress: req.Egress, Allow: req.Allow, Deny: req.Deny})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.sandboxAPI(sb))
+	return nil
+}
+
+func (s *Server) changeNetwork(w http.ResponseWriter, r *http.Request) error {
+	var req api.NetworkChange
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	e := network.PolicyEdit{Egress: req.Egress, AddAllow: req.AddAllow, RemoveAllow: req.RemoveAllow, AddDeny: req.AddDeny, RemoveDeny: req.RemoveDeny}
+	sb, err := s.mgr.EditNetwork(r.Context(), r.PathValue("id"), func(cur store.NetworkOptions) (store.NetworkOptions, error) {
+		p, err := network.Policy{Egress: cur.Egress, Allow: cur.Allow, Deny: cur.Deny}.Edit(e)
+		return store.NetworkOptions{Mode: cur.Mode, Egress: p.Egress, Allow: p.Allow, Deny: p.Deny}, err
+	})
 	if err != nil {
 		return err
 	}
