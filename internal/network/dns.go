@@ -27,18 +27,26 @@ const maxAllowTTL = time.Hour
 // errPolicyChanged: the slot's policy changed while a query was answered.
 var errPolicyChanged = errors.New("the slot's policy changed during the lookup")
 
+// ednsSize is the UDP message size the forwarder advertises, to the
+// upstreams and to the sandboxes: the size DNS flag day 2020 settled on,
+// which needs no IP fragments.
+const ednsSize = 1232
+
 // forwarder is the sandboxes' resolver: one UDP and one TCP server per
 // slot, on the slot's gateway address (the sandbox reaches it at the
 // shared resolver address, DNAT-ed to its own gateway), so the socket a
 // query arrives on names the slot. It forwards only what the slot's policy
-// allows and adds the addresses allowed names resolve to to the slot's
-// allowed set before answering.
+// allows, as a query it builds itself from the question (nothing else of
+// the sandbox's message reaches the upstream), and adds the addresses
+// allowed names resolve to to the slot's allowed set before answering.
+// What a slot's queries may hold of the daemon is bounded (dnsguard.go).
 type forwarder struct {
 	n         *Network
 	upstreams []string
 	log       *slog.Logger
 	client    *dns.Client
 	tcp       *dns.Client
+	all       guard // what all slots' queries hold
 
 	mu      sync.Mutex
 	servers map[int][]*dns.Server
@@ -46,8 +54,8 @@ type forwarder struct {
 
 func newForwarder(n *Network, upstreams []string, log *slog.Logger) *forwarder {
 	return &forwarder{n: n, upstreams: upstreams, log: log, servers: map[int][]*dns.Server{},
-		client: &dns.Client{Net: "udp", Timeout: 2 * time.Second},
-		tcp:    &dns.Client{Net: "tcp", Timeout: 2 * time.Second}}
+		client: &dns.Client{Net: "udp", Timeout: upstreamTimeout, UDPSize: ednsSize},
+		tcp:    &dns.Client{Net: "tcp", Timeout: upstreamTimeout}}
 }
 
 // readResolvConf returns the nameservers of a resolv.conf as host:53.
@@ -82,8 +90,14 @@ func (f *forwarder) serve(s *Slot) error {
 		pc.Close()
 		return err
 	}
-	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { f.handle(s.Index, w, q) })
-	srvs := []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: ln, Handler: h}}
+	g := newGuard()
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { f.handle(s.Index, g, w, q) })
+	idle := func() time.Duration { return tcpIdleTimeout }
+	srvs := []*dns.Server{
+		{PacketConn: pc, Handler: h, UDPSize: ednsSize},
+		{Listener: &guardedListener{Listener: ln, slot: g, all: &f.all}, Handler: h,
+			ReadTimeout: tcpReadTimeout, WriteTimeout: tcpReadTimeout, IdleTimeout: idle},
+	}
 	for _, srv := range srvs {
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }
@@ -123,11 +137,26 @@ func (f *forwarder) shutdown() {
 	}
 }
 
-func (f *forwarder) handle(k int, w dns.ResponseWriter, q *dns.Msg) {
+// handle answers slot k's query q. Over the slot's rate it is dropped;
+// over the in-flight caps it gets SERVFAIL at once. A question that is
+// not one IN query of a name the policy allows gets REFUSED (NOTIMP for
+// an opcode other than QUERY). AAAA gets an empty answer (sandboxes have
+// no IPv6), and so, under an allowlist, does every type but A and CNAME:
+// other records of an allowed name (TXT above all) are a channel to
+// whoever serves it that egress deny must not open, and an empty answer
+// sends programs on rather than failing their lookup.
+func (f *forwarder) handle(k int, g *guard, w dns.ResponseWriter, q *dns.Msg) {
+	if !g.allow(time.Now()) {
+		return
+	}
 	reply := func(rcode int) {
 		m := new(dns.Msg)
 		m.SetRcode(q, rcode)
 		_ = w.WriteMsg(m)
+	}
+	if q.Opcode != dns.OpcodeQuery {
+		reply(dns.RcodeNotImplemented)
+		return
 	}
 	r := f.n.policyOf(k)
 	if len(q.Question) != 1 || r == nil || !r.resolves() {
@@ -135,41 +164,28 @@ func (f *forwarder) handle(k int, w dns.ResponseWriter, q *dns.Msg) {
 		return
 	}
 	qs := q.Question[0]
-	if !r.allowsName(qs.Name) {
+	if qs.Qclass != dns.ClassINET || !r.allowsName(qs.Name) || metaType(qs.Qtype) ||
+		r.allowlist() && strings.ContainsRune(qs.Name, '\\') {
 		reply(dns.RcodeRefused)
 		return
 	}
-	if qs.Qtype == dns.TypeAAAA {
-		// Sandboxes have no IPv6: an empty answer sends programs to A.
+	if qs.Qtype == dns.TypeAAAA || r.allowlist() && qs.Qtype != dns.TypeA && qs.Qtype != dns.TypeCNAME {
 		m := new(dns.Msg)
 		m.SetReply(q)
 		_ = w.WriteMsg(m)
 		return
 	}
-	resp := f.exchange(q)
+	if !f.acquire(g) {
+		reply(dns.RcodeServerFailure)
+		return
+	}
+	defer f.release(g)
+	resp := f.exchange(upstreamQuery(qs))
 	if resp == nil {
 		reply(dns.RcodeServerFailure)
 		return
 	}
-	// Keep only what the question resolved to: no AAAA records (there is
-	// no IPv6 route) and no A records off the question's CNAME chain (an
-	// upstream adding "other.example A x" must not open x).
-	chain := cnameChain(qs.Name, resp.Answer)
-	ans := resp.Answer[:0]
-	for _, rr := range resp.Answer {
-		switch rr := rr.(type) {
-		case *dns.AAAA:
-			continue
-		case *dns.A:
-			if !chain[dns.CanonicalName(rr.Hdr.Name)] {
-				continue
-			}
-		}
-		rr.Header().Ttl = min(rr.Header().Ttl, uint32(maxAllowTTL/time.Second))
-		ans = append(ans, rr)
-	}
-	resp.Answer = ans
-	resp.Id = q.Id
+	resp = answerFor(q, resp, r.allowlist())
 	// Fit the client's buffer (setting TC when records are left out)
 	// before allowing anything: only the addresses the sandbox is told
 	// are opened.
@@ -203,6 +219,86 @@ func (f *forwarder) handle(k int, w dns.ResponseWriter, q *dns.Msg) {
 	_ = w.WriteMsg(resp)
 }
 
+// metaType reports whether t asks for something other than records (a
+// zone transfer, ANY's elders): no resolver answers those to a stub.
+func metaType(t uint16) bool {
+	switch t {
+	case dns.TypeOPT, dns.TypeIXFR, dns.TypeAXFR, dns.TypeMAILB, dns.TypeMAILA:
+		return true
+	}
+	return false
+}
+
+// upstreamQuery is the query the forwarder sends upstream for a sandbox's
+// question qs: that question in lower case and nothing else of the
+// sandbox's message (not its id, flags, other sections or EDNS options),
+// so none of it can carry data to whoever serves the name.
+func upstreamQuery(qs dns.Question) *dns.Msg {
+	m := new(dns.Msg)
+	m.Id = dns.Id()
+	m.RecursionDesired = true
+	m.Question = []dns.Question{{Name: strings.ToLower(dns.Fqdn(qs.Name)), Qtype: qs.Qtype, Qclass: dns.ClassINET}}
+	m.SetEdns0(ednsSize, false)
+	return m
+}
+
+// answerFor is the answer to the sandbox's query q made from resp, the
+// upstream's answer to upstreamQuery: on q's id, flags and question (in
+// q's case, as are records of its name), with resp's rcode and of resp's
+// records only those a stub uses. The answer section keeps no AAAA
+// records (there is no IPv6 route) and no A or CNAME records off the
+// question's CNAME chain (an upstream adding "other.example A x" must not
+// open x); under an allowlist it keeps only A and CNAME records, and the
+// authority section only SOA records. Nothing of the additional section is
+// kept; the answer has clade's EDNS if q has EDNS. TTLs are capped to
+// maxAllowTTL.
+func answerFor(q, resp *dns.Msg, allowlist bool) *dns.Msg {
+	qs := q.Question[0]
+	m := new(dns.Msg)
+	m.SetReply(q)
+	m.Rcode = resp.Rcode
+	if m.Rcode > 0xF { // an extended rcode answers clade's EDNS, not the sandbox's
+		m.Rcode = dns.RcodeServerFailure
+	}
+	m.RecursionAvailable = resp.RecursionAvailable
+	qname := dns.CanonicalName(qs.Name)
+	chain := cnameChain(qs.Name, resp.Answer)
+	keep := func(rr dns.RR) {
+		h := rr.Header()
+		h.Ttl = min(h.Ttl, uint32(maxAllowTTL/time.Second))
+		if dns.CanonicalName(h.Name) == qname {
+			h.Name = qs.Name
+		}
+	}
+	for _, rr := range resp.Answer {
+		switch rr.(type) {
+		case *dns.AAAA:
+			continue
+		case *dns.A, *dns.CNAME:
+			if !chain[dns.CanonicalName(rr.Header().Name)] {
+				continue
+			}
+		default:
+			if allowlist {
+				continue
+			}
+		}
+		keep(rr)
+		m.Answer = append(m.Answer, rr)
+	}
+	for _, rr := range resp.Ns {
+		if _, soa := rr.(*dns.SOA); allowlist && !soa {
+			continue
+		}
+		keep(rr)
+		m.Ns = append(m.Ns, rr)
+	}
+	if q.IsEdns0() != nil {
+		m.SetEdns0(ednsSize, false)
+	}
+	return m
+}
+
 // cnameChain returns the names (canonical: lower case, fully qualified) the answer ans
 // leads from qname through CNAME records: qname itself and every target.
 func cnameChain(qname string, ans []dns.RR) map[string]bool {
@@ -233,12 +329,15 @@ func clientSize(w dns.ResponseWriter, q *dns.Msg) int {
 	return dns.MinMsgSize
 }
 
-// exchange asks the upstreams in turn; nil when none answers.
+// exchange asks the upstreams in turn for q; nil when none answers it.
 func (f *forwarder) exchange(q *dns.Msg) *dns.Msg {
 	for _, up := range f.upstreams {
 		resp, _, err := f.client.Exchange(q, up)
 		if err == nil && resp.Truncated {
 			resp, _, err = f.tcp.Exchange(q, up)
+		}
+		if err == nil && !answers(resp, q) {
+			err = errors.New("the answer is not to the question")
 		}
 		if err == nil {
 			return resp
@@ -246,4 +345,13 @@ func (f *forwarder) exchange(q *dns.Msg) *dns.Msg {
 		f.log.Debug("network: upstream resolver failed", "upstream", up, "err", err)
 	}
 	return nil
+}
+
+// answers reports whether resp is an answer to q's question.
+func answers(resp, q *dns.Msg) bool {
+	if !resp.Response || len(resp.Question) != 1 {
+		return false
+	}
+	a, b := resp.Question[0], q.Question[0]
+	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && dns.CanonicalName(a.Name) == dns.CanonicalName(b.Name)
 }

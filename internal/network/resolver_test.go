@@ -17,10 +17,24 @@ import (
 // query's buffer as a real server does.
 func upstream(t *testing.T, answer func(q dns.Question) []dns.RR) string {
 	t.Helper()
-	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+	return serveUpstream(t, func(q *dns.Msg) *dns.Msg {
 		m := new(dns.Msg)
 		m.SetReply(q)
 		m.Answer = answer(q.Question[0])
+		return m
+	})
+}
+
+// serveUpstream is a DNS server on loopback (UDP and TCP on one port)
+// that answers what h returns, or nothing when h returns nil; over UDP it
+// truncates to the query's buffer as a real server does.
+func serveUpstream(t *testing.T, h func(q *dns.Msg) *dns.Msg) string {
+	t.Helper()
+	hf := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := h(q)
+		if m == nil {
+			return
+		}
 		if _, ok := w.LocalAddr().(*net.UDPAddr); ok {
 			size := dns.MinMsgSize
 			if o := q.IsEdns0(); o != nil {
@@ -40,7 +54,7 @@ func upstream(t *testing.T, answer func(q dns.Question) []dns.RR) string {
 			pc.Close()
 			continue
 		}
-		for _, srv := range []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: ln, Handler: h}} {
+		for _, srv := range []*dns.Server{{PacketConn: pc, Handler: hf}, {Listener: ln, Handler: hf}} {
 			started := make(chan struct{})
 			srv.NotifyStartedFunc = func() { close(started) }
 			go srv.ActivateAndServe()
