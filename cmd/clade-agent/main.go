@@ -46,6 +46,12 @@ func main() {
 	// The agent keeps CAP_SYS_ADMIN (to set a restored copy's hostname) but
 	// drops it from the bounding set, so nothing it starts inherits it.
 	_ = unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0, 0, 0)
+	// Its key (see internal/guest/auth.go) lives in its memory only:
+	// nothing else in the sandbox, root as they all are, may read that
+	// memory (/proc/1/mem, ptrace), which takes a non-dumpable agent and
+	// no CAP_SYS_PTRACE in what it starts.
+	_ = unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_PTRACE, 0, 0, 0)
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	a := agent.New(agent.Config{Socket: sock, BaseEnv: env, Log: log,
 		Workdir: os.Getenv("CLADE_AGENT_WORKDIR"), User: os.Getenv("CLADE_AGENT_USER"), Etc: "/etc"})

@@ -56,6 +56,11 @@ type Agent struct {
 	// after a rename (renameHostFiles).
 	hostFiles sync.Mutex
 
+	// key is what the agent presents in its hello (wire.HelloMsg.Key):
+	// the last one the host handed it, in memory only. Only the serving
+	// goroutine touches it.
+	key []byte
+
 	mu sync.Mutex
 	// secretEnv is merged into every exec's environment (wire.Request's
 	// SecretEnv). Memory only: it lives on in a checkpoint of the sandbox,
@@ -183,7 +188,7 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	defer s.closeAll()
 	defer nc.Close()
 	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: os.Getpid(), Boot: a.boot,
-		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv}})
+		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv, wire.FeatureAuth}, Key: a.key})
 	if err := s.conn.Write(wire.Hello, 0, hello); err != nil {
 		return err
 	}
@@ -215,6 +220,17 @@ func (s *session) handle(ctx context.Context, f wire.Frame) error {
 		return errQuiesce
 	case wire.Ping:
 		return s.conn.Write(wire.Pong, f.Channel, f.Payload)
+	case wire.Key:
+		if len(f.Payload) != wire.KeySize {
+			return fmt.Errorf("key: %d bytes, want %d", len(f.Payload), wire.KeySize)
+		}
+		// In place: the key before it is gone from the agent's memory (a
+		// fork child's was its siblings' too).
+		if len(s.a.key) != wire.KeySize {
+			s.a.key = make([]byte, wire.KeySize)
+		}
+		copy(s.a.key, f.Payload)
+		return s.conn.Write(wire.Key, 0, nil)
 	case wire.Open:
 		var req wire.Request
 		if err := json.Unmarshal(f.Payload, &req); err != nil {

@@ -36,16 +36,25 @@ type Conn struct {
 	reason  error         // why Close was called; set with closed
 	closing chan struct{} // closed by the first Close
 	hello   wire.HelloMsg
-	// pending holds connections still in their hello: Quiesce must close
-	// them too, or a checkpoint could catch one.
-	pending map[net.Conn]struct{}
+	// pending holds connections still in their hello, with when each
+	// came: Quiesce must close them too, or a checkpoint could catch one.
+	pending map[net.Conn]time.Time
+	// The agent's keys (see auth.go): key is the one it holds, oldKeys
+	// are accepted too until it acknowledges key; trustFirst takes a
+	// hello without a key (a fresh boot, until the first channel opens).
+	key        []byte
+	oldKeys    [][]byte
+	trustFirst bool
+	save       func([][]byte) error
 	// observe, if set, hears of every exec's start and end.
 	observe func(ExecEvent)
 }
 
-// NewConn returns a Conn with no connection yet.
+// NewConn returns a Conn with no connection yet, for a sandbox that boots
+// afresh: it takes its agent's first hello on trust (see Authenticate for
+// a restored one).
 func NewConn() *Conn {
-	return &Conn{changed: make(chan struct{}), closing: make(chan struct{}), pending: map[net.Conn]struct{}{}}
+	return &Conn{changed: make(chan struct{}), closing: make(chan struct{}), pending: map[net.Conn]time.Time{}, trustFirst: true}
 }
 
 // ErrClosed is what calls fail with after Close without a reason.
@@ -55,13 +64,19 @@ var ErrClosed = errdefs.New(errdefs.Unavailable, "agent connection closed")
 // surprise wait for the lifecycle to say why (Close with a reason: the
 // sandbox was memory-killed or removed) before they fail with a bare
 // "connection lost". It only delays failures that are happening anyway.
-const lostGrace = 2 * time.Second
+var lostGrace = 2 * time.Second
 
 // helloTimeout bounds the wait for a new connection's hello.
 const helloTimeout = 10 * time.Second
 
+// maxPending bounds the connections waiting for their hello: past it the
+// oldest is dropped. Only another process in the sandbox dials and stays
+// silent; the agent says hello at once, so it is never the oldest for long.
+const maxPending = 8
+
 // session is one agent connection and the calls open on it.
 type session struct {
+	owner     *Conn
 	conn      *wire.Conn
 	quiescing atomic.Bool
 	// frozen is set when the agent stopped answering pings while connected
@@ -78,10 +93,24 @@ type session struct {
 
 // Serve reads the agent's hello from nc, makes it the current connection
 // and serves it until it breaks; it returns then, with the error that ended
-// it. It closes nc.
+// it. It closes nc. A connection whose hello does not prove it comes from
+// the sandbox's agent (see Auth) is closed at once with an error that
+// IsRejected reports, and leaves the current connection alone; so does
+// one that breaks the protocol later, which ends only itself.
 func (c *Conn) Serve(nc net.Conn) error {
 	c.mu.Lock()
-	c.pending[nc] = struct{}{}
+	if len(c.pending) >= maxPending {
+		var oldest net.Conn
+		var at time.Time
+		for p, t := range c.pending {
+			if oldest == nil || t.Before(at) {
+				oldest, at = p, t
+			}
+		}
+		delete(c.pending, oldest)
+		oldest.Close()
+	}
+	c.pending[nc] = time.Now()
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
@@ -100,20 +129,38 @@ func (c *Conn) Serve(nc net.Conn) error {
 	var h wire.HelloMsg
 	if f.Type != wire.Hello || json.Unmarshal(f.Payload, &h) != nil {
 		nc.Close()
-		return fmt.Errorf("agent did not say hello (got %v)", f.Type)
+		return fmt.Errorf("%w: no hello (got %v)", ErrRejected, f.Type)
 	}
 	if h.Version != wire.Version {
 		nc.Close()
 		return fmt.Errorf("agent speaks protocol %d, host %d: rebuild the agent", h.Version, wire.Version)
 	}
-	s := &session{conn: wire.NewConn(nc), next: 1, calls: map[uint32]*call{}, pongs: map[string]chan struct{}{}, closed: make(chan struct{})}
+	s := &session{owner: c, conn: wire.NewConn(nc), next: 1, calls: map[uint32]*call{}, pongs: map[string]chan struct{}{}, closed: make(chan struct{})}
 	c.mu.Lock()
+	if _, ok := c.pending[nc]; !ok {
+		// Dropped meanwhile (Quiesce, or too many silent connections).
+		c.mu.Unlock()
+		nc.Close()
+		return net.ErrClosed
+	}
 	delete(c.pending, nc)
 	if c.closed {
 		c.mu.Unlock()
 		nc.Close()
 		return c.reason
 	}
+	key, err := c.admitLocked(h)
+	if err == nil && key != nil {
+		// Before the connection is current, so before any Open: the
+		// agent holds the key before it can start anything.
+		err = s.conn.Write(wire.Key, 0, key)
+	}
+	if err != nil {
+		c.mu.Unlock()
+		nc.Close()
+		return err
+	}
+	h.Key = nil
 	old := c.cur
 	c.cur = s
 	c.hello = h
@@ -335,13 +382,14 @@ func (c *Conn) open(ctx context.Context, req wire.Request) (*call, error) {
 		return nil, err
 	}
 	var obs *execObserver
-	if req.Op == wire.OpExec {
-		c.mu.Lock()
-		if f := c.observe; f != nil {
-			obs = &execObserver{f: f, argv: req.Argv, tty: req.TTY}
-		}
-		c.mu.Unlock()
+	c.mu.Lock()
+	// From now on processes other than the agent may run in the sandbox:
+	// a hello without a key is no longer the agent's.
+	c.trustFirst = false
+	if f := c.observe; req.Op == wire.OpExec && f != nil {
+		obs = &execObserver{f: f, argv: req.Argv, tty: req.TTY}
 	}
+	c.mu.Unlock()
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
@@ -380,6 +428,11 @@ func (s *session) readLoop(r *wire.Reader) error {
 			// The agent acknowledges a quiesce and hangs up.
 			return errAgentQuiesced
 		}
+		if f.Type == wire.Key {
+			// The agent holds the key it was handed.
+			s.owner.keyAcked(s)
+			continue
+		}
 		if f.Type == wire.Pong {
 			s.mu.Lock()
 			if ch, ok := s.pongs[string(f.Payload)]; ok {
@@ -389,6 +442,12 @@ func (s *session) readLoop(r *wire.Reader) error {
 			s.mu.Unlock()
 			continue
 		}
+		switch f.Type {
+		case wire.Started, wire.Stdout, wire.Stderr, wire.Window, wire.Exit:
+		default:
+			// Never sent by an agent (on any channel): not one.
+			return fmt.Errorf("%w: unexpected %v frame from the agent", wire.ErrFrame, f.Type)
+		}
 		s.mu.Lock()
 		ch := s.calls[f.Channel]
 		s.mu.Unlock()
@@ -397,8 +456,15 @@ func (s *session) readLoop(r *wire.Reader) error {
 		}
 		switch f.Type {
 		case wire.Started:
+			select {
+			case <-ch.started:
+				return fmt.Errorf("%w: a second started frame on channel %d", wire.ErrFrame, f.Channel)
+			default:
+			}
 			var st wire.StartedMsg
-			_ = json.Unmarshal(f.Payload, &st)
+			if err := json.Unmarshal(f.Payload, &st); err != nil {
+				return fmt.Errorf("%w: started frame: %v", wire.ErrFrame, err)
+			}
 			ch.pid = st.PID
 			ch.obs.started(st.PID) // first: whoever the start wakes sees it told
 			close(ch.started)

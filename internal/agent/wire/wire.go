@@ -68,11 +68,17 @@ const (
 	// stream.ResizePayload. Only sent to an agent whose hello lists
 	// FeaturePTY; an older agent drops a connection that sends it.
 	Resize
+	// Key (host -> agent, channel 0): the agent's new key (see
+	// HelloMsg.Key), which it keeps in its memory only and presents in
+	// every later hello. The agent answers with an empty Key frame once it
+	// holds it; until then the host also accepts the keys it held before.
+	// Only sent to an agent whose hello lists FeatureAuth.
+	Key
 	typeEnd
 )
 
 func (t Type) String() string {
-	names := [...]string{"invalid", "hello", "open", "started", "stdin", "stdout", "stderr", "window", "signal", "exit", "ping", "pong", "close", "quiesce", "resize"}
+	names := [...]string{"invalid", "hello", "open", "started", "stdin", "stdout", "stderr", "window", "signal", "exit", "ping", "pong", "close", "quiesce", "resize", "key"}
 	if int(t) < len(names) {
 		return names[t]
 	}
@@ -216,7 +222,21 @@ type HelloMsg struct {
 	// base (e.g. FeaturePTY); the host asks for nothing an agent lacks,
 	// since the agents inside older snapshots live on.
 	Features []string `json:"features,omitempty"`
+	// Key proves that the hello comes from the sandbox's agent, PID 1,
+	// and not from another process inside the sandbox (every one of them
+	// can reach the agent's socket): it is the last key the host sent the
+	// agent (a Key frame), held in the agent's memory only. An agent that
+	// never got one (a fresh boot) sends none; the host accepts that only
+	// while nothing but the agent can run in the sandbox.
+	Key []byte `json:"key,omitempty"`
 }
+
+// FeatureAuth: the agent presents its key in the hello and takes Key
+// frames. The host refuses an agent without it.
+const FeatureAuth = "auth"
+
+// KeySize is the size of an agent key in bytes.
+const KeySize = 32
 
 // FeaturePTY: the agent runs an OpExec with TTY on a pseudo-terminal and
 // takes Resize frames.

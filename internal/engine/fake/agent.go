@@ -23,7 +23,7 @@ func newGuest() *guest.Conn {
 func serveStandIn(nc net.Conn) {
 	defer nc.Close()
 	c := wire.NewConn(nc)
-	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: 1, Boot: 1})
+	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: 1, Boot: 1, Features: []string{wire.FeatureAuth}})
 	if c.Write(wire.Hello, 0, hello) != nil {
 		return
 	}
@@ -37,6 +37,8 @@ func serveStandIn(nc net.Conn) {
 		switch f.Type {
 		case wire.Ping:
 			err = c.Write(wire.Pong, f.Channel, append([]byte(nil), f.Payload...))
+		case wire.Key:
+			err = c.Write(wire.Key, 0, nil)
 		case wire.Open:
 			err = c.Write(wire.Exit, f.Channel, exit)
 		}

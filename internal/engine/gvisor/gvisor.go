@@ -218,6 +218,8 @@ type sandbox struct {
 	expectExit atomic.Bool
 	exited     chan struct{}
 	reason     string
+	// lastReject is when a refused connection was last logged (UnixNano).
+	lastReject atomic.Int64
 
 	stopOnce sync.Once
 	stopped  chan struct{}
@@ -379,7 +381,7 @@ func tail(path string, offset int64) string {
 
 // Create implements engine.Engine.
 func (e *Engine) Create(ctx context.Context, spec engine.Spec) (engine.Sandbox, error) {
-	return e.start(ctx, spec, false, func(dir string, prepared bool) error {
+	return e.start(ctx, spec, "", false, func(dir string, prepared bool) error {
 		if prepared {
 			return e.runsc(ctx, spec.ID, "start", spec.ID)
 		}
@@ -389,7 +391,7 @@ func (e *Engine) Create(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 
 // Restore implements engine.Snapshotter.
 func (e *Engine) Restore(ctx context.Context, spec engine.Spec, image string) (engine.Sandbox, error) {
-	return e.start(ctx, spec, true, func(dir string, _ bool) error {
+	return e.start(ctx, spec, image, true, func(dir string, _ bool) error {
 		// Into the prepared (created, not started) container if there is
 		// one: that halves the restore.
 		args := append([]string{"restore", "--image-path", image, "--bundle", dir, "--pid-file", filepath.Join(dir, "pid"), "--detach"}, e.cfg.RestoreFlags...)
@@ -461,7 +463,7 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 
 // start boots a sandbox (boot runs runsc run/start or restore), prepared
 // or not, and waits for its agent.
-func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot func(dir string, prepared bool) error) (_ engine.Sandbox, err error) {
+func (e *Engine) start(ctx context.Context, spec engine.Spec, image string, restore bool, boot func(dir string, prepared bool) error) (_ engine.Sandbox, err error) {
 	e.mu.Lock()
 	_, prepared := e.prepared[spec.ID]
 	preparedNS := e.preparedNS[spec.ID]
@@ -490,6 +492,16 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, restore bool, boot
 			}
 		}
 	}()
+	// Before the agent can dial: a fresh boot's first hello is taken on
+	// trust, a restored agent must present its snapshot's key.
+	auth := guest.Auth{Fresh: !restore, Save: guest.KeySaver(filepath.Join(sb.dir, guest.KeyFile))}
+	if restore {
+		if auth.Keys, err = guest.ReadKeys(filepath.Join(image, guest.KeyFile)); err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w (a snapshot older than agent keys: take it again)", image, err)
+		}
+		auth.Restored = true
+	}
+	sb.client.Authenticate(auth)
 	t0 := time.Now()
 	err = boot(sb.dir, prepared)
 	// The gofer holds its root now (or none runs): the host lets go of
@@ -545,6 +557,10 @@ func (e *Engine) Checkpoint(ctx context.Context, id, image string, leaveRunning 
 	// disk) must leave the sandbox as it was, and runsc's stopping
 	// checkpoint kills the sandbox on failure too. The sandbox stops only
 	// once the image is complete.
+	if err == nil {
+		// The restored agents present this key (see guest.Auth).
+		err = guest.WriteKeys(filepath.Join(image, guest.KeyFile), sb.client.Keys())
+	}
 	if err == nil {
 		if len(e.cfg.CheckpointFlags) == 0 && e.direct(ctx) {
 			err = e.checkpointDirect(ctx, id, image)
@@ -678,8 +694,14 @@ func (e *Engine) waitReady(ctx context.Context, sb *sandbox) error {
 // listen opens the sandbox's agent socket and accepts agent connections on
 // it for as long as the sandbox lives.
 func (e *Engine) listen(id string) (*sandbox, error) {
+	return e.listenAuth(id, guest.Auth{Fresh: true, Save: guest.KeySaver(filepath.Join(e.dir(id), guest.KeyFile))})
+}
+
+// listenAuth is listen for an agent that authenticates as auth says.
+func (e *Engine) listenAuth(id string, auth guest.Auth) (*sandbox, error) {
 	dir := e.dir(id)
 	sb := &sandbox{id: id, dir: dir, client: guest.NewConn(), exited: make(chan struct{}), stopped: make(chan struct{})}
+	sb.client.Authenticate(auth)
 	if err := e.accept(sb); err != nil {
 		return nil, err
 	}
@@ -712,7 +734,16 @@ func (e *Engine) accept(sb *sandbox) error {
 				return
 			}
 			go func() {
-				if err := sb.client.Serve(nc); err != nil && !errors.Is(err, net.ErrClosed) {
+				err := sb.client.Serve(nc)
+				switch {
+				case guest.IsRejected(err):
+					// Something else in the sandbox dialled the agent's
+					// socket. At most one line a second, however often.
+					if now := time.Now().UnixNano(); now-sb.lastReject.Load() > int64(time.Second) {
+						sb.lastReject.Store(now)
+						e.cfg.Log.Warn("refused a connection to the agent's socket that is not the agent's", "sandbox", sb.id, "err", err)
+					}
+				case err != nil && !errors.Is(err, net.ErrClosed):
 					e.cfg.Log.Debug("agent connection ended", "sandbox", sb.id, "err", err)
 				}
 			}()
@@ -913,7 +944,11 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	if st.Status != "running" {
 		return nil, errdefs.New(errdefs.NotFound, "sandbox %s is %s, not running", spec.ID, st.Status)
 	}
-	sb, err := e.listen(spec.ID)
+	keys, err := guest.ReadKeys(filepath.Join(e.dir(spec.ID), guest.KeyFile))
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("sandbox %s runs, but its agent cannot be told from an impostor: %w", spec.ID, err))
+	}
+	sb, err := e.listenAuth(spec.ID, guest.Auth{Keys: keys, Save: guest.KeySaver(filepath.Join(e.dir(spec.ID), guest.KeyFile))})
 	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
 		// The sandbox runs; only its agent socket does not fit.
 		return nil, errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("sandbox %s runs, but the disk is too full to make its agent socket: free some space: %w", spec.ID, err))

@@ -584,14 +584,17 @@ func tail(path string, offset int64) string {
 }
 
 // connect attaches to id's running QEMU: QMP, the agent link, the exit
-// watch. firstWait bounds the wait for the agent's first hello.
-func (e *Engine) connect(ctx context.Context, id string, m vmMeta, firstWait time.Duration) (*sandbox, error) {
+// watch. firstWait bounds the wait for the agent's first hello; auth says
+// which agent keys it takes (its Save is set here).
+func (e *Engine) connect(ctx context.Context, id string, m vmMeta, firstWait time.Duration, auth guest.Auth) (*sandbox, error) {
 	dir := e.dir(id)
 	pid := readPID(dir)
 	if pid == 0 {
 		return nil, fmt.Errorf("qemu for %s has no pid file", id)
 	}
 	sb := &sandbox{id: id, dir: dir, pid: pid, meta: m, client: guest.NewConn(), exited: make(chan struct{}), stopped: make(chan struct{})}
+	auth.Save = guest.KeySaver(filepath.Join(dir, guest.KeyFile))
+	sb.client.Authenticate(auth)
 	sb.link = newLink(filepath.Join(dir, "agent.sock"), sb.client, firstWait)
 	sb.link.noNudge = e.noNudge
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -696,7 +699,7 @@ func (e *Engine) Create(ctx context.Context, spec engine.Spec) (_ engine.Sandbox
 	if err := e.launch(ctx, spec.ID, e.args(spec.ID, m, m.MemPath, true, false)); err != nil {
 		return nil, err
 	}
-	sb, err := e.connect(ctx, spec.ID, m, e.cfg.ReadyTimeout)
+	sb, err := e.connect(ctx, spec.ID, m, e.cfg.ReadyTimeout, guest.Auth{Fresh: true})
 	if err != nil {
 		return nil, err
 	}
@@ -735,7 +738,11 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	// The VM runs: failing to reach its agent now (a loaded host, a
 	// stopped QEMU, ctx ended) is no sign it is gone, and the caller must
 	// not destroy it for that.
-	sb, err = e.connect(ctx, spec.ID, m, 2*time.Second)
+	keys, err := guest.ReadKeys(filepath.Join(dir, guest.KeyFile))
+	if err != nil {
+		return nil, unreachable(fmt.Errorf("sandbox %s runs, but its agent cannot be told from an impostor: %w", spec.ID, err))
+	}
+	sb, err = e.connect(ctx, spec.ID, m, 2*time.Second, guest.Auth{Keys: keys})
 	if err != nil {
 		return nil, unreachable(err)
 	}
@@ -903,7 +910,7 @@ func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	err = e.save(ctx, sb, dir)
 	t2 := time.Now()
 	if err != nil {
-		for _, f := range []string{"state", "state.tmp", "mem", "mem.tmp", "vm.json"} {
+		for _, f := range []string{"state", "state.tmp", "mem", "mem.tmp", "vm.json", guest.KeyFile} {
 			_ = os.Remove(filepath.Join(dir, f))
 		}
 		return errors.Join(classifyDiskErr(err, dir), resume())
@@ -953,6 +960,10 @@ func (e *Engine) save(ctx context.Context, sb *sandbox, dir string) error {
 		}
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, "state")); err != nil {
+		return err
+	}
+	// The restored agents present this key (see guest.Auth).
+	if err := guest.WriteKeys(filepath.Join(dir, guest.KeyFile), sb.client.Keys()); err != nil {
 		return err
 	}
 	b, _ := json.Marshal(sm)
@@ -1072,7 +1083,11 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 		return nil, err
 	}
 	tLaunch := time.Now()
-	sb, err := e.connect(ctx, spec.ID, m, e.helloWait)
+	keys, err := guest.ReadKeys(filepath.Join(dir, guest.KeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w (a checkpoint older than agent keys: take it again)", dir, err)
+	}
+	sb, err := e.connect(ctx, spec.ID, m, e.helloWait, guest.Auth{Keys: keys, Restored: true})
 	if err != nil {
 		return nil, err
 	}
