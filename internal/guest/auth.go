@@ -48,6 +48,12 @@ type Auth struct {
 	// (the engine keeps them for a daemon that restarts). An error refuses
 	// that connection; the agent redials.
 	Save func(keys [][]byte) error
+	// Legacy accepts an agent that does not authenticate: the sandbox or
+	// snapshot predates agent keys (made by an older clade), so its agent
+	// cannot prove itself, and refusing it would lose the sandbox. Such a
+	// sandbox is as open to an impostor inside it as it was before; the
+	// daemon survives one either way. Recreating the sandbox ends it.
+	Legacy bool
 }
 
 // maxOldKeys bounds the keys accepted besides the current one.
@@ -69,6 +75,7 @@ func (c *Conn) Authenticate(a Auth) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.trustFirst = a.Fresh
+	c.legacy = a.Legacy
 	c.key = nil
 	c.oldKeys = nil
 	for _, k := range a.Keys {
@@ -109,6 +116,9 @@ func (c *Conn) keysLocked() [][]byte {
 // own, or ErrRejected.
 func (c *Conn) admitLocked(h wire.HelloMsg) ([]byte, error) {
 	if !slices.Contains(h.Features, wire.FeatureAuth) {
+		if c.legacy {
+			return nil, nil
+		}
 		return nil, fmt.Errorf("%w: the agent does not authenticate (an agent older than the host's? rebuild the snapshot)", ErrRejected)
 	}
 	switch {
@@ -210,6 +220,17 @@ func ReadKeys(path string) ([][]byte, error) {
 		keys = append(keys, k)
 	}
 	return keys, nil
+}
+
+// LoadKeys reads the keys at path for an Auth: a file that is not there
+// is a sandbox or snapshot older than agent keys, whose agent is accepted
+// without one (legacy, see Auth.Legacy).
+func LoadKeys(path string) (keys [][]byte, legacy bool, err error) {
+	keys, err = ReadKeys(path)
+	if errdefs.IsNotFound(err) {
+		return nil, true, nil
+	}
+	return keys, false, err
 }
 
 // KeySaver returns an Auth.Save that keeps the keys in path (WriteKeys).

@@ -45,6 +45,8 @@ type Conn struct {
 	key        []byte
 	oldKeys    [][]byte
 	trustFirst bool
+	// legacy accepts an agent that does not authenticate (Auth.Legacy).
+	legacy bool
 	save       func([][]byte) error
 	// observe, if set, hears of every exec's start and end.
 	observe func(ExecEvent)

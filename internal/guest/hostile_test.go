@@ -544,3 +544,29 @@ func TestSilentConnectionsDoNotBlockTheAgent(t *testing.T) {
 		t.Fatalf("the agent did not get in past silent connections: %v", err)
 	}
 }
+
+// TestLegacyAgentAccepted: the agent of a sandbox or snapshot made before
+// agent keys says hello without the auth feature; with Auth.Legacy (its
+// key file is missing) it is served rather than refused (refusing it
+// would lose the sandbox), and the host hands it no key it cannot use.
+func TestLegacyAgentAccepted(t *testing.T) {
+	noGrace(t)
+	g := NewConn()
+	t.Cleanup(func() { g.Close(nil) })
+	g.Authenticate(Auth{Restored: true, Legacy: true})
+	host, ag := socketPair(t)
+	served := serveAsync(g, host)
+	old := newFake(t, ag)
+	old.writeJSON(wire.Hello, 0, wire.HelloMsg{Version: wire.Version, PID: 1, Boot: 2})
+	done := old.serveStd()
+	execTrue(t, g)
+	select {
+	case err := <-served:
+		t.Fatalf("the legacy agent's connection ended: %v", err)
+	default:
+	}
+	g.Close(nil)
+	if keys := <-done; len(keys) != 0 {
+		t.Fatalf("the host handed a legacy agent keys: %d", len(keys))
+	}
+}

@@ -496,8 +496,11 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, image string, rest
 	// trust, a restored agent must present its snapshot's key.
 	auth := guest.Auth{Fresh: !restore, Save: guest.KeySaver(filepath.Join(sb.dir, guest.KeyFile))}
 	if restore {
-		if auth.Keys, err = guest.ReadKeys(filepath.Join(image, guest.KeyFile)); err != nil {
-			return nil, fmt.Errorf("snapshot %s: %w (a snapshot older than agent keys: take it again)", image, err)
+		if auth.Keys, auth.Legacy, err = guest.LoadKeys(filepath.Join(image, guest.KeyFile)); err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", image, err)
+		}
+		if auth.Legacy {
+			e.cfg.Log.Warn("restoring a snapshot older than agent keys: its agent cannot prove itself, so a process in the sandbox could pose as it; take the snapshot again to close that", "sandbox", spec.ID, "snapshot", image)
 		}
 		auth.Restored = true
 	}
@@ -944,11 +947,14 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	if st.Status != "running" {
 		return nil, errdefs.New(errdefs.NotFound, "sandbox %s is %s, not running", spec.ID, st.Status)
 	}
-	keys, err := guest.ReadKeys(filepath.Join(e.dir(spec.ID), guest.KeyFile))
+	keys, legacy, err := guest.LoadKeys(filepath.Join(e.dir(spec.ID), guest.KeyFile))
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("sandbox %s runs, but its agent cannot be told from an impostor: %w", spec.ID, err))
 	}
-	sb, err := e.listenAuth(spec.ID, guest.Auth{Keys: keys, Save: guest.KeySaver(filepath.Join(e.dir(spec.ID), guest.KeyFile))})
+	if legacy {
+		e.cfg.Log.Warn("sandbox started by an older clade: its agent cannot prove itself, so a process in it could pose as it; recreate it to close that", "sandbox", spec.ID)
+	}
+	sb, err := e.listenAuth(spec.ID, guest.Auth{Keys: keys, Legacy: legacy, Save: guest.KeySaver(filepath.Join(e.dir(spec.ID), guest.KeyFile))})
 	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
 		// The sandbox runs; only its agent socket does not fit.
 		return nil, errdefs.Wrap(errdefs.ResourceExhausted, fmt.Errorf("sandbox %s runs, but the disk is too full to make its agent socket: free some space: %w", spec.ID, err))

@@ -738,11 +738,14 @@ func (e *Engine) Attach(ctx context.Context, spec engine.Spec) (engine.Sandbox, 
 	// The VM runs: failing to reach its agent now (a loaded host, a
 	// stopped QEMU, ctx ended) is no sign it is gone, and the caller must
 	// not destroy it for that.
-	keys, err := guest.ReadKeys(filepath.Join(dir, guest.KeyFile))
+	keys, legacy, err := guest.LoadKeys(filepath.Join(dir, guest.KeyFile))
 	if err != nil {
 		return nil, unreachable(fmt.Errorf("sandbox %s runs, but its agent cannot be told from an impostor: %w", spec.ID, err))
 	}
-	sb, err = e.connect(ctx, spec.ID, m, 2*time.Second, guest.Auth{Keys: keys})
+	if legacy {
+		e.cfg.Log.Warn("VM started by an older clade: its agent cannot prove itself, so a process in it could pose as it; recreate it to close that", "sandbox", spec.ID)
+	}
+	sb, err = e.connect(ctx, spec.ID, m, 2*time.Second, guest.Auth{Keys: keys, Legacy: legacy})
 	if err != nil {
 		return nil, unreachable(err)
 	}
@@ -1083,11 +1086,14 @@ func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) (_ e
 		return nil, err
 	}
 	tLaunch := time.Now()
-	keys, err := guest.ReadKeys(filepath.Join(dir, guest.KeyFile))
+	keys, legacy, err := guest.LoadKeys(filepath.Join(dir, guest.KeyFile))
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w (a checkpoint older than agent keys: take it again)", dir, err)
+		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
-	sb, err := e.connect(ctx, spec.ID, m, e.helloWait, guest.Auth{Keys: keys, Restored: true})
+	if legacy {
+		e.cfg.Log.Warn("restoring a checkpoint older than agent keys: its agent cannot prove itself, so a process in the VM could pose as it; take the snapshot again to close that", "sandbox", spec.ID, "checkpoint", dir)
+	}
+	sb, err := e.connect(ctx, spec.ID, m, e.helloWait, guest.Auth{Keys: keys, Restored: true, Legacy: legacy})
 	if err != nil {
 		return nil, err
 	}
