@@ -161,3 +161,74 @@ func TestIngressClientConnCaps(t *testing.T) {
 	// Idle all the while, the routed connection is open and serves on.
 	keptGet("after the refused connections closed")
 }
+
+// TestUnroutedIdleClose: on the proxy's own server and listener (no
+// sandbox service), a connection whose requests were all refused (a host
+// that is no sandbox's) is closed soon after its last answer, and the
+// connections over Config's cap per address are closed at accept.
+func TestUnroutedIdleClose(t *testing.T) {
+	p := ingress.New(ingress.Config{Domain: "test", MaxClientConnsPerIP: 2}, nil)
+	srv := p.Server()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := p.Limit(ln)
+	go srv.Serve(lim)
+	t.Cleanup(func() { srv.Close(); p.Close() })
+
+	var conns []net.Conn
+	for range 2 {
+		cn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cn.Close() })
+		conns = append(conns, cn)
+	}
+	// The third from 127.0.0.1: closed at accept.
+	if cn, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		cn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := cn.Read(make([]byte, 1))
+		cn.Close()
+		if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a third connection from one address: read %v, want it closed", err)
+		}
+	}
+	cn := conns[0]
+	br := bufio.NewReader(cn)
+	for range 2 { // two refused requests: neither marks the connection
+		io.WriteString(cn, "GET / HTTP/1.1\r\nHost: nosuch.example\r\n\r\n")
+		cn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || resp.Close {
+			t.Fatalf("got %d (close %v), want a kept-alive 404", resp.StatusCode, resp.Close)
+		}
+	}
+	start := time.Now()
+	cn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("idle after refused requests: %v, want closed", err)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("closed after %s idle", took)
+	}
+	// Its place is given back: another connection from the address is
+	// served.
+	waitFor(t, "the closed connection's place", func() bool { return lim.Open() == 1 })
+	c2, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	io.WriteString(c2, "GET / HTTP/1.1\r\nHost: nosuch.example\r\n\r\n")
+	c2.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if resp, err := http.ReadResponse(bufio.NewReader(c2), nil); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("after a place came back: %v", err)
+	}
+}

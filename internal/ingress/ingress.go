@@ -17,6 +17,12 @@
 // request body that cannot be read, 405 for CONNECT, and at the limits of
 // Config: 504 for no answer head in time, 408 for a request body that
 // stalls, 503 with Retry-After for one connection too many to a sandbox.
+//
+// Client connections are capped in all and per address before any
+// request is read (Limit: one over a cap is closed at accept), and one
+// that carried no request the proxy routed to a sandbox is closed after
+// a few seconds idle: a client without a token cannot hold the daemon's
+// descriptors.
 package ingress
 
 import (
