@@ -45,6 +45,8 @@ func newDaemonCmd() *cobra.Command {
 	fs.DurationVar(&o.IngressLimits.BodyIdleTimeout, "ingress-body-timeout", ingress.DefaultBodyIdleTimeout, "the ingress answers 408 (or cuts the answer) when a client's request body sends no bytes for this long; 0 turns it off")
 	fs.DurationVar(&o.IngressLimits.SendTimeout, "ingress-send-timeout", ingress.DefaultSendTimeout, "the ingress drops a client connection that takes none of the bytes sent to it for this long (a client that stops reading would hold its request, and the sandbox awake, for ever); 0 turns it off")
 	fs.IntVar(&o.IngressLimits.MaxConnsPerSandbox, "ingress-max-conns", ingress.DefaultMaxConnsPerSandbox, "most connections the ingress holds open to one sandbox's ports (requests in flight, kept-alive connections, WebSockets); one more gets a 503 with Retry-After; 0 turns the cap off")
+	fs.IntVar(&o.IngressLimits.MaxClientConns, "ingress-max-client-conns", ingress.DefaultMaxClientConns(), "most client connections the ingress holds open at once, from everyone, with a token or without; one more is closed as it is accepted (the default, a quarter of the daemon's file limit and at most 4096, keeps the ingress and its sandbox connections to half the limit, so the API answers whatever clients open); 0 turns the cap off")
+	fs.IntVar(&o.IngressLimits.MaxClientConnsPerIP, "ingress-max-client-conns-per-ip", ingress.DefaultMaxClientConnsPerIP(), "most client connections the ingress holds open from one address (an IPv6 one by its /64); one more is closed as it is accepted; 0 turns the cap off")
 	fs.StringVar(&o.E2B, "e2b", "", "serve the E2B API (REST and envd) on TCP ADDR (e.g. 127.0.0.1:3000) for the unmodified E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=the --token-file token (see docs/e2b.md)")
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
 	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
@@ -198,8 +200,8 @@ func servePprof(addr string, log *slog.Logger) error {
 // ingressLimits maps the ingress limit flags onto its config, whose zero
 // means "the default": a flag's 0 turns the limit off.
 func ingressLimits(c *ingress.Config) error {
-	if c.ResponseHeaderTimeout < 0 || c.BodyIdleTimeout < 0 || c.SendTimeout < 0 || c.MaxConnsPerSandbox < 0 {
-		return fmt.Errorf("--ingress-response-timeout, --ingress-body-timeout, --ingress-send-timeout and --ingress-max-conns must not be negative (0 turns a limit off)")
+	if c.ResponseHeaderTimeout < 0 || c.BodyIdleTimeout < 0 || c.SendTimeout < 0 || c.MaxConnsPerSandbox < 0 || c.MaxClientConns < 0 || c.MaxClientConnsPerIP < 0 {
+		return fmt.Errorf("--ingress-response-timeout, --ingress-body-timeout, --ingress-send-timeout, --ingress-max-conns, --ingress-max-client-conns and --ingress-max-client-conns-per-ip must not be negative (0 turns a limit off)")
 	}
 	off := func(v *time.Duration) {
 		if *v == 0 {
@@ -209,8 +211,10 @@ func ingressLimits(c *ingress.Config) error {
 	off(&c.ResponseHeaderTimeout)
 	off(&c.BodyIdleTimeout)
 	off(&c.SendTimeout)
-	if c.MaxConnsPerSandbox == 0 {
-		c.MaxConnsPerSandbox = -1
+	for _, n := range []*int{&c.MaxConnsPerSandbox, &c.MaxClientConns, &c.MaxClientConnsPerIP} {
+		if *n == 0 {
+			*n = -1
+		}
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ func NewForwarderConfig(cfg Config, dial func(ctx context.Context) (net.Conn, er
 	p := New(cfg, nil)
 	p.dialer = func(ctx context.Context, _ string, _ int) (net.Conn, error) { return dial(ctx) }
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		routed(r)
 		rt := route{id: "sb", port: 1}
 		r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
 		if reverse || upgrading(r) {

@@ -24,6 +24,8 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
+
+	"github.com/clade-sandbox/clade/internal/connlimit"
 )
 
 // The forwarder is the proxy's way for plain HTTP/1.x requests (upgrades
@@ -55,8 +57,10 @@ type connKey struct{}
 // clientConn is what the proxy keeps for one client connection.
 type clientConn struct {
 	mu     sync.Mutex
-	be     *backend // guarded by mu: idle between requests
-	closed bool     // guarded by mu: the client connection is gone
+	be     *backend    // guarded by mu: idle between requests
+	closed bool        // guarded by mu: the client connection is gone
+	idle   *time.Timer // guarded by mu: closes the connection idle unrouted (see unroutedIdleTimeout)
+	routed atomic.Bool // a request on it was routed to a sandbox
 }
 
 // backend is a connection to a port inside a sandbox.
@@ -220,6 +224,9 @@ func (cc *clientConn) shut() {
 	be := cc.be
 	cc.be = nil
 	cc.closed = true
+	if cc.idle != nil {
+		cc.idle.Stop()
+	}
 	cc.mu.Unlock()
 	if be != nil {
 		be.close()
@@ -269,7 +276,7 @@ func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
 // a sub-millisecond or very long --ingress-send-timeout never turns the
 // limit off (an overflowed value was refused, silently).
 func setUserTimeout(c net.Conn, d time.Duration) {
-	tc, ok := c.(*net.TCPConn)
+	tc, ok := connlimit.Unwrap(c).(*net.TCPConn)
 	if !ok {
 		return
 	}
@@ -283,13 +290,56 @@ func setUserTimeout(c net.Conn, d time.Duration) {
 }
 
 // ConnState is the ingress server's http.Server.ConnState: a client
-// connection that closes (or is taken over) closes its sandbox connection.
+// connection that closes (or is taken over) closes its sandbox connection,
+// and one that goes idle with no request routed on it yet is closed after
+// unroutedIdleTimeout unless a request comes.
 func (p *Proxy) ConnState(c net.Conn, st http.ConnState) {
 	switch st {
+	case http.StateIdle:
+		if v, ok := p.conns.Load(c); ok {
+			v.(*clientConn).idling(c)
+		}
+	case http.StateActive:
+		if v, ok := p.conns.Load(c); ok {
+			v.(*clientConn).active()
+		}
 	case http.StateClosed, http.StateHijacked:
 		if v, ok := p.conns.LoadAndDelete(c); ok {
 			v.(*clientConn).shut()
 		}
+	}
+}
+
+// idling starts the unrouted idle timer of cc, whose connection is c.
+func (cc *clientConn) idling(c net.Conn) {
+	if cc.routed.Load() {
+		return
+	}
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	switch {
+	case cc.closed:
+	case cc.idle == nil:
+		cc.idle = time.AfterFunc(unroutedIdleTimeout, func() { c.Close() })
+	default:
+		cc.idle.Reset(unroutedIdleTimeout)
+	}
+}
+
+// active stops the unrouted idle timer: a request came.
+func (cc *clientConn) active() {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.idle != nil {
+		cc.idle.Stop()
+	}
+}
+
+// routed marks r's client connection as one that carried a request to a
+// sandbox: it is kept idle for the server's IdleTimeout from then on.
+func routed(r *http.Request) {
+	if cc, ok := r.Context().Value(connKey{}).(*clientConn); ok {
+		cc.routed.Store(true)
 	}
 }
 

@@ -17,6 +17,12 @@
 // request body that cannot be read, 405 for CONNECT, and at the limits of
 // Config: 504 for no answer head in time, 408 for a request body that
 // stalls, 503 with Retry-After for one connection too many to a sandbox.
+//
+// Client connections are capped in all and per address before any
+// request is read (Limit: one over a cap is closed at accept), and one
+// that carried no request the proxy routed to a sandbox is closed after
+// a few seconds idle: a client without a token cannot hold the daemon's
+// descriptors.
 package ingress
 
 import (
@@ -31,10 +37,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/clade-sandbox/clade/internal/connlimit"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 )
@@ -74,6 +82,13 @@ type Config struct {
 	// its request, and the sandbox awake, for ever. Default
 	// DefaultSendTimeout.
 	SendTimeout time.Duration
+	// MaxClientConns bounds the client connections the ingress holds open
+	// at once, from everyone, authenticated or not; MaxClientConnsPerIP
+	// those from one address (an IPv6 one by its /64). A connection over
+	// either is closed as it is accepted (see Limit). Defaults
+	// DefaultMaxClientConns() and DefaultMaxClientConnsPerIP().
+	MaxClientConns      int
+	MaxClientConnsPerIP int
 }
 
 // The limits' defaults (see Config).
@@ -83,6 +98,25 @@ const (
 	DefaultMaxConnsPerSandbox    = 2048
 	DefaultSendTimeout           = 60 * time.Second
 )
+
+// DefaultMaxClientConns is the default cap of the ingress's client
+// connections: a quarter of the daemon's file limit, at most 4096. Each
+// may hold a sandbox connection too, so the ingress takes at most half the
+// daemon's descriptors, and the API's listeners, the sandboxes and the
+// store keep the rest whatever clients open.
+func DefaultMaxClientConns() int { return connlimit.Share(connlimit.FDLimit(), 4, 4096) }
+
+// DefaultMaxClientConnsPerIP is the default cap of the ingress's client
+// connections from one address: 256, or DefaultMaxClientConns if less.
+func DefaultMaxClientConnsPerIP() int { return min(256, DefaultMaxClientConns()) }
+
+// unroutedIdleTimeout closes a client connection idle this long that has
+// carried no request the proxy routed to a sandbox (every request on it
+// was refused: a host that is no sandbox's, a wrong token): such a client
+// gets its answers, not a place kept for it for the server's IdleTimeout.
+// A connection still sending its first request is bounded by the server's
+// ReadHeaderTimeout.
+const unroutedIdleTimeout = 5 * time.Second
 
 // Proxy is the ingress's http.Handler.
 type Proxy struct {
@@ -102,6 +136,9 @@ type Proxy struct {
 	bodyIdle    time.Duration // <= 0: none
 	maxConns    int           // <= 0: none
 	sendTimeout time.Duration // <= 0: none
+	clientMax   int           // <= 0: none
+	clientPerIP int           // <= 0: none
+	refusedLog  atomic.Int64  // when the last refusal at accept was logged (unix ns)
 
 	omu  sync.Mutex
 	open map[string]int // guarded by omu: sandbox connections open, by sandbox id
@@ -129,6 +166,8 @@ func New(cfg Config, mgr *sandbox.Manager) *Proxy {
 		bodyIdle:    orDefault(cfg.BodyIdleTimeout, DefaultBodyIdleTimeout),
 		maxConns:    orDefault(cfg.MaxConnsPerSandbox, DefaultMaxConnsPerSandbox),
 		sendTimeout: orDefault(cfg.SendTimeout, DefaultSendTimeout),
+		clientMax:   orDefault(cfg.MaxClientConns, DefaultMaxClientConns()),
+		clientPerIP: orDefault(cfg.MaxClientConnsPerIP, DefaultMaxClientConnsPerIP()),
 		open:        map[string]int{}}
 	p.tr = &http.Transport{
 		// The address is "ID:PORT" (see rewrite), one pool per sandbox port.
@@ -224,6 +263,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !a.public && !p.authorized(w, r, a.token, a.id, ref, port) {
 		return
 	}
+	routed(r)
 	// Busy from here until the answer is done (an upgraded connection
 	// until it closes): no idle sleep under a request.
 	release := p.mgr.Hold(a.id)

@@ -34,7 +34,7 @@ func serveE2B(o Options, mgr *sandbox.Manager, tmp string, ingress net.Listener,
 		return nil, fmt.Errorf("e2b: listen on %s: %w", o.E2B, err)
 	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	go func() { errc <- hs.Serve(ln) }()
+	go func() { errc <- hs.Serve(limitAPI(ln, "e2b", log)) }()
 	log.Info("serving the E2B API", "addr", ln.Addr().String())
 	return func() { hs.Close(); srv.Close() }, nil
 }

@@ -271,7 +271,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		lns = append(lns, tln)
 		ths := &http.Server{Handler: httpapi.RequireToken(o.Token, srv), ReadHeaderTimeout: 10 * time.Second}
-		go func() { errc <- ths.Serve(tln) }()
+		go func() { errc <- ths.Serve(limitAPI(tln, "TCP API", log)) }()
 		defer ths.Close()
 		log.Info("serving TCP", "addr", tln.Addr().String())
 	}
@@ -288,7 +288,9 @@ func Run(ctx context.Context, o Options) error {
 		proxy := ingress.New(icfg, mgr)
 		defer proxy.Close()
 		ihs := proxy.Server()
-		go func() { errc <- ihs.Serve(iln) }()
+		// Under its caps of client connections; the server's hooks close
+		// idle ones that no request was routed on (see ingress.Limit).
+		go func() { errc <- ihs.Serve(proxy.Limit(iln)) }()
 		defer ihs.Close()
 		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain)
 	}
