@@ -226,8 +226,12 @@ func Run(ctx context.Context, o Options) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tmp := filepath.Join(o.DataDir, "tmp")
-	_ = os.RemoveAll(tmp) // uploads a killed daemon left
+	// Image archives are spooled here while imported: in the encrypted
+	// view when encryption is on, as nothing a client sends may touch the
+	// disk in plaintext then.
+	tmp := filepath.Join(stateDir, "tmp")
+	_ = os.RemoveAll(tmp)                             // uploads a killed daemon left
+	_ = os.RemoveAll(filepath.Join(o.DataDir, "tmp")) // and one from before the spool moved
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
