@@ -183,6 +183,13 @@ func TestUploadBounded(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(d.DataDir, "tmp")); len(ents) > 0 {
 		t.Errorf("the upload left %d files in the data dir's tmp", len(ents))
 	}
+	// Nothing of it stays in the sandbox either: no partial file, no
+	// temporary one.
+	st, got := envdDo(t, h, "POST", url+"/filesystem.Filesystem/ListDir", strings.NewReader(`{"path":"/home/user"}`), -1,
+		map[string]string{"Content-Type": "application/json", "Connect-Protocol-Version": "1"})
+	if st != 200 || strings.Contains(string(got), "bomb") {
+		t.Errorf("after the refused upload, /home/user lists %d %s", st, got)
+	}
 
 	t.Run("declared length over the cap", func(t *testing.T) {
 		const n = 100 << 20

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -269,7 +270,7 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 		case err != nil:
 			return writtenEntry{}, uploadError(p, nil, src.failed(err), capped)
 		default:
-			if err := s.streamFile(w, ctx, g, p, io.MultiReader(bytes.NewReader(head), r), src, capped); err != nil {
+			if err := s.streamFile(w, ctx, g, id, p, io.MultiReader(bytes.NewReader(head), r), src, capped); err != nil {
 				return writtenEntry{}, err
 			}
 			return writtenEntry{Name: name, Type: "file", Path: p}, nil
@@ -296,16 +297,15 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 	return writtenEntry{Name: name, Type: "file", Path: p}, nil
 }
 
-// streamScript writes its stdin to "$1" through a temporary file beside it,
-// so that a failed upload leaves neither a partial file nor the old one
-// half overwritten.
-const streamScript = `t="$1.clade-upload.$$"; trap 'rm -f -- "$t"' EXIT; umask 022; cat > "$t" && mv -f -- "$t" "$1"`
-
-// streamFile writes r to p inside the sandbox by a process that copies its
-// stdin: an archive entry needs its size up front, which an upload of
-// unknown size has not.
-func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, g *guest.Conn, p string, r io.Reader, src *bodyReader, capped *capReader) error {
-	proc, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", streamScript, "sh", p}, Stdin: true})
+// streamFile writes r to p inside sandbox id by a process that copies its
+// stdin into a temporary file beside p, moved onto p only once the whole
+// upload is in: an archive entry needs its size up front, which an upload
+// of unknown size has not, and a failed upload must leave neither a
+// partial file nor the old one half overwritten (the process cannot tell
+// a body that broke from one that ended: the host decides).
+func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, g *guest.Conn, id, p string, r io.Reader, src *bodyReader, capped *capReader) error {
+	tmp := p + ".clade-upload-" + rand.Text()[:12]
+	proc, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `umask 022; exec cat > "$1"`, "sh", tmp}, Stdin: true})
 	if err != nil {
 		return err
 	}
@@ -338,7 +338,17 @@ func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, g *guest
 		}
 		return err
 	}, proc.Close)
-	return uploadError(p, putErr, src.failed(fillErr), capped)
+	if err := uploadError(p, putErr, src.failed(fillErr), capped); err != nil {
+		if _, _, rerr := s.run(context.WithoutCancel(ctx), id, "rm", "-f", "--", tmp); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove the partial upload %s: %w", tmp, rerr))
+		}
+		return err
+	}
+	if _, _, err := s.run(ctx, id, "mv", "-f", "--", tmp, p); err != nil {
+		_, _, rerr := s.run(context.WithoutCancel(ctx), id, "rm", "-f", "--", tmp)
+		return errors.Join(fmt.Errorf("write %s: %w", p, err), rerr)
+	}
+	return nil
 }
 
 // feed runs fill in its own goroutine and put meanwhile, and returns their
