@@ -230,8 +230,12 @@ func Run(ctx context.Context, o Options) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tmp := filepath.Join(o.DataDir, "tmp")
-	_ = os.RemoveAll(tmp) // uploads a killed daemon left
+	// Image archives are spooled here while imported: in the encrypted
+	// view when encryption is on, as nothing a client sends may touch the
+	// disk in plaintext then.
+	tmp := filepath.Join(stateDir, "tmp")
+	_ = os.RemoveAll(tmp)                             // uploads a killed daemon left
+	_ = os.RemoveAll(filepath.Join(o.DataDir, "tmp")) // and one from before the spool moved
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
@@ -276,7 +280,7 @@ func Run(ctx context.Context, o Options) error {
 		log.Info("serving TCP", "addr", tln.Addr().String())
 	}
 	if o.E2B != "" {
-		stop, err := serveE2B(o, mgr, tmp, iln, log, errc)
+		stop, err := serveE2B(o, mgr, iln, log, errc)
 		if err != nil {
 			return err
 		}

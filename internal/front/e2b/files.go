@@ -2,23 +2,28 @@ package e2b
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
+	"mime/multipart"
 	"net/http"
-	"os"
 	"path"
 	"strconv"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/hostinfo"
 	"github.com/clade-sandbox/clade/internal/store"
-	"github.com/clade-sandbox/clade/internal/tarx"
 )
 
 // getFile answers envd's GET /files?path=: the file's bytes.
@@ -77,25 +82,52 @@ type writtenEntry struct {
 
 // postFiles answers envd's POST /files: multipart with one part per file
 // (field "file", its filename the full path), or one octet-stream body
-// (optionally gzip-encoded) written to ?path=.
+// written to ?path=; either may be gzip-encoded. Every file streams into
+// the sandbox: nothing of it is written on the host (the data dir is not
+// the sandbox's disk, and with encryption at rest nothing a client sends
+// may land there in plaintext). What the body decodes to is bounded by
+// the sandbox's disk cap and what the host can spare: past it the answer
+// is a 413; a sandbox disk that fills up part way is a 507 (the SDKs'
+// NotEnoughSpaceError).
 func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 	id := sandboxID(r.Header)
 	qpath := r.URL.Query().Get("path")
+	sb, err := s.get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	limit, why := s.uploadLimit(sb)
+	var body io.Reader = r.Body
+	size := r.ContentLength // of the file, for an octet-stream body
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		if !strings.EqualFold(enc, "gzip") {
+			return errdefs.New(errdefs.InvalidArgument, "Content-Encoding %q: send the body as it is or gzip-encoded", enc)
+		}
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			return errdefs.New(errdefs.InvalidArgument, "body is not gzip: %v", err)
+		}
+		defer zr.Close()
+		body, size = zr, -1
+	}
+	capped := &capReader{r: body, left: limit, limit: limit, why: why}
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var out []writtenEntry
 	switch {
 	case ct == "multipart/form-data":
-		mr, err := r.MultipartReader()
-		if err != nil {
-			return errdefs.New(errdefs.InvalidArgument, "bad multipart body: %v", err)
+		if params["boundary"] == "" {
+			return errdefs.New(errdefs.InvalidArgument, "bad multipart body: no boundary in the Content-Type")
 		}
-		_ = params
+		mr := multipart.NewReader(capped, params["boundary"])
 		for {
 			part, err := mr.NextPart()
 			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
+				if capped.over {
+					return capped.err()
+				}
 				return errdefs.New(errdefs.InvalidArgument, "bad multipart body: %v", err)
 			}
 			// Part.FileName drops directories: the full path is the point.
@@ -111,7 +143,7 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 			if target == "" {
 				return errdefs.New(errdefs.InvalidArgument, "a file part names no path: give ?path= or the full path as the part's filename")
 			}
-			e, err := s.writeFile(r.Context(), id, resolve(target), part)
+			e, err := s.writeFile(w, r.Context(), id, resolve(target), part, -1, capped)
 			part.Close()
 			if err != nil {
 				return err
@@ -122,16 +154,10 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 		if qpath == "" {
 			return errdefs.New(errdefs.InvalidArgument, "missing ?path=: the path to write the body to")
 		}
-		var body io.Reader = r.Body
-		if strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") {
-			zr, err := gzip.NewReader(r.Body)
-			if err != nil {
-				return errdefs.New(errdefs.InvalidArgument, "body is not gzip: %v", err)
-			}
-			defer zr.Close()
-			body = zr
+		if size > limit {
+			return capped.errFor(size)
 		}
-		e, err := s.writeFile(r.Context(), id, resolve(qpath), body)
+		e, err := s.writeFile(w, r.Context(), id, resolve(qpath), capped, size, capped)
 		if err != nil {
 			return err
 		}
@@ -144,43 +170,81 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// uploadLimit is the most one upload into sb may decode to, and what
+// bounds it: the sandbox's disk cap, and the data dir's free space above
+// the disk floor (a sandbox's files take the host's disk).
+func (s *Server) uploadLimit(sb store.Sandbox) (int64, string) {
+	limit, why := int64(math.MaxInt64), ""
+	if sb.Opts.DiskMiB > 0 {
+		limit, why = int64(sb.Opts.DiskMiB)<<20, fmt.Sprintf("the sandbox's disk cap of %d MiB", sb.Opts.DiskMiB)
+	}
+	if s.cfg.DiskDir != "" {
+		var st unix.Statfs_t
+		if err := unix.Statfs(s.cfg.DiskDir, &st); err == nil {
+			spare := int64(st.Bavail)*int64(st.Bsize) - int64(s.cfg.DiskFloorMiB)<<20
+			if spare < limit {
+				limit, why = max(spare, 0), fmt.Sprintf("the %d MiB the host can spare", max(spare, 0)>>20)
+			}
+		}
+	}
+	return limit, why
+}
+
+// capReader yields at most limit bytes of r; a byte more makes it fail
+// with a 413 and set over.
+type capReader struct {
+	r     io.Reader
+	left  int64
+	limit int64
+	why   string
+	over  bool
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		var b [1]byte
+		n, err := c.r.Read(b[:])
+		if n > 0 {
+			c.over = true
+			return 0, c.err()
+		}
+		return 0, err
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
+}
+
+func (c *capReader) err() error {
+	return &statusError{status: http.StatusRequestEntityTooLarge, err: fmt.Errorf("the upload is larger than %s (%d bytes): nothing was written past it", c.why, c.limit)}
+}
+
+func (c *capReader) errFor(size int64) error {
+	return &statusError{status: http.StatusRequestEntityTooLarge, err: fmt.Errorf("an upload of %d bytes is larger than %s (%d bytes)", size, c.why, c.limit)}
+}
+
+// inlineMax is the most of an upload of unknown size held in memory to
+// learn its size: a file that ends within it goes in one archive entry.
+const inlineMax = 1 << 20
+
 // writeFile writes what r yields to p (absolute) in sandbox id, making its
-// parent directories.
-func (s *Server) writeFile(ctx context.Context, id, p string, r io.Reader) (writtenEntry, error) {
+// parent directories. size is r's length, or -1 when unknown. Nothing is
+// written on the host: a file of known size (or one that ends within
+// inlineMax) goes through the agent's archive extraction, a larger one of
+// unknown size through a process inside that writes its stdin. A failed
+// write leaves no partial file.
+func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p string, r io.Reader, size int64, capped *capReader) (writtenEntry, error) {
 	if p == "/" {
 		return writtenEntry{}, errdefs.New(errdefs.InvalidArgument, "cannot write a file at /")
-	}
-	// The tar header needs the size first: spool the upload.
-	f, err := os.CreateTemp(s.cfg.TmpDir, "e2b-upload-")
-	if err != nil {
-		return writtenEntry{}, err
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	size, err := io.Copy(f, r)
-	if err != nil {
-		return writtenEntry{}, errdefs.New(errdefs.InvalidArgument, "reading the upload: %v", err)
 	}
 	g, err := s.mgr.Guest(ctx, id)
 	if err != nil {
 		return writtenEntry{}, err
 	}
 	dir, name := path.Split(p)
-	put := func() error {
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return err
-		}
-		pr := tarx.Stream(func(tw *tar.Writer) error {
-			if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: size, ModTime: time.Now(), Typeflag: tar.TypeReg}); err != nil {
-				return err
-			}
-			_, err := io.Copy(tw, io.LimitReader(f, size))
-			return err
-		})
-		err := g.CopyIn(ctx, dir, pr)
-		pr.CloseWithError(errors.New("upload ended"))
-		return err
-	}
 	// CopyIn writes into an existing directory, but as the path itself
 	// when it is missing: make the parents first.
 	dir = path.Clean(dir)
@@ -195,10 +259,165 @@ func (s *Server) writeFile(ctx context.Context, id, p string, r io.Reader) (writ
 	case !fi.IsDir:
 		return writtenEntry{}, errdefs.New(errdefs.InvalidArgument, "write %s: %s is not a directory", p, dir)
 	}
-	if err := put(); err != nil {
-		return writtenEntry{}, fmt.Errorf("write %s: %w", p, err)
+	src := &bodyReader{r: r}
+	r = src
+	if size < 0 {
+		head := make([]byte, inlineMax+1)
+		n, err := io.ReadFull(r, head)
+		switch {
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			r, size = bytes.NewReader(head[:n]), int64(n)
+		case err != nil:
+			return writtenEntry{}, uploadError(p, nil, src.failed(err), capped)
+		default:
+			if err := s.streamFile(w, ctx, g, id, p, io.MultiReader(bytes.NewReader(head), r), src, capped); err != nil {
+				return writtenEntry{}, err
+			}
+			return writtenEntry{Name: name, Type: "file", Path: p}, nil
+		}
+	}
+	pr, pw := io.Pipe()
+	putErr, fillErr := feed(w, func() error {
+		tw := tar.NewWriter(pw)
+		err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: size, ModTime: time.Now(), Typeflag: tar.TypeReg})
+		if err == nil {
+			_, err = io.CopyN(tw, r, size)
+		}
+		if err == nil {
+			err = tw.Close()
+		}
+		pw.CloseWithError(err)
+		return err
+	}, func() error {
+		return g.CopyIn(ctx, dir, pr)
+	}, func() { pr.CloseWithError(errors.New("upload ended")) })
+	if err := uploadError(p, putErr, src.failed(fillErr), capped); err != nil {
+		return writtenEntry{}, err
 	}
 	return writtenEntry{Name: name, Type: "file", Path: p}, nil
+}
+
+// streamFile writes r to p inside sandbox id by a process that copies its
+// stdin into a temporary file beside p, moved onto p only once the whole
+// upload is in: an archive entry needs its size up front, which an upload
+// of unknown size has not, and a failed upload must leave neither a
+// partial file nor the old one half overwritten (the process cannot tell
+// a body that broke from one that ended: the host decides).
+func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, g *guest.Conn, id, p string, r io.Reader, src *bodyReader, capped *capReader) error {
+	tmp := p + ".clade-upload-" + rand.Text()[:12]
+	proc, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `umask 022; exec cat > "$1"`, "sh", tmp}, Stdin: true})
+	if err != nil {
+		return err
+	}
+	defer proc.Close()
+	var exit guest.ExitStatus
+	var eb bytes.Buffer
+	putErr, fillErr := feed(w, func() error {
+		_, err := io.Copy(proc.Stdin, r)
+		if cerr := proc.Stdin.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}, func() error {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = io.Copy(io.Discard, proc.Stdout)
+		}()
+		_, _ = io.Copy(&eb, io.LimitReader(proc.Stderr, 64<<10))
+		_, _ = io.Copy(io.Discard, proc.Stderr)
+		<-done
+		var err error
+		exit, err = proc.Wait(ctx)
+		if err == nil && (exit.Code != 0 || exit.Error != "") {
+			msg := strings.TrimSpace(eb.String())
+			if exit.Error != "" {
+				msg = exit.Error
+			}
+			err = errdefs.New(errdefs.Internal, "%s (exit status %d)", msg, exit.Code)
+		}
+		return err
+	}, proc.Close)
+	if err := uploadError(p, putErr, src.failed(fillErr), capped); err != nil {
+		if _, _, rerr := s.run(context.WithoutCancel(ctx), id, "rm", "-f", "--", tmp); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove the partial upload %s: %w", tmp, rerr))
+		}
+		return err
+	}
+	if _, _, err := s.run(ctx, id, "mv", "-f", "--", tmp, p); err != nil {
+		_, _, rerr := s.run(context.WithoutCancel(ctx), id, "rm", "-f", "--", tmp)
+		return errors.Join(fmt.Errorf("write %s: %w", p, err), rerr)
+	}
+	return nil
+}
+
+// feed runs fill in its own goroutine and put meanwhile, and returns their
+// errors. fill reads the request's body, which must not be read after the
+// handler returns: once put has returned, abort makes fill's next write
+// fail, and feed waits for fill to end; a fill still blocked on the client
+// is cut off with a read deadline. (Set on a body read to its end, the
+// deadline would break the kept-alive connection for the next request.)
+func feed(w http.ResponseWriter, fill, put func() error, abort func()) (putErr, fillErr error) {
+	filled := make(chan struct{})
+	go func() {
+		defer close(filled)
+		fillErr = fill()
+	}()
+	putErr = put()
+	abort()
+	select {
+	case <-filled:
+	case <-time.After(time.Second):
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		<-filled
+	}
+	return putErr, fillErr
+}
+
+// bodyReader notes the first error reading the upload gave, so that a
+// broken body is told from a write that failed inside.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF && b.err == nil {
+		b.err = err
+	}
+	return n, err
+}
+
+// failed is the body's error behind a fill's err: what reading it failed
+// with, io.ErrUnexpectedEOF when it ended short of its size, or nil when
+// the fill failed writing (the write inside ended first).
+func (b *bodyReader) failed(err error) error {
+	switch {
+	case b.err != nil:
+		return b.err
+	case errors.Is(err, io.EOF):
+		return io.ErrUnexpectedEOF
+	}
+	return nil
+}
+
+// uploadError says why writing p failed, or nil: the upload over its
+// limit (413), the sandbox's disk full (507, the SDKs'
+// NotEnoughSpaceError), the client's body broken (400), or what the
+// sandbox said.
+func uploadError(p string, putErr, readErr error, capped *capReader) error {
+	switch {
+	case capped.over:
+		return capped.err()
+	case putErr != nil && strings.Contains(strings.ToLower(putErr.Error()), "no space left on device"):
+		return &statusError{status: http.StatusInsufficientStorage, err: fmt.Errorf("write %s: not enough disk space in the sandbox: %w", p, putErr)}
+	case readErr != nil:
+		return errdefs.New(errdefs.InvalidArgument, "write %s: reading the upload: %v", p, readErr)
+	case putErr != nil:
+		return fmt.Errorf("write %s: %w", p, putErr)
+	}
+	return nil
 }
 
 // metric is E2B's SandboxMetric.

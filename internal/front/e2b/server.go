@@ -15,6 +15,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -44,9 +45,12 @@ type Config struct {
 	// Domain, when the daemon serves an ingress, is its domain: the SDK's
 	// getHost(port) is PORT-ID.Domain.
 	Domain string
-	// TmpDir holds uploads while they are written into a sandbox.
-	TmpDir string
-	Log    *slog.Logger
+	// DiskDir is a directory on the file system sandboxes' files take
+	// (the data dir): an upload may not take more than it has free above
+	// DiskFloorMiB. Empty: no bound but the sandbox's disk cap.
+	DiskDir      string
+	DiskFloorMiB int
+	Log          *slog.Logger
 }
 
 // Server serves the E2B REST API and envd on one handler.
@@ -71,10 +75,10 @@ func New(cfg Config, mgr *sandbox.Manager) (*Server, error) {
 	s := &Server{cfg: cfg, mgr: mgr, log: cfg.Log, rest: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses()}
 	s.routes()
 	ps := &processService{s: s}
-	path, h := processconnect.NewProcessHandler(ps)
+	path, h := processconnect.NewProcessHandler(ps, connectLimits...)
 	s.envd.Handle(path, h)
 	fsvc := &filesystemService{s: s}
-	path, h = filesystemconnect.NewFilesystemHandler(fsvc)
+	path, h = filesystemconnect.NewFilesystemHandler(fsvc, connectLimits...)
 	s.envd.Handle(path, h)
 	s.envd.HandleFunc("GET /files", s.wrap(s.getFile))
 	s.envd.HandleFunc("POST /files", s.wrap(s.postFiles))
@@ -163,8 +167,22 @@ type apiError struct {
 // statusOf is errdefs.HTTPStatus.
 func statusOf(c errdefs.Class) int { return errdefs.HTTPStatus(c) }
 
+// statusError is an answer envd gives that no error class maps to: 413
+// for an upload over what the sandbox can hold, 507 for a sandbox disk
+// that filled up (the SDKs' NotEnoughSpaceError).
+type statusError struct {
+	status int
+	err    error
+}
+
+func (e *statusError) Error() string { return e.err.Error() }
+func (e *statusError) Unwrap() error { return e.err }
+
 func writeError(w http.ResponseWriter, err error) {
 	st := statusOf(errdefs.ClassOf(err))
+	if se := (*statusError)(nil); errors.As(err, &se) {
+		st = se.status
+	}
 	writeJSON(w, st, apiError{Code: st, Message: err.Error()})
 }
 
@@ -178,7 +196,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (s *Server) wrap(h func(w http.ResponseWriter, r *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			if errdefs.ClassOf(err) == errdefs.Internal {
+			if se := (*statusError)(nil); errdefs.ClassOf(err) == errdefs.Internal && !errors.As(err, &se) {
 				s.log.Error("e2b request failed", "path", r.URL.Path, "err", err)
 			}
 			writeError(w, err)

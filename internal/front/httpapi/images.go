@@ -135,16 +135,52 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer os.Remove(f.Name())
-	_, err = io.Copy(f, r.Body)
+	_, err = io.Copy(f, s.floored(r.Body, "image import"))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
+		if errdefs.ClassOf(err) != errdefs.Internal {
+			return err
+		}
 		return errdefs.New(errdefs.InvalidArgument, "reading the uploaded archive: %v", err)
 	}
 	ev := &eventStream{w: w, rc: http.NewResponseController(w)}
 	img, err := s.mgr.ImportImage(r.Context(), f.Name(), image.ImportOptions{Name: q.Get("name"), Source: source, Progress: ev.progress})
 	return ev.finish(img, err)
+}
+
+// floorReader reads r and, every floorEvery bytes, asks check whether the
+// disk may take more: an upload written to the data dir (an archive
+// spooled for import, a volume imported) must not fill its file system;
+// the daemon's disk floor stops it with check's error.
+type floorReader struct {
+	r     io.Reader
+	check func() error
+	n     int64 // bytes read
+	next  int64 // at which the next check is due
+}
+
+const floorEvery = 16 << 20
+
+func (f *floorReader) Read(p []byte) (int, error) {
+	if f.n >= f.next {
+		if err := f.check(); err != nil {
+			return 0, err
+		}
+		f.next = f.n + floorEvery
+	}
+	if rest := f.next - f.n; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	n, err := f.r.Read(p)
+	f.n += int64(n)
+	return n, err
+}
+
+// floored is r stopped by the daemon's disk floor, for op.
+func (s *Server) floored(r io.Reader, op string) io.Reader {
+	return &floorReader{r: r, check: func() error { return s.mgr.CheckDisk(op) }}
 }
 
 // checkText refuses a query parameter that is too long or holds control

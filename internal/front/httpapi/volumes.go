@@ -158,7 +158,7 @@ func (s *Server) importVolume(w http.ResponseWriter, r *http.Request) error {
 	if key == "" {
 		return errdefs.New(errdefs.InvalidArgument, "an import needs the volume's key in the %s header (clade volume import --key-file)", api.VolumeKeyHeader)
 	}
-	v, err := vols.Import(r.Context(), r.PathValue("name"), r.Body, key)
+	v, err := vols.Import(r.Context(), r.PathValue("name"), s.floored(r.Body, "volume import"), key)
 	if err != nil {
 		return err
 	}
