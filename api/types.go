@@ -13,8 +13,11 @@ const Version = "v1"
 
 // Sandbox is a sandbox as the API shows it.
 type Sandbox struct {
-	ID        string   `json:"id"`
-	Name      string   `json:"name,omitempty"`
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+	// Node names the node that holds the sandbox ("local" for a daemon
+	// that is not part of a cluster).
+	Node      string   `json:"node,omitempty"`
 	Image     string   `json:"image"`
 	State     string   `json:"state"`
 	MemoryMiB int      `json:"memory_mib"`
@@ -158,8 +161,10 @@ type CreateSandboxRequest struct {
 
 // Snapshot is a sandbox's state frozen on disk: memory, processes, files.
 type Snapshot struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name,omitempty"`
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+	// Node names the node that holds the snapshot's files.
+	Node      string    `json:"node,omitempty"`
 	Sandbox   string    `json:"sandbox"`
 	Image     string    `json:"image"`
 	MemoryMiB int       `json:"memory_mib"`

@@ -25,14 +25,14 @@ import (
 // versions that kept metadata in image.json) when its store lacks them.
 type imageService struct {
 	files *image.Store
-	store *store.Store
+	store store.Images
 	log   *slog.Logger
 
 	startMu sync.Mutex
 	started bool // guarded by startMu
 }
 
-func newImageService(files *image.Store, st *store.Store, log *slog.Logger) *imageService {
+func newImageService(files *image.Store, st store.Images, log *slog.Logger) *imageService {
 	files.OnRoot = func(rootfs string) error {
 		// Recorded as pending before it exists: a root a killed daemon
 		// never named is collected after the next start.

@@ -98,7 +98,7 @@ func DefaultConfig() Config {
 type Manager struct {
 	cfg    Config
 	eng    engine.Engine
-	store  *store.Store
+	store  store.All
 	images *imageService
 	log    *slog.Logger
 	pool   *pool.Pool
@@ -140,7 +140,7 @@ type Manager struct {
 }
 
 // New returns a service. Call Reconcile before serving.
-func New(cfg Config, eng engine.Engine, st *store.Store, images *image.Store) *Manager {
+func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Manager {
 	d := DefaultConfig()
 	if cfg.DefaultMemoryMiB == 0 {
 		cfg.DefaultMemoryMiB = d.DefaultMemoryMiB

@@ -27,9 +27,17 @@ const FileDir = "/run/secrets"
 
 // Config configures a Manager.
 type Config struct {
-	Store *store.Store
+	Store Store
 	Key   *Key
 	Log   *slog.Logger
+}
+
+// Store is what secrets need of the store: their own records, and the
+// sandboxes' and snapshots' (which secrets they hold).
+type Store interface {
+	store.Secrets
+	ListSandboxes(ctx context.Context) ([]store.Sandbox, error)
+	ListSnapshots(ctx context.Context) ([]store.Snapshot, error)
 }
 
 // Manager sets, lists and removes secrets, and (as a sandbox Hook) puts
@@ -48,7 +56,7 @@ const keyCheckText = "clade host key check"
 // returns a Manager once the key proves to be the one its secrets were
 // sealed with. A wrong or missing key is an error that says what to do,
 // and nothing is changed or deleted.
-func Open(ctx context.Context, st *store.Store, keyFile, keyEnv string, log *slog.Logger) (*Manager, error) {
+func Open(ctx context.Context, st Store, keyFile, keyEnv string, log *slog.Logger) (*Manager, error) {
 	kc, err := st.KeyCheck(ctx)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 )
@@ -42,6 +43,7 @@ func (s *Store) PoolSandboxes(ctx context.Context) ([]string, error) {
 // mark alone (unclaimed: destroyed) or the record alone. Errors as
 // InsertSandbox's; on error the mark stays.
 func (s *Store) ClaimPoolSandbox(ctx context.Context, sb Sandbox) error {
+	sb.Node = cmp.Or(sb.Node, s.node)
 	s.idx.mu.Lock()
 	defer s.idx.mu.Unlock()
 	err := s.inTx(ctx, func(tx *sql.Tx) error {

@@ -58,7 +58,10 @@ type Sandbox struct {
 	RootFS string
 	// Opts are the sandbox's settings beyond its shape; fork children and
 	// woken sandboxes keep them.
-	Opts      Options
+	Opts Options
+	// Node names the node that holds the sandbox (Config.Node of the store
+	// that recorded it, when the record names none).
+	Node      string
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -127,7 +130,9 @@ type Snapshot struct {
 	// RootFS is the image root the snapshotted sandbox stood on.
 	RootFS string
 	// Opts are the snapshotted sandbox's options; its children inherit them.
-	Opts      Options
+	Opts Options
+	// Node names the node that holds the snapshot's files.
+	Node      string
 	CreatedAt time.Time
 }
 
@@ -138,6 +143,7 @@ type Store struct {
 	// dev and ino identify the database file that was opened: a file
 	// removed or replaced under the daemon is noticed by its identity.
 	dev, ino uint64
+	node     string // Config.Node
 	reserve  reserve // room for removals on a full disk (reserve.go)
 	// idx mirrors the sandboxes table for creates (index.go); its mu is
 	// held across every write to the table.
@@ -188,6 +194,8 @@ var migrations = []string{
 	`ALTER TABLE snapshots ADD COLUMN rootfs TEXT NOT NULL DEFAULT ''`,
 	`ALTER TABLE sandboxes ADD COLUMN opts TEXT NOT NULL DEFAULT '{}'`,
 	`ALTER TABLE snapshots ADD COLUMN opts TEXT NOT NULL DEFAULT '{}'`,
+	`ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE snapshots ADD COLUMN node TEXT NOT NULL DEFAULT ''`,
 }
 
 // Engine returns the sandbox's id in the engine.
@@ -198,8 +206,25 @@ func (sb Sandbox) Engine() string {
 	return sb.ID
 }
 
-// Open opens (creating if needed) the database at path.
+// Config is a store's configuration beyond its file.
+type Config struct {
+	// Node names this node in the records it writes (Sandbox.Node,
+	// Snapshot.Node); empty: DefaultNode. Records of an older database,
+	// which name none, are read as this node's.
+	Node string
+}
+
+// DefaultNode is the node of a store configured with none: a daemon that
+// is not part of a cluster.
+const DefaultNode = "local"
+
+// Open opens (creating if needed) the database at path, for DefaultNode.
 func Open(ctx context.Context, path string) (*Store, error) {
+	return OpenConfig(ctx, path, Config{})
+}
+
+// OpenConfig opens (creating if needed) the database at path.
+func OpenConfig(ctx context.Context, path string, cfg Config) (*Store, error) {
 	// secure_delete: deleted rows are zeroed, so that a removed encrypted
 	// volume's sealed key (in its record and its copies' options) is not
 	// left in a free page.
@@ -220,7 +245,14 @@ func Open(ctx context.Context, path string) (*Store, error) {
 			return nil, fmt.Errorf("migrate store %s: %w", path, err)
 		}
 	}
-	st := &Store{db: db, path: path}
+	st := &Store{db: db, path: path, node: cmp.Or(cfg.Node, DefaultNode)}
+	// Records from before nodes are this node's.
+	for _, q := range []string{`UPDATE sandboxes SET node = ? WHERE node = ''`, `UPDATE snapshots SET node = ? WHERE node = ''`} {
+		if _, err := db.ExecContext(ctx, q, st.node); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("migrate store %s: %w", path, err)
+		}
+	}
 	if st.insert, err = db.PrepareContext(ctx, insertQuery); err == nil {
 		st.unpool, err = db.PrepareContext(ctx, unpoolQuery)
 	}
@@ -242,6 +274,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	}
 	return st, nil
 }
+
+// Node returns the node the store records (Config.Node).
+func (s *Store) Node() string { return s.node }
 
 // Check reports whether the database file is still the one the store
 // opened. A removed or replaced file is an Unavailable error: writes to the
@@ -303,6 +338,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	}
 	s.idx.mu.Lock()
 	defer s.idx.mu.Unlock()
+	sb.Node = cmp.Or(sb.Node, s.node)
 	err := s.write(ctx, func() error { return insertSandbox(ctx, s.insert, sb) })
 	if err == nil {
 		s.idx.putLocked(sb.ID, indexRow{name: sb.Name, memoryMiB: sb.MemoryMiB, state: sb.State})
@@ -312,8 +348,8 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 
 // insertQuery records a sandbox; prepared once (Store.insert): parsing it
 // was a fifth of a claim's store CPU.
-const insertQuery = `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, opts, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+const insertQuery = `INSERT INTO sandboxes (id, name, image, state, memory_mib, cpus, env, error, snapshot, rootfs, opts, node, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 // insertSandbox runs insert, the prepared insertQuery (of the database or
 // of a transaction).
@@ -324,7 +360,7 @@ func insertSandbox(ctx context.Context, insert *sql.Stmt, sb Sandbox) error {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	_, err := insert.ExecContext(ctx, sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, sb.RootFS, string(opts), now.UnixNano(), now.UnixNano())
+	_, err := insert.ExecContext(ctx, sb.ID, nullable(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs, string(env), sb.Error, sb.Snapshot, sb.RootFS, string(opts), sb.Node, now.UnixNano(), now.UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		if strings.Contains(err.Error(), "name") {
 			return errdefs.New(errdefs.AlreadyExists, "a sandbox named %q already exists: pick another --name or remove it", sb.Name)
@@ -407,13 +443,13 @@ func (s *Store) TransitionAll(ctx context.Context, ids []string, from, to string
 	return err
 }
 
-const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, rootfs, opts, created_at, updated_at`
+const cols = `id, COALESCE(name, ''), image, state, memory_mib, cpus, env, error, snapshot, engine_id, rootfs, opts, node, created_at, updated_at`
 
 func scan(row scanner) (Sandbox, error) {
 	var sb Sandbox
 	var env, opts string
 	var created, updated int64
-	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &sb.EngineID, &sb.RootFS, &opts, &created, &updated); err != nil {
+	if err := row.Scan(&sb.ID, &sb.Name, &sb.Image, &sb.State, &sb.MemoryMiB, &sb.CPUs, &env, &sb.Error, &sb.Snapshot, &sb.EngineID, &sb.RootFS, &opts, &sb.Node, &created, &updated); err != nil {
 		return Sandbox{}, err
 	}
 	_ = json.Unmarshal([]byte(env), &sb.Env)
@@ -515,9 +551,9 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 func (s *Store) InsertSnapshot(ctx context.Context, sn Snapshot) error {
 	env, _ := json.Marshal(sn.Env)
 	opts, _ := json.Marshal(sn.Opts)
-	_, err := s.exec(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, sn.RootFS, string(opts), cmp.Or(sn.CreatedAt, time.Now()).UnixNano())
+	_, err := s.exec(ctx, `INSERT INTO snapshots (id, name, sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, node, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sn.ID, nullable(sn.Name), sn.Sandbox, sn.Image, sn.State, sn.MemoryMiB, sn.CPUs, string(env), sn.Path, sn.SizeBytes, sn.Implicit, sn.RootFS, string(opts), cmp.Or(sn.Node, s.node), cmp.Or(sn.CreatedAt, time.Now()).UnixNano())
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		return errdefs.New(errdefs.AlreadyExists, "a snapshot named %q already exists: pick another --name or remove it", sn.Name)
 	}
@@ -536,13 +572,13 @@ func (s *Store) SetSnapshotReady(ctx context.Context, id string, size int64) err
 	return err
 }
 
-const snapCols = `id, COALESCE(name, ''), sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, created_at`
+const snapCols = `id, COALESCE(name, ''), sandbox, image, state, memory_mib, cpus, env, path, size_bytes, implicit, rootfs, opts, node, created_at`
 
 func scanSnapshot(row scanner) (Snapshot, error) {
 	var sn Snapshot
 	var env, opts string
 	var created int64
-	if err := row.Scan(&sn.ID, &sn.Name, &sn.Sandbox, &sn.Image, &sn.State, &sn.MemoryMiB, &sn.CPUs, &env, &sn.Path, &sn.SizeBytes, &sn.Implicit, &sn.RootFS, &opts, &created); err != nil {
+	if err := row.Scan(&sn.ID, &sn.Name, &sn.Sandbox, &sn.Image, &sn.State, &sn.MemoryMiB, &sn.CPUs, &env, &sn.Path, &sn.SizeBytes, &sn.Implicit, &sn.RootFS, &opts, &sn.Node, &created); err != nil {
 		return Snapshot{}, err
 	}
 	_ = json.Unmarshal([]byte(env), &sn.Env)

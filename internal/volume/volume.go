@@ -56,11 +56,19 @@ const (
 	MaxMounts = 16
 )
 
+// Store is what volumes need of the store: their own records, and the
+// sandboxes' and snapshots' (which volumes they mount).
+type Store interface {
+	store.Volumes
+	ListSandboxes(ctx context.Context) ([]store.Sandbox, error)
+	ListSnapshots(ctx context.Context) ([]store.Snapshot, error)
+}
+
 // Config configures a Manager.
 type Config struct {
 	// Dir holds the volumes' images and mount points.
 	Dir   string
-	Store *store.Store
+	Store Store
 	Log   *slog.Logger
 	// CrashAt names a point at which the process kills itself with
 	// SIGKILL, for tests of restart safety ("volume-copy-frozen": a

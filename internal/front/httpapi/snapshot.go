@@ -9,7 +9,7 @@ import (
 )
 
 func snapshotToAPI(sn store.Snapshot, users []string) api.Snapshot {
-	return api.Snapshot{ID: sn.ID, Name: sn.Name, Sandbox: sn.Sandbox, Image: sn.Image, MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs,
+	return api.Snapshot{ID: sn.ID, Name: sn.Name, Node: sn.Node, Sandbox: sn.Sandbox, Image: sn.Image, MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs,
 		SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt.UTC(), Implicit: sn.Implicit, UsedBy: users}
 }
 
