@@ -47,7 +47,7 @@ type Conn struct {
 	trustFirst bool
 	// legacy accepts an agent that does not authenticate (Auth.Legacy).
 	legacy bool
-	save       func([][]byte) error
+	save   func([][]byte) error
 	// observe, if set, hears of every exec's start and end.
 	observe func(ExecEvent)
 }

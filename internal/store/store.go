@@ -143,7 +143,7 @@ type Store struct {
 	// dev and ino identify the database file that was opened: a file
 	// removed or replaced under the daemon is noticed by its identity.
 	dev, ino uint64
-	node     string // Config.Node
+	node     string  // Config.Node
 	reserve  reserve // room for removals on a full disk (reserve.go)
 	// idx mirrors the sandboxes table for creates (index.go); its mu is
 	// held across every write to the table.

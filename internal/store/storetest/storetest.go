@@ -296,4 +296,3 @@ func testImages(t *testing.T, open Opener) {
 	_, err = st.GetImage(ctx, "app")
 	wantClass(t, "GetImage after DeleteImage", err, errdefs.NotFound)
 }
-
