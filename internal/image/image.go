@@ -21,11 +21,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
-	"syscall"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -183,73 +181,10 @@ func (s *Store) RemoveDescriptor(ctx context.Context, name string, keepRoot bool
 	return nil
 }
 
-// EnsureDefault builds the default image if it is missing: debootstrap's
-// minbase variant of Debian bookworm plus python3, from Debian's packages
-// only. It holds a lock so concurrent daemons sharing the directory build it
-// once.
+// EnsureDefault builds the default image if it is missing (see
+// EnsureBuiltin).
 func (s *Store) EnsureDefault(ctx context.Context) error {
-	if _, err := s.descriptor(Default); err == nil {
-		return nil
-	}
-	lock, err := os.OpenFile(filepath.Join(s.dir, ".default.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return err
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if _, err := s.descriptor(Default); err == nil {
-		return nil // another process built it while we waited
-	}
-	deboot, err := exec.LookPath("debootstrap")
-	if err != nil {
-		return errors.New("debootstrap not found: run `make deps` (apt-get install debootstrap) to build the default image")
-	}
-	start := time.Now()
-	s.log.Info("building the default image (debootstrap minbase bookworm + python3); this takes a few minutes once", "dir", s.dir)
-	build := filepath.Join(s.dir, ".build-"+Default)
-	_ = os.RemoveAll(build) // a build a killed daemon left half done
-	if err := os.MkdirAll(build, 0o755); err != nil {
-		return err
-	}
-	rootfs := filepath.Join(build, "rootfs")
-	logf, err := os.Create(filepath.Join(build, "debootstrap.log"))
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.CommandContext(ctx, deboot, "--variant=minbase", "--include=python3", "bookworm", rootfs, s.Mirror)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("debootstrap failed (log in %s): %w", logf.Name(), err)
-	}
-	// Package caches are not part of the image.
-	for _, p := range []string{"var/cache/apt/archives", "var/lib/apt/lists"} {
-		ents, _ := os.ReadDir(filepath.Join(rootfs, p))
-		for _, e := range ents {
-			if e.Name() != "partial" && e.Name() != "lock" {
-				_ = os.RemoveAll(filepath.Join(rootfs, p, e.Name()))
-			}
-		}
-	}
-	if err := addMountPoints(rootfs); err != nil {
-		return err
-	}
-	img := Image{Name: Default, Source: "debootstrap --variant=minbase --include=python3 bookworm " + s.Mirror, CreatedAt: time.Now().UTC(), SizeBytes: DirSize(rootfs)}
-	b, _ := json.MarshalIndent(img, "", "  ")
-	if err := os.WriteFile(filepath.Join(build, "image.json"), b, 0o644); err != nil {
-		return err
-	}
-	final := filepath.Join(s.dir, Default)
-	_ = os.RemoveAll(final)
-	if err := os.Rename(build, final); err != nil {
-		return err
-	}
-	s.log.Info("default image built", "took", time.Since(start).Round(time.Second), "size_mib", img.SizeBytes>>20)
-	return nil
+	return s.EnsureBuiltin(ctx, Default)
 }
 
 // DirSize adds up the sizes of the regular files under root.

@@ -55,8 +55,8 @@ func (s *Store) cleanup() {
 		switch {
 		case strings.HasPrefix(e.Name(), rmPrefix):
 			_ = os.RemoveAll(p)
-		case strings.HasPrefix(e.Name(), buildPrefix) && e.Name() != buildPrefix+Default:
-			// EnsureDefault's build has its own lock and cleanup.
+		case strings.HasPrefix(e.Name(), buildPrefix) && !isBuiltinBuild(e.Name()):
+			// EnsureBuiltin's builds have their own lock and cleanup.
 			if f, err := os.Open(p); err == nil {
 				if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
 					_ = os.RemoveAll(p)

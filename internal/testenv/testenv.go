@@ -386,3 +386,24 @@ func ProcessesMentioning(s string) []string {
 	}
 	return out
 }
+
+var builtinMu sync.Mutex
+
+// BuiltinImage makes sure the image directory ImagesDir returns also holds
+// the built-in image name (see image.RegisterRecipe), building it once (a
+// few minutes) if missing, and returns the directory. The recipe's package
+// must be linked into the test binary.
+func BuiltinImage(t testing.TB, name string) string {
+	t.Helper()
+	dir := ImagesDir(t)
+	builtinMu.Lock()
+	defer builtinMu.Unlock()
+	st, err := image.NewStore(dir, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err != nil {
+		t.Fatalf("image store: %v", err)
+	}
+	if err := st.EnsureBuiltin(context.Background(), name); err != nil {
+		t.Fatalf("built-in image %s: %v", name, err)
+	}
+	return dir
+}

@@ -1,0 +1,161 @@
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// A Recipe builds a built-in image offline, from Debian's packages only
+// (debootstrap; no registry is needed), once per image directory.
+type Recipe struct {
+	Name string
+	// About says in a line what the image holds, for logs and docs.
+	About string
+	// Include lists the packages debootstrap installs beyond its minbase
+	// variant (their dependencies come with them).
+	Include []string
+	// Post, if set, finishes the root filesystem after debootstrap (users,
+	// configuration files, programs of clade's own). It runs on the host
+	// with rootfs the image's root: every path it writes must stay under
+	// it.
+	Post func(ctx context.Context, rootfs string) error
+}
+
+// Source is what the image records as where it came from.
+func (r Recipe) Source(mirror string) string {
+	return "debootstrap --variant=minbase --include=" + strings.Join(r.Include, ",") + " bookworm " + mirror
+}
+
+var recipes = map[string]Recipe{
+	Default: {Name: Default, About: "debootstrap minbase bookworm + python3", Include: []string{"python3"}},
+}
+
+// RegisterRecipe adds a built-in image. It is meant for package init
+// functions; a second recipe of one name panics.
+func RegisterRecipe(r Recipe) {
+	if !ValidName(r.Name) || len(r.Include) == 0 {
+		panic("image: bad recipe " + r.Name)
+	}
+	if _, dup := recipes[r.Name]; dup {
+		panic("image: recipe " + r.Name + " registered twice")
+	}
+	recipes[r.Name] = r
+}
+
+// Builtin returns the recipe of the built-in image name.
+func Builtin(name string) (Recipe, bool) {
+	r, ok := recipes[name]
+	return r, ok
+}
+
+// Builtins lists the built-in images' names, sorted.
+func Builtins() []string {
+	out := make([]string, 0, len(recipes))
+	for n := range recipes {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func isBuiltinBuild(entry string) bool {
+	_, ok := recipes[strings.TrimPrefix(entry, buildPrefix)]
+	return ok
+}
+
+// Built reports whether the built-in image name is in the directory.
+func (s *Store) Built(name string) bool {
+	_, err := s.descriptor(name)
+	return err == nil
+}
+
+// EnsureBuiltin builds the built-in image name if it is missing. It holds
+// a lock so that concurrent daemons sharing the directory build it once,
+// and builds in a directory that is renamed into place only when complete,
+// so that an interrupted build never shows as an image.
+func (s *Store) EnsureBuiltin(ctx context.Context, name string) error {
+	r, ok := recipes[name]
+	if !ok {
+		return errdefs.New(errdefs.NotFound, "no built-in image %q: the built-in images are %s", name, strings.Join(Builtins(), ", "))
+	}
+	if s.Built(name) {
+		return nil
+	}
+	lock, err := os.OpenFile(filepath.Join(s.dir, "."+name+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if s.Built(name) {
+		return nil // another process built it while we waited
+	}
+	deboot, err := exec.LookPath("debootstrap")
+	if err != nil {
+		return fmt.Errorf("debootstrap not found: run `make deps` (apt-get install debootstrap) to build the %s image", name)
+	}
+	start := time.Now()
+	s.log.Info("building the "+name+" image ("+r.About+"); this takes a few minutes once", "dir", s.dir)
+	build := filepath.Join(s.dir, buildPrefix+name)
+	_ = os.RemoveAll(build) // a build a killed daemon left half done
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		return err
+	}
+	rootfs := filepath.Join(build, "rootfs")
+	logf, err := os.Create(filepath.Join(build, "debootstrap.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.CommandContext(ctx, deboot, "--variant=minbase", "--include="+strings.Join(r.Include, ","), "bookworm", rootfs, s.Mirror)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("debootstrap of the %s image failed (log in %s): %w", name, logf.Name(), err)
+	}
+	if r.Post != nil {
+		if err := r.Post(ctx, rootfs); err != nil {
+			return fmt.Errorf("finishing the %s image: %w", name, err)
+		}
+	}
+	// Package caches are not part of the image.
+	for _, p := range []string{"var/cache/apt/archives", "var/lib/apt/lists"} {
+		ents, _ := os.ReadDir(filepath.Join(rootfs, p))
+		for _, e := range ents {
+			if e.Name() != "partial" && e.Name() != "lock" {
+				_ = os.RemoveAll(filepath.Join(rootfs, p, e.Name()))
+			}
+		}
+	}
+	if err := addMountPoints(rootfs); err != nil {
+		return err
+	}
+	img := Image{Name: name, Source: r.Source(s.Mirror), CreatedAt: time.Now().UTC(), SizeBytes: DirSize(rootfs)}
+	b, _ := json.MarshalIndent(img, "", "  ")
+	if err := os.WriteFile(filepath.Join(build, "image.json"), b, 0o644); err != nil {
+		return err
+	}
+	final := filepath.Join(s.dir, name)
+	if err := os.RemoveAll(final); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.Rename(build, final); err != nil {
+		return err
+	}
+	s.log.Info(name+" image built", "took", time.Since(start).Round(time.Second), "size_mib", img.SizeBytes>>20)
+	return nil
+}

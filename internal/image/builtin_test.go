@@ -1,0 +1,73 @@
+package image
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fakeDebootstrap puts a debootstrap on PATH that makes a root with the
+// --include list in a file, or fails when the list names "broken".
+func fakeDebootstrap(t *testing.T) {
+	bin := t.TempDir()
+	script := `#!/bin/sh
+for a; do case "$a" in --include=*) inc="${a#--include=}";; esac; done
+case "$inc" in *broken*) echo "E: no package broken" >&2; exit 1;; esac
+mkdir -p "$4/etc" && echo "$inc" > "$4/etc/included"
+`
+	if err := os.WriteFile(filepath.Join(bin, "debootstrap"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+}
+
+func TestEnsureBuiltin(t *testing.T) {
+	fakeDebootstrap(t)
+	posts := 0
+	RegisterRecipe(Recipe{Name: "test-recipe", About: "a test", Include: []string{"git", "curl"},
+		Post: func(_ context.Context, rootfs string) error {
+			posts++
+			return os.WriteFile(filepath.Join(rootfs, "etc", "finished"), nil, 0o644)
+		}})
+	RegisterRecipe(Recipe{Name: "test-broken", Include: []string{"broken"}})
+	defer delete(recipes, "test-recipe")
+	defer delete(recipes, "test-broken")
+	s, err := NewStore(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.EnsureBuiltin(ctx, "test-recipe"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnsureBuiltin(ctx, "test-recipe"); err != nil || posts != 1 {
+		t.Fatalf("second ensure: err %v, post ran %d times (want once)", err, posts)
+	}
+	img, err := s.Descriptor(ctx, "test-recipe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(img.Source, "--include=git,curl") {
+		t.Errorf("source %q does not name the packages", img.Source)
+	}
+	b, err := os.ReadFile(filepath.Join(img.RootFS, "etc", "included"))
+	if err != nil || strings.TrimSpace(string(b)) != "git,curl" {
+		t.Errorf("root's include list %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(img.RootFS, "etc", "finished")); err != nil {
+		t.Errorf("post step did not run on the root: %v", err)
+	}
+	// A failed build shows no image, and a new store's cleanup leaves the
+	// built-in build directory to its own lock.
+	if err := s.EnsureBuiltin(ctx, "test-broken"); err == nil || !strings.Contains(err.Error(), "debootstrap.log") {
+		t.Fatalf("broken build: %v, want an error naming its log", err)
+	}
+	if s.Built("test-broken") {
+		t.Fatal("a failed build shows as an image")
+	}
+	if err := s.EnsureBuiltin(ctx, "no-such"); err == nil || !strings.Contains(err.Error(), "built-in images are") {
+		t.Fatalf("unknown recipe: %v", err)
+	}
+}
