@@ -1,11 +1,14 @@
 package volume_test
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
@@ -32,10 +35,16 @@ func TestVolumeSnapshotDaemonKill(t *testing.T) {
 	}{
 		// Killed after the checkpoint, before its seal: the engine had not
 		// stopped the sandbox yet, so it runs on.
+		{"snapshot-before-engine", true, "reconcile: reattached", nil, false},
+		// Killed while the checkpoint runs, the sandbox paused for it.
+		{"gvisor-checkpoint-sent", true, "reconcile: reattached", nil, false},
 		{"snapshot-before-seal", true, "reconcile: reattached", nil, false},
 		{"snapshot-stopped", true, "restored it in place", nil, false},
 		{"volume-copy-frozen", true, "restored it in place", nil, false},
 		{"snapshot-before-restore", true, "restored it in place", nil, false},
+		// Killed while the restore in place runs.
+		{"gvisor-restore-started", true, "restored it in place", nil, false},
+		{"gvisor-restore-booted", true, "restored it in place", nil, false},
 		{"snapshot-before-ready", true, "reattached a sandbox restored after its snapshot", nil, false},
 		// The encrypted view outlives the killed daemon; the next one
 		// mounts it again and restores from it.
@@ -156,5 +165,72 @@ func TestVolumeSnapshotDaemonKill(t *testing.T) {
 				t.Fatalf("leaks: %v\n%s", leaks, d.Log())
 			}
 		})
+	}
+}
+
+// TestVolumeSnapshotKilledAnywhere SIGKILLs the daemon at moments spread
+// over the snapshot of a sandbox with a volume (which stops the sandbox
+// for the volume's copy), not only at the named points: after every
+// restart the sandbox is running again, the same process in it, its
+// volume intact and writable.
+func TestVolumeSnapshotKilledAnywhere(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "db", SizeBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	sb := create(t, c, sdk.CreateSandboxRequest{Volumes: []sdk.VolumeMount{{Name: "db", Path: "/data"}}})
+	mustSh(t, c, sb.ID, "dd if=/dev/urandom of=/data/blob bs=1M count=8 2>/dev/null; "+
+		"nohup sh -c 'while :; do sleep 1; done' > /dev/null 2>&1 & echo $! > /tmp/pid; sync")
+	pid := strings.TrimSpace(mustSh(t, c, sb.ID, "cat /tmp/pid"))
+	sum := mustSh(t, c, sb.ID, "md5sum /data/blob")
+
+	// How long a whole snapshot takes here.
+	t0 := time.Now()
+	sn, err := c.SnapshotSandbox(t.Context(), sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	if err := c.DeleteSnapshot(t.Context(), sn.ID); err != nil {
+		t.Fatal(err)
+	}
+	const kills = 6
+	for i := range kills {
+		delay := took * time.Duration(i) / (kills - 1)
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.SnapshotSandbox(context.WithoutCancel(t.Context()), sb.ID, "")
+			done <- err
+		}()
+		time.Sleep(delay) // the moment of the kill, not a synchronisation
+		d.Kill()
+		serr := <-done
+		t.Logf("killed %v into a snapshot (a whole one takes %v): %v", delay, took, serr)
+		d.Start(nil)
+		got, err := c.GetSandbox(t.Context(), sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != "running" {
+			t.Fatalf("killed %v into a snapshot (of %v): the sandbox is %s (%s), want running\n%s", delay, took, got.State, got.Error, d.Log())
+		}
+		if out := mustSh(t, c, sb.ID, "kill -0 "+pid+" && md5sum /data/blob"); out != sum {
+			t.Fatalf("killed %v into a snapshot: %q, want the process alive and the volume's file %q", delay, out, sum)
+		}
+		if out := mustSh(t, c, sb.ID, "timeout 20 sh -c 'echo "+strconv.Itoa(i)+" > /data/g && sync' && cat /data/g"); out != strconv.Itoa(i)+"\n" {
+			t.Fatalf("killed %v into a snapshot: the volume is not writable: %q", delay, out)
+		}
+		// A snapshot the kill came too late for is whole: it goes, so
+		// that the next round starts alike.
+		snaps, err := c.ListSnapshots(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sn := range snaps {
+			if err := c.DeleteSnapshot(t.Context(), sn.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

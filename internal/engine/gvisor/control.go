@@ -147,6 +147,10 @@ func (e *Engine) controlCall(ctx context.Context, id, method string, arg any, fi
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
+	if method == "containerManager.Checkpoint" {
+		// The sandbox is pausing for its checkpoint.
+		e.crashPoint("gvisor-checkpoint-sent")
+	}
 	var res urpcResult
 	if err := json.NewDecoder(bufio.NewReader(uc)).Decode(&res); err != nil {
 		if ctx.Err() != nil {

@@ -360,7 +360,14 @@ func (e *Engine) runsc(ctx context.Context, id string, args ...string) error {
 	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(id), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
+	err = cmd.Start()
+	if err == nil {
+		if args[0] == "restore" {
+			e.crashPoint("gvisor-restore-started")
+		}
+		err = cmd.Wait()
+	}
+	if err != nil {
 		return fmt.Errorf("runsc %s: %w: %s", args[0], err, tail(logf.Name(), start))
 	}
 	return nil
@@ -513,6 +520,9 @@ func (e *Engine) start(ctx context.Context, spec engine.Spec, image string, rest
 		return nil, err
 	}
 	t1 := time.Now()
+	if restore {
+		e.crashPoint("gvisor-restore-booted")
+	}
 	if err := e.waitReady(ctx, sb); err != nil {
 		return nil, err
 	}
