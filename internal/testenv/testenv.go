@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -149,11 +151,41 @@ func TempDir(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// A sandbox's runsc processes (its root, bundle and logs are in
+		// here) must be gone by now: whatever a test left running is a
+		// leak, and is killed so that it outlives neither the test nor
+		// its directory.
+		if left := ReapProcesses(d); len(left) > 0 {
+			t.Errorf("processes of %s still running at the end of the test (killed):\n  %s", d, strings.Join(left, "\n  "))
+		}
 		// runsc leaves its shared null netns mounted under its root.
 		_ = exec.Command("sh", "-c", "grep -o ' "+d+"[^ ]*' /proc/self/mountinfo | xargs -r -n1 umount -l").Run()
 		os.RemoveAll(d)
 	})
 	return d
+}
+
+// ReapProcesses SIGKILLs the processes whose command line mentions dir
+// (ProcessesMentioning: runsc's sandbox, gofer and commands under a data
+// dir; a daemon too) and waits, up to 10 s, until they are gone. It
+// returns what it killed, "pid cmdline".
+func ReapProcesses(dir string) []string {
+	var killed []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := processesMentioning(dir, true)
+		if len(left) == 0 || time.Now().After(deadline) {
+			return killed
+		}
+		for _, p := range left {
+			if pid, err := strconv.Atoi(strings.Fields(p)[0]); err == nil {
+				if syscall.Kill(pid, syscall.SIGKILL) == nil && !slices.Contains(killed, p) {
+					killed = append(killed, p)
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // polling /proc until the kills land
+	}
 }
 
 // Daemon is a clade daemon process run by a test.
@@ -367,7 +399,10 @@ func Leaks(dataDir string) []string {
 
 // ProcessesMentioning returns "pid cmdline" of processes whose command line
 // contains s.
-func ProcessesMentioning(s string) []string {
+func ProcessesMentioning(s string) []string { return processesMentioning(s, false) }
+
+// processesMentioning is ProcessesMentioning, with daemons too if daemons.
+func processesMentioning(s string, daemons bool) []string {
 	var out []string
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -379,7 +414,7 @@ func ProcessesMentioning(s string) []string {
 			continue
 		}
 		cmd := strings.ReplaceAll(string(b), "\x00", " ")
-		if strings.Contains(cmd, " daemon --data-dir") {
+		if !daemons && strings.Contains(cmd, " daemon --data-dir") {
 			continue // the daemon itself is not a sandbox leak
 		}
 		out = append(out, e.Name()+" "+cmd)

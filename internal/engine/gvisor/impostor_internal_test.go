@@ -150,7 +150,11 @@ func TestImpostorInSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = e.Destroy(context.Background(), id) })
+		t.Cleanup(func() {
+			if err := e.Destroy(context.Background(), id); err != nil {
+				t.Errorf("destroy %s: %v", id, err)
+			}
+		})
 		sbs = append(sbs, sb)
 	}
 	g, other := sbs[0].Guest(), sbs[1].Guest()
