@@ -679,6 +679,38 @@ func Resources(prefix string) []string {
 	return out
 }
 
+// RemoveResources removes what Resources lists for prefix: the leftovers
+// of a daemon that was killed and never started again (a failed test
+// run), which its next start would otherwise have taken back. Only for a
+// prefix no running daemon uses.
+func RemoveResources(prefix string) error {
+	p := plan{prefix: prefix}
+	var errs []error
+	if ents, err := os.ReadDir(NetNSDir); err == nil {
+		for _, e := range ents {
+			if _, ok := p.index(e.Name()); ok {
+				errs = append(errs, teardown(&Slot{NetNS: filepath.Join(NetNSDir, e.Name())}))
+			}
+		}
+	}
+	if links, err := linkList(); err == nil {
+		for _, l := range links {
+			if _, ok := p.index(l.Attrs().Name); ok {
+				errs = append(errs, netlink.LinkDel(l))
+			}
+		}
+	}
+	c, err := newConn()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	if t, _ := c.ListTableOfFamily(prefix, nftables.TableFamilyINet); t != nil {
+		c.DelTable(t)
+		errs = append(errs, c.Flush())
+	}
+	return errors.Join(append(errs, releaseForwarding(prefix))...)
+}
+
 // linkList lists the host's links, again when the kernel says the dump was
 // interrupted by a change under it (links come and go as sandboxes do).
 func linkList() ([]netlink.Link, error) {

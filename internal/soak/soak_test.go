@@ -13,17 +13,22 @@ package soak_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -102,6 +107,9 @@ type soak struct {
 	restartedFree bool
 	// pools: the daemon runs with a hot and a warm pool.
 	pools bool
+	// failAfter, if not zero, fails the run on purpose after that many
+	// operations (CLADE_SOAK_FAIL_AFTER): TestSoakCleansUpAfterAFailure.
+	failAfter int64
 }
 
 func TestSoak(t *testing.T) {
@@ -121,23 +129,35 @@ func TestSoak(t *testing.T) {
 		progress: make(chan struct{}, 1), suspect: make(chan int64, 16)}
 	s.genCond = sync.NewCond(&s.genMu)
 	s.cleared = -1
-	// The later --data-dir wins over StartDaemon's own. Half the seeds
-	// run with the pools on (CLADE_SOAK_POOLS=1 or 0 forces it), so that
-	// claims of hot sandboxes and starts of prepared ones meet the kills
-	// and the full disk too.
-	pools := envInt(t, "CLADE_SOAK_POOLS", seed%2) != 0
+	s.failAfter = envInt(t, "CLADE_SOAK_FAIL_AFTER", 0)
+	// The last of the soak's cleanups, after the daemon's own (which
+	// removes through the API what it still can) and before the file
+	// system is unmounted: however the test ended (a t.Fatal, a daemon
+	// that cannot start again, a hung one), nothing it started outlives
+	// it: the daemon and every runsc process of its data dir are killed,
+	// and their cgroups go.
+	t.Cleanup(func() { s.reap(dataDir) })
+	// The later --data-dir wins over StartDaemon's own. The pools are on
+	// (CLADE_SOAK_POOLS=0 turns them off), so that claims of hot
+	// sandboxes and starts of prepared ones meet the kills and the full
+	// disk too.
+	pools := envInt(t, "CLADE_SOAK_POOLS", 1) != 0
 	args := []string{"--data-dir", dataDir, "--disk-floor", "128", "--default-memory", strconv.Itoa(sbMemMiB)}
 	if pools {
 		args = append(args, "--hot-pool", "2", "--warm-pool", "2")
 	}
 	t.Logf("soak: pools on: %v (CLADE_SOAK_POOLS)", pools)
 	s.d = testenv.StartDaemon(t, args...)
+	t.Logf("soak: network prefix %s", s.d.Net.Prefix)
 	s.pools = pools
 	s.d.DataDir = dataDir
 	s.newClient()
 	// Before the daemon's cleanup (removal of everything, leak census):
 	// free the disk, and remove what the soak built.
 	t.Cleanup(func() {
+		// Clients still running (the test failed under them) start
+		// nothing more.
+		s.claimed.Store(math.MaxInt64 / 2)
 		if t.Failed() {
 			// Keep what the daemon said for the findings: its log goes
 			// with the temp dir.
@@ -262,6 +282,9 @@ func (s *soak) run() {
 			}
 		}
 		n := s.done.Load()
+		if s.failAfter > 0 && n >= s.failAfter {
+			s.failOnPurpose()
+		}
 		if nextKill < len(p.kills) && n >= p.kills[nextKill] {
 			// A random moment while the other clients are mid-operation.
 			<-time.After(p.killDelays[nextKill])
@@ -305,6 +328,46 @@ func (s *soak) kill(arm bool, rng *rand.Rand) {
 		// with one more restart while nothing runs.
 		s.d.Kill()
 		s.restart(crashPoints[rng.Intn(len(crashPoints))])
+	}
+}
+
+// failOnPurpose ends the run as a daemon that cannot start again would:
+// it is killed with sandboxes running and clients mid-operation, and its
+// restart (and the cleanup's) fails the test with t.Fatal.
+func (s *soak) failOnPurpose() {
+	s.t.Logf("failing on purpose after %d operations (CLADE_SOAK_FAIL_AFTER): the daemon is killed and cannot start again", s.done.Load())
+	s.d.Kill()
+	s.d.SetArgs("--no-such-flag")
+	s.d.Start(nil)
+}
+
+// reap kills what the run left (see TestSoak's cleanup) and says so.
+func (s *soak) reap(dataDir string) {
+	if s.d != nil && !s.d.Exited() {
+		s.d.Kill()
+	}
+	if left := testenv.ReapProcesses(s.mnt); len(left) > 0 {
+		s.t.Logf("killed %d processes the run left:\n  %s", len(left), strings.Join(left, "\n  "))
+		if !s.t.Failed() {
+			s.t.Errorf("the run left %d processes", len(left))
+		}
+	}
+	if s.d != nil {
+		// The killed daemon's network slots, namespaces and table.
+		if leaks := s.d.Net.NetLeaks(); len(leaks) > 0 {
+			s.t.Logf("removing the network resources the run left: %v", leaks)
+			if err := s.d.Net.RemoveNetLeaks(); err != nil {
+				s.t.Errorf("removing the network resources the run left: %v", err)
+			}
+		}
+	}
+	// runsc's cgroups (one per controller) outlive its killed sandboxes.
+	ents, _ := os.ReadDir(filepath.Join(dataDir, "gvisor", "sandboxes"))
+	for _, e := range ents {
+		cgs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "clade", e.Name()))
+		for _, cg := range cgs {
+			_ = os.Remove(cg)
+		}
 	}
 }
 
@@ -639,4 +702,48 @@ func (s *soak) choose(rng *rand.Rand) (string, *sbox, *snap) {
 		sn.busy = true
 	}
 	return ch.kind, sb, sn
+}
+
+// TestSoakCleansUpAfterAFailure runs a short soak (in a child test process)
+// that fails on purpose as a daemon that cannot start again would, with
+// sandboxes running and clients mid-operation: when the child is done,
+// nothing it started runs on (no runsc process, no daemon) and nothing of
+// it stays mounted. Such a failure used to leave its sandboxes' runsc
+// processes running for good.
+func TestSoakCleansUpAfterAFailure(t *testing.T) {
+	testenv.RequireRoot(t)
+	if os.Getenv("CLADE_SOAK_FAIL_AFTER") != "" {
+		t.Skip("in the child")
+	}
+	tmp, err := os.MkdirTemp("", "cladesoakfail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestSoak$", "-test.count", "1", "-test.v")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "CLADE_SOAK_OPS=40", "CLADE_SOAK_FAIL_AFTER=6", "CLADE_SOAK_SEED=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "failing on purpose") || !strings.Contains(string(out), "daemon exited at start") {
+		t.Fatalf("the child soak: %v, want it failed on purpose:\n%s", err, out)
+	}
+	// Reaped here too, so that a failure of this test leaks nothing.
+	if left := testenv.ReapProcesses(tmp); len(left) > 0 {
+		t.Errorf("processes of the failed soak still running after it (killed now):\n  %s\nits output:\n%s", strings.Join(left, "\n  "), out)
+	}
+	m := regexp.MustCompile(`soak: network prefix (ct[0-9]+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("the child soak did not say its network prefix:\n%s", out)
+	}
+	if leaks := network.Resources(m[1]); len(leaks) > 0 {
+		t.Errorf("network resources of the failed soak after it (removing them now): %v", leaks)
+		_ = network.RemoveResources(m[1])
+	}
+	if mounts := testenv.MountsUnder(tmp); len(mounts) > 0 {
+		t.Errorf("mounts of the failed soak after it: %v", mounts)
+		for i := len(mounts) - 1; i >= 0; i-- {
+			_ = syscall.Unmount(mounts[i], syscall.MNT_DETACH)
+		}
+	}
 }

@@ -77,6 +77,9 @@ func (p NetPlan) DaemonArgs() []string {
 // machine.
 func (p NetPlan) NetLeaks() []string { return network.Resources(p.Prefix) }
 
+// RemoveNetLeaks removes what NetLeaks lists (see network.RemoveResources).
+func (p NetPlan) RemoveNetLeaks() error { return network.RemoveResources(p.Prefix) }
+
 // TestHost is a machine the test makes: a network namespace with a veth to
 // the host, serving HTTP on port 80 and DNS on port 53 of both addresses.
 type TestHost struct {
