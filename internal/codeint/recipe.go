@@ -37,7 +37,7 @@ var Packages = []string{
 	"python3-numpy", "python3-pandas", "python3-matplotlib", "python3-scipy", "python3-requests",
 	"python-is-python3", "nodejs",
 	// Virtual packages debootstrap does not resolve: their providers.
-	"python3-cffi-backend", "libboost-regex1.74.0-icu72",
+	"python3-cffi-backend", "libboost-regex1.74.0",
 	"ca-certificates", "curl", "git", "procps", "fonts-dejavu-core",
 }
 
