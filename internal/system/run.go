@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"log/slog"
 	"net"
 	"net/http"
@@ -241,8 +242,10 @@ func Run(ctx context.Context, o Options) error {
 	}
 	registerCounters(reg, mgr.Counters(), mgr)
 	var iln net.Listener
+	code := codeint.NewProxy(mgr)
+	defer code.Close()
 	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: func() string { return engineVersion(ctx, eng) }, TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets,
-		Engines: engineStatuses(eng)}
+		Engines: engineStatuses(eng), Code: code}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o); err != nil {
 			return err
@@ -280,7 +283,7 @@ func Run(ctx context.Context, o Options) error {
 		log.Info("serving TCP", "addr", tln.Addr().String())
 	}
 	if o.E2B != "" {
-		stop, err := serveE2B(o, mgr, iln, log, errc)
+		stop, err := serveE2B(o, mgr, code, iln, log, errc)
 		if err != nil {
 			return err
 		}

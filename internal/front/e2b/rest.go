@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"io"
 	"math"
 	"net/http"
@@ -125,6 +126,9 @@ func templateOf(sb store.Sandbox) string {
 	}
 	if sb.Image == image.Default || sb.Image == "" {
 		return DefaultTemplate
+	}
+	if sb.Image == codeint.Image {
+		return CodeInterpreterTemplate
 	}
 	return sb.Image
 }
@@ -250,6 +254,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) resolveTemplate(ctx context.Context, t string, creq *sandbox.CreateRequest) error {
 	if t == "" || t == DefaultTemplate {
 		return nil
+	}
+	if t == CodeInterpreterTemplate {
+		t = codeint.Image
 	}
 	if _, _, err := s.mgr.GetSnapshot(ctx, t); err == nil {
 		creq.FromSnapshot = t
