@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/clade-sandbox/clade/internal/engine/qemu"
+	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
@@ -48,6 +49,7 @@ func newDaemonCmd() *cobra.Command {
 	fs.IntVar(&o.IngressLimits.MaxClientConns, "ingress-max-client-conns", ingress.DefaultMaxClientConns(), "most client connections the ingress holds open at once, from everyone, with a token or without; one more is closed as it is accepted (the default, a quarter of the daemon's file limit and at most 4096, keeps the ingress and its sandbox connections to half the limit, so the API answers whatever clients open); 0 turns the cap off")
 	fs.IntVar(&o.IngressLimits.MaxClientConnsPerIP, "ingress-max-client-conns-per-ip", ingress.DefaultMaxClientConnsPerIP(), "most client connections the ingress holds open from one address (an IPv6 one by its /64); one more is closed as it is accepted; 0 turns the cap off")
 	fs.StringVar(&o.E2B, "e2b", "", "serve the E2B API (REST and envd) on TCP ADDR (e.g. 127.0.0.1:3000) for the unmodified E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=the --token-file token (see docs/e2b.md)")
+	fs.StringVar(&o.E2BBaseImage, "e2b-base-image", image.E2BBase, "the image E2B's `base` template (the SDKs' default) runs on: e2b-base is built once from Debian's packages\n(python, pip, node, npm, git, curl, wget, sudo, ps, a user `user`); `default` is clade's lean image")
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
 	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
 	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")

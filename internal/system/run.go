@@ -50,6 +50,10 @@ type Options struct {
 	// E2B, when set, serves the E2B API (REST and envd) on this TCP
 	// address; it requires Token, which clients send as E2B_API_KEY.
 	E2B string
+	// E2BBaseImage is the image E2B's `base` template runs on (see
+	// e2b.Config.BaseImage); a built-in one is built at start after the
+	// default image when the E2B front is on.
+	E2BBaseImage string
 	// Engine names the engine that runs sandboxes (see Engines).
 	Engine    string
 	Runsc     string
@@ -313,6 +317,11 @@ func Run(ctx context.Context, o Options) error {
 		go func() {
 			if err := images.EnsureDefault(ctx); err != nil && ctx.Err() == nil {
 				log.Error("building the default image failed", "err", err)
+			}
+			if _, builtin := image.Builtin(o.E2BBaseImage); builtin && o.E2B != "" {
+				if err := images.EnsureBuiltin(ctx, o.E2BBaseImage); err != nil && ctx.Err() == nil {
+					log.Error("building the image of E2B's base template failed; a create of `base` tries again", "image", o.E2BBaseImage, "err", err)
+				}
 			}
 		}()
 	}
