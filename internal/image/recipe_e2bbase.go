@@ -31,7 +31,7 @@ func init() {
 		About: "E2B's base: python3, pip, nodejs, npm, git, curl, wget, sudo, procps and a user `user`",
 		Include: []string{"python3", "python-is-python3", "git", "curl", "wget", "sudo", "procps",
 			"ca-certificates", "bash", "less", "unzip", "xz-utils"},
-		Apt: []string{"python3-pip", "python3-venv", "nodejs", "npm"},
+		Apt:  []string{"python3-pip", "python3-venv", "nodejs", "npm"},
 		Post: addE2BUser,
 	})
 }
