@@ -232,9 +232,12 @@ func TestImageRefValidation(t *testing.T) {
 // TestBuiltinImageBuiltOnDemand: a create's image lookup of a built-in
 // image the directory lacks answers a retryable Unavailable that says it
 // is being built, starts the build once, and finds the image when it is
-// done. debootstrap is a stand-in here; internal/front/e2b's
+// done. debootstrap is a stand-in here, and the recipe one of the test's
+// own (e2b-base's apt step needs a real root); internal/front/e2b's
 // TestBaseTemplate boots the real one.
 func TestBuiltinImageBuiltOnDemand(t *testing.T) {
+	const name = "test-on-demand"
+	image.RegisterRecipe(image.Recipe{Name: name, About: "a test's", Include: []string{"bash"}})
 	bin := t.TempDir()
 	script := "#!/bin/sh\necho run >> " + filepath.Join(bin, "runs") + "\nmkdir -p \"$4/etc\"\n"
 	if err := os.WriteFile(filepath.Join(bin, "debootstrap"), []byte(script), 0o755); err != nil {
@@ -242,15 +245,15 @@ func TestBuiltinImageBuiltOnDemand(t *testing.T) {
 	}
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	m, _ := openManager(t, t.TempDir(), t.TempDir())
-	_, err := m.images.Get(t.Context(), image.E2BBase)
+	_, err := m.images.Get(t.Context(), name)
 	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "being built") {
 		t.Fatalf("first lookup: %v, want Unavailable saying it is being built", err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		img, err := m.images.Get(t.Context(), image.E2BBase)
+		img, err := m.images.Get(t.Context(), name)
 		if err == nil {
-			if img.Name != image.E2BBase {
+			if img.Name != name {
 				t.Fatalf("got image %q", img.Name)
 			}
 			break
