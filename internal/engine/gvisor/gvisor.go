@@ -302,6 +302,11 @@ func (e *Engine) globalFlags(id string) []string {
 		"--platform", e.cfg.Platform,
 		"--network", network,
 		"--host-uds", "open",
+		// Set-uid programs raise the IDs they run with inside the
+		// sandbox, as on Linux: sudo and su work for a user other than
+		// root (E2B's `user`). Inside gVisor root is the sandbox's own;
+		// it gains nothing on the host.
+		"--allow-suid",
 		"--overlay2", e.overlay(id),
 		"--log-format", "text",
 	}
