@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -203,6 +204,7 @@ func Run(ctx context.Context, o Options) error {
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, vols)
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, secrets)
 	o.Sandbox.Log = log
+	o.Sandbox.HotImages = hotImages(o)
 	o.Sandbox.SnapshotDir = filepath.Join(stateDir, "snapshots")
 	o.Sandbox.SleepDir = filepath.Join(stateDir, "sleep")
 	for _, d := range []string{o.Sandbox.SnapshotDir, o.Sandbox.SleepDir} {
@@ -432,4 +434,24 @@ func startNetwork(ctx context.Context, o *Options, log *slog.Logger) (*network.H
 		return nil, err
 	}
 	return hook, nil
+}
+
+// hotImages is the hot pool's images beside the default one: those asked
+// for, and with the E2B front on, the image of E2B's `base` template (the
+// SDKs' default) with as many as the default image unless the list names
+// it: a create of `base` claims a started sandbox as clade's own does.
+func hotImages(o Options) map[string]int {
+	base := o.E2BBaseImage
+	if o.E2B == "" || base == "" || base == image.Default || o.Sandbox.HotPool == 0 {
+		return o.Sandbox.HotImages
+	}
+	if _, named := o.Sandbox.HotImages[base]; named {
+		return o.Sandbox.HotImages
+	}
+	hot := maps.Clone(o.Sandbox.HotImages)
+	if hot == nil {
+		hot = map[string]int{}
+	}
+	hot[base] = o.Sandbox.HotPool
+	return hot
 }
