@@ -121,7 +121,8 @@ func newExecCmd() *cobra.Command {
 		Example: "  clade exec box -- python3 -c 'print(6*7)'\n" +
 			"  clade exec -it box -- bash          # an interactive shell on a terminal\n" +
 			"  echo hi | clade exec -i box -- cat\n" +
-			"  clade exec --workdir /tmp --env X=1 --timeout 30s box -- make test",
+			"  clade exec --workdir /tmp --env X=1 --timeout 30s box -- make test\n" +
+			"  clade exec --user 1000:1000 box -- id",
 		Args:              nargs(2, -1),
 		ValidArgsFunction: firstArg(completeSandboxes),
 	}
@@ -131,7 +132,8 @@ func newExecCmd() *cobra.Command {
 	interactive := fs.BoolP("interactive", "i", false, "forward stdin to the command")
 	tty := fs.BoolP("tty", "t", false, "run the command on a terminal in the sandbox (stdout and stderr merged);\nwith -i, keys go to it as typed (Ctrl-C interrupts it) and window size changes follow")
 	fs.Var(&env, "env", "environment variable `K=V` (repeatable)")
-	workdir := fs.String("workdir", "", "working `directory` inside the sandbox (default /)")
+	workdir := fs.String("workdir", "", "working `directory` inside the sandbox (default /, or the --user's home)")
+	user := fs.StringP("user", "u", "", "run as this `NAME|UID[:GID]` of the sandbox, with its groups, HOME and login environment (default: the image's user)")
 	timeout := fs.Duration("timeout", 0, "kill the command and its children after this long, e.g. 30s")
 	cmd.RunE = func(cmd *cobra.Command, rest []string) error {
 		ctx := context.Background() // exec forwards signals itself
@@ -140,12 +142,12 @@ func newExecCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		return runExec(ctx, cmd, c, rest, env, *interactive, *tty, *workdir, *timeout)
+		return runExec(ctx, cmd, c, rest, env, *interactive, *tty, *workdir, *user, *timeout)
 	}
 	return cmd
 }
 
-func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest []string, env multi, interactive, tty bool, workdir string, timeout time.Duration) error {
+func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest []string, env multi, interactive, tty bool, workdir, user string, timeout time.Duration) error {
 	if len(rest) > 0 && rest[0] == "--" {
 		rest = rest[1:]
 	}
@@ -173,7 +175,7 @@ func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest [
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
-	req := sdk.ExecRequest{Cmd: cmd, Env: env, Workdir: workdir, Timeout: timeout,
+	req := sdk.ExecRequest{Cmd: cmd, Env: env, Workdir: workdir, User: user, Timeout: timeout,
 		Stdout: os.Stdout, Stderr: os.Stderr, Signals: sigs}
 	if interactive {
 		req.Stdin = os.Stdin
