@@ -166,6 +166,16 @@ func (c *Conn) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 	return p, nil
 }
 
+// SupportsUser reports whether the agent runs an exec as
+// ExecRequest.User (and owns an upload by CopyInAs's user). It waits for
+// the agent's session as a request would; false when there is none.
+func (c *Conn) SupportsUser(ctx context.Context) bool {
+	if _, err := c.session(ctx); err != nil {
+		return false
+	}
+	return c.hasFeature(wire.FeatureUser)
+}
+
 // checkUser refuses a user for an agent that would ignore it (and run as
 // root): one inside a sandbox made by an older clade, or restored from a
 // snapshot of one.

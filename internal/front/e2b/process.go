@@ -305,11 +305,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if cfg == nil || cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is empty: give the command to run"))
 	}
-	env := []string{"HOME=" + Home}
+	named, err := headerUser(req.Header())
+	if err != nil {
+		return connectErr(err)
+	}
+	var env []string
 	for _, k := range slices.Sorted(maps.Keys(cfg.GetEnvs())) {
 		env = append(env, k+"="+cfg.GetEnvs()[k])
 	}
-	dir := Home
+	var dir string
 	if cfg.Cwd != nil {
 		dir = resolve(cfg.GetCwd())
 	}
@@ -329,6 +333,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if err != nil {
 		return connectErr(err)
 	}
+	// As the user, the agent sets HOME and starts in the user's home (as
+	// envd does); without one (an old agent) as root in E2B's home.
+	user := execUser(ctx, g, named)
+	if user == "" {
+		env = append([]string{"HOME=" + Home}, env...)
+		if dir == "" {
+			dir = Home
+		}
+	}
 	// envd keeps stdin open unless the client says stdin:false.
 	stdin := m.Stdin == nil || m.GetStdin()
 	argv := append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
@@ -339,7 +352,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	}
 	// The process must not end with this request: the stream may go away
 	// and the command live on (background commands).
-	gp, err := g.Exec(context.WithoutCancel(ctx), guest.ExecRequest{Argv: argv, Env: env, Dir: dir, Timeout: timeout, Stdin: stdin})
+	gp, err := g.Exec(context.WithoutCancel(ctx), guest.ExecRequest{Argv: argv, Env: env, Dir: dir, Timeout: timeout, Stdin: stdin, User: user})
 	if err != nil {
 		return connectErr(err)
 	}
@@ -559,11 +572,21 @@ echo "no terminal found for process $1" >&2; exit 1`
 // run runs argv in sandbox id to its end and returns its output. A
 // non-zero exit is an error classed by what the command said on stderr.
 func (s *Server) run(ctx context.Context, id string, argv ...string) (stdout, stderr string, err error) {
+	return s.runAs(ctx, id, "", argv...)
+}
+
+// runAs is run as user (a name or UID[:GID] of the sandbox; empty: root
+// with E2B's home).
+func (s *Server) runAs(ctx context.Context, id, user string, argv ...string) (stdout, stderr string, err error) {
 	g, err := s.mgr.Guest(ctx, id)
 	if err != nil {
 		return "", "", err
 	}
-	p, err := g.Exec(ctx, guest.ExecRequest{Argv: argv, Env: []string{"HOME=" + Home}})
+	req := guest.ExecRequest{Argv: argv, Env: []string{"HOME=" + Home}, User: user}
+	if user != "" {
+		req.Env, req.Dir = nil, "/"
+	}
+	p, err := g.Exec(ctx, req)
 	if err != nil {
 		return "", "", err
 	}
