@@ -195,3 +195,32 @@ func TestExecAsUserHostileAccounts(t *testing.T) {
 		t.Fatalf("id -u: %q", out)
 	}
 }
+
+// TestExecAsUserJunk: names with '/' or ':' junk are clear errors, a huge
+// passwd file is read only up to its bound (a user past it is unknown), and
+// uid 0 in its numeric form is the sandbox's own root.
+func TestExecAsUserJunk(t *testing.T) {
+	testenv.RequireRoot(t)
+	etc := t.TempDir()
+	filler := strings.Repeat("filler:x:1:1::/:/bin/sh\n", (5<<20)/24)
+	passwd := "root:x:0:0:root:/root:/bin/sh\nnear:x:4300:4300::/:/bin/sh\n" + filler + "far:x:4301:4301::/:/bin/sh\n"
+	if err := os.WriteFile(filepath.Join(etc, "passwd"), []byte(passwd), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(etc, "group"), []byte("root:x:0:\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := userAgent(t, etc)
+	for _, u := range []string{"../../etc/passwd", "root/..", "root:x:0", "a:b:c", "::", "root:", ":0", "far", strings.Repeat("u", 300), "-1", "4294967296"} {
+		_, err := g.Exec(t.Context(), guest.ExecRequest{Argv: []string{"/bin/true"}, User: u})
+		if !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("user %.40q: err %v, want InvalidArgument", u, err)
+		}
+	}
+	for u, want := range map[string]string{"near": "4300\n", "0": "0\n", "0:0": "0\n", "root": "0\n"} {
+		out, _ := run(t, g, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "id -u"}, User: u})
+		if out != want {
+			t.Fatalf("user %q: id -u %q, want %q", u, out, want)
+		}
+	}
+}
