@@ -450,7 +450,8 @@ func newCopyCmd() *cobra.Command {
 			"- as DST writes a tar archive of SRC to stdout, and - as SRC reads a tar\n" +
 			"archive from stdin and unpacks it into the sandbox directory DST.",
 		Example: "  clade cp ./src box:/work/\n  clade cp box:/work/out.csv .\n" +
-			"  clade cp box:/work - | tar -t\n  tar -c ./src | clade cp - box:/work",
+			"  clade cp box:/work - | tar -t\n  tar -c ./src | clade cp - box:/work\n" +
+			"  clade cp --user 1000:1000 ./src box:/home/user/",
 		Args: nargs(2, 2),
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
 			if strings.Contains(toComplete, ":") || strings.Contains(toComplete, "/") {
@@ -459,13 +460,14 @@ func newCopyCmd() *cobra.Command {
 			return completeSuffix(":", sandboxNames)(cmd, args, toComplete)
 		},
 	}
+	user := cmd.Flags().StringP("user", "u", "", "copying into a sandbox: make what is written owned by this `NAME|UID[:GID]` of the sandbox\n(default: the archive's owners)")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-		return runCopy(ctx, c, args[0], args[1])
+		return runCopy(ctx, c, args[0], args[1], *user)
 	})
 	return cmd
 }
 
-func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
+func runCopy(ctx context.Context, c *sdk.Client, src, dst, user string) error {
 	sref, spath, sIn := splitRef(src)
 	dref, dpath, dIn := splitRef(dst)
 	switch {
@@ -473,8 +475,10 @@ func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 		return badArg("copy between two sandboxes is not supported: copy through the host")
 	case !sIn && !dIn:
 		return badArg("one of SRC and DST must be ID:PATH, e.g. clade cp ./f box:/tmp/")
+	case user != "" && !dIn:
+		return badArg("--user is for copies into a sandbox: it names who owns what is written")
 	case dIn && src == "-":
-		return c.CopyTo(ctx, dref, dpath, os.Stdin)
+		return c.CopyToAs(ctx, dref, dpath, user, os.Stdin)
 	case sIn && dst == "-":
 		rc, err := c.CopyFrom(ctx, sref, spath)
 		if err != nil {
@@ -491,7 +495,7 @@ func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 		go func() {
 			pw.CloseWithError(tarx.Create(pw, spath, filepath.Base(filepath.Clean(spath))))
 		}()
-		err := c.CopyTo(ctx, dref, dpath, pr)
+		err := c.CopyToAs(ctx, dref, dpath, user, pr)
 		pr.CloseWithError(errors.New("upload ended"))
 		return err
 	default:
