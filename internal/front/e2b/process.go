@@ -109,6 +109,9 @@ type proc struct {
 	// tty: the command runs on a pseudo-terminal (see ptyArgv); its
 	// output is pty data and its input pty input.
 	tty bool
+	// user it runs as ("": root): its terminal is resized as it, since
+	// root in the sandbox may not look into another user's /proc/PID/fd.
+	user string
 
 	mu   sync.Mutex
 	subs map[*sub]struct{}
@@ -370,7 +373,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 		return stream.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}}})
 	}
-	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, subs: map[*sub]struct{}{}, done: make(chan struct{})}
+	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, user: user, subs: map[*sub]struct{}{}, done: make(chan struct{})}
 	s, _ := p.subscribe()
 	ps.s.procs.add(id, p)
 	go p.run(ps.s.procs, id)
@@ -532,7 +535,7 @@ func (ps *processService) Update(ctx context.Context, req *connect.Request[proce
 			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY to resize", p.pid))
 		}
 		id := sandboxID(req.Header())
-		if _, _, err := ps.s.run(ctx, id, "/bin/sh", "-c", resizeScript, "sh", strconv.Itoa(int(p.pid)),
+		if _, _, err := ps.s.runAs(ctx, id, p.user, "/bin/sh", "-c", resizeScript, "sh", strconv.Itoa(int(p.pid)),
 			strconv.Itoa(int(sz.GetCols())), strconv.Itoa(int(sz.GetRows()))); err != nil {
 			return nil, connectErr(fmt.Errorf("resize the PTY of process %d: %w", p.pid, err))
 		}
