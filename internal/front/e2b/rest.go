@@ -293,8 +293,8 @@ const setupGrace = time.Minute
 // userSetup gives the sandbox what E2B code assumes: a user `user` (uid
 // 1000) with home /home/user and /bin/bash. It writes the account files
 // directly: useradd costs a few hundred milliseconds in a fresh sandbox.
-// Commands still run as root (see docs/e2b.md); the home directory is
-// where relative paths resolve.
+// Commands and files are this user's unless a request names another
+// (DefaultUser); the home directory is where relative paths resolve.
 const userSetup = `if ! grep -q '^user:' /etc/passwd 2>/dev/null; then
 echo 'user:x:1000:1000::` + Home + `:/bin/bash' >>/etc/passwd
 grep -q '^user:' /etc/group 2>/dev/null || echo 'user:x:1000:' >>/etc/group
