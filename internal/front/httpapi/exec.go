@@ -62,7 +62,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	p, err := g.Exec(r.Context(), guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin,
-		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols})
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User})
 	if err != nil {
 		return err
 	}
@@ -254,7 +254,7 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 			<-copied
 		}
 	}()
-	if err := g.CopyIn(r.Context(), p, pr); err != nil {
+	if err := g.CopyInAs(r.Context(), p, r.URL.Query().Get("user"), pr); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
