@@ -133,6 +133,12 @@ type Traffic interface {
 	// Dial connects to a TCP port inside the sandbox. The connection
 	// half-closes (CloseWrite) when the implementation's can.
 	Dial(ctx context.Context, ref string, wake WakeMode, port int) (net.Conn, error)
+	// Ready waits until the sandbox's agent answers (waking it first with
+	// Wake) and returns its life: a comparable value that is the same
+	// until the sandbox starts again (a wake, a restart), so that a
+	// connection kept from an earlier life is told apart. For a running
+	// sandbox it is cheap (no store read).
+	Ready(ctx context.Context, ref string, wake WakeMode) (life any, err error)
 	// Hold marks a sandbox busy (no idle sleep) until release is called.
 	Hold(id string) (release func())
 	// Running reports, with no store read and no wake, whether the

@@ -361,6 +361,14 @@ func (s *Service) Dial(ctx context.Context, ref string, wake service.WakeMode, p
 	return s.mgr.Dial(ctx, ref, port)
 }
 
+func (s *Service) Ready(ctx context.Context, ref string, wake service.WakeMode) (any, error) {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
 func (s *Service) Hold(id string) (release func()) { return s.mgr.Hold(id) }
 
 func (s *Service) Running(id string) bool { return s.mgr.Running(id) }
