@@ -220,6 +220,11 @@ type ExecRequest struct {
 	TTY  bool   `json:"tty,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
+	// User runs the command as that user of the sandbox: a name or
+	// UID[:GID] (also name:group) from its /etc/passwd and /etc/group, with
+	// the user's groups, HOME, USER, LOGNAME and SHELL, in the user's home
+	// unless Workdir is set. Empty: the image's user (root by default).
+	User string `json:"user,omitempty"`
 }
 
 // ExitStatus ends an exec stream (the payload of its exit frame).

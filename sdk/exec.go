@@ -45,6 +45,10 @@ type ExecRequest struct {
 	// Resizes, when set (with TTY), forwards each new terminal size; the
 	// command gets SIGWINCH.
 	Resizes <-chan WindowSize
+	// User runs the command as that user of the sandbox: a name or
+	// UID[:GID], with its groups, HOME, USER, LOGNAME and SHELL, in its home
+	// unless Workdir is set. Empty: the image's user (root by default).
+	User string
 }
 
 // WindowSize is a terminal's size in character cells.
@@ -64,7 +68,7 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 		return ExitStatus{}, &Error{Code: "invalid_argument", Message: "a terminal size or resizes need TTY set"}
 	}
 	body, err := json.Marshal(api.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir,
-		TimeoutMS: ms, Stdin: req.Stdin != nil, TTY: req.TTY, Rows: req.Size.Rows, Cols: req.Size.Cols})
+		TimeoutMS: ms, Stdin: req.Stdin != nil, TTY: req.TTY, Rows: req.Size.Rows, Cols: req.Size.Cols, User: req.User})
 	if err != nil {
 		return ExitStatus{}, err
 	}

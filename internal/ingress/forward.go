@@ -389,6 +389,7 @@ func outRequest(w http.ResponseWriter, r *http.Request, bodyIdle time.Duration) 
 		out.Header.Set("Te", "trailers")
 	}
 	out.Header.Del(TokenHeader)
+	out.Header.Del(E2BTokenHeader)
 	stripCookie(out.Header)
 	stripReferer(out.Header)
 	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
@@ -431,7 +432,7 @@ func outRequest(w http.ResponseWriter, r *http.Request, bodyIdle time.Duration) 
 // its headers must not take a client's X-Forwarded-For for the proxy's).
 func forwardTrailer(k string) bool {
 	switch k {
-	case TokenHeader, "Cookie", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+	case TokenHeader, "E2b-Traffic-Access-Token", "Cookie", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
 		return false
 	}
 	if !httpguts.ValidTrailerHeader(k) {

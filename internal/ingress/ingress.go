@@ -10,7 +10,7 @@
 // X-Clade-Traffic-Token, or a signed URL's signature (signed.go), unless the
 // sandbox was created public; neither is passed on to the sandbox. Answers of the proxy's own (the sandbox's
 // answers pass unchanged): 404 for an unknown sandbox or a host that is not
-// a sandbox route, 401 for a missing or wrong token, 409 for a sandbox that
+// a sandbox route, 403 for a missing or wrong token (X-Clade-Traffic-Token or E2B's E2B-Traffic-Access-Token), 409 for a sandbox that
 // stopped, 503 with Retry-After when waking the sandbox was refused for
 // memory (it stays asleep and intact; a retry once memory is free serves),
 // 502 when nothing listens on the port or the answer is broken, 400 for a
@@ -49,6 +49,10 @@ import (
 
 // TokenHeader carries a sandbox's traffic token.
 const TokenHeader = "X-Clade-Traffic-Token"
+
+// E2BTokenHeader is E2B's name for the traffic token, which the ingress
+// takes beside clade's own.
+const E2BTokenHeader = "E2B-Traffic-Access-Token"
 
 // RetryAfter is what a 503 (wake refused for memory) asks clients to wait.
 const RetryAfter = 2 * time.Second
@@ -345,16 +349,19 @@ func (p *Proxy) lookup(ctx context.Context, ref string) (access, error) {
 
 // authorized checks a request to a private sandbox's port: its traffic
 // token header, or a signed URL (query or cookie). On refusal it answers
-// 401 and returns false. A signature from the query sets the cookie.
+// 403 and returns false. A signature from the query sets the cookie.
 func (p *Proxy) authorized(w http.ResponseWriter, r *http.Request, token, id, ref string, port int) bool {
 	tok := r.Header.Get(TokenHeader)
+	if tok == "" {
+		tok = r.Header.Get(E2BTokenHeader)
+	}
 	if token == "" {
-		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s has no traffic token (it was made before the ingress existed): recreate it, or create it --public", ref))
+		p.fail(w, http.StatusForbidden, fmt.Sprintf("sandbox %s has no traffic token (it was made before the ingress existed): recreate it, or create it --public", ref))
 		return false
 	}
 	if tok != "" {
 		if subtle.ConstantTimeCompare([]byte(tok), []byte(token)) != 1 {
-			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("wrong traffic token for sandbox %s (header %s; see `clade inspect %s`)", ref, TokenHeader, ref))
+			p.fail(w, http.StatusForbidden, fmt.Sprintf("wrong traffic token for sandbox %s (header %s; see `clade inspect %s`)", ref, TokenHeader, ref))
 			return false
 		}
 		return true
@@ -369,11 +376,11 @@ func (p *Proxy) authorized(w http.ResponseWriter, r *http.Request, token, id, re
 		}
 		return true
 	case signedExpired:
-		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("this signed URL of sandbox %s expired at %s: ask for a new one (`clade url %s %d`)", ref, time.Unix(exp, 0).UTC().Format(time.RFC3339), ref, port))
+		p.fail(w, http.StatusForbidden, fmt.Sprintf("this signed URL of sandbox %s expired at %s: ask for a new one (`clade url %s %d`)", ref, time.Unix(exp, 0).UTC().Format(time.RFC3339), ref, port))
 	case signedBad:
-		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("bad signature for sandbox %s port %d (a signed URL is for one sandbox and port; ask for one with `clade url %s %d`)", ref, port, ref, port))
+		p.fail(w, http.StatusForbidden, fmt.Sprintf("bad signature for sandbox %s port %d (a signed URL is for one sandbox and port; ask for one with `clade url %s %d`)", ref, port, ref, port))
 	default:
-		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s needs its traffic token: send header %s (see `clade inspect %s`), use a signed URL (`clade url %s %d`), or create the sandbox --public", ref, TokenHeader, ref, ref, port))
+		p.fail(w, http.StatusForbidden, fmt.Sprintf("sandbox %s needs its traffic token: send header %s (see `clade inspect %s`), use a signed URL (`clade url %s %d`), or create the sandbox --public", ref, TokenHeader, ref, ref, port))
 	}
 	return false
 }
@@ -384,6 +391,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Host = net.JoinHostPort(rt.id, strconv.Itoa(rt.port))
 	pr.Out.Host = pr.In.Host // the application sees the name it was asked by
 	pr.Out.Header.Del(TokenHeader)
+	pr.Out.Header.Del(E2BTokenHeader)
 	stripSigned(pr.Out.URL)
 	stripCookie(pr.Out.Header)
 	stripReferer(pr.Out.Header)

@@ -124,8 +124,10 @@ type Files interface {
 	Stat(ctx context.Context, ref string, wake WakeMode, path string) (FileInfo, error)
 	// CopyOut streams path as a tar archive whose top entry is its base name.
 	CopyOut(ctx context.Context, ref string, wake WakeMode, path string) (io.ReadCloser, error)
-	// CopyIn extracts the tar archive r at path (docker cp semantics).
-	CopyIn(ctx context.Context, ref string, wake WakeMode, path string, r io.Reader) error
+	// CopyIn extracts the tar archive r at path (docker cp semantics),
+	// what it makes owned by user (a name or UID[:GID] of the sandbox;
+	// "": root).
+	CopyIn(ctx context.Context, ref string, wake WakeMode, path, user string, r io.Reader) error
 }
 
 // Traffic is connections to sandboxes' ports.

@@ -18,7 +18,7 @@ func serveE2B(o Options, mgr *sandbox.Manager, ingress net.Listener, log *slog.L
 	if o.Token == "" {
 		return nil, errors.New("--e2b needs --token-file: E2B clients send the token as E2B_API_KEY, and an API without one would let anyone who reaches the port run code")
 	}
-	cfg := e2b.Config{APIKey: o.Token, DiskDir: o.DataDir, DiskFloorMiB: o.Sandbox.DiskFloorMiB, Log: log}
+	cfg := e2b.Config{APIKey: o.Token, DiskDir: o.DataDir, DiskFloorMiB: o.Sandbox.DiskFloorMiB, BaseImage: o.E2BBaseImage, Log: log}
 	if ingress != nil {
 		// The SDK's getHost(port) is PORT-ID.DOMAIN: an ingress on
 		// another port than 80 rides on the domain, so that the host it

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -51,6 +52,10 @@ type Options struct {
 	// E2B, when set, serves the E2B API (REST and envd) on this TCP
 	// address; it requires Token, which clients send as E2B_API_KEY.
 	E2B string
+	// E2BBaseImage is the image E2B's `base` template runs on (see
+	// e2b.Config.BaseImage); a built-in one is built at start after the
+	// default image when the E2B front is on.
+	E2BBaseImage string
 	// Engine names the engine that runs sandboxes (see Engines).
 	Engine    string
 	Runsc     string
@@ -200,6 +205,7 @@ func Run(ctx context.Context, o Options) error {
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, vols)
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, secrets)
 	o.Sandbox.Log = log
+	o.Sandbox.HotImages = hotImages(o)
 	o.Sandbox.SnapshotDir = filepath.Join(stateDir, "snapshots")
 	o.Sandbox.SleepDir = filepath.Join(stateDir, "sleep")
 	for _, d := range []string{o.Sandbox.SnapshotDir, o.Sandbox.SleepDir} {
@@ -317,6 +323,11 @@ func Run(ctx context.Context, o Options) error {
 			if err := images.EnsureDefault(ctx); err != nil && ctx.Err() == nil {
 				log.Error("building the default image failed", "err", err)
 			}
+			if _, builtin := image.Builtin(o.E2BBaseImage); builtin && o.E2B != "" {
+				if err := images.EnsureBuiltin(ctx, o.E2BBaseImage); err != nil && ctx.Err() == nil {
+					log.Error("building the image of E2B's base template failed; a create of `base` tries again", "image", o.E2BBaseImage, "err", err)
+				}
+			}
 		}()
 	}
 	if o.Ready != nil {
@@ -426,4 +437,24 @@ func startNetwork(ctx context.Context, o *Options, log *slog.Logger) (*network.H
 		return nil, err
 	}
 	return hook, nil
+}
+
+// hotImages is the hot pool's images beside the default one: those asked
+// for, and with the E2B front on, the image of E2B's `base` template (the
+// SDKs' default) with as many as the default image unless the list names
+// it: a create of `base` claims a started sandbox as clade's own does.
+func hotImages(o Options) map[string]int {
+	base := o.E2BBaseImage
+	if o.E2B == "" || base == "" || base == image.Default || o.Sandbox.HotPool == 0 {
+		return o.Sandbox.HotImages
+	}
+	if _, named := o.Sandbox.HotImages[base]; named {
+		return o.Sandbox.HotImages
+	}
+	hot := maps.Clone(o.Sandbox.HotImages)
+	if hot == nil {
+		hot = map[string]int{}
+	}
+	hot[base] = o.Sandbox.HotPool
+	return hot
 }

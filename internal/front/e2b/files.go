@@ -92,10 +92,19 @@ type writtenEntry struct {
 func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 	id := sandboxID(r.Header)
 	qpath := r.URL.Query().Get("path")
+	named, err := checkUserName(r.URL.Query().Get("username"))
+	if err != nil {
+		return err
+	}
 	sb, err := s.get(r.Context(), id)
 	if err != nil {
 		return err
 	}
+	g, err := s.mgr.Guest(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	user := execUser(r.Context(), g, named)
 	limit, why := s.uploadLimit(sb)
 	var body io.Reader = r.Body
 	size := r.ContentLength // of the file, for an octet-stream body
@@ -143,7 +152,7 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 			if target == "" {
 				return errdefs.New(errdefs.InvalidArgument, "a file part names no path: give ?path= or the full path as the part's filename")
 			}
-			e, err := s.writeFile(w, r.Context(), id, resolve(target), part, -1, capped)
+			e, err := s.writeFile(w, r.Context(), id, user, resolve(target), part, -1, capped)
 			part.Close()
 			if err != nil {
 				return err
@@ -157,7 +166,7 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 		if size > limit {
 			return capped.errFor(size)
 		}
-		e, err := s.writeFile(w, r.Context(), id, resolve(qpath), capped, size, capped)
+		e, err := s.writeFile(w, r.Context(), id, user, resolve(qpath), capped, size, capped)
 		if err != nil {
 			return err
 		}
@@ -230,13 +239,13 @@ func (c *capReader) errFor(size int64) error {
 // learn its size: a file that ends within it goes in one archive entry.
 const inlineMax = 1 << 20
 
-// writeFile writes what r yields to p (absolute) in sandbox id, making its
-// parent directories. size is r's length, or -1 when unknown. Nothing is
+// writeFile writes what r yields to p (absolute) in sandbox id as user
+// (empty: root), making its parent directories, all owned by user. size is r's length, or -1 when unknown. Nothing is
 // written on the host: a file of known size (or one that ends within
 // inlineMax) goes through the agent's archive extraction, a larger one of
 // unknown size through a process inside that writes its stdin. A failed
 // write leaves no partial file.
-func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p string, r io.Reader, size int64, capped *capReader) (writtenEntry, error) {
+func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, user, p string, r io.Reader, size int64, capped *capReader) (writtenEntry, error) {
 	if p == "/" {
 		return writtenEntry{}, errdefs.New(errdefs.InvalidArgument, "cannot write a file at /")
 	}
@@ -251,7 +260,7 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 	fi, err := g.Stat(ctx, dir)
 	switch {
 	case errdefs.IsNotFound(err):
-		if _, _, err := s.run(ctx, id, "mkdir", "-p", "--", dir); err != nil {
+		if _, _, err := s.runAs(ctx, id, user, "mkdir", "-p", "--", dir); err != nil {
 			return writtenEntry{}, fmt.Errorf("write %s: %w", p, err)
 		}
 	case err != nil:
@@ -270,7 +279,7 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 		case err != nil:
 			return writtenEntry{}, uploadError(p, nil, src.failed(err), capped)
 		default:
-			if err := s.streamFile(w, ctx, g, id, p, io.MultiReader(bytes.NewReader(head), r), src, capped); err != nil {
+			if err := s.streamFile(w, ctx, g, id, user, p, io.MultiReader(bytes.NewReader(head), r), src, capped); err != nil {
 				return writtenEntry{}, err
 			}
 			return writtenEntry{Name: name, Type: "file", Path: p}, nil
@@ -289,7 +298,7 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 		pw.CloseWithError(err)
 		return err
 	}, func() error {
-		return g.CopyIn(ctx, dir, pr)
+		return g.CopyInAs(ctx, dir, user, pr)
 	}, func() { pr.CloseWithError(errors.New("upload ended")) })
 	if err := uploadError(p, putErr, src.failed(fillErr), capped); err != nil {
 		return writtenEntry{}, err
@@ -303,9 +312,9 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 // of unknown size has not, and a failed upload must leave neither a
 // partial file nor the old one half overwritten (the process cannot tell
 // a body that broke from one that ended: the host decides).
-func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, g *guest.Conn, id, p string, r io.Reader, src *bodyReader, capped *capReader) error {
+func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, g *guest.Conn, id, user, p string, r io.Reader, src *bodyReader, capped *capReader) error {
 	tmp := p + ".clade-upload-" + rand.Text()[:12]
-	proc, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `umask 022; exec cat > "$1"`, "sh", tmp}, Stdin: true})
+	proc, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `umask 022; exec cat > "$1"`, "sh", tmp}, Stdin: true, User: user, Dir: "/"})
 	if err != nil {
 		return err
 	}

@@ -109,6 +109,9 @@ type proc struct {
 	// tty: the command runs on a pseudo-terminal (see ptyArgv); its
 	// output is pty data and its input pty input.
 	tty bool
+	// user it runs as ("": root): its terminal is resized as it, since
+	// root in the sandbox may not look into another user's /proc/PID/fd.
+	user string
 
 	mu   sync.Mutex
 	subs map[*sub]struct{}
@@ -305,11 +308,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if cfg == nil || cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is empty: give the command to run"))
 	}
-	env := []string{"HOME=" + Home}
+	named, err := headerUser(req.Header())
+	if err != nil {
+		return connectErr(err)
+	}
+	var env []string
 	for _, k := range slices.Sorted(maps.Keys(cfg.GetEnvs())) {
 		env = append(env, k+"="+cfg.GetEnvs()[k])
 	}
-	dir := Home
+	var dir string
 	if cfg.Cwd != nil {
 		dir = resolve(cfg.GetCwd())
 	}
@@ -329,6 +336,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if err != nil {
 		return connectErr(err)
 	}
+	// As the user, the agent sets HOME and starts in the user's home (as
+	// envd does); without one (an old agent) as root in E2B's home.
+	user := execUser(ctx, g, named)
+	if user == "" {
+		env = append([]string{"HOME=" + Home}, env...)
+		if dir == "" {
+			dir = Home
+		}
+	}
 	// envd keeps stdin open unless the client says stdin:false.
 	stdin := m.Stdin == nil || m.GetStdin()
 	argv := append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
@@ -339,7 +355,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	}
 	// The process must not end with this request: the stream may go away
 	// and the command live on (background commands).
-	gp, err := g.Exec(context.WithoutCancel(ctx), guest.ExecRequest{Argv: argv, Env: env, Dir: dir, Timeout: timeout, Stdin: stdin})
+	gp, err := g.Exec(context.WithoutCancel(ctx), guest.ExecRequest{Argv: argv, Env: env, Dir: dir, Timeout: timeout, Stdin: stdin, User: user})
 	if err != nil {
 		return connectErr(err)
 	}
@@ -357,7 +373,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 		return stream.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}}})
 	}
-	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, subs: map[*sub]struct{}{}, done: make(chan struct{})}
+	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, user: user, subs: map[*sub]struct{}{}, done: make(chan struct{})}
 	s, _ := p.subscribe()
 	ps.s.procs.add(id, p)
 	go p.run(ps.s.procs, id)
@@ -519,7 +535,7 @@ func (ps *processService) Update(ctx context.Context, req *connect.Request[proce
 			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY to resize", p.pid))
 		}
 		id := sandboxID(req.Header())
-		if _, _, err := ps.s.run(ctx, id, "/bin/sh", "-c", resizeScript, "sh", strconv.Itoa(int(p.pid)),
+		if _, _, err := ps.s.runAs(ctx, id, p.user, "/bin/sh", "-c", resizeScript, "sh", strconv.Itoa(int(p.pid)),
 			strconv.Itoa(int(sz.GetCols())), strconv.Itoa(int(sz.GetRows()))); err != nil {
 			return nil, connectErr(fmt.Errorf("resize the PTY of process %d: %w", p.pid, err))
 		}
@@ -559,11 +575,21 @@ echo "no terminal found for process $1" >&2; exit 1`
 // run runs argv in sandbox id to its end and returns its output. A
 // non-zero exit is an error classed by what the command said on stderr.
 func (s *Server) run(ctx context.Context, id string, argv ...string) (stdout, stderr string, err error) {
+	return s.runAs(ctx, id, "", argv...)
+}
+
+// runAs is run as user (a name or UID[:GID] of the sandbox; empty: root
+// with E2B's home).
+func (s *Server) runAs(ctx context.Context, id, user string, argv ...string) (stdout, stderr string, err error) {
 	g, err := s.mgr.Guest(ctx, id)
 	if err != nil {
 		return "", "", err
 	}
-	p, err := g.Exec(ctx, guest.ExecRequest{Argv: argv, Env: []string{"HOME=" + Home}})
+	req := guest.ExecRequest{Argv: argv, Env: []string{"HOME=" + Home}, User: user}
+	if user != "" {
+		req.Env, req.Dir = nil, "/"
+	}
+	p, err := g.Exec(ctx, req)
 	if err != nil {
 		return "", "", err
 	}

@@ -119,18 +119,18 @@ type lifecycleBody struct {
 	AutoResume bool   `json:"autoResume"`
 }
 
-func templateOf(sb store.Sandbox) string {
+func (s *Server) templateOf(sb store.Sandbox) string {
 	if sb.Snapshot != "" && sb.Image == "" {
 		return sb.Snapshot
 	}
-	if sb.Image == image.Default || sb.Image == "" {
+	if sb.Image == s.baseImage() || sb.Image == "" {
 		return DefaultTemplate
 	}
 	return sb.Image
 }
 
 func (s *Server) sandboxBody(sb store.Sandbox) sandboxBody {
-	b := sandboxBody{SandboxID: sb.ID, TemplateID: templateOf(sb), Alias: sb.Name, ClientID: "clade",
+	b := sandboxBody{SandboxID: sb.ID, TemplateID: s.templateOf(sb), Alias: sb.Name, ClientID: "clade",
 		EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(sb.ID), Domain: s.cfg.Domain}
 	if !sb.Opts.Public {
 		b.TrafficAccessToken = sb.Opts.TrafficToken
@@ -164,7 +164,7 @@ func (s *Server) listedBody(sb store.Sandbox) listedBody {
 	if md == nil {
 		md = map[string]string{}
 	}
-	b := listedBody{SandboxID: sb.ID, TemplateID: templateOf(sb), Alias: sb.Name, ClientID: "clade", StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
+	b := listedBody{SandboxID: sb.ID, TemplateID: s.templateOf(sb), Alias: sb.Name, ClientID: "clade", StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
 		CPUCount: cpus, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.Opts.DiskMiB, Metadata: md, State: stateOf(sb), EnvdVersion: EnvdVersion, Domain: s.cfg.Domain}
 	if sb.Opts.TimeoutMS > 0 {
 		b.Lifecycle = &lifecycleBody{OnTimeout: "kill"}
@@ -245,10 +245,29 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// baseImage is the image E2B's `base` template runs on.
+func (s *Server) baseImage() string {
+	if s.cfg.BaseImage == "" {
+		return image.Default
+	}
+	return s.cfg.BaseImage
+}
+
 // resolveTemplate maps an E2B template onto a clade image (by name; "base"
-// is the default image) or a snapshot (by id or name).
+// is Config.BaseImage) or a snapshot (by id or name).
 func (s *Server) resolveTemplate(ctx context.Context, t string, creq *sandbox.CreateRequest) error {
 	if t == "" || t == DefaultTemplate {
+		if base := s.baseImage(); base != image.Default {
+			// A built-in base not built yet answers Unavailable (the
+			// daemon builds it; retry) rather than a stand-in image.
+			if _, _, err := s.mgr.Image(ctx, base); err != nil {
+				if errdefs.IsNotFound(err) {
+					return errdefs.New(errdefs.NotFound, "the %q template runs on the image %s, which this daemon does not have: pull or import it, or start the daemon with --e2b-base-image default", DefaultTemplate, base)
+				}
+				return err
+			}
+			creq.Image = base
+		}
 		return nil
 	}
 	if _, _, err := s.mgr.GetSnapshot(ctx, t); err == nil {
@@ -274,8 +293,8 @@ const setupGrace = time.Minute
 // userSetup gives the sandbox what E2B code assumes: a user `user` (uid
 // 1000) with home /home/user and /bin/bash. It writes the account files
 // directly: useradd costs a few hundred milliseconds in a fresh sandbox.
-// Commands still run as root (see docs/e2b.md); the home directory is
-// where relative paths resolve.
+// Commands and files are this user's unless a request names another
+// (DefaultUser); the home directory is where relative paths resolve.
 const userSetup = `if ! grep -q '^user:' /etc/passwd 2>/dev/null; then
 echo 'user:x:1000:1000::` + Home + `:/bin/bash' >>/etc/passwd
 grep -q '^user:' /etc/group 2>/dev/null || echo 'user:x:1000:' >>/etc/group

@@ -50,7 +50,11 @@ type Config struct {
 	// DiskFloorMiB. Empty: no bound but the sandbox's disk cap.
 	DiskDir      string
 	DiskFloorMiB int
-	Log          *slog.Logger
+	// BaseImage is the image E2B's `base` template (the SDKs' default)
+	// runs on: image.E2BBase, built from Debian's packages with what
+	// E2B's base holds; "" is clade's lean default image.
+	BaseImage string
+	Log       *slog.Logger
 }
 
 // Server serves the E2B REST API and envd on one handler.

@@ -212,7 +212,7 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 			<-copied
 		}
 	}()
-	if err := s.svc.CopyIn(r.Context(), r.PathValue("id"), service.Wake, p, pr); err != nil {
+	if err := s.svc.CopyIn(r.Context(), r.PathValue("id"), service.Wake, p, r.URL.Query().Get("user"), pr); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

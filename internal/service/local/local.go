@@ -286,7 +286,7 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 		return nil, err
 	}
 	p, err := g.Exec(ctx, guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin,
-		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols})
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User})
 	if err != nil {
 		return nil, err
 	}
@@ -342,12 +342,12 @@ func (s *Service) CopyOut(ctx context.Context, ref string, wake service.WakeMode
 	return g.CopyOut(ctx, p, nil)
 }
 
-func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode, p string, r io.Reader) error {
+func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode, p, user string, r io.Reader) error {
 	g, err := s.guest(ctx, ref, wake)
 	if err != nil {
 		return err
 	}
-	return g.CopyIn(ctx, p, r)
+	return g.CopyInAs(ctx, p, user, r)
 }
 
 // Traffic.
