@@ -11,9 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/guest"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // startScript starts the server in a sandbox unless it runs, and waits
@@ -40,22 +40,22 @@ done
 func StartCommand() string { return startScript }
 
 // Proxy carries requests to the interpreter servers of sandboxes, over
-// the Manager's port dial, starting a server the first time a sandbox is
-// asked.
+// the service's port dial (a request wakes a sleeping sandbox), starting a
+// server the first time a sandbox is asked.
 type Proxy struct {
-	mgr     *sandbox.Manager
+	svc     service.Service
 	tr      *http.Transport
 	mu      sync.Mutex
 	started map[string]bool
 }
 
-// NewProxy returns a proxy over mgr.
-func NewProxy(mgr *sandbox.Manager) *Proxy {
-	p := &Proxy{mgr: mgr, started: map[string]bool{}}
+// NewProxy returns a proxy over svc.
+func NewProxy(svc service.Service) *Proxy {
+	p := &Proxy{svc: svc, started: map[string]bool{}}
 	p.tr = &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			id, _, _ := strings.Cut(addr, ":")
-			return mgr.Dial(ctx, id, Port)
+			return svc.Dial(ctx, id, service.Wake, Port)
 		},
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       30 * time.Second,
@@ -70,16 +70,13 @@ func (p *Proxy) Close() { p.tr.CloseIdleConnections() }
 
 // Ensure starts the server in sandbox id if it does not run.
 func (p *Proxy) Ensure(ctx context.Context, id string) error {
-	g, err := p.mgr.Guest(ctx, id)
-	if err != nil {
-		return err
-	}
-	proc, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", startScript}, Timeout: 130 * time.Second})
+	proc, err := p.svc.Exec(ctx, id, service.Wake, api.ExecRequest{Cmd: []string{"/bin/sh", "-c", startScript}, TimeoutMS: 130_000})
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
-	out, _ := io.ReadAll(io.LimitReader(io.MultiReader(proc.Stdout, proc.Stderr), 4096))
+	go io.Copy(io.Discard, proc.Stderr())
+	out, _ := io.ReadAll(io.LimitReader(proc.Stdout(), 4096))
 	exit, err := proc.Wait(ctx)
 	if err != nil {
 		return err

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clade-sandbox/clade/internal/connlimit"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // The forwarder is the proxy's way for plain HTTP/1.x requests (upgrades
@@ -717,7 +718,7 @@ func (p *Proxy) dial(ctx context.Context, id string, port int) (net.Conn, error)
 	if p.dialer != nil {
 		return p.dialer(ctx, id, port)
 	}
-	return p.mgr.Dial(ctx, id, port)
+	return p.svc.Dial(ctx, id, service.Wake, port)
 }
 
 // retryable reports whether err says a kept connection was closed before

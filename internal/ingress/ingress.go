@@ -44,7 +44,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/connlimit"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // TokenHeader carries a sandbox's traffic token.
@@ -124,7 +124,7 @@ const unroutedIdleTimeout = 5 * time.Second
 
 // Proxy is the ingress's http.Handler.
 type Proxy struct {
-	mgr    *sandbox.Manager
+	svc    service.Service
 	domain string
 	log    *slog.Logger
 	rp     *httputil.ReverseProxy
@@ -160,12 +160,12 @@ func orDefault[T time.Duration | int](v, def T) T {
 	return v
 }
 
-// New returns the proxy for the sandboxes of mgr.
-func New(cfg Config, mgr *sandbox.Manager) *Proxy {
+// New returns the proxy for the sandboxes of svc.
+func New(cfg Config, svc service.Service) *Proxy {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{mgr: mgr, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log, access: map[string]access{},
+	p := &Proxy{svc: svc, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log, access: map[string]access{},
 		headTimeout: orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout),
 		bodyIdle:    orDefault(cfg.BodyIdleTimeout, DefaultBodyIdleTimeout),
 		maxConns:    orDefault(cfg.MaxConnsPerSandbox, DefaultMaxConnsPerSandbox),
@@ -270,11 +270,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	routed(r)
 	// Busy from here until the answer is done (an upgraded connection
 	// until it closes): no idle sleep under a request.
-	release := p.mgr.Hold(a.id)
+	release := p.svc.Hold(a.id)
 	defer release()
 	// Wake it now, so that a refused wake is told apart from a refused
 	// port; for a running sandbox this is a map lookup.
-	g, err := p.mgr.Guest(r.Context(), a.id)
+	life, err := p.svc.Ready(r.Context(), a.id, service.Wake)
 	if err != nil {
 		p.failErr(w, err)
 		return
@@ -285,7 +285,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.upgrade(w, r)
 		return
 	}
-	p.forward(w, r, rt, g)
+	p.forward(w, r, rt, life)
 }
 
 // upgrade serves r by the reverse proxy. A body is read under the body
@@ -327,14 +327,17 @@ func (p *Proxy) lookup(ctx context.Context, ref string) (access, error) {
 	p.mu.Lock()
 	a, ok := p.access[ref]
 	p.mu.Unlock()
-	if ok && p.mgr.Running(a.id) {
+	if ok && p.svc.Running(a.id) {
 		return a, nil
 	}
-	rec, err := p.mgr.Get(ctx, ref)
+	rec, err := p.svc.Get(ctx, ref)
 	if err != nil {
 		return access{}, err
 	}
-	a = access{id: rec.ID, token: rec.Opts.TrafficToken, public: rec.Opts.Public}
+	a = access{id: rec.ID, public: rec.Public}
+	if rec.Ingress != nil {
+		a.token = rec.Ingress.TrafficToken
+	}
 	p.mu.Lock()
 	if len(p.access) >= maxAccess {
 		clear(p.access)

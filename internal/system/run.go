@@ -26,6 +26,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/secret"
+	"github.com/clade-sandbox/clade/internal/service/local"
 	"github.com/clade-sandbox/clade/internal/store"
 	"github.com/clade-sandbox/clade/internal/volume"
 	"github.com/prometheus/client_golang/prometheus"
@@ -248,10 +249,12 @@ func Run(ctx context.Context, o Options) error {
 	}
 	registerCounters(reg, mgr.Counters(), mgr)
 	var iln net.Listener
-	code := codeint.NewProxy(mgr)
+	// The fronts drive the node through the service interface only.
+	svc := local.New(local.Config{Version: o.Version, EngineVersion: func() string { return engineVersion(ctx, eng) }, Addr: hook.Addr,
+		Volumes: vols, Secrets: secrets, Engines: engineStatuses(eng)}, mgr)
+	code := codeint.NewProxy(svc)
 	defer code.Close()
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: func() string { return engineVersion(ctx, eng) }, TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets,
-		Engines: engineStatuses(eng), Code: code}
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o); err != nil {
 			return err
@@ -259,7 +262,7 @@ func Run(ctx context.Context, o Options) error {
 		defer iln.Close()
 		apiCfg.IngressURL = ingressURL(iln.Addr(), o.IngressDomain)
 	}
-	srv := httpapi.New(apiCfg, mgr, reg)
+	srv := httpapi.New(apiCfg, svc, reg)
 
 	var lns []net.Listener
 	defer func() {
@@ -298,7 +301,7 @@ func Run(ctx context.Context, o Options) error {
 	if iln != nil {
 		icfg := o.IngressLimits
 		icfg.Domain, icfg.Log = o.IngressDomain, log
-		proxy := ingress.New(icfg, mgr)
+		proxy := ingress.New(icfg, svc)
 		defer proxy.Close()
 		ihs := proxy.Server()
 		// Under its caps of client connections; the server's hooks close

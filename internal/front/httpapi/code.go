@@ -75,11 +75,11 @@ func (s *Server) codeCall(w http.ResponseWriter, r *http.Request, method, path s
 	if s.cfg.Code == nil {
 		return errdefs.New(errdefs.Unavailable, "this daemon serves no code interpreter")
 	}
-	rec, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	rec, err := s.svc.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	release := s.mgr.Hold(rec.ID)
+	release := s.svc.Hold(rec.ID)
 	defer release()
 	var b []byte
 	if body != nil {
