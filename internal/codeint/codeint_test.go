@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -31,6 +32,10 @@ func start(t *testing.T) (*testenv.Daemon, string) {
 	}
 	return d, sb.ID
 }
+
+// ansi matches terminal colour sequences: IPython colours tracebacks (as
+// Jupyter's, which E2B's clients get too).
+var ansi = regexp.MustCompile("\x1b\\[[0-9;]*m")
 
 func run(t *testing.T, c *sdk.Client, id string, req sdk.RunCodeRequest) *sdk.Execution {
 	t.Helper()
@@ -77,7 +82,7 @@ func TestInterpreter(t *testing.T) {
 	}
 	// An exception's traceback.
 	ex = run(t, c, id, sdk.RunCodeRequest{Code: "def f():\n    return 1/0\nf()"})
-	if ex.Error == nil || ex.Error.Name != "ZeroDivisionError" || !strings.Contains(ex.Error.Traceback, "f()") {
+	if ex.Error == nil || ex.Error.Name != "ZeroDivisionError" || !strings.Contains(ansi.ReplaceAllString(ex.Error.Traceback, ""), "f()") {
 		t.Fatalf("error: %+v", ex.Error)
 	}
 	// A timeout interrupts; the context lives on.
