@@ -39,7 +39,11 @@ var ansi = regexp.MustCompile("\x1b\\[[0-9;]*m")
 
 func run(t *testing.T, c *sdk.Client, id string, req sdk.RunCodeRequest) *sdk.Execution {
 	t.Helper()
-	ex, err := c.RunCode(context.Background(), id, req, nil)
+	// A run that never answers fails the test (and its cleanup removes the
+	// daemon) instead of hanging the package until go test's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ex, err := c.RunCode(ctx, id, req, nil)
 	if err != nil {
 		t.Fatalf("run %q: %v", req.Code, err)
 	}
@@ -190,7 +194,8 @@ func TestInterpreterHostile(t *testing.T) {
 func TestInterpreterForkAndSleep(t *testing.T) {
 	d, id := start(t)
 	c := d.Client
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
 	run(t, c, id, sdk.RunCodeRequest{Code: "import pandas as pd\ndf = pd.DataFrame({'v': range(1000)})\nn = 10"})
 	fr, err := c.Fork(ctx, id, 4)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -57,10 +56,14 @@ func NewProxy(svc service.Service) *Proxy {
 			id, _, _ := strings.Cut(addr, ":")
 			return svc.Dial(ctx, id, service.Wake, Port)
 		},
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       30 * time.Second,
-		ResponseHeaderTimeout: 0,
-		DisableCompression:    true,
+		// No pooled connections: a connection kept across a sleep (or a
+		// snapshot) is restored in the sandbox's netstack but not in the
+		// host's view of it, and a request sent on it is never answered.
+		// A dial per request costs well under a millisecond (the
+		// sandbox's veth, else the agent's connection); the ingress does
+		// the same.
+		DisableKeepAlives:  true,
+		DisableCompression: true,
 	}
 	return p
 }
