@@ -22,7 +22,7 @@ try {
   ex = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
   check(ex.results[0].html.includes('<table') && ex.results[0].isMainResult, 'DataFrame HTML')
   ex = await sbx.runCode('def f():\n    return 1/0\nf()')
-  check(ex.error && ex.error.name === 'ZeroDivisionError' && ex.error.traceback.includes('f()'), 'traceback')
+  check(ex.error && ex.error.name === 'ZeroDivisionError' && ex.error.traceback.replace(/\x1b\[[0-9;]*m/g, '').includes('f()'), 'traceback ' + JSON.stringify(ex.error))
   let timedOut = false
   try {
     await sbx.runCode('import time\nwhile True: time.sleep(0.1)', { timeoutMs: 1000 })
