@@ -9,16 +9,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/front/e2b"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 )
 
 // serveE2B serves the E2B API on o.E2B until the returned stop is called.
-func serveE2B(o Options, mgr *sandbox.Manager, ingress net.Listener, log *slog.Logger, errc chan<- error) (stop func(), err error) {
+func serveE2B(o Options, mgr *sandbox.Manager, code *codeint.Proxy, ingress net.Listener, log *slog.Logger, errc chan<- error) (stop func(), err error) {
 	if o.Token == "" {
 		return nil, errors.New("--e2b needs --token-file: E2B clients send the token as E2B_API_KEY, and an API without one would let anyone who reaches the port run code")
 	}
-	cfg := e2b.Config{APIKey: o.Token, DiskDir: o.DataDir, DiskFloorMiB: o.Sandbox.DiskFloorMiB, BaseImage: o.E2BBaseImage, Log: log}
+	cfg := e2b.Config{APIKey: o.Token, DiskDir: o.DataDir, DiskFloorMiB: o.Sandbox.DiskFloorMiB, BaseImage: o.E2BBaseImage, Log: log, Code: code}
 	if ingress != nil {
 		// The SDK's getHost(port) is PORT-ID.DOMAIN: an ingress on
 		// another port than 80 rides on the domain, so that the host it

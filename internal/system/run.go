@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"log/slog"
 	"maps"
 	"net"
@@ -251,7 +252,9 @@ func Run(ctx context.Context, o Options) error {
 	// The fronts drive the node through the service interface only.
 	svc := local.New(local.Config{Version: o.Version, EngineVersion: func() string { return engineVersion(ctx, eng) }, Addr: hook.Addr,
 		Volumes: vols, Secrets: secrets, Engines: engineStatuses(eng)}, mgr)
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp}
+	code := codeint.NewProxy(svc)
+	defer code.Close()
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o); err != nil {
 			return err
@@ -289,7 +292,7 @@ func Run(ctx context.Context, o Options) error {
 		log.Info("serving TCP", "addr", tln.Addr().String())
 	}
 	if o.E2B != "" {
-		stop, err := serveE2B(o, mgr, iln, log, errc)
+		stop, err := serveE2B(o, mgr, code, iln, log, errc)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"io"
 	"math"
 	"net/http"
@@ -125,6 +126,9 @@ func (s *Server) templateOf(sb store.Sandbox) string {
 	}
 	if sb.Image == s.baseImage() || sb.Image == "" {
 		return DefaultTemplate
+	}
+	if sb.Image == codeint.Image {
+		return CodeInterpreterTemplate
 	}
 	return sb.Image
 }
@@ -269,6 +273,9 @@ func (s *Server) resolveTemplate(ctx context.Context, t string, creq *sandbox.Cr
 			creq.Image = base
 		}
 		return nil
+	}
+	if t == CodeInterpreterTemplate {
+		t = codeint.Image
 	}
 	if _, _, err := s.mgr.GetSnapshot(ctx, t); err == nil {
 		creq.FromSnapshot = t

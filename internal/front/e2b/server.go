@@ -55,6 +55,9 @@ type Config struct {
 	// E2B's base holds; "" is clade's lean default image.
 	BaseImage string
 	Log       *slog.Logger
+	// Code carries requests for port 49999 to sandboxes' code
+	// interpreters (codeint.Proxy); nil: none.
+	Code httpapi.CodeProxy
 }
 
 // Server serves the E2B REST API and envd on one handler.
@@ -112,6 +115,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		if port, err := sandboxPort(r); err != nil {
+			writeError(w, err)
+			return
+		} else if port != 0 {
+			// A port of the sandbox (the code interpreter's): E2B's
+			// proxy lets these through on the traffic token, not envd's.
+			sb, err := s.get(r.Context(), id)
+			if err != nil {
+				if errdefs.IsNotFound(err) {
+					writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: fmt.Sprintf("The sandbox %s was not found: %v", id, err)})
+					return
+				}
+				writeError(w, err)
+				return
+			}
+			s.servePort(w, r, sb, port)
+			return
+		}
 		tok := r.Header.Get("X-Access-Token")
 		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) != 1 {
 			writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong X-Access-Token for sandbox %s: use the envdAccessToken its create or connect returned", id))

@@ -4,6 +4,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,14 @@ type Config struct {
 	// IngressURL, when the daemon serves an ingress, returns the URL
 	// template (with {port}) of a sandbox's ports.
 	IngressURL func(id string) string
+	// Code carries requests to sandboxes' code interpreters
+	// (codeint.Proxy); nil: the daemon serves none.
+	Code CodeProxy
+}
+
+// CodeProxy sends a request to the code interpreter server of a sandbox.
+type CodeProxy interface {
+	Do(ctx context.Context, id, method, path string, body []byte) (*http.Response, error)
 }
 
 // Server is the HTTP API.
@@ -83,6 +92,7 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.route("GET /v1/stats", "stats_list", s.listStats)
 	s.routeVolumes()
 	s.routeSecrets()
+	s.routeCode()
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))

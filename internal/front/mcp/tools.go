@@ -125,6 +125,7 @@ type StatsOutput struct {
 
 func (t *tools) register(s *mcpsdk.Server) {
 	log := t.cfg.Log
+	t.registerCode(s)
 	add(s, log, &mcpsdk.Tool{Name: "create_sandbox", Title: "Create a sandbox",
 		Description: "Create a new isolated Linux sandbox and wait until it is ready (about a second). Returns its id, which the other tools take as 'sandbox'. The sandbox keeps running until remove_sandbox (or its timeout); remove sandboxes you no longer need.",
 		Annotations: &mcpsdk.ToolAnnotations{DestructiveHint: boolPtr(false), OpenWorldHint: boolPtr(false)}}, t.create)
