@@ -23,6 +23,9 @@ type Sandbox struct {
 	MemoryMiB int      `json:"memory_mib"`
 	CPUs      float64  `json:"cpus"`
 	Env       []string `json:"env,omitempty"`
+	// Snapshot is the snapshot the sandbox was restored from (a fork's
+	// child), if any.
+	Snapshot string `json:"snapshot,omitempty"`
 	// DiskMiB caps what the sandbox may write.
 	DiskMiB int `json:"disk_mib,omitempty"`
 	// Engine is the engine the sandbox runs in; empty: the daemon's default.
@@ -225,6 +228,13 @@ type ExecRequest struct {
 	// the user's groups, HOME, USER, LOGNAME and SHELL, in the user's home
 	// unless Workdir is set. Empty: the image's user (root by default).
 	User string `json:"user,omitempty"`
+}
+
+// Started is the payload of an exec stream's Started frame: the
+// command's pid inside the sandbox, sent before any output of a command
+// that started.
+type Started struct {
+	PID int `json:"pid"`
 }
 
 // ExitStatus ends an exec stream (the payload of its exit frame).

@@ -49,6 +49,10 @@ type ExecRequest struct {
 	// UID[:GID], with its groups, HOME, USER, LOGNAME and SHELL, in its home
 	// unless Workdir is set. Empty: the image's user (root by default).
 	User string
+	// Started, when set, is called with the command's pid inside the
+	// sandbox once it started, before any of its output (daemons before
+	// the Started frame never call it).
+	Started func(pid int)
 }
 
 // WindowSize is a terminal's size in character cells.
@@ -130,6 +134,11 @@ func readStream(r io.Reader, req ExecRequest) (ExitStatus, error) {
 			return ExitStatus{}, fmt.Errorf("exec stream: %w", err)
 		}
 		switch f.Type {
+		case stream.Started:
+			var st api.Started
+			if req.Started != nil && json.Unmarshal(f.Payload, &st) == nil && st.PID > 0 {
+				req.Started(st.PID)
+			}
 		case stream.Stdout:
 			if _, err := stdout.Write(f.Payload); err != nil {
 				return ExitStatus{}, fmt.Errorf("write stdout: %w", err)

@@ -92,11 +92,19 @@ type Exec interface {
 	// timeout, terminal size) and refused with InvalidArgument; a process
 	// that fails to start still starts a Process whose Wait says why.
 	Exec(ctx context.Context, ref string, wake WakeMode, req api.ExecRequest) (Process, error)
+	// SupportsUser reports whether the sandbox's agent runs an exec and
+	// owns an upload as a named user (ExecRequest.User, CopyIn's user):
+	// false for an agent of an older clade (inside an old snapshot), which
+	// runs everything as root and refuses a request that names a user.
+	SupportsUser(ctx context.Context, ref string, wake WakeMode) (bool, error)
 }
 
 // Process is a process started by Exec. Stdout and Stderr must be read
 // to their end (or the process closed).
 type Process interface {
+	// PID is the process's id inside the sandbox, or 0 when it did not
+	// start (Wait says why). It may wait for the start to be known.
+	PID() int
 	// Stdin is nil unless the request set Stdin; closing it sends EOF.
 	Stdin() io.WriteCloser
 	Stdout() io.Reader

@@ -11,11 +11,11 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/front/e2b"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // serveE2B serves the E2B API on o.E2B until the returned stop is called.
-func serveE2B(o Options, mgr *sandbox.Manager, code *codeint.Proxy, ingress net.Listener, log *slog.Logger, errc chan<- error) (stop func(), err error) {
+func serveE2B(o Options, svc service.Service, code *codeint.Proxy, ingress net.Listener, log *slog.Logger, errc chan<- error) (stop func(), err error) {
 	if o.Token == "" {
 		return nil, errors.New("--e2b needs --token-file: E2B clients send the token as E2B_API_KEY, and an API without one would let anyone who reaches the port run code")
 	}
@@ -26,7 +26,7 @@ func serveE2B(o Options, mgr *sandbox.Manager, code *codeint.Proxy, ingress net.
 		// returns reaches it.
 		cfg.Domain = strings.Trim(o.IngressDomain, ".") + ingressPort(ingress.Addr())
 	}
-	srv, err := e2b.New(cfg, mgr)
+	srv, err := e2b.New(cfg, svc)
 	if err != nil {
 		return nil, err
 	}

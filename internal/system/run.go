@@ -292,7 +292,7 @@ func Run(ctx context.Context, o Options) error {
 		log.Info("serving TCP", "addr", tln.Addr().String())
 	}
 	if o.E2B != "" {
-		stop, err := serveE2B(o, mgr, code, iln, log, errc)
+		stop, err := serveE2B(o, svc, code, iln, log, errc)
 		if err != nil {
 			return err
 		}

@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/store"
 )
 
 // CodeInterpreterTemplate is the template @e2b/code-interpreter creates by
@@ -39,12 +39,16 @@ func sandboxPort(r *http.Request) (int, error) {
 // portAllowed reports whether the request may reach a port of sb other
 // than envd's: as through E2B's proxy, a public sandbox's ports are open,
 // a private one's need its traffic token (or the envd token).
-func (s *Server) portAllowed(r *http.Request, sb store.Sandbox) bool {
-	if sb.Opts.Public {
+func (s *Server) portAllowed(r *http.Request, sb api.Sandbox) bool {
+	if sb.Public {
 		return true
 	}
-	if t := r.Header.Get("E2b-Traffic-Access-Token"); t != "" && sb.Opts.TrafficToken != "" &&
-		subtle.ConstantTimeCompare([]byte(t), []byte(sb.Opts.TrafficToken)) == 1 {
+	var traffic string
+	if sb.Ingress != nil {
+		traffic = sb.Ingress.TrafficToken
+	}
+	if t := r.Header.Get("E2b-Traffic-Access-Token"); t != "" && traffic != "" &&
+		subtle.ConstantTimeCompare([]byte(t), []byte(traffic)) == 1 {
 		return true
 	}
 	t := r.Header.Get("X-Access-Token")
@@ -54,7 +58,7 @@ func (s *Server) portAllowed(r *http.Request, sb store.Sandbox) bool {
 // servePort carries a request to the code interpreter (port 49999) of
 // sandbox sb: the only port besides envd's the front serves; others are
 // the ingress's.
-func (s *Server) servePort(w http.ResponseWriter, r *http.Request, sb store.Sandbox, port int) {
+func (s *Server) servePort(w http.ResponseWriter, r *http.Request, sb api.Sandbox, port int) {
 	if port != codeint.Port || s.cfg.Code == nil {
 		writeError(w, errdefs.New(errdefs.NotFound, "port %d of sandbox %s is not served here: reach it through the ingress (%d-%s.<domain>)", port, sb.ID, port, sb.ID))
 		return
@@ -72,7 +76,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, sb store.Sand
 		}
 		body = b
 	}
-	release := s.mgr.Hold(sb.ID)
+	release := s.svc.Hold(sb.ID)
 	defer release()
 	path := r.URL.EscapedPath()
 	resp, err := s.cfg.Code.Do(r.Context(), sb.ID, r.Method, path, body)

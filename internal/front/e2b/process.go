@@ -16,9 +16,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/process"
-	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // processes tracks the commands started through envd, per sandbox, so that
@@ -105,7 +106,7 @@ type proc struct {
 	pid    uint32
 	tag    *string
 	config *process.ProcessConfig
-	gp     *guest.Process
+	gp     service.Process
 	// tty: the command runs on a pseudo-terminal (see ptyArgv); its
 	// output is pty data and its input pty input.
 	tty bool
@@ -184,8 +185,8 @@ func (p *proc) pump(r io.Reader, stderr bool) {
 func (p *proc) run(t *processes, id string) {
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.pump(p.gp.Stdout, false) }()
-	go func() { defer wg.Done(); p.pump(p.gp.Stderr, true) }()
+	go func() { defer wg.Done(); p.pump(p.gp.Stdout(), false) }()
+	go func() { defer wg.Done(); p.pump(p.gp.Stderr(), true) }()
 	wg.Wait()
 	exit, err := p.gp.Wait(context.Background())
 	end := endEvent(exit, err)
@@ -206,7 +207,7 @@ func (p *proc) run(t *processes, id string) {
 
 // endEvent says how a command ended the way envd does: exited with a code,
 // or a status naming the signal.
-func endEvent(exit guest.ExitStatus, err error) *process.ProcessEvent_EndEvent {
+func endEvent(exit api.ExitStatus, err error) *process.ProcessEvent_EndEvent {
 	if err != nil {
 		msg := err.Error()
 		return &process.ProcessEvent_EndEvent{ExitCode: -1, Status: "error", Error: &msg}
@@ -332,13 +333,12 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 		timeout = left + deadlineGrace
 	}
-	g, err := ps.s.mgr.Guest(ctx, id)
+	// As the user, the agent sets HOME and starts in the user's home (as
+	// envd does); without one (an old agent) as root in E2B's home.
+	user, err := ps.s.execUser(ctx, id, named)
 	if err != nil {
 		return connectErr(err)
 	}
-	// As the user, the agent sets HOME and starts in the user's home (as
-	// envd does); without one (an old agent) as root in E2B's home.
-	user := execUser(ctx, g, named)
 	if user == "" {
 		env = append([]string{"HOME=" + Home}, env...)
 		if dir == "" {
@@ -355,7 +355,8 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	}
 	// The process must not end with this request: the stream may go away
 	// and the command live on (background commands).
-	gp, err := g.Exec(context.WithoutCancel(ctx), guest.ExecRequest{Argv: argv, Env: env, Dir: dir, Timeout: timeout, Stdin: stdin, User: user})
+	gp, err := ps.s.svc.Exec(context.WithoutCancel(ctx), id, service.Wake, api.ExecRequest{Cmd: argv, Env: env, Workdir: dir,
+		TimeoutMS: timeout.Milliseconds(), Stdin: stdin, User: user})
 	if err != nil {
 		return connectErr(err)
 	}
@@ -477,10 +478,11 @@ func (p *proc) write(in *process.ProcessInput) error {
 		}
 		data = in.GetPty()
 	}
-	if p.gp.Stdin == nil {
+	stdin := p.gp.Stdin()
+	if stdin == nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started with stdin: false", p.pid))
 	}
-	if _, err := p.gp.Stdin.Write(data); err != nil {
+	if _, err := stdin.Write(data); err != nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d: writing stdin: %w", p.pid, err))
 	}
 	return nil
@@ -516,10 +518,11 @@ func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[p
 	if err != nil {
 		return nil, err
 	}
-	if p.gp.Stdin == nil {
+	stdin := p.gp.Stdin()
+	if stdin == nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started with stdin: false", p.pid))
 	}
-	if err := p.gp.Stdin.Close(); err != nil {
+	if err := stdin.Close(); err != nil {
 		return nil, connectErr(err)
 	}
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
@@ -581,15 +584,11 @@ func (s *Server) run(ctx context.Context, id string, argv ...string) (stdout, st
 // runAs is run as user (a name or UID[:GID] of the sandbox; empty: root
 // with E2B's home).
 func (s *Server) runAs(ctx context.Context, id, user string, argv ...string) (stdout, stderr string, err error) {
-	g, err := s.mgr.Guest(ctx, id)
-	if err != nil {
-		return "", "", err
-	}
-	req := guest.ExecRequest{Argv: argv, Env: []string{"HOME=" + Home}, User: user}
+	req := api.ExecRequest{Cmd: argv, Env: []string{"HOME=" + Home}, User: user}
 	if user != "" {
-		req.Env, req.Dir = nil, "/"
+		req.Env, req.Workdir = nil, "/"
 	}
-	p, err := g.Exec(ctx, req)
+	p, err := s.svc.Exec(ctx, id, service.Wake, req)
 	if err != nil {
 		return "", "", err
 	}
@@ -599,10 +598,10 @@ func (s *Server) runAs(ctx context.Context, id, user string, argv ...string) (st
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, _ = io.Copy(&eb, io.LimitReader(p.Stderr, 1<<20))
-		_, _ = io.Copy(io.Discard, p.Stderr)
+		_, _ = io.Copy(&eb, io.LimitReader(p.Stderr(), 1<<20))
+		_, _ = io.Copy(io.Discard, p.Stderr())
 	}()
-	_, _ = io.Copy(&ob, p.Stdout)
+	_, _ = io.Copy(&ob, p.Stdout())
 	wg.Wait()
 	exit, err := p.Wait(ctx)
 	if err != nil {

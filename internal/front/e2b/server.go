@@ -4,9 +4,9 @@
 // listener: a request that names a sandbox in E2b-Sandbox-Id is envd
 // traffic, anything else is the REST API.
 //
-// Everything is translated onto the sandbox service (internal/sandbox) and
-// clade's own agent (internal/guest); E2B's envd does not run in the
-// sandbox. See docs/e2b.md for what is supported call by call.
+// Everything is translated onto the node's service (internal/service):
+// sandboxes' lifecycle, and commands and files run by clade's own agent;
+// E2B's envd does not run in the sandbox. See docs/e2b.md for what is supported call by call.
 package e2b
 
 import (
@@ -25,7 +25,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/filesystem/filesystemconnect"
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/process/processconnect"
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // EnvdVersion is the envd version clade reports. The SDKs gate features on
@@ -52,7 +52,7 @@ type Config struct {
 	DiskFloorMiB int
 	// BaseImage is the image E2B's `base` template (the SDKs' default)
 	// runs on: image.E2BBase, built from Debian's packages with what
-	// E2B's base holds; "" is clade's lean default image.
+	// E2B's base holds; "" is clade's lean default image (DefaultImage).
 	BaseImage string
 	Log       *slog.Logger
 	// Code carries requests for port 49999 to sandboxes' code
@@ -63,23 +63,24 @@ type Config struct {
 // Server serves the E2B REST API and envd on one handler.
 type Server struct {
 	cfg   Config
-	mgr   *sandbox.Manager
+	svc   service.Service
 	log   *slog.Logger
 	rest  *http.ServeMux
 	envd  *http.ServeMux
 	procs *processes
 }
 
-// New returns the E2B front over mgr. It returns an InvalidArgument error
-// without an API key: the front runs code for anyone who knows it.
-func New(cfg Config, mgr *sandbox.Manager) (*Server, error) {
+// New returns the E2B front over the node's service. It returns an
+// InvalidArgument error without an API key: the front runs code for anyone
+// who knows it.
+func New(cfg Config, svc service.Service) (*Server, error) {
 	if cfg.APIKey == "" {
 		return nil, errdefs.New(errdefs.InvalidArgument, "the E2B front needs an API key: give the daemon --token-file (clients send it as E2B_API_KEY)")
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mgr: mgr, log: cfg.Log, rest: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses()}
+	s := &Server{cfg: cfg, svc: svc, log: cfg.Log, rest: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses()}
 	s.routes()
 	ps := &processService{s: s}
 	path, h := processconnect.NewProcessHandler(ps, connectLimits...)

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // DefaultUser is who E2B runs commands and writes files as when the
@@ -48,15 +48,17 @@ func checkUserName(user string) (string, error) {
 	return user, nil
 }
 
-// execUser is who a request runs as: the one it names, else DefaultUser.
-// A sandbox whose agent predates users (an old snapshot) runs what names
-// nobody as root, as before; one that names a user gets the agent's error.
-func execUser(ctx context.Context, g *guest.Conn, named string) string {
+// execUser is who a request in sandbox id runs as: the one it names, else
+// DefaultUser. A sandbox whose agent predates users (an old snapshot) runs
+// what names nobody as root, as before; one that names a user gets the
+// agent's error.
+func (s *Server) execUser(ctx context.Context, id, named string) (string, error) {
 	if named != "" {
-		return named
+		return named, nil
 	}
-	if !g.SupportsUser(ctx) {
-		return ""
+	ok, err := s.svc.SupportsUser(ctx, id, service.Wake)
+	if err != nil || !ok {
+		return "", err
 	}
-	return DefaultUser
+	return DefaultUser, nil
 }

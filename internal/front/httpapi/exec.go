@@ -61,6 +61,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusOK)
 		out = stream.NewWriter(w, http.NewResponseController(w).Flush)
 	}
+	if pid := p.PID(); pid != 0 {
+		// Unflushed: a plain stream's client has no use for the pid
+		// before the output, and it costs no write of its own.
+		b, _ := json.Marshal(api.Started{PID: pid})
+		_ = out.WriteUnflushed(stream.Started, b)
+	}
 	streamProcess(r, p, out)
 	return nil
 }

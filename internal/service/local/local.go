@@ -66,7 +66,7 @@ const statsParallel = 4
 // only; the front that serves an ingress fills in its URL.
 func (s *Service) toAPI(sb store.Sandbox) api.Sandbox {
 	out := api.Sandbox{Node: sb.Node, ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
-		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Engine: sb.Opts.Engine, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC(),
+		CPUs: sb.CPUs, Env: sb.Env, Snapshot: sb.Snapshot, DiskMiB: sb.Opts.DiskMiB, Engine: sb.Opts.Engine, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC(),
 		Public: sb.Opts.Public, IdleSleepMS: sb.Opts.IdleSleepMS, TimeoutMS: sb.Opts.TimeoutMS, ExpiresAt: sb.Opts.ExpiresAt, OnTimeout: sb.Opts.OnTimeout,
 		Volumes: volumeMountsToAPI(sb.Opts.Volumes), Secrets: secretRefsToAPI(sb.Opts.Secrets)}
 	if n := sb.Opts.Network; n != nil {
@@ -293,7 +293,17 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 	return process{p}, nil
 }
 
+func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.WakeMode) (bool, error) {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return false, err
+	}
+	return g.SupportsUser(ctx), nil
+}
+
 type process struct{ p *guest.Process }
+
+func (p process) PID() int { return p.p.PID() }
 
 func (p process) Stdin() io.WriteCloser {
 	if p.p.Stdin == nil {

@@ -12,6 +12,8 @@
 //   - Stat reads the first entry of the path's tar stream and closes it.
 //   - Hold marks nothing here: the remote node holds a sandbox busy for the
 //     exec, file or port stream its own API serves.
+//   - SupportsUser answers true: the API does not tell an old agent (the
+//     remote node refuses what it cannot run as a user).
 //   - Running answers false (it cannot tell without a call); Ready asks.
 //   - CheckDisk answers nil: the remote node checks its own disk as it
 //     reads an upload.
@@ -177,12 +179,13 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 	}
 	id := sb.ID
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &process{cancel: cancel, done: make(chan struct{}), signals: make(chan os.Signal, 4)}
+	p := &process{cancel: cancel, done: make(chan struct{}), started: make(chan struct{}), signals: make(chan os.Signal, 4)}
 	outR, outW := io.Pipe()
 	errR, errW := io.Pipe()
 	p.stdout, p.stderr = outR, errR
 	sreq := sdk.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, Timeout: time.Duration(req.TimeoutMS) * time.Millisecond,
-		Stdout: outW, Stderr: errW, Signals: p.signals, TTY: req.TTY, Size: sdk.WindowSize{Rows: req.Rows, Cols: req.Cols}, User: req.User}
+		Stdout: outW, Stderr: errW, Signals: p.signals, TTY: req.TTY, Size: sdk.WindowSize{Rows: req.Rows, Cols: req.Cols}, User: req.User,
+		Started: func(pid int) { p.pid = pid; close(p.started) }}
 	var inR *io.PipeReader
 	if req.Stdin {
 		var inW *io.PipeWriter
@@ -206,6 +209,16 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 	return p, nil
 }
 
+// SupportsUser answers true: the API does not say what a sandbox's agent
+// speaks, and the remote node's agent refuses a user it cannot run as
+// (an agent of an older clade) with an error of its own.
+func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.WakeMode) (bool, error) {
+	if _, err := s.Ready(ctx, ref, wake); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 type process struct {
 	cancel  context.CancelFunc
 	stdin   *io.PipeWriter
@@ -214,9 +227,28 @@ type process struct {
 	signals chan os.Signal
 	resizes chan sdk.WindowSize
 
+	started chan struct{} // closed once the Started frame came
+	pid     int           // set before started closes
+
 	done chan struct{}
 	exit api.ExitStatus // set before done closes
 	err  error
+}
+
+// PID waits for the Started frame, or for the end of a process that did
+// not start (or of one on a node whose daemon sends no Started frame: 0).
+func (p *process) PID() int {
+	select {
+	case <-p.started:
+		return p.pid
+	case <-p.done:
+		select {
+		case <-p.started:
+			return p.pid
+		default:
+			return 0
+		}
+	}
 }
 
 func (p *process) Stdin() io.WriteCloser {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,10 @@ func testRefusals(t *testing.T, e Env) {
 		"Get":    func() error { _, err := e.Service.Get(ctx, "no-such-sandbox"); return err }(),
 		"Remove": e.Service.Remove(ctx, "no-such-sandbox"),
 		"Wake":   func() error { _, err := e.Service.Wake(ctx, "no-such-sandbox"); return err }(),
+		"SupportsUser": func() error {
+			_, err := e.Service.SupportsUser(ctx, "no-such-sandbox", service.Wake)
+			return err
+		}(),
 		"GetSnapshot": func() error {
 			_, err := e.Service.GetSnapshot(ctx, "no-such-snapshot")
 			return err
@@ -184,6 +189,9 @@ func testSnapshotFork(t *testing.T, e Env) {
 		got, err := e.Service.Get(ctx, c.ID)
 		if err != nil || got.State != "running" {
 			t.Fatalf("child %s: %+v, %v", c.ID, got, err)
+		}
+		if got.Snapshot != sn.ID {
+			t.Errorf("child %s names snapshot %q, want %s", c.ID, got.Snapshot, sn.ID)
 		}
 	}
 	if err := e.Service.RemoveSnapshot(ctx, sn.ID); !errdefs.IsConflict(err) {
@@ -334,10 +342,31 @@ func testExec(t *testing.T, e Env) {
 	if out, _ := run(t, e, sb.ID, "sh", "-c", "echo $HOME"); strings.TrimSpace(out) == "" {
 		t.Errorf("no HOME in the exec's environment")
 	}
-	// A process that is closed while it runs is killed.
+	if ok, err := e.Service.SupportsUser(t.Context(), sb.ID, service.NoWake); err != nil || !ok {
+		t.Errorf("SupportsUser of a new sandbox: %v, %v, want true", ok, err)
+	}
+	// A command that does not start has no pid; Wait says why.
+	p, err = e.Service.Exec(t.Context(), sb.ID, service.Wake, api.ExecRequest{Cmd: []string{"/no/such/command"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = drain(p)
+	if pid := p.PID(); pid != 0 {
+		t.Errorf("a command that did not start has pid %d", pid)
+	}
+	if st, err := p.Wait(t.Context()); err != nil || st.Error == "" {
+		t.Errorf("a command that did not start: %+v, %v, want Error set", st, err)
+	}
+	p.Close()
+	// A process that is closed while it runs is killed; its pid is its
+	// own inside the sandbox.
 	p, err = e.Service.Exec(t.Context(), sb.ID, service.Wake, api.ExecRequest{Cmd: []string{"sleep", "600"}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	pid := p.PID()
+	if comm, _ := run(t, e, sb.ID, "cat", "/proc/"+strconv.Itoa(pid)+"/comm"); pid <= 0 || strings.TrimSpace(comm) != "sleep" {
+		t.Errorf("pid %d of a running sleep is %q's", pid, comm)
 	}
 	p.Close()
 	count := `n=0; for c in /proc/[0-9]*/comm; do [ "$(cat $c 2>/dev/null)" = sleep ] && n=$((n+1)); done; echo $n`
