@@ -95,6 +95,16 @@ type Ingress struct {
 	// unless the sandbox is public.
 	TokenHeader  string `json:"token_header"`
 	TrafficToken string `json:"traffic_token,omitempty"`
+	// HostMask, when set, is the Host header the sandbox's servers are
+	// sent on ingress requests instead of the client's, ${PORT} replaced
+	// by the port (E2B's maskRequestHost).
+	HostMask string `json:"host_mask,omitempty"`
+}
+
+// IngressCA is the answer of GET /v1/ingress/ca: the certificate of the
+// daemon's own CA, which signed the ingress's TLS certificate.
+type IngressCA struct {
+	PEM string `json:"pem"`
 }
 
 // SignedURLRequest is the body of POST /v1/sandboxes/{id}/ports/{port}/url.

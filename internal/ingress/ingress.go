@@ -227,6 +227,8 @@ type bodyKey struct{}
 type route struct {
 	id   string
 	port int
+	// host, when set, is the Host the sandbox sees (its host mask).
+	host string
 }
 
 // ParseHost splits a request host "PORT-REF.DOMAIN[:N]" into the port and
@@ -261,7 +263,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	a, err := p.lookup(r.Context(), ref)
 	if err != nil {
-		p.failErr(w, err)
+		p.failErr(w, err, ref)
 		return
 	}
 	if !a.public && !p.authorized(w, r, a.token, a.id, ref, port) {
@@ -276,10 +278,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// port; for a running sandbox this is a map lookup.
 	life, err := p.svc.Ready(r.Context(), a.id, service.Wake)
 	if err != nil {
-		p.failErr(w, err)
+		p.failErr(w, err, ref)
 		return
 	}
-	rt := route{id: a.id, port: port}
+	rt := route{id: a.id, port: port, host: a.hostFor(port)}
 	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
 	if r.ProtoMajor != 1 || upgrading(r) {
 		p.upgrade(w, r)
@@ -313,6 +315,16 @@ func upgrading(r *http.Request) bool {
 type access struct {
 	id, token string
 	public    bool
+	hostMask  string
+}
+
+// hostFor is the Host a request to port is given for the sandbox: its
+// mask with the port in, or "" (the client's Host).
+func (a access) hostFor(port int) string {
+	if a.hostMask == "" {
+		return ""
+	}
+	return MaskHost(a.hostMask, port)
 }
 
 // maxAccess bounds the access cache (only sandboxes that exist get in:
@@ -336,7 +348,7 @@ func (p *Proxy) lookup(ctx context.Context, ref string) (access, error) {
 	}
 	a = access{id: rec.ID, public: rec.Public}
 	if rec.Ingress != nil {
-		a.token = rec.Ingress.TrafficToken
+		a.token, a.hostMask = rec.Ingress.TrafficToken, rec.Ingress.HostMask
 	}
 	p.mu.Lock()
 	if len(p.access) >= maxAccess {
@@ -390,6 +402,9 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Scheme = "http"
 	pr.Out.URL.Host = net.JoinHostPort(rt.id, strconv.Itoa(rt.port))
 	pr.Out.Host = pr.In.Host // the application sees the name it was asked by
+	if rt.host != "" {
+		pr.Out.Host = rt.host
+	}
 	pr.Out.Header.Del(TokenHeader)
 	pr.Out.Header.Del(E2BTokenHeader)
 	stripSigned(pr.Out.URL)
@@ -412,7 +427,7 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	p.log.Debug("ingress: proxying failed", "sandbox", rt.id, "port", rt.port, "err", err)
 	switch {
 	case errdefs.ClassOf(err) == errdefs.ResourceExhausted:
-		p.failErr(w, err)
+		p.failErr(w, err, rt.id)
 	case errors.Is(err, errHeadTimeout):
 		p.fail(w, http.StatusGatewayTimeout, fmt.Sprintf("port %d of sandbox %s sent no answer within %s (the daemon's --ingress-response-timeout)", rt.port, rt.id, p.headTimeout))
 	default:
@@ -506,11 +521,12 @@ func (t checkedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// failErr answers a classed error of the service.
-func (p *Proxy) failErr(w http.ResponseWriter, err error) {
+// failErr answers a classed error of the service about sandbox ref.
+func (p *Proxy) failErr(w http.ResponseWriter, err error, ref string) {
 	switch errdefs.ClassOf(err) {
 	case errdefs.NotFound:
-		p.fail(w, http.StatusNotFound, err.Error())
+		p.log.Debug("ingress: no such sandbox", "sandbox", ref, "err", err)
+		notFound(w, ref)
 	case errdefs.Unavailable, errdefs.ResourceExhausted:
 		// Above all a wake refused for memory: the sandbox sleeps on,
 		// intact, and a retry once memory is free serves.

@@ -93,18 +93,23 @@ func LoadCA(dir, domain string) (ca *LocalCA, replaced bool, err error) {
 }
 
 // ReadCACert returns the PEM of the local CA's certificate kept in dir
-// (the daemon's data dir), which LoadCA wrote. It is a NotExist error when
-// the daemon never served the ingress over TLS with its own CA there.
+// (the daemon's data dir): dir/CACertFile, which LoadCA wrote, readable
+// by anyone. It is a NotExist error when the daemon never served the
+// ingress over TLS with its own CA there.
 func ReadCACert(dir string) ([]byte, error) {
-	b, err := os.ReadFile(filepath.Join(dir, CAFile))
+	path := filepath.Join(dir, CACertFile)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	ca, err := parseCA(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CAFile), err)
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
 	}
-	return ca.PEM, nil
+	if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return pem.EncodeToMemory(blk), nil
 }
 
 func parseCA(b []byte) (*LocalCA, error) {

@@ -18,6 +18,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -79,6 +80,7 @@ type createBody struct {
 		AllowOut           []string `json:"allowOut"`
 		DenyOut            []string `json:"denyOut"`
 		AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+		MaskRequestHost    *string  `json:"maskRequestHost"`
 	} `json:"network"`
 	VolumeMounts []json.RawMessage `json:"volumeMounts"`
 }
@@ -228,6 +230,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		}
 		if n.AllowPublicTraffic != nil {
 			creq.Opts.Public = *n.AllowPublicTraffic
+		}
+		if n.MaskRequestHost != nil {
+			// The Host the ingress gives the sandbox's servers.
+			if err := ingress.CheckHostMask(*n.MaskRequestHost); err != nil {
+				return errdefs.New(errdefs.InvalidArgument, "%v", err)
+			}
+			creq.Opts.HostMask = *n.MaskRequestHost
 		}
 	}
 	sb, err := s.mgr.Create(r.Context(), creq)

@@ -31,6 +31,9 @@ type Config struct {
 	// IngressURL, when the daemon serves an ingress, returns the URL
 	// template (with {port}) of a sandbox's ports.
 	IngressURL func(id string) string
+	// IngressCA is the PEM certificate of the CA of the ingress's TLS
+	// certificate when the daemon made it (GET /v1/ingress/ca).
+	IngressCA []byte
 }
 
 // Server is the HTTP API.
@@ -78,6 +81,7 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.route("POST /v1/sandboxes/{id}/timeout", "timeout", s.setTimeout)
 	s.route("GET /v1/sandboxes/{id}/ports/{port}", "port_forward", s.portForward)
 	s.route("POST /v1/sandboxes/{id}/ports/{port}/url", "signed_url", s.signedURL)
+	s.route("GET /v1/ingress/ca", "ingress_ca", s.ingressCA)
 	s.route("GET /v1/events", "events", s.events)
 	s.route("GET /v1/sandboxes/{id}/stats", "sandbox_stats", s.getStats)
 	s.route("GET /v1/stats", "stats_list", s.listStats)

@@ -78,7 +78,7 @@ func (s *Service) toAPI(sb store.Sandbox) api.Sandbox {
 		}
 	}
 	if sb.Opts.TrafficToken != "" {
-		out.Ingress = &api.Ingress{TrafficToken: sb.Opts.TrafficToken}
+		out.Ingress = &api.Ingress{TrafficToken: sb.Opts.TrafficToken, HostMask: sb.Opts.HostMask}
 	}
 	return out
 }
