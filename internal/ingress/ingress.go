@@ -9,14 +9,18 @@
 // Every request must carry the sandbox's traffic token in the header
 // X-Clade-Traffic-Token, or a signed URL's signature (signed.go), unless the
 // sandbox was created public; neither is passed on to the sandbox. Answers of the proxy's own (the sandbox's
-// answers pass unchanged): 404 for an unknown sandbox or a host that is not
-// a sandbox route, 403 for a missing or wrong token (X-Clade-Traffic-Token or E2B's E2B-Traffic-Access-Token), 409 for a sandbox that
+// answers pass unchanged): 502 with E2B's JSON body for a sandbox that does
+// not exist (e2b.go), 404 for a host that is not a sandbox route, 403 for a missing or wrong token (X-Clade-Traffic-Token or E2B's E2B-Traffic-Access-Token), 409 for a sandbox that
 // stopped, 503 with Retry-After when waking the sandbox was refused for
 // memory (it stays asleep and intact; a retry once memory is free serves),
 // 502 when nothing listens on the port or the answer is broken, 400 for a
 // request body that cannot be read, 405 for CONNECT, and at the limits of
 // Config: 504 for no answer head in time, 408 for a request body that
 // stalls, 503 with Retry-After for one connection too many to a sandbox.
+//
+// Over TLS (the daemon's --ingress-tls; localca.go) HTTP/2 requests take
+// the reverse proxy, HTTP/1.1 ones the forwarder. A sandbox's host mask
+// (E2B's maskRequestHost) replaces the Host it is sent.
 //
 // Client connections are capped in all and per address before any
 // request is read (Limit: one over a cap is closed at accept), and one
@@ -384,7 +388,7 @@ func (p *Proxy) authorized(w http.ResponseWriter, r *http.Request, token, id, re
 	case signedOK:
 		if from == "query" {
 			http.SetCookie(w, &http.Cookie{Name: CookieName, Value: strconv.FormatInt(exp, 10) + "." + Sign(token, id, port, exp),
-				Path: "/", MaxAge: int(exp - now.Unix()), HttpOnly: true, SameSite: http.SameSiteLaxMode})
+				Path: "/", MaxAge: int(exp - now.Unix()), HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode})
 		}
 		return true
 	case signedExpired:
