@@ -98,6 +98,16 @@ type Ingress struct {
 	// unless the sandbox is public.
 	TokenHeader  string `json:"token_header"`
 	TrafficToken string `json:"traffic_token,omitempty"`
+	// HostMask, when set, is the Host header the sandbox's servers are
+	// sent on ingress requests instead of the client's, ${PORT} replaced
+	// by the port (E2B's maskRequestHost).
+	HostMask string `json:"host_mask,omitempty"`
+}
+
+// IngressCA is the answer of GET /v1/ingress/ca: the certificate of the
+// daemon's own CA, which signed the ingress's TLS certificate.
+type IngressCA struct {
+	PEM string `json:"pem"`
 }
 
 // SignedURLRequest is the body of POST /v1/sandboxes/{id}/ports/{port}/url.
@@ -147,6 +157,10 @@ type CreateSandboxRequest struct {
 	// Public lets the ingress serve the sandbox's ports without its
 	// traffic token.
 	Public bool `json:"public,omitempty"`
+	// HostMask, when set, is the Host header the ingress sends the
+	// sandbox's servers instead of the client's, ${PORT} standing for the
+	// port (E2B's maskRequestHost), e.g. localhost:${PORT}.
+	HostMask string `json:"host_mask,omitempty"`
 	// IdleSleepMS puts the sandbox to sleep after this long without an
 	// exec, a file transfer or ingress/port-forward traffic (0: never);
 	// the next request wakes it.

@@ -42,6 +42,9 @@ func newDaemonCmd() *cobra.Command {
 	tokenFile := fs.String("token-file", "", "file holding the bearer token for --listen")
 	fs.StringVar(&o.Ingress, "ingress", "", "serve the ingress proxy on TCP ADDR (e.g. 127.0.0.1:8080): HTTP for Host PORT-ID.DOMAIN goes to that port inside sandbox ID (or name), waking it if it sleeps; needs --ingress-domain")
 	fs.StringVar(&o.IngressDomain, "ingress-domain", "", "the domain of ingress host names, e.g. clade.localhost (its names resolve to 127.0.0.1); requests need the sandbox's traffic token (header X-Clade-Traffic-Token) unless it was created --public")
+	fs.BoolVar(&o.IngressTLS, "ingress-tls", false, "serve the ingress over TLS (HTTP/2 and HTTP/1.1; URLs become https://PORT-ID.DOMAIN), as E2B code expects: with the\n--ingress-tls-cert certificate, else one for DOMAIN, *.DOMAIN, localhost and 127.0.0.1 signed by a CA the daemon makes once in\nDATA-DIR/ingress-ca.pem (key 0600; its certificate in ingress-ca.crt); trust it with `clade ca > ca.pem` and NODE_EXTRA_CA_CERTS,\nSSL_CERT_FILE or curl --cacert (see docs/e2b.md)")
+	fs.StringVar(&o.IngressTLSCert, "ingress-tls-cert", "", "PEM `file` of the ingress's certificate chain (leaf first), for names under --ingress-domain; needs --ingress-tls-key; turns --ingress-tls on")
+	fs.StringVar(&o.IngressTLSKey, "ingress-tls-key", "", "PEM `file` of the private key of --ingress-tls-cert")
 	fs.DurationVar(&o.IngressLimits.ResponseHeaderTimeout, "ingress-response-timeout", ingress.DefaultResponseHeaderTimeout, "the ingress answers 504 when a sandbox sends no answer head this long after a request (with its body) reached it; only the head is timed, so downloads and server-sent events that keep sending are never cut, but long polls that answer later need it raised; 0 turns it off")
 	fs.DurationVar(&o.IngressLimits.BodyIdleTimeout, "ingress-body-timeout", ingress.DefaultBodyIdleTimeout, "the ingress answers 408 (or cuts the answer) when a client's request body sends no bytes for this long; 0 turns it off")
 	fs.DurationVar(&o.IngressLimits.SendTimeout, "ingress-send-timeout", ingress.DefaultSendTimeout, "the ingress drops a client connection that takes none of the bytes sent to it for this long (a client that stops reading would hold its request, and the sandbox awake, for ever); 0 turns it off")
@@ -89,6 +92,19 @@ func newDaemonCmd() *cobra.Command {
 		}
 		if err := ingressLimits(&o.IngressLimits); err != nil {
 			return usagef(cmd, "%v", err)
+		}
+		if (o.IngressTLSCert == "") != (o.IngressTLSKey == "") {
+			return usagef(cmd, "--ingress-tls-cert and --ingress-tls-key go together: give both, or neither for a certificate of the daemon's own CA")
+		}
+		if (o.IngressTLS || o.IngressTLSCert != "") && o.Ingress == "" {
+			return usagef(cmd, "--ingress-tls, --ingress-tls-cert and --ingress-tls-key need --ingress ADDR")
+		}
+		if o.IngressTLSCert != "" {
+			// Before the daemon takes anything: a wrong file is a
+			// mistake to tell at once.
+			if _, err := ingress.LoadKeyPair(o.IngressTLSCert, o.IngressTLSKey); err != nil {
+				return err
+			}
 		}
 		rng, err := netip.ParsePrefix(*netRange)
 		if err != nil {

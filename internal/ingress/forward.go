@@ -533,6 +533,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 	ctx := r.Context()
 	cc, _ := ctx.Value(connKey{}).(*clientConn)
 	out := outRequest(w, r, p.bodyIdle)
+	if rt.host != "" {
+		out.Host = rt.host // the sandbox's host mask
+	}
 	if out.Body != http.NoBody {
 		// The body is read on while the answer is written (see roundTrip):
 		// without this, the server reads 256 KiB of a chunked body at the

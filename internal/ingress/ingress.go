@@ -9,14 +9,18 @@
 // Every request must carry the sandbox's traffic token in the header
 // X-Clade-Traffic-Token, or a signed URL's signature (signed.go), unless the
 // sandbox was created public; neither is passed on to the sandbox. Answers of the proxy's own (the sandbox's
-// answers pass unchanged): 404 for an unknown sandbox or a host that is not
-// a sandbox route, 403 for a missing or wrong token (X-Clade-Traffic-Token or E2B's E2B-Traffic-Access-Token), 409 for a sandbox that
+// answers pass unchanged): 502 with E2B's JSON body for a sandbox that does
+// not exist (e2b.go), 404 for a host that is not a sandbox route, 403 for a missing or wrong token (X-Clade-Traffic-Token or E2B's E2B-Traffic-Access-Token), 409 for a sandbox that
 // stopped, 503 with Retry-After when waking the sandbox was refused for
 // memory (it stays asleep and intact; a retry once memory is free serves),
 // 502 when nothing listens on the port or the answer is broken, 400 for a
 // request body that cannot be read, 405 for CONNECT, and at the limits of
 // Config: 504 for no answer head in time, 408 for a request body that
 // stalls, 503 with Retry-After for one connection too many to a sandbox.
+//
+// Over TLS (the daemon's --ingress-tls; localca.go) HTTP/2 requests take
+// the reverse proxy, HTTP/1.1 ones the forwarder. A sandbox's host mask
+// (E2B's maskRequestHost) replaces the Host it is sent.
 //
 // Client connections are capped in all and per address before any
 // request is read (Limit: one over a cap is closed at accept), and one
@@ -44,6 +48,7 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/connlimit"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/hostmask"
 	"github.com/clade-sandbox/clade/internal/service"
 )
 
@@ -227,6 +232,8 @@ type bodyKey struct{}
 type route struct {
 	id   string
 	port int
+	// host, when set, is the Host the sandbox sees (its host mask).
+	host string
 }
 
 // ParseHost splits a request host "PORT-REF.DOMAIN[:N]" into the port and
@@ -261,7 +268,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	a, err := p.lookup(r.Context(), ref)
 	if err != nil {
-		p.failErr(w, err)
+		p.failErr(w, err, ref)
 		return
 	}
 	if !a.public && !p.authorized(w, r, a.token, a.id, ref, port) {
@@ -276,10 +283,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// port; for a running sandbox this is a map lookup.
 	life, err := p.svc.Ready(r.Context(), a.id, service.Wake)
 	if err != nil {
-		p.failErr(w, err)
+		p.failErr(w, err, ref)
 		return
 	}
-	rt := route{id: a.id, port: port}
+	rt := route{id: a.id, port: port, host: a.hostFor(port)}
 	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
 	if r.ProtoMajor != 1 || upgrading(r) {
 		p.upgrade(w, r)
@@ -313,6 +320,16 @@ func upgrading(r *http.Request) bool {
 type access struct {
 	id, token string
 	public    bool
+	hostMask  string
+}
+
+// hostFor is the Host a request to port is given for the sandbox: its
+// mask with the port in, or "" (the client's Host).
+func (a access) hostFor(port int) string {
+	if a.hostMask == "" {
+		return ""
+	}
+	return hostmask.Apply(a.hostMask, port)
 }
 
 // maxAccess bounds the access cache (only sandboxes that exist get in:
@@ -336,7 +353,7 @@ func (p *Proxy) lookup(ctx context.Context, ref string) (access, error) {
 	}
 	a = access{id: rec.ID, public: rec.Public}
 	if rec.Ingress != nil {
-		a.token = rec.Ingress.TrafficToken
+		a.token, a.hostMask = rec.Ingress.TrafficToken, rec.Ingress.HostMask
 	}
 	p.mu.Lock()
 	if len(p.access) >= maxAccess {
@@ -372,7 +389,7 @@ func (p *Proxy) authorized(w http.ResponseWriter, r *http.Request, token, id, re
 	case signedOK:
 		if from == "query" {
 			http.SetCookie(w, &http.Cookie{Name: CookieName, Value: strconv.FormatInt(exp, 10) + "." + Sign(token, id, port, exp),
-				Path: "/", MaxAge: int(exp - now.Unix()), HttpOnly: true, SameSite: http.SameSiteLaxMode})
+				Path: "/", MaxAge: int(exp - now.Unix()), HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode})
 		}
 		return true
 	case signedExpired:
@@ -390,6 +407,9 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Scheme = "http"
 	pr.Out.URL.Host = net.JoinHostPort(rt.id, strconv.Itoa(rt.port))
 	pr.Out.Host = pr.In.Host // the application sees the name it was asked by
+	if rt.host != "" {
+		pr.Out.Host = rt.host
+	}
 	pr.Out.Header.Del(TokenHeader)
 	pr.Out.Header.Del(E2BTokenHeader)
 	stripSigned(pr.Out.URL)
@@ -412,7 +432,7 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	p.log.Debug("ingress: proxying failed", "sandbox", rt.id, "port", rt.port, "err", err)
 	switch {
 	case errdefs.ClassOf(err) == errdefs.ResourceExhausted:
-		p.failErr(w, err)
+		p.failErr(w, err, rt.id)
 	case errors.Is(err, errHeadTimeout):
 		p.fail(w, http.StatusGatewayTimeout, fmt.Sprintf("port %d of sandbox %s sent no answer within %s (the daemon's --ingress-response-timeout)", rt.port, rt.id, p.headTimeout))
 	default:
@@ -506,11 +526,12 @@ func (t checkedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// failErr answers a classed error of the service.
-func (p *Proxy) failErr(w http.ResponseWriter, err error) {
+// failErr answers a classed error of the service about sandbox ref.
+func (p *Proxy) failErr(w http.ResponseWriter, err error, ref string) {
 	switch errdefs.ClassOf(err) {
 	case errdefs.NotFound:
-		p.fail(w, http.StatusNotFound, err.Error())
+		p.log.Debug("ingress: no such sandbox", "sandbox", ref, "err", err)
+		notFound(w, ref)
 	case errdefs.Unavailable, errdefs.ResourceExhausted:
 		// Above all a wake refused for memory: the sandbox sleeps on,
 		// intact, and a retry once memory is free serves.

@@ -339,8 +339,10 @@ func TestIngressProxy(t *testing.T) {
 	t.Run("errors", func(t *testing.T) {
 		nope := *tg
 		nope.base = strings.Replace(tg.base, sb.ID, "nosuchbox", 1)
-		if code, body, _ := nope.get(t, "/", "x"); code != http.StatusNotFound || !strings.Contains(body, "no such sandbox") {
-			t.Errorf("unknown sandbox: %d %q", code, body)
+		// As E2B's proxy answers: the SDKs read it as the sandbox's end.
+		if code, body, h := nope.get(t, "/", "x"); code != http.StatusBadGateway || h.Get("Content-Type") != "application/json; charset=utf-8" ||
+			strings.TrimSpace(body) != `{"sandboxId":"nosuchbox","message":"The sandbox was not found","code":502}` {
+			t.Errorf("unknown sandbox: %d %q %v", code, body, h)
 		}
 		closed := newTarget(t, sb, 9)
 		if code, body, _ := closed.get(t, "/", tg.token); code != http.StatusBadGateway || !strings.Contains(body, "nothing listens on port 9") {

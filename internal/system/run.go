@@ -47,6 +47,12 @@ type Options struct {
 	// Host PORT-ID.IngressDomain reaches that port inside the sandbox.
 	Ingress       string
 	IngressDomain string
+	// IngressTLS serves the ingress over TLS (HTTP/2 and HTTP/1.1) with
+	// IngressTLSCert and IngressTLSKey (PEM files), or without them with
+	// a certificate of the daemon's own CA, made once in DataDir
+	// (ingress.LoadCA). A cert and key turn TLS on by themselves.
+	IngressTLS                    bool
+	IngressTLSCert, IngressTLSKey string
 	// IngressLimits are the ingress proxy's time and connection limits
 	// (its Domain and Log are set from the fields above).
 	IngressLimits ingress.Config
@@ -248,7 +254,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	registerCounters(reg, mgr.Counters(), mgr)
-	var iln net.Listener
+	var iln *ingressListener
 	// The fronts drive the node through the service interface only.
 	svc := local.New(local.Config{Version: o.Version, EngineVersion: func() string { return engineVersion(ctx, eng) }, Addr: hook.Addr,
 		Volumes: vols, Secrets: secrets, Engines: engineStatuses(eng)}, mgr)
@@ -256,11 +262,12 @@ func Run(ctx context.Context, o Options) error {
 	defer code.Close()
 	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code}
 	if o.Ingress != "" {
-		if iln, err = listenIngress(o); err != nil {
+		if iln, err = listenIngress(o, log); err != nil {
 			return err
 		}
 		defer iln.Close()
-		apiCfg.IngressURL = ingressURL(iln.Addr(), o.IngressDomain)
+		apiCfg.IngressURL = iln.url(o.IngressDomain)
+		apiCfg.IngressCA = iln.caPEM
 	}
 	srv := httpapi.New(apiCfg, svc, reg)
 
@@ -306,9 +313,15 @@ func Run(ctx context.Context, o Options) error {
 		ihs := proxy.Server()
 		// Under its caps of client connections; the server's hooks close
 		// idle ones that no request was routed on (see ingress.Limit).
-		go func() { errc <- ihs.Serve(proxy.Limit(iln)) }()
+		if iln.tls != nil {
+			// ServeTLS adds HTTP/2 and HTTP/1.1 to the ALPN protocols.
+			ihs.TLSConfig = iln.tls
+			go func() { errc <- ihs.ServeTLS(proxy.Limit(iln.Listener), "", "") }()
+		} else {
+			go func() { errc <- ihs.Serve(proxy.Limit(iln.Listener)) }()
+		}
 		defer ihs.Close()
-		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain)
+		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain, "scheme", iln.scheme())
 	}
 	// The socket last: a client that finds it answering finds every other
 	// listener (TCP, E2B, ingress) bound too.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/hostmask"
 )
 
 // DefaultTemplate is the template E2B code asks for by default; it is
@@ -97,6 +98,7 @@ type createBody struct {
 		AllowOut           []string `json:"allowOut"`
 		DenyOut            []string `json:"denyOut"`
 		AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+		MaskRequestHost    *string  `json:"maskRequestHost"`
 	} `json:"network"`
 	VolumeMounts []json.RawMessage `json:"volumeMounts"`
 }
@@ -249,6 +251,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		}
 		if n.AllowPublicTraffic != nil {
 			creq.Public = *n.AllowPublicTraffic
+		}
+		if n.MaskRequestHost != nil {
+			// The Host the ingress gives the sandbox's servers.
+			if err := hostmask.Check(*n.MaskRequestHost); err != nil {
+				return errdefs.New(errdefs.InvalidArgument, "%v", err)
+			}
+			creq.HostMask = *n.MaskRequestHost
 		}
 	}
 	sb, err := s.svc.Create(r.Context(), creq)

@@ -35,6 +35,9 @@ type Config struct {
 	// Code carries requests to sandboxes' code interpreters
 	// (codeint.Proxy); nil: the daemon serves none.
 	Code CodeProxy
+	// IngressCA is the PEM certificate of the CA of the ingress's TLS
+	// certificate when the daemon made it (GET /v1/ingress/ca).
+	IngressCA []byte
 }
 
 // CodeProxy sends a request to the code interpreter server of a sandbox.
@@ -87,6 +90,7 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.route("POST /v1/sandboxes/{id}/timeout", "timeout", s.setTimeout)
 	s.route("GET /v1/sandboxes/{id}/ports/{port}", "port_forward", s.portForward)
 	s.route("POST /v1/sandboxes/{id}/ports/{port}/url", "signed_url", s.signedURL)
+	s.route("GET /v1/ingress/ca", "ingress_ca", s.ingressCA)
 	s.route("GET /v1/events", "events", s.events)
 	s.route("GET /v1/sandboxes/{id}/stats", "sandbox_stats", s.getStats)
 	s.route("GET /v1/stats", "stats_list", s.listStats)

@@ -25,10 +25,13 @@ func trafficToken(a api.Sandbox) string {
 // sandboxAPI is the service's sandbox with the daemon's ingress URLs, when
 // it serves an ingress (else no Ingress at all).
 func (s *Server) sandboxAPI(a api.Sandbox) api.Sandbox {
-	tok := trafficToken(a)
+	tok, mask := trafficToken(a), ""
+	if a.Ingress != nil {
+		mask = a.Ingress.HostMask
+	}
 	a.Ingress = nil
 	if s.cfg.IngressURL != nil {
-		a.Ingress = &api.Ingress{URL: s.cfg.IngressURL(a.ID), TokenHeader: ingress.TokenHeader, TrafficToken: tok}
+		a.Ingress = &api.Ingress{URL: s.cfg.IngressURL(a.ID), TokenHeader: ingress.TokenHeader, TrafficToken: tok, HostMask: mask}
 	}
 	return a
 }
@@ -167,5 +170,18 @@ func (s *Server) portForward(w http.ResponseWriter, r *http.Request) error {
 		_ = cw.CloseWrite()
 	}
 	<-up
+	return nil
+}
+
+// ingressCA returns the certificate of the CA that signed the ingress's
+// TLS certificate, when the daemon made that CA itself.
+func (s *Server) ingressCA(w http.ResponseWriter, r *http.Request) error {
+	if len(s.cfg.IngressCA) == 0 {
+		if s.cfg.IngressURL == nil {
+			return errdefs.New(errdefs.NotFound, "this daemon serves no ingress: start it with --ingress ADDR --ingress-domain DOMAIN --ingress-tls")
+		}
+		return errdefs.New(errdefs.NotFound, "this daemon's ingress has no CA of its own: it serves plain HTTP (start it with --ingress-tls) or the --ingress-tls-cert it was given, whose issuer is the one to trust")
+	}
+	writeJSON(w, http.StatusOK, api.IngressCA{PEM: string(s.cfg.IngressCA)})
 	return nil
 }

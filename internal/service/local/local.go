@@ -19,6 +19,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/events"
 	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/hostmask"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
@@ -78,7 +79,7 @@ func (s *Service) toAPI(sb store.Sandbox) api.Sandbox {
 		}
 	}
 	if sb.Opts.TrafficToken != "" {
-		out.Ingress = &api.Ingress{TrafficToken: sb.Opts.TrafficToken}
+		out.Ingress = &api.Ingress{TrafficToken: sb.Opts.TrafficToken, HostMask: sb.Opts.HostMask}
 	}
 	return out
 }
@@ -135,10 +136,15 @@ func (s *Service) one(sb store.Sandbox, err error) (api.Sandbox, error) {
 func (s *Service) Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
 	creq := sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
 		Opts: store.Options{DiskMiB: req.DiskMiB, Engine: req.Engine, Labels: req.Labels,
-			Public: req.Public, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout,
+			Public: req.Public, HostMask: req.HostMask, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout,
 			Volumes: volumeMountsFromAPI(req.Volumes), Secrets: secretRefsFromAPI(req.Secrets)}}
 	if n := req.Network; n != nil {
 		creq.Opts.Network = &store.NetworkOptions{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
+	}
+	if req.HostMask != "" {
+		if err := hostmask.Check(req.HostMask); err != nil {
+			return api.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "host_mask: %v", err)
+		}
 	}
 	return s.one(s.mgr.Create(ctx, creq))
 }
