@@ -40,11 +40,11 @@ import (
 
 const keyPrefix = "/clade/"
 
-func nodeKey(name string) string    { return keyPrefix + "nodes/" + name }
-func sandboxKey(id string) string   { return keyPrefix + "sandboxes/" + id }
-func nameKey(name string) string    { return keyPrefix + "names/" + name }
-func nodesPrefix() string           { return keyPrefix + "nodes/" }
-func sandboxesPrefix() string       { return keyPrefix + "sandboxes/" }
+func nodeKey(name string) string  { return keyPrefix + "nodes/" + name }
+func sandboxKey(id string) string { return keyPrefix + "sandboxes/" + id }
+func nameKey(name string) string  { return keyPrefix + "names/" + name }
+func nodesPrefix() string         { return keyPrefix + "nodes/" }
+func sandboxesPrefix() string     { return keyPrefix + "sandboxes/" }
 
 // Config is a node's part in a cluster.
 type Config struct {
