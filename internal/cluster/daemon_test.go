@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -125,5 +126,21 @@ func TestTwoDaemons(t *testing.T) {
 	b.Start(nil)
 	if got := listNodes(t, a.Client); len(got) != 2 {
 		t.Fatalf("after b's restart, nodes %v, want [a b]", got)
+	}
+}
+
+// TestNotACluster: a daemon without --cluster has no nodes to list and
+// refuses the cluster flags without --cluster.
+func TestNotACluster(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	if _, err := d.Client.ListNodes(t.Context()); !sdk.IsInvalidArgument(err) {
+		t.Fatalf("node ls on a daemon of its own: %v, want invalid_argument", err)
+	}
+	for _, args := range [][]string{{"--node", "a"}, {"--cluster", "bogus"}, {"--cluster", "embed", "--cluster-lease-ttl", "1s"}} {
+		out, err := exec.Command(d.Bin, append([]string{"daemon", "--data-dir", testenv.TempDir(t)}, args...)...).CombinedOutput()
+		if err == nil {
+			t.Errorf("daemon %v started", args)
+		}
+		t.Logf("daemon %v: %s", args, bytes.TrimSpace(out))
 	}
 }
