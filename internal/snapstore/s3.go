@@ -390,3 +390,29 @@ func (s *S3) Delete(ctx context.Context, d Digest) error {
 	// RemoveObjects has drained ch: the lister is done with listErrs.
 	return errors.Join(append(errs, listErrs...)...)
 }
+
+// Probe writes, reads back and deletes a small object: the store takes
+// writes. An error is errdefs.Unavailable.
+func (s *S3) Probe(ctx context.Context) error {
+	key := s.prefix + ".probe"
+	if err := s.put(ctx, key, strings.NewReader("ok"), 2); err != nil {
+		return err
+	}
+	r, err := s.get(ctx, key)
+	if err != nil {
+		return s.unavailable("probe", err)
+	}
+	b, err := io.ReadAll(r)
+	r.Close()
+	if err != nil || string(b) != "ok" {
+		return s.unavailable("probe", fmt.Errorf("read back %q, %v", b, err))
+	}
+	if err := s.cli.RemoveObject(ctx, s.bucket, key, minio.RemoveObjectOptions{}); err != nil {
+		return s.unavailable("probe", err)
+	}
+	return nil
+}
+
+// Key returns the object key prefix under which s keeps image d (what a
+// cluster directory records as the image's place).
+func (s *S3) Key(d Digest) string { return s.base(d) }

@@ -164,3 +164,5 @@ func finish(d Digest, tmp, dir string) error {
 func tempDir(dir string) (string, error) {
 	return os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".fetch-")
 }
+
+func (d Digest) String() string { return string(d) }
