@@ -77,7 +77,6 @@ func damageObject(t *testing.T, c *minio.Client, bucket, key string, how storete
 	}
 }
 
-
 func TestS3(t *testing.T) {
 	srv := weedtest.Start(t)
 	raw := rawClient(t, srv)
