@@ -23,6 +23,9 @@ type Sandbox struct {
 	MemoryMiB int      `json:"memory_mib"`
 	CPUs      float64  `json:"cpus"`
 	Env       []string `json:"env,omitempty"`
+	// Snapshot is the snapshot the sandbox was restored from (a fork's
+	// child), if any.
+	Snapshot string `json:"snapshot,omitempty"`
 	// DiskMiB caps what the sandbox may write.
 	DiskMiB int `json:"disk_mib,omitempty"`
 	// Engine is the engine the sandbox runs in; empty: the daemon's default.
@@ -95,6 +98,16 @@ type Ingress struct {
 	// unless the sandbox is public.
 	TokenHeader  string `json:"token_header"`
 	TrafficToken string `json:"traffic_token,omitempty"`
+	// HostMask, when set, is the Host header the sandbox's servers are
+	// sent on ingress requests instead of the client's, ${PORT} replaced
+	// by the port (E2B's maskRequestHost).
+	HostMask string `json:"host_mask,omitempty"`
+}
+
+// IngressCA is the answer of GET /v1/ingress/ca: the certificate of the
+// daemon's own CA, which signed the ingress's TLS certificate.
+type IngressCA struct {
+	PEM string `json:"pem"`
 }
 
 // SignedURLRequest is the body of POST /v1/sandboxes/{id}/ports/{port}/url.
@@ -144,6 +157,10 @@ type CreateSandboxRequest struct {
 	// Public lets the ingress serve the sandbox's ports without its
 	// traffic token.
 	Public bool `json:"public,omitempty"`
+	// HostMask, when set, is the Host header the ingress sends the
+	// sandbox's servers instead of the client's, ${PORT} standing for the
+	// port (E2B's maskRequestHost), e.g. localhost:${PORT}.
+	HostMask string `json:"host_mask,omitempty"`
 	// IdleSleepMS puts the sandbox to sleep after this long without an
 	// exec, a file transfer or ingress/port-forward traffic (0: never);
 	// the next request wakes it.
@@ -220,6 +237,18 @@ type ExecRequest struct {
 	TTY  bool   `json:"tty,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
+	// User runs the command as that user of the sandbox: a name or
+	// UID[:GID] (also name:group) from its /etc/passwd and /etc/group, with
+	// the user's groups, HOME, USER, LOGNAME and SHELL, in the user's home
+	// unless Workdir is set. Empty: the image's user (root by default).
+	User string `json:"user,omitempty"`
+}
+
+// Started is the payload of an exec stream's Started frame: the
+// command's pid inside the sandbox, sent before any output of a command
+// that started.
+type Started struct {
+	PID int `json:"pid"`
 }
 
 // ExitStatus ends an exec stream (the payload of its exit frame).

@@ -305,7 +305,17 @@ func (c *Client) ListImages(ctx context.Context) ([]Image, error) {
 // CopyTo extracts the tar archive r at path in the sandbox: into path if it
 // is a directory, else as path (the archive's one top-level entry renamed).
 func (c *Client) CopyTo(ctx context.Context, ref, path string, r io.Reader) error {
-	req, err := c.newRequest(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(ref)+"/files?path="+url.QueryEscape(path), r)
+	return c.CopyToAs(ctx, ref, path, "", r)
+}
+
+// CopyToAs is CopyTo with every entry owned by user (a name or UID[:GID]
+// of the sandbox) instead of the archive's owners; empty user is CopyTo.
+func (c *Client) CopyToAs(ctx context.Context, ref, path, user string, r io.Reader) error {
+	u := "/v1/sandboxes/" + url.PathEscape(ref) + "/files?path=" + url.QueryEscape(path)
+	if user != "" {
+		u += "&user=" + url.QueryEscape(user)
+	}
+	req, err := c.newRequest(ctx, http.MethodPut, u, r)
 	if err != nil {
 		return err
 	}

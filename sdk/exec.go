@@ -45,6 +45,14 @@ type ExecRequest struct {
 	// Resizes, when set (with TTY), forwards each new terminal size; the
 	// command gets SIGWINCH.
 	Resizes <-chan WindowSize
+	// User runs the command as that user of the sandbox: a name or
+	// UID[:GID], with its groups, HOME, USER, LOGNAME and SHELL, in its home
+	// unless Workdir is set. Empty: the image's user (root by default).
+	User string
+	// Started, when set, is called with the command's pid inside the
+	// sandbox once it started, before any of its output (daemons before
+	// the Started frame never call it).
+	Started func(pid int)
 }
 
 // WindowSize is a terminal's size in character cells.
@@ -64,7 +72,7 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 		return ExitStatus{}, &Error{Code: "invalid_argument", Message: "a terminal size or resizes need TTY set"}
 	}
 	body, err := json.Marshal(api.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir,
-		TimeoutMS: ms, Stdin: req.Stdin != nil, TTY: req.TTY, Rows: req.Size.Rows, Cols: req.Size.Cols})
+		TimeoutMS: ms, Stdin: req.Stdin != nil, TTY: req.TTY, Rows: req.Size.Rows, Cols: req.Size.Cols, User: req.User})
 	if err != nil {
 		return ExitStatus{}, err
 	}
@@ -126,6 +134,11 @@ func readStream(r io.Reader, req ExecRequest) (ExitStatus, error) {
 			return ExitStatus{}, fmt.Errorf("exec stream: %w", err)
 		}
 		switch f.Type {
+		case stream.Started:
+			var st api.Started
+			if req.Started != nil && json.Unmarshal(f.Payload, &st) == nil && st.PID > 0 {
+				req.Started(st.PID)
+			}
 		case stream.Stdout:
 			if _, err := stdout.Write(f.Payload); err != nil {
 				return ExitStatus{}, fmt.Errorf("write stdout: %w", err)

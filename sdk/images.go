@@ -67,7 +67,7 @@ type BuildCopy struct {
 // The daemon holds the sandbox only while this call runs: if the caller
 // dies or ctx ends, it removes the sandbox itself.
 func (c *Client) Build(ctx context.Context, req BuildRequest) (_ Image, err error) {
-	sb, end, err := c.buildSandbox(ctx, req.From, req.Env)
+	sb, end, err := c.BuildSandbox(ctx, req.From, req.Env)
 	if err != nil {
 		return Image{}, err
 	}
@@ -109,10 +109,12 @@ func (c *Client) Build(ctx context.Context, req BuildRequest) (_ Image, err erro
 	return c.Commit(ctx, sb.ID, CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir, Start: req.Start, Ready: req.Ready, Volumes: req.Volumes})
 }
 
-// buildSandbox asks the daemon for a build's sandbox (POST /v1/builds) and
-// returns it with end, which lets the daemon remove it. The answer stays
-// open until end: its connection is the build's lease.
-func (c *Client) buildSandbox(ctx context.Context, from string, env []string) (Sandbox, func(), error) {
+// BuildSandbox asks the daemon for a build's sandbox (POST /v1/builds)
+// from the image from, and returns it with end, which lets the daemon
+// remove it. The answer stays open until end: its connection is the
+// build's lease. Build uses it; so does a node that drives another's
+// build (internal/service/remote).
+func (c *Client) BuildSandbox(ctx context.Context, from string, env []string) (Sandbox, func(), error) {
 	b, err := json.Marshal(api.BuildSandboxRequest{From: from, Env: env})
 	if err != nil {
 		return Sandbox{}, nil, err

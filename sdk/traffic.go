@@ -117,3 +117,15 @@ func (c *Client) SignedURL(ctx context.Context, ref string, port int, ttl time.D
 	return u, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/ports/"+strconv.Itoa(port)+"/url",
 		api.SignedURLRequest{TTLMS: ttl.Milliseconds()}, &u)
 }
+
+// IngressCA returns the PEM certificate of the CA that signed the
+// daemon's ingress certificate (`clade daemon --ingress-tls` without a
+// certificate of its own): trust it to reach sandboxes over https. A
+// daemon without one answers an error for which IsNotFound is true.
+func (c *Client) IngressCA(ctx context.Context) ([]byte, error) {
+	var ca api.IngressCA
+	if err := c.call(ctx, http.MethodGet, "/v1/ingress/ca", nil, &ca); err != nil {
+		return nil, err
+	}
+	return []byte(ca.PEM), nil
+}

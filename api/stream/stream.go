@@ -52,8 +52,8 @@ const ChunkSize = 32 << 10
 type Type uint8
 
 const (
-	// Started (daemon -> client): JSON api.Started. Optional; clients must
-	// not require it.
+	// Started (daemon -> client): JSON api.Started, before any output of a
+	// command that started. Optional; clients must not require it.
 	Started Type = 3
 	// Stdout (daemon -> client) and Stdin (client -> daemon, two-way mode
 	// only) carry raw bytes; an empty payload is EOF of that stream.
@@ -149,6 +149,10 @@ func (f *Writer) Write(t Type, p []byte) error { return f.write(t, p, true) }
 // end, so the client reads both at once and the connection is ready for
 // its next request.
 func (f *Writer) WriteLast(t Type, p []byte) error { return f.write(t, p, false) }
+
+// WriteUnflushed sends one frame without the flush: it goes out with the
+// next frame that flushes (a Started frame before the output).
+func (f *Writer) WriteUnflushed(t Type, p []byte) error { return f.write(t, p, false) }
 
 func (f *Writer) write(t Type, p []byte, flush bool) error {
 	if len(p) > MaxPayload {

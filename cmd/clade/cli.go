@@ -161,7 +161,7 @@ func newRoot() *cobra.Command {
 		{groupSandbox, newCreateCmd()}, {groupSandbox, newExecCmd()}, {groupSandbox, newListCmd()},
 		{groupSandbox, newInspectCmd()}, {groupSandbox, newRemoveCmd()}, {groupSandbox, newCopyCmd()},
 		{groupSandbox, newNetworkCmd()}, {groupSandbox, newTimeoutCmd()}, {groupSandbox, newPortForwardCmd()},
-		{groupSandbox, newURLCmd()},
+		{groupSandbox, newURLCmd()}, {groupSandbox, newRunCodeCmd()}, {groupSandbox, newCACmd()},
 		{groupState, newSnapshotCmd()}, {groupState, newForkCmd()}, {groupState, newSleepCmd()}, {groupState, newWakeCmd()},
 		{groupStore, newImageCmd()}, {groupStore, newVolumeCmd()}, {groupStore, newSecretCmd()},
 		{groupOps, newDaemonCmd()}, {groupOps, newInfoCmd()}, {groupOps, newEventsCmd()}, {groupOps, newStatsCmd()}, {groupOps, newTUICmd()},

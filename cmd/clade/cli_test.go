@@ -75,6 +75,9 @@ func TestCLI(t *testing.T) {
 		{"exec signal", "", []string{"exec", id, "--", "sh", "-c", "kill -KILL $$"}, "", 137, ""},
 		{"exec stdin", "abc\n", []string{"exec", "-i", id, "--", "cat"}, "abc\n", 0, ""},
 		{"exec env workdir", "", []string{"exec", "--env", "X=1", "--workdir", "/tmp", id, "--", "sh", "-c", "echo $X $(pwd)"}, "1 /tmp\n", 0, ""},
+		{"exec as a user", "", []string{"exec", "--user", "nobody", id, "--", "sh", "-c", "id -un; id -u; echo $HOME $USER; pwd"}, "nobody\n65534\n/nonexistent nobody\n/\n", 0, ""},
+		{"exec as uid 0", "", []string{"exec", "-u", "0:0", id, "--", "sh", "-c", "id -u; echo $HOME"}, "0\n/root\n", 0, ""},
+		{"exec as an unknown user", "", []string{"exec", "--user", "mallory", id, "--", "true"}, "", 1, `"mallory" not found in the sandbox's /etc/passwd`},
 		{"exec timeout", "", []string{"exec", "--timeout", "200ms", id, "--", "sleep", "100"}, "", 124, "timed out"},
 		{"exec unknown sandbox", "", []string{"exec", "nope", "--", "true"}, "", 1, "no such sandbox"},
 		{"create bad memory", "", []string{"create", "--memory", "5"}, "", 1, "memory"},
@@ -169,6 +172,17 @@ func TestCLI(t *testing.T) {
 		}
 		if b, _ := os.ReadFile(filepath.Join(dst, "renamed.txt")); string(b) != "alpha" {
 			t.Fatalf("file copied out reads %q", b)
+		}
+		// --user owns what is copied in.
+		if _, errs, code := cli(t, d, "", "cp", "--user", "nobody", filepath.Join(src, "tree"), id+":/tmp/"); code != 0 {
+			t.Fatalf("cp --user: %s", errs)
+		}
+		out, _, _ = cli(t, d, "", "exec", id, "--", "stat", "-c", "%U:%G", "/tmp/tree", "/tmp/tree/sub/b.bin")
+		if out != "nobody:nogroup\nnobody:nogroup\n" {
+			t.Fatalf("owners after cp --user: %q", out)
+		}
+		if _, errs, code := cli(t, d, "", "cp", "--user", "nobody", id+":/root/tree", dst); code == 0 || !strings.Contains(errs, "--user is for copies into a sandbox") {
+			t.Fatalf("cp --user out: code %d %q", code, errs)
 		}
 		if _, errs, code := cli(t, d, "", "cp", id+":/nope", dst); code == 0 || !strings.Contains(errs, "no such file") {
 			t.Fatalf("cp of a missing file: code %d %q", code, errs)

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/clade-sandbox/clade/internal/engine/qemu"
+	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
@@ -41,6 +42,9 @@ func newDaemonCmd() *cobra.Command {
 	tokenFile := fs.String("token-file", "", "file holding the bearer token for --listen")
 	fs.StringVar(&o.Ingress, "ingress", "", "serve the ingress proxy on TCP ADDR (e.g. 127.0.0.1:8080): HTTP for Host PORT-ID.DOMAIN goes to that port inside sandbox ID (or name), waking it if it sleeps; needs --ingress-domain")
 	fs.StringVar(&o.IngressDomain, "ingress-domain", "", "the domain of ingress host names, e.g. clade.localhost (its names resolve to 127.0.0.1); requests need the sandbox's traffic token (header X-Clade-Traffic-Token) unless it was created --public")
+	fs.BoolVar(&o.IngressTLS, "ingress-tls", false, "serve the ingress over TLS (HTTP/2 and HTTP/1.1; URLs become https://PORT-ID.DOMAIN), as E2B code expects: with the\n--ingress-tls-cert certificate, else one for DOMAIN, *.DOMAIN, localhost and 127.0.0.1 signed by a CA the daemon makes once in\nDATA-DIR/ingress-ca.pem (key 0600; its certificate in ingress-ca.crt); trust it with `clade ca > ca.pem` and NODE_EXTRA_CA_CERTS,\nSSL_CERT_FILE or curl --cacert (see docs/e2b.md)")
+	fs.StringVar(&o.IngressTLSCert, "ingress-tls-cert", "", "PEM `file` of the ingress's certificate chain (leaf first), for names under --ingress-domain; needs --ingress-tls-key; turns --ingress-tls on")
+	fs.StringVar(&o.IngressTLSKey, "ingress-tls-key", "", "PEM `file` of the private key of --ingress-tls-cert")
 	fs.DurationVar(&o.IngressLimits.ResponseHeaderTimeout, "ingress-response-timeout", ingress.DefaultResponseHeaderTimeout, "the ingress answers 504 when a sandbox sends no answer head this long after a request (with its body) reached it; only the head is timed, so downloads and server-sent events that keep sending are never cut, but long polls that answer later need it raised; 0 turns it off")
 	fs.DurationVar(&o.IngressLimits.BodyIdleTimeout, "ingress-body-timeout", ingress.DefaultBodyIdleTimeout, "the ingress answers 408 (or cuts the answer) when a client's request body sends no bytes for this long; 0 turns it off")
 	fs.DurationVar(&o.IngressLimits.SendTimeout, "ingress-send-timeout", ingress.DefaultSendTimeout, "the ingress drops a client connection that takes none of the bytes sent to it for this long (a client that stops reading would hold its request, and the sandbox awake, for ever); 0 turns it off")
@@ -48,6 +52,7 @@ func newDaemonCmd() *cobra.Command {
 	fs.IntVar(&o.IngressLimits.MaxClientConns, "ingress-max-client-conns", ingress.DefaultMaxClientConns(), "most client connections the ingress holds open at once, from everyone, with a token or without; one more is closed as it is accepted (the default, a quarter of the daemon's file limit and at most 4096, keeps the ingress and its sandbox connections to half the limit, so the API answers whatever clients open); 0 turns the cap off")
 	fs.IntVar(&o.IngressLimits.MaxClientConnsPerIP, "ingress-max-client-conns-per-ip", ingress.DefaultMaxClientConnsPerIP(), "most client connections the ingress holds open from one address (an IPv6 one by its /64); one more is closed as it is accepted; 0 turns the cap off")
 	fs.StringVar(&o.E2B, "e2b", "", "serve the E2B API (REST and envd) on TCP ADDR (e.g. 127.0.0.1:3000) for the unmodified E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=the --token-file token (see docs/e2b.md)")
+	fs.StringVar(&o.E2BBaseImage, "e2b-base-image", image.E2BBase, "the image E2B's `base` template (the SDKs' default) runs on: e2b-base is built once from Debian's packages\n(python, pip, node, npm, git, curl, wget, sudo, ps, a user `user`); `default` is clade's lean image")
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
 	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
 	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")
@@ -64,7 +69,8 @@ func newDaemonCmd() *cobra.Command {
 	fs.IntVar(&o.Sandbox.DiskFloorMiB, "disk-floor", 1024, "MiB the data dir's file system must keep free: below it creates, forks, snapshots, sleeps and pulls are refused (retryable); 0 turns it off")
 	fs.BoolVar(&o.Sandbox.DestroyUnrecorded, "destroy-unrecorded", false, "at start, destroy running engine sandboxes the database does not record (by default they are kept and logged: a lost database must not take them with it)")
 	fs.IntVar(&o.Sandbox.RestoreParallel, "restore-parallel", 0, "restores of one fork run at once (default: twice the core count)")
-	fs.IntVar(&o.Sandbox.HotPool, "hot-pool", 2, "started sandboxes of the default shape kept for plain creates, which claim one in a few\nmilliseconds; a shape plain creates asked for twice in 10 minutes gets one too, N such shapes at most\n(each holds ~15 MiB idle; given back first when memory is short); 0 turns it off")
+	o.Sandbox.HotPool = 2
+	fs.Var(hotPoolFlag{&o.Sandbox}, "hot-pool", "started sandboxes of the default shape kept for plain creates, which claim one in a few\nmilliseconds; N for the default image, or IMAGE=N,... per image (`default` is the default image;\ne.g. default=2,e2b-base=2); a shape plain creates asked for twice in 10 minutes gets one too, as many\nsuch shapes as the default image's N at most (each holds ~15 MiB idle; given back first when memory is\nshort); 0 turns it off. With --e2b, the image of E2B's base template keeps as many as the default\nimage unless the list names it")
 	fs.IntVar(&o.Sandbox.WarmPool, "warm-pool", 16, "prepared (created, not started) sandboxes kept per shape for fast creates and forks; 0 turns the pool off")
 	fs.StringVar(&o.DefaultNetwork, "default-network", "internet", "network of sandboxes that ask for none: internet (own address, egress under a policy) or none (loopback only)")
 	netRange := fs.String("network-range", network.DefaultRange.String(), "IPv4 range sandbox addresses come from, one /30 each")
@@ -86,6 +92,19 @@ func newDaemonCmd() *cobra.Command {
 		}
 		if err := ingressLimits(&o.IngressLimits); err != nil {
 			return usagef(cmd, "%v", err)
+		}
+		if (o.IngressTLSCert == "") != (o.IngressTLSKey == "") {
+			return usagef(cmd, "--ingress-tls-cert and --ingress-tls-key go together: give both, or neither for a certificate of the daemon's own CA")
+		}
+		if (o.IngressTLS || o.IngressTLSCert != "") && o.Ingress == "" {
+			return usagef(cmd, "--ingress-tls, --ingress-tls-cert and --ingress-tls-key need --ingress ADDR")
+		}
+		if o.IngressTLSCert != "" {
+			// Before the daemon takes anything: a wrong file is a
+			// mistake to tell at once.
+			if _, err := ingress.LoadKeyPair(o.IngressTLSCert, o.IngressTLSKey); err != nil {
+				return err
+			}
 		}
 		rng, err := netip.ParsePrefix(*netRange)
 		if err != nil {

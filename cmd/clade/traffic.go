@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/clade-sandbox/clade/internal/ingress"
 	"github.com/clade-sandbox/clade/sdk"
 )
 
@@ -248,4 +249,46 @@ func copyHalf(dst, src net.Conn) {
 	} else {
 		dst.Close()
 	}
+}
+
+func newCACmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ca [flags]",
+		Short: "Print the CA certificate of the daemon's TLS ingress",
+		Long: "Prints, as PEM, the certificate of the CA that `clade daemon --ingress-tls` made\n" +
+			"(once, in its data dir) to sign its ingress certificate. Trust it to reach\n" +
+			"sandboxes over https: NODE_EXTRA_CA_CERTS=FILE (Node, the E2B JS SDK),\n" +
+			"SSL_CERT_FILE=FILE (Python; it replaces the system's CAs, so give a bundle\n" +
+			"with them if other hosts are reached too), curl --cacert FILE. The CA can sign\n" +
+			"only names under the ingress domain, localhost and loopback addresses.\n" +
+			"It asks the daemon, or with --data-dir reads DIR/" + ingress.CACertFile + " itself (no daemon\n" +
+			"needed).",
+		Example: "  clade ca > clade-ca.pem && NODE_EXTRA_CA_CERTS=clade-ca.pem node app.mjs\n" +
+			"  sudo clade ca --data-dir /var/lib/clade > clade-ca.pem\n" +
+			"  curl --cacert clade-ca.pem https://8000-box.clade.localhost:8443/",
+		Args: nargs(0, 0),
+	}
+	dataDir := cmd.Flags().String("data-dir", "", "read the CA from the daemon's data `dir` instead of asking the daemon")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if *dataDir != "" {
+			b, err := ingress.ReadCACert(*dataDir)
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("%s holds no ingress CA: the daemon makes it when started with --ingress-tls (and no --ingress-tls-cert)", *dataDir)
+			}
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(b)
+			return err
+		}
+		return withClient(func(ctx context.Context, c *sdk.Client, _ []string) error {
+			b, err := c.IngressCA(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(b)
+			return err
+		})(cmd, args)
+	}
+	return cmd
 }

@@ -32,7 +32,22 @@ func startTmux(t *testing.T, argv ...string) *tmux {
 	}
 	tm := &tmux{t: t, socket: fmt.Sprintf("clade-tui-test-%d-%d", os.Getpid(), time.Now().UnixNano())}
 	tm.run(append([]string{"new-session", "-d", "-s", "tui", "-x", "80", "-y", "24"}, argv...)...)
-	t.Cleanup(func() { _ = exec.Command("tmux", "-L", tm.socket, "kill-server").Run() })
+	t.Cleanup(func() {
+		_ = exec.Command("tmux", "-L", tm.socket, "kill-server").Run()
+		// kill-server returns before the server and its window's
+		// processes are gone: wait for them (and kill what stays), so
+		// that nothing outlives the test's temporary directories.
+		for end := time.Now().Add(5 * time.Second); ; {
+			if exec.Command("pgrep", "-f", tm.socket).Run() != nil {
+				return
+			}
+			if time.Now().After(end) {
+				_ = exec.Command("pkill", "-KILL", "-f", tm.socket).Run()
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
 	return tm
 }
 

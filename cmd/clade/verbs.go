@@ -121,7 +121,8 @@ func newExecCmd() *cobra.Command {
 		Example: "  clade exec box -- python3 -c 'print(6*7)'\n" +
 			"  clade exec -it box -- bash          # an interactive shell on a terminal\n" +
 			"  echo hi | clade exec -i box -- cat\n" +
-			"  clade exec --workdir /tmp --env X=1 --timeout 30s box -- make test",
+			"  clade exec --workdir /tmp --env X=1 --timeout 30s box -- make test\n" +
+			"  clade exec --user 1000:1000 box -- id",
 		Args:              nargs(2, -1),
 		ValidArgsFunction: firstArg(completeSandboxes),
 	}
@@ -131,7 +132,8 @@ func newExecCmd() *cobra.Command {
 	interactive := fs.BoolP("interactive", "i", false, "forward stdin to the command")
 	tty := fs.BoolP("tty", "t", false, "run the command on a terminal in the sandbox (stdout and stderr merged);\nwith -i, keys go to it as typed (Ctrl-C interrupts it) and window size changes follow")
 	fs.Var(&env, "env", "environment variable `K=V` (repeatable)")
-	workdir := fs.String("workdir", "", "working `directory` inside the sandbox (default /)")
+	workdir := fs.String("workdir", "", "working `directory` inside the sandbox (default /, or the --user's home)")
+	user := fs.StringP("user", "u", "", "run as this `NAME|UID[:GID]` of the sandbox, with its groups, HOME and login environment (default: the image's user)")
 	timeout := fs.Duration("timeout", 0, "kill the command and its children after this long, e.g. 30s")
 	cmd.RunE = func(cmd *cobra.Command, rest []string) error {
 		ctx := context.Background() // exec forwards signals itself
@@ -140,12 +142,12 @@ func newExecCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		return runExec(ctx, cmd, c, rest, env, *interactive, *tty, *workdir, *timeout)
+		return runExec(ctx, cmd, c, rest, env, *interactive, *tty, *workdir, *user, *timeout)
 	}
 	return cmd
 }
 
-func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest []string, env multi, interactive, tty bool, workdir string, timeout time.Duration) error {
+func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest []string, env multi, interactive, tty bool, workdir, user string, timeout time.Duration) error {
 	if len(rest) > 0 && rest[0] == "--" {
 		rest = rest[1:]
 	}
@@ -173,7 +175,7 @@ func runExec(ctx context.Context, cobraCmd *cobra.Command, c *sdk.Client, rest [
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
-	req := sdk.ExecRequest{Cmd: cmd, Env: env, Workdir: workdir, Timeout: timeout,
+	req := sdk.ExecRequest{Cmd: cmd, Env: env, Workdir: workdir, User: user, Timeout: timeout,
 		Stdout: os.Stdout, Stderr: os.Stderr, Signals: sigs}
 	if interactive {
 		req.Stdin = os.Stdin
@@ -448,7 +450,8 @@ func newCopyCmd() *cobra.Command {
 			"- as DST writes a tar archive of SRC to stdout, and - as SRC reads a tar\n" +
 			"archive from stdin and unpacks it into the sandbox directory DST.",
 		Example: "  clade cp ./src box:/work/\n  clade cp box:/work/out.csv .\n" +
-			"  clade cp box:/work - | tar -t\n  tar -c ./src | clade cp - box:/work",
+			"  clade cp box:/work - | tar -t\n  tar -c ./src | clade cp - box:/work\n" +
+			"  clade cp --user 1000:1000 ./src box:/home/user/",
 		Args: nargs(2, 2),
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
 			if strings.Contains(toComplete, ":") || strings.Contains(toComplete, "/") {
@@ -457,13 +460,14 @@ func newCopyCmd() *cobra.Command {
 			return completeSuffix(":", sandboxNames)(cmd, args, toComplete)
 		},
 	}
+	user := cmd.Flags().StringP("user", "u", "", "copying into a sandbox: make what is written owned by this `NAME|UID[:GID]` of the sandbox\n(default: the archive's owners)")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-		return runCopy(ctx, c, args[0], args[1])
+		return runCopy(ctx, c, args[0], args[1], *user)
 	})
 	return cmd
 }
 
-func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
+func runCopy(ctx context.Context, c *sdk.Client, src, dst, user string) error {
 	sref, spath, sIn := splitRef(src)
 	dref, dpath, dIn := splitRef(dst)
 	switch {
@@ -471,8 +475,10 @@ func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 		return badArg("copy between two sandboxes is not supported: copy through the host")
 	case !sIn && !dIn:
 		return badArg("one of SRC and DST must be ID:PATH, e.g. clade cp ./f box:/tmp/")
+	case user != "" && !dIn:
+		return badArg("--user is for copies into a sandbox: it names who owns what is written")
 	case dIn && src == "-":
-		return c.CopyTo(ctx, dref, dpath, os.Stdin)
+		return c.CopyToAs(ctx, dref, dpath, user, os.Stdin)
 	case sIn && dst == "-":
 		rc, err := c.CopyFrom(ctx, sref, spath)
 		if err != nil {
@@ -489,7 +495,7 @@ func runCopy(ctx context.Context, c *sdk.Client, src, dst string) error {
 		go func() {
 			pw.CloseWithError(tarx.Create(pw, spath, filepath.Base(filepath.Clean(spath))))
 		}()
-		err := c.CopyTo(ctx, dref, dpath, pr)
+		err := c.CopyToAs(ctx, dref, dpath, user, pr)
 		pr.CloseWithError(errors.New("upload ended"))
 		return err
 	default:

@@ -40,7 +40,19 @@ type Config struct {
 	// naming the sandbox (see hostfiles.go); empty leaves them alone (the
 	// agent's tests run on the host).
 	Etc string
-	Log *slog.Logger
+	// Accounts is the directory whose passwd and group files name the
+	// users an exec may run as; empty means /etc (tests point it
+	// elsewhere).
+	Accounts string
+	Log      *slog.Logger
+}
+
+// accounts is the directory of the sandbox's passwd and group files.
+func (a *Agent) accounts() string {
+	if a.cfg.Accounts == "" {
+		return "/etc"
+	}
+	return a.cfg.Accounts
 }
 
 // Agent serves the host.
@@ -188,7 +200,7 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	defer s.closeAll()
 	defer nc.Close()
 	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: os.Getpid(), Boot: a.boot,
-		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv, wire.FeatureAuth}, Key: a.key})
+		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv, wire.FeatureAuth, wire.FeatureUser}, Key: a.key})
 	if err := s.conn.Write(wire.Hello, 0, hello); err != nil {
 		return err
 	}

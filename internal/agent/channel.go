@@ -149,7 +149,31 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	// Built by hand, not with exec.Command, which would search the agent's
 	// PATH: the exec's own PATH counts, and every stat is a round trip to
 	// the sandbox's file server.
-	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: ch.s.a.execEnv(ch.req.Env), Dir: ch.req.Dir}
+	// The request's user (with its login environment and home) or the
+	// image's (with neither, as before).
+	var user *account
+	env := ch.s.a.execEnv(nil)
+	if ch.req.User != "" {
+		u, err := resolveUser(ch.s.a.accounts(), ch.req.User)
+		if err != nil {
+			return errExit(err) // never ran: the host turns it into an error
+		}
+		user = u
+		env = wire.MergeEnv(env, u.env(), ch.req.Env)
+	} else {
+		env = wire.MergeEnv(env, ch.req.Env)
+		if spec := ch.s.a.cfg.User; spec != "" {
+			u, err := resolveUser(ch.s.a.accounts(), spec)
+			if err != nil {
+				return wire.ExitMsg{Code: 126, Error: "the image's " + err.Error(), ErrorClass: string(errdefs.InvalidArgument)}
+			}
+			user = u
+		}
+	}
+	// Built by hand, not with exec.Command, which would search the agent's
+	// PATH: the exec's own PATH counts, and every stat is a round trip to
+	// the sandbox's file server.
+	cmd := &exec.Cmd{Path: ch.req.Argv[0], Args: ch.req.Argv, Env: env, Dir: ch.req.Dir}
 	if !strings.Contains(cmd.Path, "/") {
 		p, err := lookPath(cmd.Path, envValue(cmd.Env, "PATH"))
 		if err != nil {
@@ -164,16 +188,17 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 				cmd.Dir = d
 			}
 		}
+		if ch.req.User != "" {
+			if d := userDir(user); d != "" {
+				cmd.Dir = d
+			}
+		}
 	} else if fi, err := os.Stat(cmd.Dir); err != nil || !fi.IsDir() {
 		return wire.ExitMsg{Code: 126, Error: "working directory " + ch.req.Dir + " does not exist or is not a directory", ErrorClass: string(errdefs.InvalidArgument)}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if u := ch.s.a.cfg.User; u != "" {
-		cred, err := lookupUser(u)
-		if err != nil {
-			return wire.ExitMsg{Code: 126, Error: err.Error(), ErrorClass: string(errdefs.InvalidArgument)}
-		}
-		cmd.SysProcAttr.Credential = cred
+	if user != nil {
+		cmd.SysProcAttr.Credential = user.cred()
 	}
 	if ch.req.TTY {
 		return ch.execTTY(cmd)
@@ -513,9 +538,17 @@ func (ch *channel) tarPut() wire.ExitMsg {
 	// Entries are counted as they come, each before it is extracted. A
 	// symlink at the destination is followed: inside the sandbox it can
 	// only lead to the sandbox's own files.
+	opts := tarx.Options{Chown: true, FollowDest: true}
+	if ch.req.User != "" {
+		u, err := resolveUser(ch.s.a.accounts(), ch.req.User)
+		if err != nil {
+			return errExit(err)
+		}
+		opts.Owner = &tarx.Owner{UID: int(u.UID), GID: int(u.GID)}
+	}
 	limit := maxUploadEntries(memTotal("/proc/meminfo"))
 	var limitErr error
-	err := tarx.ExtractTo(ch.req.Path, ch.stdin, tarx.Options{Chown: true, FollowDest: true, Limit: func(n int) error {
+	opts.Limit = func(n int) error {
 		if n <= limit {
 			return nil
 		}
@@ -523,7 +556,8 @@ func (ch *channel) tarPut() wire.ExitMsg {
 			"upload stopped at entry %d: a sandbox of %d MiB takes at most %d files per copy, as each costs it memory (what was extracted so far stays); copy an archive and unpack it with tar inside, copy in parts, or give the sandbox more memory",
 			n, int64(limit)*bytesPerEntry>>20, limit)
 		return limitErr
-	}})
+	}
+	err := tarx.ExtractTo(ch.req.Path, ch.stdin, opts)
 	if limitErr == nil {
 		// Drain what the host still sends so it does not block on its
 		// window. An upload over the limit is not read to its end: the
@@ -658,50 +692,4 @@ func (ch *channel) identity() wire.ExitMsg {
 		}
 	}
 	return wire.ExitMsg{}
-}
-
-// lookupUser resolves an image's User ("uid", "uid:gid", "name" or
-// "name:group") against the sandbox's own /etc/passwd and /etc/group.
-func lookupUser(spec string) (*syscall.Credential, error) {
-	user, group, hasGroup := strings.Cut(spec, ":")
-	uid, gid, ok := lookupID("/etc/passwd", user, true)
-	if !ok {
-		return nil, fmt.Errorf("user %q of the image not found in /etc/passwd", user)
-	}
-	if hasGroup {
-		if gid, _, ok = lookupID("/etc/group", group, false); !ok {
-			return nil, fmt.Errorf("group %q of the image not found in /etc/group", group)
-		}
-	}
-	return &syscall.Credential{Uid: uid, Gid: gid}, nil
-}
-
-// lookupID finds name (or a number) in a passwd or group file; for passwd it
-// also returns the user's primary group.
-func lookupID(file, name string, passwd bool) (id, gid uint32, ok bool) {
-	if n, err := strconv.ParseUint(name, 10, 32); err == nil {
-		id, gid, ok = uint32(n), uint32(n), true
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return id, gid, ok
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Split(line, ":")
-		if len(f) < 3 || (f[0] != name && f[2] != name) {
-			continue
-		}
-		n, err := strconv.ParseUint(f[2], 10, 32)
-		if err != nil {
-			continue
-		}
-		id, gid = uint32(n), uint32(n)
-		if passwd && len(f) > 3 {
-			if g, err := strconv.ParseUint(f[3], 10, 32); err == nil {
-				gid = uint32(g)
-			}
-		}
-		return id, gid, true
-	}
-	return id, gid, ok
 }

@@ -8,10 +8,12 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent/wire"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -569,4 +571,47 @@ func TestLegacyAgentAccepted(t *testing.T) {
 	if keys := <-done; len(keys) != 0 {
 		t.Fatalf("the host handed a legacy agent keys: %d", len(keys))
 	}
+}
+
+// TestOldAgentRefusesUser: an agent whose hello lacks FeatureUser would
+// ignore a request's user and run it as root: the host refuses to send
+// it one, with an error that says why, and sends nothing to the agent.
+func TestOldAgentRefusesUser(t *testing.T) {
+	g := NewConn()
+	t.Cleanup(func() { g.Close(nil) })
+	host, ag := socketPair(t)
+	serveAsync(g, host)
+	old := newFake(t, ag)
+	old.handshake()
+	opens := make(chan struct{}, 4)
+	go func() {
+		for {
+			f, err := old.r.Read()
+			if err != nil {
+				return
+			}
+			switch f.Type {
+			case wire.Ping:
+				_ = old.w.Write(wire.Pong, 0, bytes.Clone(f.Payload))
+			case wire.Open:
+				opens <- struct{}{}
+				_ = old.w.Write(wire.Exit, f.Channel, []byte(`{"code":0}`))
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_, err := g.Exec(ctx, ExecRequest{Argv: []string{"whoami"}, User: "user"})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "predates running as another user") {
+		t.Fatalf("exec as a user on an old agent: %v", err)
+	}
+	if err := g.CopyInAs(ctx, "/tmp", "user", bytes.NewReader(nil)); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("upload as a user on an old agent: %v", err)
+	}
+	select {
+	case <-opens:
+		t.Fatal("a request with a user reached an agent that would ignore it")
+	default:
+	}
+	execTrue(t, g) // without a user it is served
 }

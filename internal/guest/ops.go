@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +38,12 @@ type ExecRequest struct {
 	// are the first size (0: 24x80); Process.Resize changes it.
 	TTY        bool
 	Rows, Cols uint16
+	// User runs the process as that user of the sandbox — a name, "uid",
+	// "uid:gid" or "name:group", resolved by the sandbox's /etc/passwd and
+	// /etc/group — with its groups and login environment (HOME, USER,
+	// LOGNAME, SHELL, under Env), in its home unless Dir is set. Empty: the
+	// image's user.
+	User string
 }
 
 // ExitStatus is how a process ended.
@@ -121,6 +128,9 @@ func (c *Conn) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 	if err := CheckArgv(req.Argv); err != nil {
 		return nil, err
 	}
+	if err := c.checkUser(ctx, req.User); err != nil {
+		return nil, err
+	}
 	if req.TTY {
 		if _, err := c.session(ctx); err != nil {
 			return nil, err
@@ -130,7 +140,7 @@ func (c *Conn) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 		}
 	}
 	ch, err := c.open(ctx, wire.Request{Op: wire.OpExec, Argv: req.Argv, Env: req.Env, Dir: req.Dir,
-		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols})
+		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User})
 	if err != nil {
 		return nil, err
 	}
@@ -138,11 +148,51 @@ func (c *Conn) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 		ch.close()
 		return nil, err
 	}
+	if req.User != "" {
+		select {
+		case <-ch.started:
+		case <-ch.done:
+			// A user the sandbox does not know is the request's fault:
+			// an error, not an exit status.
+			if ch.err == nil && ch.exit.Code == -1 && ch.exit.Error != "" {
+				return nil, exitError(ch.exit)
+			}
+		}
+	}
 	p := &Process{ch: ch, Stdout: ch.stdout, Stderr: ch.stderr}
 	if ch.stdin != nil {
 		p.Stdin = ch.stdin
 	}
 	return p, nil
+}
+
+// SupportsUser reports whether the agent runs an exec as
+// ExecRequest.User (and owns an upload by CopyInAs's user). It waits for
+// the agent's session as a request would; false when there is none.
+func (c *Conn) SupportsUser(ctx context.Context) bool {
+	if _, err := c.session(ctx); err != nil {
+		return false
+	}
+	return c.hasFeature(wire.FeatureUser)
+}
+
+// checkUser refuses a user for an agent that would ignore it (and run as
+// root): one inside a sandbox made by an older clade, or restored from a
+// snapshot of one.
+func (c *Conn) checkUser(ctx context.Context, user string) error {
+	if user == "" {
+		return nil
+	}
+	if len(user) > 256 || strings.ContainsAny(user, "\x00\n") {
+		return errdefs.New(errdefs.InvalidArgument, "user %.64q: give a user name or UID[:GID]", user)
+	}
+	if _, err := c.session(ctx); err != nil {
+		return err
+	}
+	if !c.hasFeature(wire.FeatureUser) {
+		return errdefs.New(errdefs.InvalidArgument, "this sandbox's agent predates running as another user (it was made by an older clade, or restored from a snapshot of one): leave out the user, or recreate the sandbox")
+	}
+	return nil
 }
 
 // waitStarted waits for the process to start (or fail to), checking that
@@ -229,7 +279,17 @@ func (p *Process) Close() { p.ch.close() }
 // left to the caller to end (close r). An upload too big for the sandbox's
 // memory fails with a ResourceExhausted error.
 func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
-	ch, err := c.open(ctx, wire.Request{Op: wire.OpTarPut, Path: path, Stdin: true})
+	return c.CopyInAs(ctx, path, "", r)
+}
+
+// CopyInAs is CopyIn with every entry owned by user (as ExecRequest.User
+// names one; its uid and gid), not by the archive's owners. Empty user is
+// CopyIn.
+func (c *Conn) CopyInAs(ctx context.Context, path, user string, r io.Reader) error {
+	if err := c.checkUser(ctx, user); err != nil {
+		return err
+	}
+	ch, err := c.open(ctx, wire.Request{Op: wire.OpTarPut, Path: path, Stdin: true, User: user})
 	if err != nil {
 		return err
 	}

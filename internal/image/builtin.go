@@ -25,6 +25,10 @@ type Recipe struct {
 	// Include lists the packages debootstrap installs beyond its minbase
 	// variant (their dependencies come with them).
 	Include []string
+	// Apt lists packages apt-get installs into the root after debootstrap,
+	// for those whose dependencies debootstrap's own resolver cannot
+	// follow (alternatives, virtual packages: npm's, for one).
+	Apt []string
 	// Post, if set, finishes the root filesystem after debootstrap (users,
 	// configuration files, programs of clade's own). It runs on the host
 	// with rootfs the image's root: every path it writes must stay under
@@ -34,7 +38,11 @@ type Recipe struct {
 
 // Source is what the image records as where it came from.
 func (r Recipe) Source(mirror string) string {
-	return "debootstrap --variant=minbase --include=" + strings.Join(r.Include, ",") + " bookworm " + mirror
+	src := "debootstrap --variant=minbase --include=" + strings.Join(r.Include, ",") + " bookworm " + mirror
+	if len(r.Apt) > 0 {
+		src += " + apt-get install " + strings.Join(r.Apt, " ")
+	}
+	return src
 }
 
 var recipes = map[string]Recipe{
@@ -127,6 +135,11 @@ func (s *Store) EnsureBuiltin(ctx context.Context, name string) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("debootstrap of the %s image failed (log in %s): %w", name, logf.Name(), err)
 	}
+	if len(r.Apt) > 0 {
+		if err := aptInstall(ctx, rootfs, r.Apt, logf); err != nil {
+			return fmt.Errorf("installing the %s image's packages (log in %s): %w", name, logf.Name(), err)
+		}
+	}
 	if r.Post != nil {
 		if err := r.Post(ctx, rootfs); err != nil {
 			return fmt.Errorf("finishing the %s image: %w", name, err)
@@ -158,4 +171,45 @@ func (s *Store) EnsureBuiltin(ctx context.Context, name string) error {
 	}
 	s.log.Info(name+" image built", "took", time.Since(start).Round(time.Second), "size_mib", img.SizeBytes>>20)
 	return nil
+}
+
+// aptInstall installs pkgs into rootfs with the root's own apt-get, in a
+// chroot: name lookups through the host's resolv.conf (put back after),
+// no service started (policy-rc.d), nothing mounted.
+func aptInstall(ctx context.Context, rootfs string, pkgs []string, logf *os.File) error {
+	resolv := filepath.Join(rootfs, "etc", "resolv.conf")
+	if fi, err := os.Lstat(resolv); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return errors.New("the root's /etc/resolv.conf is a symbolic link")
+	}
+	old, oldErr := os.ReadFile(resolv)
+	host, err := os.ReadFile("/etc/resolv.conf")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(resolv, host, 0o644); err != nil {
+		return err
+	}
+	defer func() {
+		if oldErr == nil {
+			_ = os.WriteFile(resolv, old, 0o644)
+		} else {
+			_ = os.Remove(resolv)
+		}
+	}()
+	policy := filepath.Join(rootfs, "usr", "sbin", "policy-rc.d")
+	if err := os.WriteFile(policy, []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
+		return err
+	}
+	defer os.Remove(policy)
+	run := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, "chroot", append([]string{rootfs}, args...)...)
+		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.WaitDelay = 10 * time.Second
+		return cmd.Run()
+	}
+	if err := run("apt-get", "update", "-qq"); err != nil {
+		return err
+	}
+	return run(append([]string{"apt-get", "install", "-y", "-qq", "--no-install-recommends"}, pkgs...)...)
 }

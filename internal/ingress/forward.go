@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clade-sandbox/clade/internal/connlimit"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // The forwarder is the proxy's way for plain HTTP/1.x requests (upgrades
@@ -388,6 +389,7 @@ func outRequest(w http.ResponseWriter, r *http.Request, bodyIdle time.Duration) 
 		out.Header.Set("Te", "trailers")
 	}
 	out.Header.Del(TokenHeader)
+	out.Header.Del(E2BTokenHeader)
 	stripCookie(out.Header)
 	stripReferer(out.Header)
 	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
@@ -430,7 +432,7 @@ func outRequest(w http.ResponseWriter, r *http.Request, bodyIdle time.Duration) 
 // its headers must not take a client's X-Forwarded-For for the proxy's).
 func forwardTrailer(k string) bool {
 	switch k {
-	case TokenHeader, "Cookie", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+	case TokenHeader, "E2b-Traffic-Access-Token", "Cookie", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
 		return false
 	}
 	if !httpguts.ValidTrailerHeader(k) {
@@ -531,6 +533,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rt route, life a
 	ctx := r.Context()
 	cc, _ := ctx.Value(connKey{}).(*clientConn)
 	out := outRequest(w, r, p.bodyIdle)
+	if rt.host != "" {
+		out.Host = rt.host // the sandbox's host mask
+	}
 	if out.Body != http.NoBody {
 		// The body is read on while the answer is written (see roundTrip):
 		// without this, the server reads 256 KiB of a chunked body at the
@@ -716,7 +721,7 @@ func (p *Proxy) dial(ctx context.Context, id string, port int) (net.Conn, error)
 	if p.dialer != nil {
 		return p.dialer(ctx, id, port)
 	}
-	return p.mgr.Dial(ctx, id, port)
+	return p.svc.Dial(ctx, id, service.Wake, port)
 }
 
 // retryable reports whether err says a kept connection was closed before

@@ -9,14 +9,18 @@
 // Every request must carry the sandbox's traffic token in the header
 // X-Clade-Traffic-Token, or a signed URL's signature (signed.go), unless the
 // sandbox was created public; neither is passed on to the sandbox. Answers of the proxy's own (the sandbox's
-// answers pass unchanged): 404 for an unknown sandbox or a host that is not
-// a sandbox route, 401 for a missing or wrong token, 409 for a sandbox that
+// answers pass unchanged): 502 with E2B's JSON body for a sandbox that does
+// not exist (e2b.go), 404 for a host that is not a sandbox route, 403 for a missing or wrong token (X-Clade-Traffic-Token or E2B's E2B-Traffic-Access-Token), 409 for a sandbox that
 // stopped, 503 with Retry-After when waking the sandbox was refused for
 // memory (it stays asleep and intact; a retry once memory is free serves),
 // 502 when nothing listens on the port or the answer is broken, 400 for a
 // request body that cannot be read, 405 for CONNECT, and at the limits of
 // Config: 504 for no answer head in time, 408 for a request body that
 // stalls, 503 with Retry-After for one connection too many to a sandbox.
+//
+// Over TLS (the daemon's --ingress-tls; localca.go) HTTP/2 requests take
+// the reverse proxy, HTTP/1.1 ones the forwarder. A sandbox's host mask
+// (E2B's maskRequestHost) replaces the Host it is sent.
 //
 // Client connections are capped in all and per address before any
 // request is read (Limit: one over a cap is closed at accept), and one
@@ -44,11 +48,16 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/connlimit"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/hostmask"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // TokenHeader carries a sandbox's traffic token.
 const TokenHeader = "X-Clade-Traffic-Token"
+
+// E2BTokenHeader is E2B's name for the traffic token, which the ingress
+// takes beside clade's own.
+const E2BTokenHeader = "E2B-Traffic-Access-Token"
 
 // RetryAfter is what a 503 (wake refused for memory) asks clients to wait.
 const RetryAfter = 2 * time.Second
@@ -120,7 +129,7 @@ const unroutedIdleTimeout = 5 * time.Second
 
 // Proxy is the ingress's http.Handler.
 type Proxy struct {
-	mgr    *sandbox.Manager
+	svc    service.Service
 	domain string
 	log    *slog.Logger
 	rp     *httputil.ReverseProxy
@@ -156,12 +165,12 @@ func orDefault[T time.Duration | int](v, def T) T {
 	return v
 }
 
-// New returns the proxy for the sandboxes of mgr.
-func New(cfg Config, mgr *sandbox.Manager) *Proxy {
+// New returns the proxy for the sandboxes of svc.
+func New(cfg Config, svc service.Service) *Proxy {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{mgr: mgr, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log, access: map[string]access{},
+	p := &Proxy{svc: svc, domain: strings.ToLower(strings.Trim(cfg.Domain, ".")), log: cfg.Log, access: map[string]access{},
 		headTimeout: orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout),
 		bodyIdle:    orDefault(cfg.BodyIdleTimeout, DefaultBodyIdleTimeout),
 		maxConns:    orDefault(cfg.MaxConnsPerSandbox, DefaultMaxConnsPerSandbox),
@@ -223,6 +232,8 @@ type bodyKey struct{}
 type route struct {
 	id   string
 	port int
+	// host, when set, is the Host the sandbox sees (its host mask).
+	host string
 }
 
 // ParseHost splits a request host "PORT-REF.DOMAIN[:N]" into the port and
@@ -257,7 +268,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	a, err := p.lookup(r.Context(), ref)
 	if err != nil {
-		p.failErr(w, err)
+		p.failErr(w, err, ref)
 		return
 	}
 	if !a.public && !p.authorized(w, r, a.token, a.id, ref, port) {
@@ -266,22 +277,22 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	routed(r)
 	// Busy from here until the answer is done (an upgraded connection
 	// until it closes): no idle sleep under a request.
-	release := p.mgr.Hold(a.id)
+	release := p.svc.Hold(a.id)
 	defer release()
 	// Wake it now, so that a refused wake is told apart from a refused
 	// port; for a running sandbox this is a map lookup.
-	g, err := p.mgr.Guest(r.Context(), a.id)
+	life, err := p.svc.Ready(r.Context(), a.id, service.Wake)
 	if err != nil {
-		p.failErr(w, err)
+		p.failErr(w, err, ref)
 		return
 	}
-	rt := route{id: a.id, port: port}
+	rt := route{id: a.id, port: port, host: a.hostFor(port)}
 	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
 	if r.ProtoMajor != 1 || upgrading(r) {
 		p.upgrade(w, r)
 		return
 	}
-	p.forward(w, r, rt, g)
+	p.forward(w, r, rt, life)
 }
 
 // upgrade serves r by the reverse proxy. A body is read under the body
@@ -309,6 +320,16 @@ func upgrading(r *http.Request) bool {
 type access struct {
 	id, token string
 	public    bool
+	hostMask  string
+}
+
+// hostFor is the Host a request to port is given for the sandbox: its
+// mask with the port in, or "" (the client's Host).
+func (a access) hostFor(port int) string {
+	if a.hostMask == "" {
+		return ""
+	}
+	return hostmask.Apply(a.hostMask, port)
 }
 
 // maxAccess bounds the access cache (only sandboxes that exist get in:
@@ -323,14 +344,17 @@ func (p *Proxy) lookup(ctx context.Context, ref string) (access, error) {
 	p.mu.Lock()
 	a, ok := p.access[ref]
 	p.mu.Unlock()
-	if ok && p.mgr.Running(a.id) {
+	if ok && p.svc.Running(a.id) {
 		return a, nil
 	}
-	rec, err := p.mgr.Get(ctx, ref)
+	rec, err := p.svc.Get(ctx, ref)
 	if err != nil {
 		return access{}, err
 	}
-	a = access{id: rec.ID, token: rec.Opts.TrafficToken, public: rec.Opts.Public}
+	a = access{id: rec.ID, public: rec.Public}
+	if rec.Ingress != nil {
+		a.token, a.hostMask = rec.Ingress.TrafficToken, rec.Ingress.HostMask
+	}
 	p.mu.Lock()
 	if len(p.access) >= maxAccess {
 		clear(p.access)
@@ -342,16 +366,19 @@ func (p *Proxy) lookup(ctx context.Context, ref string) (access, error) {
 
 // authorized checks a request to a private sandbox's port: its traffic
 // token header, or a signed URL (query or cookie). On refusal it answers
-// 401 and returns false. A signature from the query sets the cookie.
+// 403 and returns false. A signature from the query sets the cookie.
 func (p *Proxy) authorized(w http.ResponseWriter, r *http.Request, token, id, ref string, port int) bool {
 	tok := r.Header.Get(TokenHeader)
+	if tok == "" {
+		tok = r.Header.Get(E2BTokenHeader)
+	}
 	if token == "" {
-		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s has no traffic token (it was made before the ingress existed): recreate it, or create it --public", ref))
+		p.fail(w, http.StatusForbidden, fmt.Sprintf("sandbox %s has no traffic token (it was made before the ingress existed): recreate it, or create it --public", ref))
 		return false
 	}
 	if tok != "" {
 		if subtle.ConstantTimeCompare([]byte(tok), []byte(token)) != 1 {
-			p.fail(w, http.StatusUnauthorized, fmt.Sprintf("wrong traffic token for sandbox %s (header %s; see `clade inspect %s`)", ref, TokenHeader, ref))
+			p.fail(w, http.StatusForbidden, fmt.Sprintf("wrong traffic token for sandbox %s (header %s; see `clade inspect %s`)", ref, TokenHeader, ref))
 			return false
 		}
 		return true
@@ -362,15 +389,15 @@ func (p *Proxy) authorized(w http.ResponseWriter, r *http.Request, token, id, re
 	case signedOK:
 		if from == "query" {
 			http.SetCookie(w, &http.Cookie{Name: CookieName, Value: strconv.FormatInt(exp, 10) + "." + Sign(token, id, port, exp),
-				Path: "/", MaxAge: int(exp - now.Unix()), HttpOnly: true, SameSite: http.SameSiteLaxMode})
+				Path: "/", MaxAge: int(exp - now.Unix()), HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode})
 		}
 		return true
 	case signedExpired:
-		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("this signed URL of sandbox %s expired at %s: ask for a new one (`clade url %s %d`)", ref, time.Unix(exp, 0).UTC().Format(time.RFC3339), ref, port))
+		p.fail(w, http.StatusForbidden, fmt.Sprintf("this signed URL of sandbox %s expired at %s: ask for a new one (`clade url %s %d`)", ref, time.Unix(exp, 0).UTC().Format(time.RFC3339), ref, port))
 	case signedBad:
-		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("bad signature for sandbox %s port %d (a signed URL is for one sandbox and port; ask for one with `clade url %s %d`)", ref, port, ref, port))
+		p.fail(w, http.StatusForbidden, fmt.Sprintf("bad signature for sandbox %s port %d (a signed URL is for one sandbox and port; ask for one with `clade url %s %d`)", ref, port, ref, port))
 	default:
-		p.fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s needs its traffic token: send header %s (see `clade inspect %s`), use a signed URL (`clade url %s %d`), or create the sandbox --public", ref, TokenHeader, ref, ref, port))
+		p.fail(w, http.StatusForbidden, fmt.Sprintf("sandbox %s needs its traffic token: send header %s (see `clade inspect %s`), use a signed URL (`clade url %s %d`), or create the sandbox --public", ref, TokenHeader, ref, ref, port))
 	}
 	return false
 }
@@ -380,7 +407,11 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Scheme = "http"
 	pr.Out.URL.Host = net.JoinHostPort(rt.id, strconv.Itoa(rt.port))
 	pr.Out.Host = pr.In.Host // the application sees the name it was asked by
+	if rt.host != "" {
+		pr.Out.Host = rt.host
+	}
 	pr.Out.Header.Del(TokenHeader)
+	pr.Out.Header.Del(E2BTokenHeader)
 	stripSigned(pr.Out.URL)
 	stripCookie(pr.Out.Header)
 	stripReferer(pr.Out.Header)
@@ -401,7 +432,7 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	p.log.Debug("ingress: proxying failed", "sandbox", rt.id, "port", rt.port, "err", err)
 	switch {
 	case errdefs.ClassOf(err) == errdefs.ResourceExhausted:
-		p.failErr(w, err)
+		p.failErr(w, err, rt.id)
 	case errors.Is(err, errHeadTimeout):
 		p.fail(w, http.StatusGatewayTimeout, fmt.Sprintf("port %d of sandbox %s sent no answer within %s (the daemon's --ingress-response-timeout)", rt.port, rt.id, p.headTimeout))
 	default:
@@ -495,11 +526,12 @@ func (t checkedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// failErr answers a classed error of the service.
-func (p *Proxy) failErr(w http.ResponseWriter, err error) {
+// failErr answers a classed error of the service about sandbox ref.
+func (p *Proxy) failErr(w http.ResponseWriter, err error, ref string) {
 	switch errdefs.ClassOf(err) {
 	case errdefs.NotFound:
-		p.fail(w, http.StatusNotFound, err.Error())
+		p.log.Debug("ingress: no such sandbox", "sandbox", ref, "err", err)
+		notFound(w, ref)
 	case errdefs.Unavailable, errdefs.ResourceExhausted:
 		// Above all a wake refused for memory: the sandbox sleeps on,
 		// intact, and a retry once memory is free serves.

@@ -57,25 +57,25 @@ func TestIngressHostileClient(t *testing.T) {
 	}
 	steps := []step{
 		{req: get("/hello", hostA, ta.token), code: 200, body: helloA},
-		{req: get("/hello", hostB, ""), code: 401},
-		{req: get("/hello", hostA, ""), code: 401},
-		{req: get("/hello", hostB, ta.token), code: 401},
+		{req: get("/hello", hostB, ""), code: 403},
+		{req: get("/hello", hostA, ""), code: 403},
+		{req: get("/hello", hostB, ta.token), code: 403},
 		{req: get("/hello", hostB, tb.token), code: 200, body: helloB},
 		// A body that hides a request: Transfer-Encoding wins over
 		// Content-Length, so the hidden request is a request of its own,
 		// for B without a token: refused. The app reads an empty body
 		// (its POST answers the bytes it read).
 		{req: "POST /upload HTTP/1.1\r\nHost: " + hostA + "\r\n" + ingress.TokenHeader + ": " + ta.token + "\r\nContent-Length: 60\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", code: 200, body: "0"},
-		{req: get("/inc", hostB, ""), code: 401},
+		{req: get("/inc", hostB, ""), code: 403},
 		// Neither the token, nor the signed URL's query or cookie reach the app.
 		{req: get("/headers", hostB, tb.token, "Cookie: app=1; "+ingress.CookieName+"=1.abc"), code: 200, body: "cookie: app=1", not: []string{tb.token, ingress.CookieName}},
 		{req: get("/path?a=1&"+ingress.ExpiresParam+"=1&"+ingress.SignatureParam+"=abc", hostB, tb.token), code: 200, body: "/path?a=1", not: []string{"clade-"}},
 		// The upgrade way takes the same rules: no token, another's.
-		{req: get("/ws", hostB, "", "Connection: Upgrade", "Upgrade: echo"), code: 401},
-		{req: get("/ws", hostB, ta.token, "Connection: Upgrade", "Upgrade: echo"), code: 401},
+		{req: get("/ws", hostB, "", "Connection: Upgrade", "Upgrade: echo"), code: 403},
+		{req: get("/ws", hostB, ta.token, "Connection: Upgrade", "Upgrade: echo"), code: 403},
 		// An absolute URI names the route (over Host), and is authorized
 		// as that route: A's token does not open B.
-		{req: "GET http://" + hostB + "/hello HTTP/1.1\r\nHost: " + hostA + "\r\n" + ingress.TokenHeader + ": " + ta.token + "\r\n\r\n", code: 401},
+		{req: "GET http://" + hostB + "/hello HTTP/1.1\r\nHost: " + hostA + "\r\n" + ingress.TokenHeader + ": " + ta.token + "\r\n\r\n", code: 403},
 		{req: get("/hello", hostA, ta.token, "Connection: close"), code: 200, body: helloA},
 	}
 	conn, err := net.Dial("tcp", ta.addr)

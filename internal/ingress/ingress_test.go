@@ -208,13 +208,37 @@ func TestIngressProxy(t *testing.T) {
 	t.Run("token", func(t *testing.T) {
 		for _, tok := range []string{"", "wrong"} {
 			code, body, _ := tg.get(t, "/hello", tok)
-			if code != http.StatusUnauthorized || !strings.Contains(body, ingress.TokenHeader) {
-				t.Errorf("token %q: %d %q, want 401 naming the header", tok, code, body)
+			if code != http.StatusForbidden || !strings.Contains(body, ingress.TokenHeader) {
+				t.Errorf("token %q: %d %q, want 403 naming the header", tok, code, body)
 			}
 		}
 		// The app never sees the token.
 		if h := mustGet(t, tg, "/headers"); strings.Contains(strings.ToLower(h), strings.ToLower(ingress.TokenHeader)) || !strings.Contains(h, "x-forwarded-for") {
 			t.Errorf("headers the app saw:\n%s", h)
+		}
+		// E2B's header serves the same, and is not passed on either.
+		for _, tok := range []string{sb.Ingress.TrafficToken, "wrong"} {
+			req, err := http.NewRequest(http.MethodGet, tg.base+"/headers", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set(ingress.E2BTokenHeader, tok)
+			resp, err := tg.hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			want := http.StatusOK
+			if tok == "wrong" {
+				want = http.StatusForbidden
+			}
+			if resp.StatusCode != want {
+				t.Errorf("E2B header with token %q: %d %s, want %d", tok, resp.StatusCode, h, want)
+			}
+			if want == http.StatusOK && strings.Contains(strings.ToLower(string(h)), strings.ToLower(ingress.E2BTokenHeader)) {
+				t.Errorf("the app saw E2B's token header:\n%s", h)
+			}
 		}
 		ptg := newTarget(t, pub, appPort)
 		if code, body, _ := ptg.get(t, "/hello", ""); code != http.StatusOK {
@@ -243,8 +267,8 @@ func TestIngressProxy(t *testing.T) {
 		}
 		defer c.DeleteSandbox(ctx, nw.ID)
 		startApp(t, c, nw.ID)
-		if code, body, _ := otg.get(t, "/hello", old.Ingress.TrafficToken); code != http.StatusUnauthorized {
-			t.Fatalf("the removed sandbox's token on the new one: %d %s, want 401", code, body)
+		if code, body, _ := otg.get(t, "/hello", old.Ingress.TrafficToken); code != http.StatusForbidden {
+			t.Fatalf("the removed sandbox's token on the new one: %d %s, want 403", code, body)
 		}
 		if code, body, _ := otg.get(t, "/hello", nw.Ingress.TrafficToken); code != http.StatusOK {
 			t.Fatalf("the new sandbox's token: %d %s", code, body)
@@ -293,11 +317,11 @@ func TestIngressProxy(t *testing.T) {
 		}
 		// Not for another port, not tampered with, not after it expired.
 		other := newTarget(t, sb, appPort+1)
-		if code, body, _ := other.get(t, "/hello"+q, ""); code != http.StatusUnauthorized || !strings.Contains(body, "bad signature") {
+		if code, body, _ := other.get(t, "/hello"+q, ""); code != http.StatusForbidden || !strings.Contains(body, "bad signature") {
 			t.Errorf("signature of port %d used on port %d: %d %q", appPort, appPort+1, code, body)
 		}
 		bad := strings.Replace(q, "clade-signature=", "clade-signature=00", 1)
-		if code, body, _ := tg.get(t, "/hello"+bad, ""); code != http.StatusUnauthorized || !strings.Contains(body, "bad signature") {
+		if code, body, _ := tg.get(t, "/hello"+bad, ""); code != http.StatusForbidden || !strings.Contains(body, "bad signature") {
 			t.Errorf("tampered signature: %d %q", code, body)
 		}
 		old, err := c.SignedURL(ctx, sb.ID, appPort, time.Millisecond) // the deadline is rounded down to the second: already past
@@ -305,7 +329,7 @@ func TestIngressProxy(t *testing.T) {
 			t.Fatal(err)
 		}
 		ou, _ := url.Parse(old.URL)
-		if code, body, _ := tg.get(t, "/hello?"+ou.RawQuery, ""); code != http.StatusUnauthorized || !strings.Contains(body, "expired") {
+		if code, body, _ := tg.get(t, "/hello?"+ou.RawQuery, ""); code != http.StatusForbidden || !strings.Contains(body, "expired") {
 			t.Errorf("expired signed URL: %d %q", code, body)
 		}
 		if _, err := c.SignedURL(ctx, sb.ID, 0, time.Minute); !sdk.IsInvalidArgument(err) {
@@ -315,8 +339,10 @@ func TestIngressProxy(t *testing.T) {
 	t.Run("errors", func(t *testing.T) {
 		nope := *tg
 		nope.base = strings.Replace(tg.base, sb.ID, "nosuchbox", 1)
-		if code, body, _ := nope.get(t, "/", "x"); code != http.StatusNotFound || !strings.Contains(body, "no such sandbox") {
-			t.Errorf("unknown sandbox: %d %q", code, body)
+		// As E2B's proxy answers: the SDKs read it as the sandbox's end.
+		if code, body, h := nope.get(t, "/", "x"); code != http.StatusBadGateway || h.Get("Content-Type") != "application/json; charset=utf-8" ||
+			strings.TrimSpace(body) != `{"sandboxId":"nosuchbox","message":"The sandbox was not found","code":502}` {
+			t.Errorf("unknown sandbox: %d %q %v", code, body, h)
 		}
 		closed := newTarget(t, sb, 9)
 		if code, body, _ := closed.get(t, "/", tg.token); code != http.StatusBadGateway || !strings.Contains(body, "nothing listens on port 9") {

@@ -30,6 +30,16 @@ import (
 // short. The prepared pool (created, not started) stays for forks, wakes
 // and creates the hot pool has nothing for.
 
+// hotPinned is how many hot sandboxes the pool keeps however long nobody
+// asks for them: the default image's and those of HotImages.
+func (c Config) hotPinned() int {
+	n := c.HotPool
+	for _, k := range c.HotImages {
+		n += k
+	}
+	return n
+}
+
 // hotRefillDefer is how long the hot pool waits after a claim before it
 // starts the sandbox that replaces the claimed one: under load, a refill's
 // runsc processes starting beside the claim doubled its answer time.
@@ -57,7 +67,7 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	// give back what the refill starts at its next tick (a start and a
 	// destroy every tick, and no idle sandbox ever put to sleep, since a
 	// flush that gave back something ends the tick).
-	if err := m.nearPressure("hot pool", 64*max(1, m.cfg.HotPool)); err != nil {
+	if err := m.nearPressure("hot pool", 64*max(1, m.cfg.hotPinned())); err != nil {
 		return "", err
 	}
 	// A hot sandbox holds its idle memory: never at the cost of the floor.

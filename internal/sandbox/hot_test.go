@@ -342,3 +342,87 @@ func TestHotClaimFailingHookLeavesNothing(t *testing.T) {
 		t.Fatalf("the next claim: %+v %v, want it running", sb, err)
 	}
 }
+
+// hotOn counts the hot sandboxes started on root.
+func hotOn(m *Manager, root string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, h := range m.hot {
+		if h.root == root {
+			n++
+		}
+	}
+	return n
+}
+
+// TestHotPoolPerImage: HotImages keeps started sandboxes of other images
+// than the default, as many of each as asked, beside the default image's;
+// a plain create of such an image claims one (a hit, no miss) and the pool
+// refills it; an image the pool is asked for but that does not exist
+// holds up none of the others.
+func TestHotPoolPerImage(t *testing.T) {
+	e := newEnv(t, Config{HotPool: 1, HotImages: map[string]int{testImage: 2, "not-there": 1}})
+	e.installDefault(t)
+	def, err := e.m.images.Get(t.Context(), image.Default)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.m.images.Get(t.Context(), testImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 3)
+	if d, o := hotOn(e.m, def.RootFS), hotOn(e.m, other.RootFS); d != 1 || o != 2 {
+		t.Fatalf("hot sandboxes: %d of the default image, %d of %s; want 1 and 2", d, o, testImage)
+	}
+	before := map[string]bool{}
+	e.m.mu.Lock()
+	for id, h := range e.m.hot {
+		if h.root == other.RootFS {
+			before[id] = true
+		}
+	}
+	e.m.mu.Unlock()
+	sb, err := e.m.Create(t.Context(), CreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !before[sb.ID] || sb.Image != testImage || e.state(t, sb.ID) != "running" {
+		t.Fatalf("created %s of %s (%s), want one of the hot sandboxes of %s %v", sb.ID, sb.Image, e.state(t, sb.ID), testImage, before)
+	}
+	if h, m := e.m.HotPoolStats(); h != 1 || m != 0 {
+		t.Fatalf("hot pool stats after a create of %s: %d hits %d misses, want 1 and 0", testImage, h, m)
+	}
+	waitHot(t, e.m, 3) // refilled, with the image's shape
+	if o := hotOn(e.m, other.RootFS); o != 2 {
+		t.Fatalf("after the refill %d hot sandboxes of %s, want 2", o, testImage)
+	}
+	// The default image's is still served hot.
+	if _, err := e.m.Create(t.Context(), CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if h, m := e.m.HotPoolStats(); h != 2 || m != 0 {
+		t.Fatalf("hot pool stats after a default create: %d hits %d misses, want 2 and 0", h, m)
+	}
+}
+
+// TestHotPoolImagesOnly: a pool with no default image's sandboxes (HotPool
+// 0) still keeps those of HotImages.
+func TestHotPoolImagesOnly(t *testing.T) {
+	e := newEnv(t, Config{HotImages: map[string]int{testImage: 1}})
+	e.installDefault(t)
+	e.m.StartPool(t.Context())
+	waitHot(t, e.m, 1)
+	other, _ := e.m.images.Get(t.Context(), testImage)
+	if o := hotOn(e.m, other.RootFS); o != 1 {
+		t.Fatalf("%d hot sandboxes of %s, want 1", o, testImage)
+	}
+	if _, err := e.m.Create(t.Context(), CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := e.m.HotPoolStats(); h != 0 {
+		t.Fatalf("a default create claimed a hot sandbox (%d hits) with HotPool 0", h)
+	}
+}

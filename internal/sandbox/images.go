@@ -30,6 +30,44 @@ type imageService struct {
 
 	startMu sync.Mutex
 	started bool // guarded by startMu
+
+	buildMu  sync.Mutex
+	building map[string]bool  // built-in images being built; guarded by buildMu
+	failed   map[string]error // each built-in image's last failed build; guarded by buildMu
+}
+
+// buildBuiltin starts building the built-in image name in the background,
+// once: a create that names one the image directory lacks starts its build
+// and is told to retry.
+//
+// It returns the error of the last build that failed, if one did, so a
+// user retrying is told why instead of waiting for ever.
+func (s *imageService) buildBuiltin(name string) error {
+	s.buildMu.Lock()
+	defer s.buildMu.Unlock()
+	last := s.failed[name]
+	if s.building[name] {
+		return last
+	}
+	if s.building == nil {
+		s.building, s.failed = map[string]bool{}, map[string]error{}
+	}
+	s.building[name] = true
+	go func() {
+		err := s.files.EnsureBuiltin(context.Background(), name)
+		if err != nil {
+			s.log.Error("building a built-in image failed; the next create that names it tries again", "image", name, "err", err)
+		}
+		s.buildMu.Lock()
+		delete(s.building, name)
+		if err != nil {
+			s.failed[name] = err
+		} else {
+			delete(s.failed, name)
+		}
+		s.buildMu.Unlock()
+	}()
+	return last
 }
 
 func newImageService(files *image.Store, st store.Images, log *slog.Logger) *imageService {
@@ -150,6 +188,12 @@ func (s *imageService) Get(ctx context.Context, ref string) (image.Image, error)
 	}
 	if ref == image.Default {
 		return image.Image{}, errdefs.New(errdefs.Unavailable, "the default image is not built yet: the daemon builds it at start (this takes a few minutes once); retry shortly")
+	}
+	if r, ok := image.Builtin(ref); ok {
+		if last := s.buildBuiltin(ref); last != nil {
+			return image.Image{}, errdefs.New(errdefs.Unavailable, "the built-in image %s (%s) is being built again: its last build failed (%v); the daemon's log has the whole error; retry shortly", ref, r.About, last)
+		}
+		return image.Image{}, errdefs.New(errdefs.Unavailable, "the built-in image %s (%s) is being built from Debian's packages: this takes a few minutes, once; retry shortly", ref, r.About)
 	}
 	return image.Image{}, errdefs.New(errdefs.NotFound, "no image %q: pull it with `clade image pull %s`, or see `clade image ls`", ref, ref)
 }

@@ -228,3 +228,46 @@ func TestImageRefValidation(t *testing.T) {
 		t.Errorf("a reference never pulled: %v", err)
 	}
 }
+
+// TestBuiltinImageBuiltOnDemand: a create's image lookup of a built-in
+// image the directory lacks answers a retryable Unavailable that says it
+// is being built, starts the build once, and finds the image when it is
+// done. debootstrap is a stand-in here, and the recipe one of the test's
+// own (e2b-base's apt step needs a real root); internal/front/e2b's
+// TestBaseTemplate boots the real one.
+func TestBuiltinImageBuiltOnDemand(t *testing.T) {
+	const name = "test-on-demand"
+	image.RegisterRecipe(image.Recipe{Name: name, About: "a test's", Include: []string{"bash"}})
+	bin := t.TempDir()
+	script := "#!/bin/sh\necho run >> " + filepath.Join(bin, "runs") + "\nmkdir -p \"$4/etc\"\n"
+	if err := os.WriteFile(filepath.Join(bin, "debootstrap"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	m, _ := openManager(t, t.TempDir(), t.TempDir())
+	_, err := m.images.Get(t.Context(), name)
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "being built") {
+		t.Fatalf("first lookup: %v, want Unavailable saying it is being built", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		img, err := m.images.Get(t.Context(), name)
+		if err == nil {
+			if img.Name != name {
+				t.Fatalf("got image %q", img.Name)
+			}
+			break
+		}
+		if !errdefs.IsUnavailable(err) {
+			t.Fatalf("lookup while building: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the built-in image was never built")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	runs, _ := os.ReadFile(filepath.Join(bin, "runs"))
+	if n := strings.Count(string(runs), "run"); n != 1 {
+		t.Fatalf("debootstrap ran %d times for concurrent lookups, want once", n)
+	}
+}

@@ -57,6 +57,11 @@ type Config struct {
 	// their agent connected, for plain creates (0: none); shapes learned
 	// from demand get one each, HotPool of them at most. See hot.go.
 	HotPool int
+	// HotImages keeps started sandboxes of the default shape on other
+	// images as well, by image name: how many of each (E2B's base
+	// template, for one). They are pinned like the default image's; one
+	// whose image is missing or being built is retried until it is there.
+	HotImages map[string]int
 	// RestoreParallel bounds the restores of one fork that run at once,
 	// and the wakes that run at once; twice the core count when zero. Restores are mostly CPU, but each also
 	// waits on process starts and the agent: on 2 cores, 4 at once forked 16
@@ -175,9 +180,14 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}, reaping: map[string]chan struct{}{}}
 	m.events = newEventLog(cfg.EventRing)
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
-	// The default shape keeps HotPool started; shapes learned from demand
-	// (one each, see hot.go) share as many again.
-	m.hotPool = pool.New(pool.Config{Limit: cfg.HotPool, MaxTotal: 2 * cfg.HotPool, Defer: hotRefillDefer, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
+	// The default shape keeps HotPool started, each of HotImages its
+	// count; shapes learned from demand (one each, see hot.go) share
+	// HotPool more.
+	hotMax := cfg.HotPool
+	for _, n := range cfg.HotImages {
+		hotMax = max(hotMax, n)
+	}
+	m.hotPool = pool.New(pool.Config{Limit: hotMax, MaxTotal: cfg.hotPinned() + cfg.HotPool, Defer: hotRefillDefer, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())
 	m.wakes = make(chan struct{}, cfg.RestoreParallel)
 	return m

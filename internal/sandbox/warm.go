@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
@@ -22,8 +24,24 @@ func (m *Manager) StartPool(ctx context.Context) {
 		m.pool.Pin(sh, m.cfg.WarmCreate)
 		go m.pool.Run(ctx)
 	}
-	if m.cfg.HotPool > 0 {
-		m.hotPool.Pin(sh, m.cfg.HotPool)
+	if m.cfg.hotPinned() > 0 {
+		if m.cfg.HotPool > 0 {
+			m.hotPool.Pin(sh, m.cfg.HotPool)
+		}
+		for _, name := range slices.Sorted(maps.Keys(m.cfg.HotImages)) {
+			n := m.cfg.HotImages[name]
+			if n <= 0 {
+				continue
+			}
+			// The shape a plain create of that image has: all the
+			// defaults but the image.
+			req := CreateRequest{Image: name}
+			if err := m.validate(&req); err != nil {
+				m.log.Warn("hot pool: not keeping sandboxes of an image", "image", name, "err", err)
+				continue
+			}
+			m.hotPool.Pin(m.shapeOf(req.Image, req.MemoryMiB, req.CPUs, nil, req.Opts), n)
+		}
 		go m.hotPool.Run(ctx)
 	}
 }

@@ -86,6 +86,10 @@ type Options struct {
 	// (header X-Clade-Traffic-Token). Each sandbox gets its own; fork
 	// children get new ones.
 	TrafficToken string `json:"traffic_token,omitempty"`
+	// HostMask, when set, is the Host the ingress sends the sandbox's
+	// servers instead of the client's, ${PORT} replaced by the port
+	// (E2B's maskRequestHost).
+	HostMask string `json:"host_mask,omitempty"`
 	// IdleSleepMS puts the sandbox to sleep after this long without an
 	// exec, a file transfer or ingress traffic (0: never).
 	IdleSleepMS int64 `json:"idle_sleep_ms,omitempty"`

@@ -9,23 +9,24 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/front/e2b"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // serveE2B serves the E2B API on o.E2B until the returned stop is called.
-func serveE2B(o Options, mgr *sandbox.Manager, ingress net.Listener, log *slog.Logger, errc chan<- error) (stop func(), err error) {
+func serveE2B(o Options, svc service.Service, code *codeint.Proxy, ingress *ingressListener, log *slog.Logger, errc chan<- error) (stop func(), err error) {
 	if o.Token == "" {
 		return nil, errors.New("--e2b needs --token-file: E2B clients send the token as E2B_API_KEY, and an API without one would let anyone who reaches the port run code")
 	}
-	cfg := e2b.Config{APIKey: o.Token, DiskDir: o.DataDir, DiskFloorMiB: o.Sandbox.DiskFloorMiB, Log: log}
+	cfg := e2b.Config{APIKey: o.Token, DiskDir: o.DataDir, DiskFloorMiB: o.Sandbox.DiskFloorMiB, BaseImage: o.E2BBaseImage, Log: log, Code: code}
 	if ingress != nil {
 		// The SDK's getHost(port) is PORT-ID.DOMAIN: an ingress on
 		// another port than 80 rides on the domain, so that the host it
 		// returns reaches it.
-		cfg.Domain = strings.Trim(o.IngressDomain, ".") + ingressPort(ingress.Addr())
+		cfg.Domain = strings.Trim(o.IngressDomain, ".") + ingress.port()
 	}
-	srv, err := e2b.New(cfg, mgr)
+	srv, err := e2b.New(cfg, svc)
 	if err != nil {
 		return nil, err
 	}

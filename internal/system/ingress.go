@@ -1,38 +1,89 @@
 package system
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"path/filepath"
 	"strings"
+
+	"github.com/clade-sandbox/clade/internal/ingress"
 )
 
-// listenIngress checks the ingress options and listens on the ingress
-// address.
-func listenIngress(o Options) (net.Listener, error) {
+// ingressListener is the ingress's listener and, with TLS on, its TLS
+// configuration and (with the daemon's own CA) the CA's certificate.
+type ingressListener struct {
+	net.Listener
+	tls   *tls.Config
+	caPEM []byte
+}
+
+// listenIngress checks the ingress options, prepares its TLS certificate
+// when TLS is on and listens on the ingress address.
+func listenIngress(o Options, log *slog.Logger) (*ingressListener, error) {
 	d := strings.Trim(o.IngressDomain, ".")
 	if d == "" {
-		return nil, errors.New("--ingress needs --ingress-domain: sandbox ports are served as PORT-ID.DOMAIN (e.g. --ingress-domain clade.localhost, whose names resolve to 127.0.0.1)")
+		return nil, errors.New("--ingress needs --ingress-domain: sandbox ports are served as PORT-ID.DOMAIN (e.g. --ingress-domain clade.localhost; see docs/e2b.md for making its names resolve)")
+	}
+	il := &ingressListener{}
+	if (o.IngressTLSCert == "") != (o.IngressTLSKey == "") {
+		return nil, errors.New("--ingress-tls-cert and --ingress-tls-key go together: give both, or neither for the daemon's own CA")
+	}
+	switch {
+	case o.IngressTLSCert != "":
+		c, err := ingress.LoadKeyPair(o.IngressTLSCert, o.IngressTLSKey)
+		if err != nil {
+			return nil, err
+		}
+		il.tls = ingress.TLSConfig(c)
+	case o.IngressTLS:
+		ca, replaced, err := ingress.LoadCA(o.DataDir, d)
+		if err != nil {
+			return nil, err
+		}
+		if replaced {
+			log.Warn("the ingress domain changed: made a new local CA for it; clients must trust the new one (clade ca)", "domain", d, "ca", filepath.Join(o.DataDir, ingress.CACertFile))
+		}
+		c, err := ca.Leaf(d)
+		if err != nil {
+			return nil, err
+		}
+		il.tls, il.caPEM = ingress.TLSConfig(c), ca.PEM
 	}
 	ln, err := net.Listen("tcp", o.Ingress)
 	if err != nil {
 		return nil, fmt.Errorf("ingress: listen on %s: %w", o.Ingress, err)
 	}
-	return ln, nil
+	il.Listener = ln
+	return il, nil
 }
 
-// ingressURL returns the URL template of a sandbox's ports behind the
-// ingress listening on addr.
-func ingressURL(addr net.Addr, domain string) func(id string) string {
-	port := ingressPort(addr)
+// scheme is the ingress's URL scheme.
+func (il *ingressListener) scheme() string {
+	if il.tls != nil {
+		return "https"
+	}
+	return "http"
+}
+
+// url returns the URL template of a sandbox's ports behind the ingress.
+func (il *ingressListener) url(domain string) func(id string) string {
+	port := il.port()
 	domain = strings.Trim(domain, ".")
-	return func(id string) string { return "http://{port}-" + id + "." + domain + port }
+	prefix := il.scheme() + "://{port}-"
+	return func(id string) string { return prefix + id + "." + domain + port }
 }
 
-// ingressPort is ":PORT" for an ingress listening on another port than
-// 80, else "".
-func ingressPort(addr net.Addr) string {
-	if ta, ok := addr.(*net.TCPAddr); ok && ta.Port != 80 {
+// port is ":PORT" for an ingress listening on another port than its
+// scheme's (80, or 443 with TLS), else "".
+func (il *ingressListener) port() string {
+	def := 80
+	if il.tls != nil {
+		def = 443
+	}
+	if ta, ok := il.Addr().(*net.TCPAddr); ok && ta.Port != def {
 		return fmt.Sprintf(":%d", ta.Port)
 	}
 	return ""

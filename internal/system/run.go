@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +26,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/secret"
+	"github.com/clade-sandbox/clade/internal/service/local"
 	"github.com/clade-sandbox/clade/internal/store"
 	"github.com/clade-sandbox/clade/internal/volume"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,12 +47,22 @@ type Options struct {
 	// Host PORT-ID.IngressDomain reaches that port inside the sandbox.
 	Ingress       string
 	IngressDomain string
+	// IngressTLS serves the ingress over TLS (HTTP/2 and HTTP/1.1) with
+	// IngressTLSCert and IngressTLSKey (PEM files), or without them with
+	// a certificate of the daemon's own CA, made once in DataDir
+	// (ingress.LoadCA). A cert and key turn TLS on by themselves.
+	IngressTLS                    bool
+	IngressTLSCert, IngressTLSKey string
 	// IngressLimits are the ingress proxy's time and connection limits
 	// (its Domain and Log are set from the fields above).
 	IngressLimits ingress.Config
 	// E2B, when set, serves the E2B API (REST and envd) on this TCP
 	// address; it requires Token, which clients send as E2B_API_KEY.
 	E2B string
+	// E2BBaseImage is the image E2B's `base` template runs on (see
+	// e2b.Config.BaseImage); a built-in one is built at start after the
+	// default image when the E2B front is on.
+	E2BBaseImage string
 	// Engine names the engine that runs sandboxes (see Engines).
 	Engine    string
 	Runsc     string
@@ -199,6 +212,7 @@ func Run(ctx context.Context, o Options) error {
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, vols)
 	o.Sandbox.Hooks = append(o.Sandbox.Hooks, secrets)
 	o.Sandbox.Log = log
+	o.Sandbox.HotImages = hotImages(o)
 	o.Sandbox.SnapshotDir = filepath.Join(stateDir, "snapshots")
 	o.Sandbox.SleepDir = filepath.Join(stateDir, "sleep")
 	for _, d := range []string{o.Sandbox.SnapshotDir, o.Sandbox.SleepDir} {
@@ -240,17 +254,22 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	registerCounters(reg, mgr.Counters(), mgr)
-	var iln net.Listener
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, EngineVersion: func() string { return engineVersion(ctx, eng) }, TmpDir: tmp, Addr: hook.Addr, Volumes: vols, Secrets: secrets,
-		Engines: engineStatuses(eng)}
+	var iln *ingressListener
+	// The fronts drive the node through the service interface only.
+	svc := local.New(local.Config{Version: o.Version, EngineVersion: func() string { return engineVersion(ctx, eng) }, Addr: hook.Addr,
+		Volumes: vols, Secrets: secrets, Engines: engineStatuses(eng)}, mgr)
+	code := codeint.NewProxy(svc)
+	defer code.Close()
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code}
 	if o.Ingress != "" {
-		if iln, err = listenIngress(o); err != nil {
+		if iln, err = listenIngress(o, log); err != nil {
 			return err
 		}
 		defer iln.Close()
-		apiCfg.IngressURL = ingressURL(iln.Addr(), o.IngressDomain)
+		apiCfg.IngressURL = iln.url(o.IngressDomain)
+		apiCfg.IngressCA = iln.caPEM
 	}
-	srv := httpapi.New(apiCfg, mgr, reg)
+	srv := httpapi.New(apiCfg, svc, reg)
 
 	var lns []net.Listener
 	defer func() {
@@ -280,7 +299,7 @@ func Run(ctx context.Context, o Options) error {
 		log.Info("serving TCP", "addr", tln.Addr().String())
 	}
 	if o.E2B != "" {
-		stop, err := serveE2B(o, mgr, iln, log, errc)
+		stop, err := serveE2B(o, svc, code, iln, log, errc)
 		if err != nil {
 			return err
 		}
@@ -289,14 +308,20 @@ func Run(ctx context.Context, o Options) error {
 	if iln != nil {
 		icfg := o.IngressLimits
 		icfg.Domain, icfg.Log = o.IngressDomain, log
-		proxy := ingress.New(icfg, mgr)
+		proxy := ingress.New(icfg, svc)
 		defer proxy.Close()
 		ihs := proxy.Server()
 		// Under its caps of client connections; the server's hooks close
 		// idle ones that no request was routed on (see ingress.Limit).
-		go func() { errc <- ihs.Serve(proxy.Limit(iln)) }()
+		if iln.tls != nil {
+			// ServeTLS adds HTTP/2 and HTTP/1.1 to the ALPN protocols.
+			ihs.TLSConfig = iln.tls
+			go func() { errc <- ihs.ServeTLS(proxy.Limit(iln.Listener), "", "") }()
+		} else {
+			go func() { errc <- ihs.Serve(proxy.Limit(iln.Listener)) }()
+		}
 		defer ihs.Close()
-		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain)
+		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain, "scheme", iln.scheme())
 	}
 	// The socket last: a client that finds it answering finds every other
 	// listener (TCP, E2B, ingress) bound too.
@@ -313,6 +338,11 @@ func Run(ctx context.Context, o Options) error {
 		go func() {
 			if err := images.EnsureDefault(ctx); err != nil && ctx.Err() == nil {
 				log.Error("building the default image failed", "err", err)
+			}
+			if _, builtin := image.Builtin(o.E2BBaseImage); builtin && o.E2B != "" {
+				if err := images.EnsureBuiltin(ctx, o.E2BBaseImage); err != nil && ctx.Err() == nil {
+					log.Error("building the image of E2B's base template failed; a create of `base` tries again", "image", o.E2BBaseImage, "err", err)
+				}
 			}
 		}()
 	}
@@ -423,4 +453,24 @@ func startNetwork(ctx context.Context, o *Options, log *slog.Logger) (*network.H
 		return nil, err
 	}
 	return hook, nil
+}
+
+// hotImages is the hot pool's images beside the default one: those asked
+// for, and with the E2B front on, the image of E2B's `base` template (the
+// SDKs' default) with as many as the default image unless the list names
+// it: a create of `base` claims a started sandbox as clade's own does.
+func hotImages(o Options) map[string]int {
+	base := o.E2BBaseImage
+	if o.E2B == "" || base == "" || base == image.Default || o.Sandbox.HotPool == 0 {
+		return o.Sandbox.HotImages
+	}
+	if _, named := o.Sandbox.HotImages[base]; named {
+		return o.Sandbox.HotImages
+	}
+	hot := maps.Clone(o.Sandbox.HotImages)
+	if hot == nil {
+		hot = map[string]int{}
+	}
+	hot[base] = o.Sandbox.HotPool
+	return hot
 }

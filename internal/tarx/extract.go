@@ -127,7 +127,7 @@ func under(top string) func(string) (string, error) {
 }
 
 func extract(dir string, r io.Reader, opts Options, rename func(string) (string, error)) error {
-	return Walk(dir, r, WalkOptions{Chown: opts.Chown, What: "tar entry", Limit: opts.Limit}, &copyPolicy{rename: rename, dirs: map[string]bool{}})
+	return Walk(dir, r, WalkOptions{Chown: opts.Chown, Owner: opts.Owner, What: "tar entry", Limit: opts.Limit}, &copyPolicy{rename: rename, dirs: map[string]bool{}})
 }
 
 func invalid(format string, args ...any) error {

@@ -40,4 +40,10 @@ type Options struct {
 	// copied, so a copy of box:/out into ~ can only make ~/out, never
 	// ~/.bashrc. A name outside it is an InvalidArgument error.
 	Top string
+	// Owner, when set with Chown, owns every entry instead of the uid and
+	// gid of the headers: an upload made for one user.
+	Owner *Owner
 }
+
+// Owner is a uid and gid.
+type Owner struct{ UID, GID int }

@@ -51,6 +51,8 @@ type Policy interface {
 type WalkOptions struct {
 	// Chown applies the uid and gid from the headers; only as root.
 	Chown bool
+	// Owner, when set with Chown, replaces every header's uid and gid.
+	Owner *Owner
 	// Xattrs applies the headers' SCHILY.xattr records, skipping those the
 	// filesystem does not support or lets no one set.
 	Xattrs bool
@@ -126,6 +128,9 @@ func Walk(dir string, r io.Reader, opts WalkOptions, p Policy) error {
 			if err := opts.Limit(n); err != nil {
 				return err
 			}
+		}
+		if opts.Owner != nil {
+			hdr.Uid, hdr.Gid = opts.Owner.UID, opts.Owner.GID
 		}
 		if err := t.entry(hdr, tr); err != nil {
 			return noSpace(fmt.Errorf("%s %.256q: %w", opts.What, hdr.Name, err))

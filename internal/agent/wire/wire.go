@@ -245,6 +245,11 @@ const FeaturePTY = "pty"
 // FeatureSecretEnv: the agent takes an OpIdentity's SecretEnv.
 const FeatureSecretEnv = "secret-env"
 
+// FeatureUser: the agent runs an OpExec as Request.User and makes what an
+// OpTarPut writes owned by it. An older agent ignores the field (and would
+// run the exec as root): the host sends it to no agent without this.
+const FeatureUser = "user"
+
 // Op names what a channel does.
 type Op string
 
@@ -302,6 +307,14 @@ type Request struct {
 	TTY  bool   `json:"tty,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
+	// User is who an OpExec runs as — a name, "uid", "uid:gid" or
+	// "name:group", resolved against the sandbox's /etc/passwd and
+	// /etc/group — with that user's supplementary groups, HOME, USER,
+	// LOGNAME and SHELL (under Env), starting in its home unless Dir is
+	// set; for an OpTarPut, who owns what is written. Empty: the image's
+	// user for an exec, the archive's owners for an upload. Only for an
+	// agent with FeatureUser.
+	User string `json:"user,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

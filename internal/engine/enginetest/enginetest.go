@@ -408,6 +408,9 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 		if err != nil {
 			t.Fatalf("wake: %v", err)
 		}
+		// Destroyed before the sleep image's directory goes: a woken
+		// microVM may still map its memory from there.
+		t.Cleanup(func() { _ = e.Destroy(context.Background(), id) })
 		if r := Exec(t, woke, "cat", "/root/f"); r.Stdout != "kept\n" {
 			t.Fatalf("after wake: %+v", r)
 		}
@@ -520,6 +523,9 @@ until [ -s /tmp/count ]; do sleep 0.01; done`)
 		if err != nil {
 			t.Fatalf("wake: %v", err)
 		}
+		// Destroyed before the sleep image's directory goes: a woken
+		// microVM may still map its memory from there.
+		t.Cleanup(func() { _ = e.Destroy(context.Background(), id) })
 		if r := Exec(t, woke, "sh", "-c", "cat /root/f; kill -0 $(cat /root/bg.pid) && echo proc-alive"); r.Stdout != "kept\nproc-alive\n" {
 			t.Fatalf("after wake: %+v", r)
 		}

@@ -302,6 +302,12 @@ func (e *Engine) globalFlags(id string) []string {
 		"--platform", e.cfg.Platform,
 		"--network", network,
 		"--host-uds", "open",
+		// Set-user-ID executables (sudo, su, ping) elevate as they do on
+		// Linux, inside the sandbox: to the sandbox's own root, which any
+		// sandbox process may already be, and never past gVisor's
+		// boundary. runsc ignores the bits without it (E2B's base runs
+		// `sudo` as its user).
+		"--allow-suid",
 		"--overlay2", e.overlay(id),
 		"--log-format", "text",
 	}

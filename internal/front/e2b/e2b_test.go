@@ -51,7 +51,10 @@ func startE2B(t testing.TB, extraArgs ...string) (*testenv.Daemon, string, strin
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	d := testenv.StartDaemon(t, append([]string{"--e2b", addr, "--token-file", tok}, extraArgs...)...)
+	// The tests run `base` on clade's lean default image unless they ask
+	// for another (a later --e2b-base-image wins): TestBaseTemplate checks
+	// the e2b-base image itself.
+	d := testenv.StartDaemon(t, append([]string{"--e2b", addr, "--token-file", tok, "--e2b-base-image", "default"}, extraArgs...)...)
 	return d, "http://" + addr, key
 }
 

@@ -20,21 +20,17 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/hostinfo"
-	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // getFile answers envd's GET /files?path=: the file's bytes.
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 	id := sandboxID(r.Header)
 	p := resolve(r.URL.Query().Get("path"))
-	g, err := s.mgr.Guest(r.Context(), id)
-	if err != nil {
-		return err
-	}
-	fi, err := g.Stat(r.Context(), p)
+	fi, err := s.svc.Stat(r.Context(), id, service.Wake, p)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return errdefs.New(errdefs.NotFound, "path '%s' does not exist", p)
@@ -44,7 +40,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 	if fi.IsDir {
 		return errdefs.New(errdefs.InvalidArgument, "path '%s' is a directory: read files one by one", p)
 	}
-	rc, err := g.CopyOut(r.Context(), p, nil)
+	rc, err := s.svc.CopyOut(r.Context(), id, service.Wake, p)
 	if err != nil {
 		return err
 	}
@@ -92,7 +88,15 @@ type writtenEntry struct {
 func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 	id := sandboxID(r.Header)
 	qpath := r.URL.Query().Get("path")
+	named, err := checkUserName(r.URL.Query().Get("username"))
+	if err != nil {
+		return err
+	}
 	sb, err := s.get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	user, err := s.execUser(r.Context(), id, named)
 	if err != nil {
 		return err
 	}
@@ -143,7 +147,7 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 			if target == "" {
 				return errdefs.New(errdefs.InvalidArgument, "a file part names no path: give ?path= or the full path as the part's filename")
 			}
-			e, err := s.writeFile(w, r.Context(), id, resolve(target), part, -1, capped)
+			e, err := s.writeFile(w, r.Context(), id, user, resolve(target), part, -1, capped)
 			part.Close()
 			if err != nil {
 				return err
@@ -157,7 +161,7 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 		if size > limit {
 			return capped.errFor(size)
 		}
-		e, err := s.writeFile(w, r.Context(), id, resolve(qpath), capped, size, capped)
+		e, err := s.writeFile(w, r.Context(), id, user, resolve(qpath), capped, size, capped)
 		if err != nil {
 			return err
 		}
@@ -173,10 +177,10 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 // uploadLimit is the most one upload into sb may decode to, and what
 // bounds it: the sandbox's disk cap, and the data dir's free space above
 // the disk floor (a sandbox's files take the host's disk).
-func (s *Server) uploadLimit(sb store.Sandbox) (int64, string) {
+func (s *Server) uploadLimit(sb api.Sandbox) (int64, string) {
 	limit, why := int64(math.MaxInt64), ""
-	if sb.Opts.DiskMiB > 0 {
-		limit, why = int64(sb.Opts.DiskMiB)<<20, fmt.Sprintf("the sandbox's disk cap of %d MiB", sb.Opts.DiskMiB)
+	if sb.DiskMiB > 0 {
+		limit, why = int64(sb.DiskMiB)<<20, fmt.Sprintf("the sandbox's disk cap of %d MiB", sb.DiskMiB)
 	}
 	if s.cfg.DiskDir != "" {
 		var st unix.Statfs_t
@@ -230,28 +234,24 @@ func (c *capReader) errFor(size int64) error {
 // learn its size: a file that ends within it goes in one archive entry.
 const inlineMax = 1 << 20
 
-// writeFile writes what r yields to p (absolute) in sandbox id, making its
-// parent directories. size is r's length, or -1 when unknown. Nothing is
+// writeFile writes what r yields to p (absolute) in sandbox id as user
+// (empty: root), making its parent directories, all owned by user. size is r's length, or -1 when unknown. Nothing is
 // written on the host: a file of known size (or one that ends within
 // inlineMax) goes through the agent's archive extraction, a larger one of
 // unknown size through a process inside that writes its stdin. A failed
 // write leaves no partial file.
-func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p string, r io.Reader, size int64, capped *capReader) (writtenEntry, error) {
+func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, user, p string, r io.Reader, size int64, capped *capReader) (writtenEntry, error) {
 	if p == "/" {
 		return writtenEntry{}, errdefs.New(errdefs.InvalidArgument, "cannot write a file at /")
-	}
-	g, err := s.mgr.Guest(ctx, id)
-	if err != nil {
-		return writtenEntry{}, err
 	}
 	dir, name := path.Split(p)
 	// CopyIn writes into an existing directory, but as the path itself
 	// when it is missing: make the parents first.
 	dir = path.Clean(dir)
-	fi, err := g.Stat(ctx, dir)
+	fi, err := s.svc.Stat(ctx, id, service.Wake, dir)
 	switch {
 	case errdefs.IsNotFound(err):
-		if _, _, err := s.run(ctx, id, "mkdir", "-p", "--", dir); err != nil {
+		if _, _, err := s.runAs(ctx, id, user, "mkdir", "-p", "--", dir); err != nil {
 			return writtenEntry{}, fmt.Errorf("write %s: %w", p, err)
 		}
 	case err != nil:
@@ -270,7 +270,7 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 		case err != nil:
 			return writtenEntry{}, uploadError(p, nil, src.failed(err), capped)
 		default:
-			if err := s.streamFile(w, ctx, g, id, p, io.MultiReader(bytes.NewReader(head), r), src, capped); err != nil {
+			if err := s.streamFile(w, ctx, id, user, p, io.MultiReader(bytes.NewReader(head), r), src, capped); err != nil {
 				return writtenEntry{}, err
 			}
 			return writtenEntry{Name: name, Type: "file", Path: p}, nil
@@ -289,7 +289,7 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 		pw.CloseWithError(err)
 		return err
 	}, func() error {
-		return g.CopyIn(ctx, dir, pr)
+		return s.svc.CopyIn(ctx, id, service.Wake, dir, user, pr)
 	}, func() { pr.CloseWithError(errors.New("upload ended")) })
 	if err := uploadError(p, putErr, src.failed(fillErr), capped); err != nil {
 		return writtenEntry{}, err
@@ -303,18 +303,18 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, p str
 // of unknown size has not, and a failed upload must leave neither a
 // partial file nor the old one half overwritten (the process cannot tell
 // a body that broke from one that ended: the host decides).
-func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, g *guest.Conn, id, p string, r io.Reader, src *bodyReader, capped *capReader) error {
+func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, id, user, p string, r io.Reader, src *bodyReader, capped *capReader) error {
 	tmp := p + ".clade-upload-" + rand.Text()[:12]
-	proc, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `umask 022; exec cat > "$1"`, "sh", tmp}, Stdin: true})
+	proc, err := s.svc.Exec(ctx, id, service.Wake, api.ExecRequest{Cmd: []string{"/bin/sh", "-c", `umask 022; exec cat > "$1"`, "sh", tmp}, Stdin: true, User: user, Workdir: "/"})
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
-	var exit guest.ExitStatus
+	var exit api.ExitStatus
 	var eb bytes.Buffer
 	putErr, fillErr := feed(w, func() error {
-		_, err := io.Copy(proc.Stdin, r)
-		if cerr := proc.Stdin.Close(); err == nil {
+		_, err := io.Copy(proc.Stdin(), r)
+		if cerr := proc.Stdin().Close(); err == nil {
 			err = cerr
 		}
 		return err
@@ -322,10 +322,10 @@ func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, g *guest
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_, _ = io.Copy(io.Discard, proc.Stdout)
+			_, _ = io.Copy(io.Discard, proc.Stdout())
 		}()
-		_, _ = io.Copy(&eb, io.LimitReader(proc.Stderr, 64<<10))
-		_, _ = io.Copy(io.Discard, proc.Stderr)
+		_, _ = io.Copy(&eb, io.LimitReader(proc.Stderr(), 64<<10))
+		_, _ = io.Copy(io.Discard, proc.Stderr())
 		<-done
 		var err error
 		exit, err = proc.Wait(ctx)
@@ -438,7 +438,7 @@ type metric struct {
 const sampleScript = `head -n1 /proc/stat; sleep 0.2; head -n1 /proc/stat; grep -E '^(MemTotal|MemAvailable|Cached):' /proc/meminfo; df -kP / | tail -n1; nproc`
 
 // sample measures a running sandbox from inside.
-func (s *Server) sample(ctx context.Context, sb store.Sandbox) (metric, error) {
+func (s *Server) sample(ctx context.Context, sb api.Sandbox) (metric, error) {
 	out, _, err := s.run(ctx, sb.ID, "/bin/sh", "-c", sampleScript)
 	if err != nil {
 		return metric{}, err
@@ -468,8 +468,8 @@ func (s *Server) sample(ctx context.Context, sb store.Sandbox) (metric, error) {
 		used, _ := strconv.ParseInt(f[2], 10, 64)
 		m.DiskTotal, m.DiskUsed = total<<10, used<<10
 	}
-	if sb.Opts.DiskMiB > 0 {
-		m.DiskTotal = int64(sb.Opts.DiskMiB) << 20
+	if sb.DiskMiB > 0 {
+		m.DiskTotal = int64(sb.DiskMiB) << 20
 	}
 	m.CPUCount, _ = strconv.Atoi(strings.TrimSpace(lines[6]))
 	return m, nil

@@ -4,10 +4,19 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/filesystem"
-	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/image"
 )
+
+// TestDefaultImage keeps the front's name of the default image (it does
+// not import the image store) the image store's.
+func TestDefaultImage(t *testing.T) {
+	if DefaultImage != image.Default {
+		t.Errorf("DefaultImage is %q, the image store's default %q", DefaultImage, image.Default)
+	}
+}
 
 func TestResolve(t *testing.T) {
 	for in, want := range map[string]string{
@@ -60,18 +69,18 @@ func TestParseEntry(t *testing.T) {
 
 func TestEndEvent(t *testing.T) {
 	for _, tc := range []struct {
-		exit   guest.ExitStatus
+		exit   api.ExitStatus
 		err    error
 		code   int32
 		exited bool
 		status string
 		hasErr bool
 	}{
-		{exit: guest.ExitStatus{Code: 0}, exited: true, status: "exit status 0"},
-		{exit: guest.ExitStatus{Code: 3}, code: 3, exited: true, status: "exit status 3"},
-		{exit: guest.ExitStatus{Code: 137, Signal: 9}, code: 137, status: "signal: killed"},
-		{exit: guest.ExitStatus{Code: 137, Signal: 9, TimedOut: true}, code: 137, status: "signal: killed", hasErr: true},
-		{exit: guest.ExitStatus{Code: 127, Error: "no such command"}, code: 127, status: "error: no such command", hasErr: true},
+		{exit: api.ExitStatus{Code: 0}, exited: true, status: "exit status 0"},
+		{exit: api.ExitStatus{Code: 3}, code: 3, exited: true, status: "exit status 3"},
+		{exit: api.ExitStatus{Code: 137, Signal: 9}, code: 137, status: "signal: killed"},
+		{exit: api.ExitStatus{Code: 137, Signal: 9, TimedOut: true}, code: 137, status: "signal: killed", hasErr: true},
+		{exit: api.ExitStatus{Code: 127, Error: "no such command"}, code: 127, status: "error: no such command", hasErr: true},
 		{err: errors.New("connection lost"), code: -1, status: "error", hasErr: true},
 	} {
 		e := endEvent(tc.exit, tc.err)

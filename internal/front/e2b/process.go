@@ -16,9 +16,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/process"
-	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // processes tracks the commands started through envd, per sandbox, so that
@@ -105,10 +106,13 @@ type proc struct {
 	pid    uint32
 	tag    *string
 	config *process.ProcessConfig
-	gp     *guest.Process
+	gp     service.Process
 	// tty: the command runs on a pseudo-terminal (see ptyArgv); its
 	// output is pty data and its input pty input.
 	tty bool
+	// user it runs as ("": root): its terminal is resized as it, since
+	// root in the sandbox may not look into another user's /proc/PID/fd.
+	user string
 
 	mu   sync.Mutex
 	subs map[*sub]struct{}
@@ -181,8 +185,8 @@ func (p *proc) pump(r io.Reader, stderr bool) {
 func (p *proc) run(t *processes, id string) {
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.pump(p.gp.Stdout, false) }()
-	go func() { defer wg.Done(); p.pump(p.gp.Stderr, true) }()
+	go func() { defer wg.Done(); p.pump(p.gp.Stdout(), false) }()
+	go func() { defer wg.Done(); p.pump(p.gp.Stderr(), true) }()
 	wg.Wait()
 	exit, err := p.gp.Wait(context.Background())
 	end := endEvent(exit, err)
@@ -203,7 +207,7 @@ func (p *proc) run(t *processes, id string) {
 
 // endEvent says how a command ended the way envd does: exited with a code,
 // or a status naming the signal.
-func endEvent(exit guest.ExitStatus, err error) *process.ProcessEvent_EndEvent {
+func endEvent(exit api.ExitStatus, err error) *process.ProcessEvent_EndEvent {
 	if err != nil {
 		msg := err.Error()
 		return &process.ProcessEvent_EndEvent{ExitCode: -1, Status: "error", Error: &msg}
@@ -305,11 +309,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if cfg == nil || cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is empty: give the command to run"))
 	}
-	env := []string{"HOME=" + Home}
+	named, err := headerUser(req.Header())
+	if err != nil {
+		return connectErr(err)
+	}
+	var env []string
 	for _, k := range slices.Sorted(maps.Keys(cfg.GetEnvs())) {
 		env = append(env, k+"="+cfg.GetEnvs()[k])
 	}
-	dir := Home
+	var dir string
 	if cfg.Cwd != nil {
 		dir = resolve(cfg.GetCwd())
 	}
@@ -325,9 +333,17 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 		timeout = left + deadlineGrace
 	}
-	g, err := ps.s.mgr.Guest(ctx, id)
+	// As the user, the agent sets HOME and starts in the user's home (as
+	// envd does); without one (an old agent) as root in E2B's home.
+	user, err := ps.s.execUser(ctx, id, named)
 	if err != nil {
 		return connectErr(err)
+	}
+	if user == "" {
+		env = append([]string{"HOME=" + Home}, env...)
+		if dir == "" {
+			dir = Home
+		}
 	}
 	// envd keeps stdin open unless the client says stdin:false.
 	stdin := m.Stdin == nil || m.GetStdin()
@@ -339,7 +355,8 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	}
 	// The process must not end with this request: the stream may go away
 	// and the command live on (background commands).
-	gp, err := g.Exec(context.WithoutCancel(ctx), guest.ExecRequest{Argv: argv, Env: env, Dir: dir, Timeout: timeout, Stdin: stdin})
+	gp, err := ps.s.svc.Exec(context.WithoutCancel(ctx), id, service.Wake, api.ExecRequest{Cmd: argv, Env: env, Workdir: dir,
+		TimeoutMS: timeout.Milliseconds(), Stdin: stdin, User: user})
 	if err != nil {
 		return connectErr(err)
 	}
@@ -357,7 +374,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 		return stream.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}}})
 	}
-	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, subs: map[*sub]struct{}{}, done: make(chan struct{})}
+	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, user: user, subs: map[*sub]struct{}{}, done: make(chan struct{})}
 	s, _ := p.subscribe()
 	ps.s.procs.add(id, p)
 	go p.run(ps.s.procs, id)
@@ -461,10 +478,11 @@ func (p *proc) write(in *process.ProcessInput) error {
 		}
 		data = in.GetPty()
 	}
-	if p.gp.Stdin == nil {
+	stdin := p.gp.Stdin()
+	if stdin == nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started with stdin: false", p.pid))
 	}
-	if _, err := p.gp.Stdin.Write(data); err != nil {
+	if _, err := stdin.Write(data); err != nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d: writing stdin: %w", p.pid, err))
 	}
 	return nil
@@ -500,10 +518,11 @@ func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[p
 	if err != nil {
 		return nil, err
 	}
-	if p.gp.Stdin == nil {
+	stdin := p.gp.Stdin()
+	if stdin == nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started with stdin: false", p.pid))
 	}
-	if err := p.gp.Stdin.Close(); err != nil {
+	if err := stdin.Close(); err != nil {
 		return nil, connectErr(err)
 	}
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
@@ -519,7 +538,7 @@ func (ps *processService) Update(ctx context.Context, req *connect.Request[proce
 			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY to resize", p.pid))
 		}
 		id := sandboxID(req.Header())
-		if _, _, err := ps.s.run(ctx, id, "/bin/sh", "-c", resizeScript, "sh", strconv.Itoa(int(p.pid)),
+		if _, _, err := ps.s.runAs(ctx, id, p.user, "/bin/sh", "-c", resizeScript, "sh", strconv.Itoa(int(p.pid)),
 			strconv.Itoa(int(sz.GetCols())), strconv.Itoa(int(sz.GetRows()))); err != nil {
 			return nil, connectErr(fmt.Errorf("resize the PTY of process %d: %w", p.pid, err))
 		}
@@ -559,11 +578,17 @@ echo "no terminal found for process $1" >&2; exit 1`
 // run runs argv in sandbox id to its end and returns its output. A
 // non-zero exit is an error classed by what the command said on stderr.
 func (s *Server) run(ctx context.Context, id string, argv ...string) (stdout, stderr string, err error) {
-	g, err := s.mgr.Guest(ctx, id)
-	if err != nil {
-		return "", "", err
+	return s.runAs(ctx, id, "", argv...)
+}
+
+// runAs is run as user (a name or UID[:GID] of the sandbox; empty: root
+// with E2B's home).
+func (s *Server) runAs(ctx context.Context, id, user string, argv ...string) (stdout, stderr string, err error) {
+	req := api.ExecRequest{Cmd: argv, Env: []string{"HOME=" + Home}, User: user}
+	if user != "" {
+		req.Env, req.Workdir = nil, "/"
 	}
-	p, err := g.Exec(ctx, guest.ExecRequest{Argv: argv, Env: []string{"HOME=" + Home}})
+	p, err := s.svc.Exec(ctx, id, service.Wake, req)
 	if err != nil {
 		return "", "", err
 	}
@@ -573,10 +598,10 @@ func (s *Server) run(ctx context.Context, id string, argv ...string) (stdout, st
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, _ = io.Copy(&eb, io.LimitReader(p.Stderr, 1<<20))
-		_, _ = io.Copy(io.Discard, p.Stderr)
+		_, _ = io.Copy(&eb, io.LimitReader(p.Stderr(), 1<<20))
+		_, _ = io.Copy(io.Discard, p.Stderr())
 	}()
-	_, _ = io.Copy(&ob, p.Stdout)
+	_, _ = io.Copy(&ob, p.Stdout())
 	wg.Wait()
 	exit, err := p.Wait(ctx)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"io"
 	"math"
 	"net/http"
@@ -15,19 +16,37 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/guest"
-	"github.com/clade-sandbox/clade/internal/image"
-	"github.com/clade-sandbox/clade/internal/sandbox"
-	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/clade-sandbox/clade/internal/hostmask"
 )
 
 // DefaultTemplate is the template E2B code asks for by default; it is
 // clade's default image.
 const DefaultTemplate = "base"
 
+// DefaultImage is the name of clade's lean default image (the image
+// package's Default): what a create that names no image boots.
+const DefaultImage = "default"
+
 // defaultTimeout is E2B's sandbox timeout when a create names none.
 const defaultTimeout = 300 * time.Second
+
+// maxTimeout is the longest timeout clade takes (a sandbox's, an exec's).
+const maxTimeout = 366 * 24 * time.Hour
+
+// clade's sandbox states and timeout actions (api.Sandbox's State and
+// OnTimeout).
+const (
+	stateCreating   = "creating"
+	stateRunning    = "running"
+	stateWaking     = "waking"
+	stateSuspending = "suspending"
+	stateSleeping   = "sleeping"
+
+	onTimeoutRemove = "rm"
+	onTimeoutSleep  = "sleep"
+)
 
 func (s *Server) routes() {
 	for _, p := range []string{"", "/v2"} {
@@ -79,6 +98,7 @@ type createBody struct {
 		AllowOut           []string `json:"allowOut"`
 		DenyOut            []string `json:"denyOut"`
 		AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+		MaskRequestHost    *string  `json:"maskRequestHost"`
 	} `json:"network"`
 	VolumeMounts []json.RawMessage `json:"volumeMounts"`
 }
@@ -119,56 +139,59 @@ type lifecycleBody struct {
 	AutoResume bool   `json:"autoResume"`
 }
 
-func templateOf(sb store.Sandbox) string {
+func (s *Server) templateOf(sb api.Sandbox) string {
 	if sb.Snapshot != "" && sb.Image == "" {
 		return sb.Snapshot
 	}
-	if sb.Image == image.Default || sb.Image == "" {
+	if sb.Image == s.baseImage() || sb.Image == "" {
 		return DefaultTemplate
+	}
+	if sb.Image == codeint.Image {
+		return CodeInterpreterTemplate
 	}
 	return sb.Image
 }
 
-func (s *Server) sandboxBody(sb store.Sandbox) sandboxBody {
-	b := sandboxBody{SandboxID: sb.ID, TemplateID: templateOf(sb), Alias: sb.Name, ClientID: "clade",
+func (s *Server) sandboxBody(sb api.Sandbox) sandboxBody {
+	b := sandboxBody{SandboxID: sb.ID, TemplateID: s.templateOf(sb), Alias: sb.Name, ClientID: "clade",
 		EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(sb.ID), Domain: s.cfg.Domain}
-	if !sb.Opts.Public {
-		b.TrafficAccessToken = sb.Opts.TrafficToken
+	if !sb.Public && sb.Ingress != nil {
+		b.TrafficAccessToken = sb.Ingress.TrafficToken
 	}
 	return b
 }
 
 // stateOf is a sandbox's E2B state, or "" for one E2B has no name for (it
 // died, or is being removed).
-func stateOf(sb store.Sandbox) string {
+func stateOf(sb api.Sandbox) string {
 	switch sb.State {
-	case store.StateCreating, store.StateRunning, store.StateWaking:
+	case stateCreating, stateRunning, stateWaking:
 		return "running"
-	case store.StateSuspending, store.StateSleeping:
+	case stateSuspending, stateSleeping:
 		return "paused"
 	}
 	return ""
 }
 
-func (s *Server) listedBody(sb store.Sandbox) listedBody {
+func (s *Server) listedBody(sb api.Sandbox) listedBody {
 	cpus := int(math.Ceil(sb.CPUs))
 	if cpus == 0 {
 		cpus = runtime.NumCPU()
 	}
 	// A sandbox without a timeout never ends; E2B's clients want a date.
 	end := sb.CreatedAt.AddDate(100, 0, 0)
-	if sb.Opts.ExpiresAt != nil {
-		end = *sb.Opts.ExpiresAt
+	if sb.ExpiresAt != nil {
+		end = *sb.ExpiresAt
 	}
-	md := sb.Opts.Labels
+	md := sb.Labels
 	if md == nil {
 		md = map[string]string{}
 	}
-	b := listedBody{SandboxID: sb.ID, TemplateID: templateOf(sb), Alias: sb.Name, ClientID: "clade", StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
-		CPUCount: cpus, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.Opts.DiskMiB, Metadata: md, State: stateOf(sb), EnvdVersion: EnvdVersion, Domain: s.cfg.Domain}
-	if sb.Opts.TimeoutMS > 0 {
+	b := listedBody{SandboxID: sb.ID, TemplateID: s.templateOf(sb), Alias: sb.Name, ClientID: "clade", StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
+		CPUCount: cpus, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.DiskMiB, Metadata: md, State: stateOf(sb), EnvdVersion: EnvdVersion, Domain: s.cfg.Domain}
+	if sb.TimeoutMS > 0 {
 		b.Lifecycle = &lifecycleBody{OnTimeout: "kill"}
-		if sb.Opts.OnTimeout == sandbox.OnTimeoutSleep {
+		if sb.OnTimeout == onTimeoutSleep {
 			b.Lifecycle = &lifecycleBody{OnTimeout: "pause", AutoResume: true}
 		}
 	}
@@ -177,8 +200,8 @@ func (s *Server) listedBody(sb store.Sandbox) listedBody {
 
 // seconds converts an E2B timeout in seconds.
 func seconds(n int64) (time.Duration, error) {
-	if n < 0 || n > int64(guest.MaxTimeout/time.Second) {
-		return 0, errdefs.New(errdefs.InvalidArgument, "timeout %d s is out of range: give 1 to %d seconds", n, int64(guest.MaxTimeout/time.Second))
+	if n < 0 || n > int64(maxTimeout/time.Second) {
+		return 0, errdefs.New(errdefs.InvalidArgument, "timeout %d s is out of range: give 1 to %d seconds", n, int64(maxTimeout/time.Second))
 	}
 	return time.Duration(n) * time.Second, nil
 }
@@ -191,7 +214,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	if len(req.VolumeMounts) > 0 {
 		return errdefs.New(errdefs.InvalidArgument, "volumeMounts are not supported by clade's E2B front yet: create the sandbox without them")
 	}
-	creq := sandbox.CreateRequest{Opts: store.Options{Labels: req.Metadata, Public: true}}
+	creq := api.CreateSandboxRequest{Labels: req.Metadata, Public: true}
 	for k, v := range req.EnvVars {
 		creq.Env = append(creq.Env, k+"="+v)
 	}
@@ -211,26 +234,33 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	// is set again after the user setup below; until then the sandbox
 	// holds at least setupGrace, so that a short timeout on a loaded host
 	// cannot end it (or put it to sleep) in the middle of its setup.
-	creq.Opts.TimeoutMS = max(timeout, setupGrace).Milliseconds()
-	creq.Opts.OnTimeout = sandbox.OnTimeoutRemove
+	creq.TimeoutMS = max(timeout, setupGrace).Milliseconds()
+	creq.OnTimeout = onTimeoutRemove
 	if req.AutoPause != nil && *req.AutoPause {
-		creq.Opts.OnTimeout = sandbox.OnTimeoutSleep
+		creq.OnTimeout = onTimeoutSleep
 	}
 	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
-		creq.Opts.Network = &store.NetworkOptions{Mode: "none"}
+		creq.Network = &api.Network{Mode: "none"}
 	}
 	if n := req.Network; n != nil {
 		if len(n.AllowOut) > 0 || len(n.DenyOut) > 0 {
-			if creq.Opts.Network != nil {
+			if creq.Network != nil {
 				return errdefs.New(errdefs.InvalidArgument, "network rules need internet access: drop allow_internet_access=false or the rules")
 			}
-			creq.Opts.Network = &store.NetworkOptions{Mode: "internet", Allow: n.AllowOut, Deny: n.DenyOut}
+			creq.Network = &api.Network{Mode: "internet", Allow: n.AllowOut, Deny: n.DenyOut}
 		}
 		if n.AllowPublicTraffic != nil {
-			creq.Opts.Public = *n.AllowPublicTraffic
+			creq.Public = *n.AllowPublicTraffic
+		}
+		if n.MaskRequestHost != nil {
+			// The Host the ingress gives the sandbox's servers.
+			if err := hostmask.Check(*n.MaskRequestHost); err != nil {
+				return errdefs.New(errdefs.InvalidArgument, "%v", err)
+			}
+			creq.HostMask = *n.MaskRequestHost
 		}
 	}
-	sb, err := s.mgr.Create(r.Context(), creq)
+	sb, err := s.svc.Create(r.Context(), creq)
 	if err != nil {
 		return err
 	}
@@ -238,26 +268,48 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	s.prepareUser(r.Context(), sb.ID)
-	if sb, err = s.mgr.SetTimeout(r.Context(), sb.ID, timeout, ""); err != nil {
+	if sb, err = s.timeoutFromNow(r.Context(), sb.ID, timeout); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb))
 	return nil
 }
 
+// baseImage is the image E2B's `base` template runs on.
+func (s *Server) baseImage() string {
+	if s.cfg.BaseImage == "" {
+		return DefaultImage
+	}
+	return s.cfg.BaseImage
+}
+
 // resolveTemplate maps an E2B template onto a clade image (by name; "base"
-// is the default image) or a snapshot (by id or name).
-func (s *Server) resolveTemplate(ctx context.Context, t string, creq *sandbox.CreateRequest) error {
+// is Config.BaseImage) or a snapshot (by id or name).
+func (s *Server) resolveTemplate(ctx context.Context, t string, creq *api.CreateSandboxRequest) error {
 	if t == "" || t == DefaultTemplate {
+		if base := s.baseImage(); base != DefaultImage {
+			// A built-in base not built yet answers Unavailable (the
+			// daemon builds it; retry) rather than a stand-in image.
+			if _, err := s.svc.Image(ctx, base); err != nil {
+				if errdefs.IsNotFound(err) {
+					return errdefs.New(errdefs.NotFound, "the %q template runs on the image %s, which this daemon does not have: pull or import it, or start the daemon with --e2b-base-image default", DefaultTemplate, base)
+				}
+				return err
+			}
+			creq.Image = base
+		}
 		return nil
 	}
-	if _, _, err := s.mgr.GetSnapshot(ctx, t); err == nil {
+	if t == CodeInterpreterTemplate {
+		t = codeint.Image
+	}
+	if _, err := s.svc.GetSnapshot(ctx, t); err == nil {
 		creq.FromSnapshot = t
 		return nil
 	} else if !errdefs.IsNotFound(err) {
 		return err
 	}
-	if _, _, err := s.mgr.Image(ctx, t); err != nil {
+	if _, err := s.svc.Image(ctx, t); err != nil {
 		if errdefs.IsNotFound(err) {
 			return errdefs.New(errdefs.NotFound, "template %q not found: name a clade image, snapshot or template (%q is the default image)", t, DefaultTemplate)
 		}
@@ -274,8 +326,8 @@ const setupGrace = time.Minute
 // userSetup gives the sandbox what E2B code assumes: a user `user` (uid
 // 1000) with home /home/user and /bin/bash. It writes the account files
 // directly: useradd costs a few hundred milliseconds in a fresh sandbox.
-// Commands still run as root (see docs/e2b.md); the home directory is
-// where relative paths resolve.
+// Commands and files are this user's unless a request names another
+// (DefaultUser); the home directory is where relative paths resolve.
 const userSetup = `if ! grep -q '^user:' /etc/passwd 2>/dev/null; then
 echo 'user:x:1000:1000::` + Home + `:/bin/bash' >>/etc/passwd
 grep -q '^user:' /etc/group 2>/dev/null || echo 'user:x:1000:' >>/etc/group
@@ -330,12 +382,12 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
-	sbs, err := s.mgr.List(r.Context())
+	sbs, err := s.svc.List(r.Context())
 	if err != nil {
 		return err
 	}
 	// Newest first, ties by id: a stable order for the page tokens.
-	slices.SortFunc(sbs, func(a, b store.Sandbox) int {
+	slices.SortFunc(sbs, func(a, b api.Sandbox) int {
 		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
 			return c
 		}
@@ -351,7 +403,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 			}
 			continue
 		}
-		if !states[stateOf(sb)] || !hasAll(sb.Opts.Labels, want) {
+		if !states[stateOf(sb)] || !hasAll(sb.Labels, want) {
 			continue
 		}
 		if len(out) == limit {
@@ -374,8 +426,8 @@ func hasAll(labels, want map[string]string) bool {
 }
 
 // get returns the sandbox with E2B's idea of existence: a dead one is gone.
-func (s *Server) get(ctx context.Context, id string) (store.Sandbox, error) {
-	sb, err := s.mgr.Get(ctx, id)
+func (s *Server) get(ctx context.Context, id string) (api.Sandbox, error) {
+	sb, err := s.svc.Get(ctx, id)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return sb, errdefs.New(errdefs.NotFound, "sandbox %q not found", id)
@@ -399,7 +451,7 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	if err := s.mgr.Destroy(r.Context(), id); err != nil {
+	if err := s.svc.Remove(r.Context(), id); err != nil {
 		if errdefs.IsNotFound(err) {
 			return errdefs.New(errdefs.NotFound, "sandbox %q not found", id)
 		}
@@ -446,7 +498,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, secs int64) error
 	if _, err := s.get(r.Context(), id); err != nil {
 		return err
 	}
-	if _, err := s.mgr.SetTimeout(r.Context(), id, d, ""); err != nil {
+	if _, err := s.timeoutFromNow(r.Context(), id, d); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -462,7 +514,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
 	if stateOf(sb) == "paused" {
 		return errdefs.New(errdefs.Conflict, "sandbox %s is already paused", id)
 	}
-	if _, err := s.mgr.Sleep(r.Context(), id); err != nil {
+	if _, err := s.svc.Sleep(r.Context(), id); err != nil {
 		return err
 	}
 	s.procs.forget(id)
@@ -486,7 +538,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) error {
 	}
 	status := http.StatusOK
 	if stateOf(sb) == "paused" {
-		if sb, err = s.mgr.Wake(r.Context(), id); err != nil {
+		if sb, err = s.svc.Wake(r.Context(), id); err != nil {
 			return err
 		}
 		status = http.StatusCreated
@@ -497,7 +549,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		if extends(sb, time.Now().Add(d)) {
-			if sb, err = s.mgr.SetTimeout(r.Context(), id, d, ""); err != nil {
+			if sb, err = s.timeoutFromNow(r.Context(), id, d); err != nil {
 				return err
 			}
 		}
@@ -510,11 +562,17 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) error {
 // connect only ever extends a sandbox's time (older SDKs send 300 s on
 // every connect). A sandbox without an end keeps none; one whose timer
 // is not running (asleep) gets the new end.
-func extends(sb store.Sandbox, end time.Time) bool {
-	if sb.Opts.ExpiresAt != nil {
-		return end.After(*sb.Opts.ExpiresAt)
+func extends(sb api.Sandbox, end time.Time) bool {
+	if sb.ExpiresAt != nil {
+		return end.After(*sb.ExpiresAt)
 	}
-	return sb.Opts.TimeoutMS > 0
+	return sb.TimeoutMS > 0
+}
+
+// timeoutFromNow sets sandbox id's timeout to d from now, keeping what
+// happens at its end.
+func (s *Server) timeoutFromNow(ctx context.Context, id string, d time.Duration) (api.Sandbox, error) {
+	return s.svc.SetTimeout(ctx, id, api.TimeoutRequest{TimeoutMS: d.Milliseconds()})
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
@@ -544,13 +602,13 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 		}
 		timeout = d
 	}
-	res, err := s.mgr.Fork(r.Context(), id, n)
+	res, err := s.svc.Fork(r.Context(), id, n)
 	if err != nil {
 		return err
 	}
 	var made []string
 	for _, c := range res.Children {
-		if c.Err == nil {
+		if c.Error == "" {
 			made = append(made, c.ID)
 		}
 	}
@@ -563,15 +621,19 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]result, 0, len(res.Children))
 	for _, c := range res.Children {
-		err := c.Err
-		var sb store.Sandbox
+		if c.Error != "" {
+			st := statusOf(errdefs.Class(c.Code))
+			out = append(out, result{Error: &apiError{Code: st, Message: c.Error}})
+			continue
+		}
+		var sb api.Sandbox
 		// Made: a client going away now must not fail these and so
 		// leave a child it is told is an error.
 		ctx := context.WithoutCancel(r.Context())
-		if err == nil && timeout > 0 {
-			sb, err = s.mgr.SetTimeout(ctx, c.ID, timeout, "")
-		} else if err == nil {
-			sb, err = s.mgr.Get(ctx, c.ID)
+		if timeout > 0 {
+			sb, err = s.timeoutFromNow(ctx, c.ID, timeout)
+		} else {
+			sb, err = s.svc.Get(ctx, c.ID)
 		}
 		if err != nil {
 			st := statusOf(errdefs.ClassOf(err))
@@ -590,7 +652,7 @@ type snapshotBody struct {
 	Names      []string `json:"names"`
 }
 
-func snapshotOf(sn store.Snapshot) snapshotBody {
+func snapshotOf(sn api.Snapshot) snapshotBody {
 	b := snapshotBody{SnapshotID: sn.ID, Names: []string{}}
 	if sn.Name != "" {
 		b.Names = append(b.Names, sn.Name)
@@ -609,7 +671,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.get(r.Context(), id); err != nil {
 		return err
 	}
-	sn, err := s.mgr.Snapshot(r.Context(), id, req.Name, false)
+	sn, err := s.svc.Snapshot(r.Context(), id, req.Name)
 	if err != nil {
 		return err
 	}
@@ -619,13 +681,14 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	sns, err := s.mgr.ListSnapshots(r.Context())
+	// The service lists ready snapshots only.
+	sns, err := s.svc.ListSnapshots(r.Context())
 	if err != nil {
 		return err
 	}
 	out := []snapshotBody{}
 	for _, sn := range sns {
-		if sn.Implicit || sn.State != store.SnapshotReady {
+		if sn.Implicit {
 			continue
 		}
 		if v := q.Get("sandboxID"); v != "" && sn.Sandbox != v {
@@ -644,7 +707,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 // removed through the E2B front.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	if err := s.mgr.DeleteSnapshot(r.Context(), id); err != nil {
+	if err := s.svc.RemoveSnapshot(r.Context(), id); err != nil {
 		if errdefs.IsNotFound(err) {
 			return errdefs.New(errdefs.NotFound, "snapshot %q not found (clade's images are removed with `clade image rm`, not through the E2B API)", id)
 		}
@@ -686,7 +749,8 @@ func (s *Server) clientGone(r *http.Request, ids ...string) bool {
 	if r.Context().Err() == nil {
 		return false
 	}
-	for _, id := range s.mgr.RemoveAbandoned(r.Context(), "e2b "+r.URL.Path, ids...) {
+	s.svc.RemoveAbandoned(r.Context(), "e2b "+r.URL.Path, ids...)
+	for _, id := range ids {
 		s.procs.forget(id)
 	}
 	return true

@@ -4,9 +4,9 @@
 // listener: a request that names a sandbox in E2b-Sandbox-Id is envd
 // traffic, anything else is the REST API.
 //
-// Everything is translated onto the sandbox service (internal/sandbox) and
-// clade's own agent (internal/guest); E2B's envd does not run in the
-// sandbox. See docs/e2b.md for what is supported call by call.
+// Everything is translated onto the node's service (internal/service):
+// sandboxes' lifecycle, and commands and files run by clade's own agent;
+// E2B's envd does not run in the sandbox. See docs/e2b.md for what is supported call by call.
 package e2b
 
 import (
@@ -25,7 +25,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/filesystem/filesystemconnect"
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/process/processconnect"
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // EnvdVersion is the envd version clade reports. The SDKs gate features on
@@ -50,29 +50,37 @@ type Config struct {
 	// DiskFloorMiB. Empty: no bound but the sandbox's disk cap.
 	DiskDir      string
 	DiskFloorMiB int
-	Log          *slog.Logger
+	// BaseImage is the image E2B's `base` template (the SDKs' default)
+	// runs on: image.E2BBase, built from Debian's packages with what
+	// E2B's base holds; "" is clade's lean default image (DefaultImage).
+	BaseImage string
+	Log       *slog.Logger
+	// Code carries requests for port 49999 to sandboxes' code
+	// interpreters (codeint.Proxy); nil: none.
+	Code httpapi.CodeProxy
 }
 
 // Server serves the E2B REST API and envd on one handler.
 type Server struct {
 	cfg   Config
-	mgr   *sandbox.Manager
+	svc   service.Service
 	log   *slog.Logger
 	rest  *http.ServeMux
 	envd  *http.ServeMux
 	procs *processes
 }
 
-// New returns the E2B front over mgr. It returns an InvalidArgument error
-// without an API key: the front runs code for anyone who knows it.
-func New(cfg Config, mgr *sandbox.Manager) (*Server, error) {
+// New returns the E2B front over the node's service. It returns an
+// InvalidArgument error without an API key: the front runs code for anyone
+// who knows it.
+func New(cfg Config, svc service.Service) (*Server, error) {
 	if cfg.APIKey == "" {
 		return nil, errdefs.New(errdefs.InvalidArgument, "the E2B front needs an API key: give the daemon --token-file (clients send it as E2B_API_KEY)")
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mgr: mgr, log: cfg.Log, rest: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses()}
+	s := &Server{cfg: cfg, svc: svc, log: cfg.Log, rest: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses()}
 	s.routes()
 	ps := &processService{s: s}
 	path, h := processconnect.NewProcessHandler(ps, connectLimits...)
@@ -108,6 +116,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		if port, err := sandboxPort(r); err != nil {
+			writeError(w, err)
+			return
+		} else if port != 0 {
+			// A port of the sandbox (the code interpreter's): E2B's
+			// proxy lets these through on the traffic token, not envd's.
+			sb, err := s.get(r.Context(), id)
+			if err != nil {
+				if errdefs.IsNotFound(err) {
+					writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: fmt.Sprintf("The sandbox %s was not found: %v", id, err)})
+					return
+				}
+				writeError(w, err)
+				return
+			}
+			s.servePort(w, r, sb, port)
+			return
+		}
 		tok := r.Header.Get("X-Access-Token")
 		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) != 1 {
 			writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong X-Access-Token for sandbox %s: use the envdAccessToken its create or connect returned", id))

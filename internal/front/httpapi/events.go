@@ -7,7 +7,7 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/events"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // eventsQuery is a parsed GET /v1/events query.
@@ -15,7 +15,7 @@ type eventsQuery struct {
 	follow   bool
 	since    uint64
 	hasSince bool
-	filter   events.Filter
+	filter   service.EventFilter
 }
 
 func parseEventsQuery(r *http.Request) (eventsQuery, error) {
@@ -51,10 +51,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	bus := s.mgr.Events()
 	if !eq.follow {
 		since := eq.since // without since: every kept event
-		evs, err := bus.Since(since, eq.filter)
+		evs, err := s.svc.EventsSince(r.Context(), since, eq.filter)
 		if err != nil {
 			return err
 		}
@@ -62,19 +61,19 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusOK)
 		enc := json.NewEncoder(w)
 		for _, e := range evs {
-			if err := enc.Encode(apiEvent(e)); err != nil {
+			if err := enc.Encode(e); err != nil {
 				return nil
 			}
 		}
 		return nil
 	}
-	backlog, sub, err := bus.Subscribe(eq.since, eq.hasSince, eq.filter)
+	sub, err := s.svc.SubscribeEvents(r.Context(), eq.since, eq.hasSince, eq.filter)
 	if err != nil {
 		return err
 	}
 	defer sub.Close()
 	rc := http.NewResponseController(w)
-	w.Header().Set(api.EventsStartHeader, strconv.FormatUint(sub.Start, 10))
+	w.Header().Set(api.EventsStartHeader, strconv.FormatUint(sub.Start(), 10))
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	// The headers go out now: a client that has them sees every later event.
@@ -82,10 +81,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	enc := json.NewEncoder(w)
-	send := func(e events.Event) bool {
-		return enc.Encode(apiEvent(e)) == nil
+	send := func(e api.Event) bool {
+		return enc.Encode(e) == nil
 	}
-	for _, e := range backlog {
+	for _, e := range sub.Backlog() {
 		if !send(e) {
 			return nil
 		}
@@ -123,13 +122,4 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 	}
-}
-
-func apiEvent(e events.Event) api.Event {
-	out := api.Event{Seq: e.Seq, Time: e.Time, Type: string(e.Type), Sandbox: e.Sandbox, Name: e.Name, Labels: e.Labels,
-		Snapshot: e.Snapshot, Children: e.Children, Failed: e.Failed, Reason: e.Reason}
-	if x := e.Exec; x != nil {
-		out.Exec = &api.EventExec{Cmd: x.Cmd, TTY: x.TTY, PID: x.PID, Code: x.Code, Signal: x.Signal, TimedOut: x.TimedOut, Error: x.Error}
-	}
-	return out
 }

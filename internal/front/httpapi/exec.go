@@ -16,7 +16,7 @@ import (
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/api/stream"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/guest"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // exec runs a command and streams its output as api/stream frames: stdout
@@ -31,38 +31,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
-		return errdefs.New(errdefs.InvalidArgument, "cmd is empty: give the command and its arguments")
-	}
-	if err := guest.CheckArgv(req.Cmd); err != nil {
-		return err
-	}
-	if err := guest.CheckEnv(req.Env); err != nil {
-		return err
-	}
-	if req.Workdir != "" && !path.IsAbs(req.Workdir) {
-		return errdefs.New(errdefs.InvalidArgument, "workdir %q must be an absolute path", req.Workdir)
-	}
-	timeout, err := guest.TimeoutFromMS(req.TimeoutMS)
-	if err != nil {
-		return err
-	}
-	if !req.TTY && (req.Rows != 0 || req.Cols != 0) {
-		return errdefs.New(errdefs.InvalidArgument, "rows and cols are a terminal's size: set tty too, or leave them out")
-	}
-	if (req.Rows == 0) != (req.Cols == 0) {
-		return errdefs.New(errdefs.InvalidArgument, "terminal size %dx%d: give both rows and cols, or neither (24x80)", req.Rows, req.Cols)
-	}
 	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.UpgradeProtocol)
 	if req.Stdin && !upgrade {
 		return errdefs.New(errdefs.InvalidArgument, "stdin needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.UpgradeProtocol)
 	}
-	g, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	p, err := g.Exec(r.Context(), guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin,
-		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols})
+	p, err := s.svc.Exec(r.Context(), r.PathValue("id"), service.Wake, req)
 	if err != nil {
 		return err
 	}
@@ -88,23 +61,28 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusOK)
 		out = stream.NewWriter(w, http.NewResponseController(w).Flush)
 	}
+	if pid := p.PID(); pid != 0 {
+		// Unflushed: a plain stream's client has no use for the pid
+		// before the output, and it costs no write of its own.
+		b, _ := json.Marshal(api.Started{PID: pid})
+		_ = out.WriteUnflushed(stream.Started, b)
+	}
 	streamProcess(r, p, out)
 	return nil
 }
 
 // streamProcess copies a process's output to the client as frames and ends
 // with its exit frame.
-func streamProcess(r *http.Request, p *guest.Process, out *stream.Writer) {
+func streamProcess(r *http.Request, p service.Process, out *stream.Writer) {
 	// A client that goes away takes its command with it.
 	stop := context.AfterFunc(r.Context(), p.Close)
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = out.Copy(stream.Stdout, p.Stdout) }()
-	go func() { defer wg.Done(); _ = out.Copy(stream.Stderr, p.Stderr) }()
+	go func() { defer wg.Done(); _ = out.Copy(stream.Stdout, p.Stdout()) }()
+	go func() { defer wg.Done(); _ = out.Copy(stream.Stderr, p.Stderr()) }()
 	wg.Wait()
-	exit, err := p.Wait(r.Context())
-	st := api.ExitStatus{Code: exit.Code, Signal: exit.Signal, TimedOut: exit.TimedOut, Error: exit.Error, ErrorClass: string(exit.ErrorClass)}
+	st, err := p.Wait(r.Context())
 	if err != nil {
 		st = api.ExitStatus{Code: -1, Error: err.Error(), ErrorClass: string(errdefs.ClassOf(err))}
 	}
@@ -115,16 +93,16 @@ func streamProcess(r *http.Request, p *guest.Process, out *stream.Writer) {
 // readClientFrames forwards stdin and signals from an upgraded connection
 // to the process; frame types it does not know are ignored. A client that
 // goes away takes its process with it.
-func readClientFrames(br *bufio.Reader, p *guest.Process) {
+func readClientFrames(br *bufio.Reader, p service.Process) {
 	// Stdin goes through a pipe so that a write waiting for the agent's
 	// window never holds up a signal or close frame behind it.
 	var stdin *io.PipeWriter
-	if p.Stdin != nil {
+	if in := p.Stdin(); in != nil {
 		pr, pw := io.Pipe()
 		stdin = pw
 		go func() {
-			if _, err := io.Copy(p.Stdin, pr); err == nil {
-				_ = p.Stdin.Close()
+			if _, err := io.Copy(in, pr); err == nil {
+				_ = in.Close()
 			}
 			_, _ = io.Copy(io.Discard, pr) // the process is gone; drain
 		}()
@@ -188,17 +166,7 @@ func (s *Server) getFiles(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	id := r.PathValue("id")
-	g, err := s.mgr.Guest(r.Context(), id)
-	if err != nil {
-		return err
-	}
-	if _, err := g.Stat(r.Context(), p); err != nil {
-		if errdefs.IsNotFound(err) {
-			return errdefs.New(errdefs.NotFound, "%s: no such file or directory in sandbox %s", p, id)
-		}
-		return err
-	}
-	tr, err := g.CopyOut(r.Context(), p, nil)
+	tr, err := s.svc.CopyOut(r.Context(), id, service.Wake, p)
 	if err != nil {
 		return err
 	}
@@ -228,10 +196,6 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	g, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
-	if err != nil {
-		return err
-	}
 	// The body goes through a pipe, so that the copy into the sandbox can
 	// be cut off (closing the pipe) when the extraction ends early.
 	pr, pw := io.Pipe()
@@ -254,7 +218,7 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) error {
 			<-copied
 		}
 	}()
-	if err := g.CopyIn(r.Context(), p, pr); err != nil {
+	if err := s.svc.CopyIn(r.Context(), r.PathValue("id"), service.Wake, p, r.URL.Query().Get("user"), pr); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -6,32 +6,16 @@ import (
 	"net/http"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/image"
-	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
-func imageToAPI(img image.Image, users []string) api.Image {
-	out := api.Image{Name: img.Name, Ref: image.FamiliarRef(img.Ref), Source: img.Source, SizeBytes: img.SizeBytes, CreatedAt: img.CreatedAt,
-		Platform: img.Platform, ManifestDigest: img.ManifestDigest, Layers: img.Layers, UsedBy: users, Snapshot: img.Snapshot}
-	c := img.Config
-	if len(c.Env) > 0 || c.WorkingDir != "" || c.User != "" || len(c.Entrypoint) > 0 || len(c.Cmd) > 0 {
-		out.Config = &api.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd}
-	}
-	return out
-}
-
 func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
-	imgs, err := s.mgr.ListImages(r.Context())
+	out, err := s.svc.ListImages(r.Context())
 	if err != nil {
 		return err
-	}
-	out := make([]api.Image, 0, len(imgs))
-	for _, img := range imgs {
-		out = append(out, imageToAPI(img, nil))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -40,16 +24,16 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 // getImage answers for an image name or a reference it was pulled or
 // imported as (the path segment escapes its slashes).
 func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
-	img, users, err := s.mgr.Image(r.Context(), r.PathValue("name"))
+	img, err := s.svc.Image(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, imageToAPI(img, users))
+	writeJSON(w, http.StatusOK, img)
 	return nil
 }
 
 func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) error {
-	if err := s.mgr.RemoveImage(r.Context(), r.PathValue("name")); err != nil {
+	if err := s.svc.RemoveImage(r.Context(), r.PathValue("name")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -79,14 +63,13 @@ func (e *eventStream) send(ev api.ImageEvent) {
 	_ = e.rc.Flush()
 }
 
-func (e *eventStream) progress(p image.Progress) {
-	e.send(api.ImageEvent{Progress: &api.ImageProgress{Layer: p.Layer, LayersDone: p.LayersDone, LayersTotal: p.LayersTotal,
-		BytesDone: p.BytesDone, BytesTotal: p.BytesTotal, Cached: p.Cached}})
+func (e *eventStream) progress(p api.ImageProgress) {
+	e.send(api.ImageEvent{Progress: &p})
 }
 
 // finish ends the stream with the image or the error; an error before any
 // progress line is an ordinary error answer.
-func (e *eventStream) finish(img image.Image, err error) error {
+func (e *eventStream) finish(img api.Image, err error) error {
 	e.mu.Lock()
 	started := e.started
 	e.mu.Unlock()
@@ -97,8 +80,7 @@ func (e *eventStream) finish(img image.Image, err error) error {
 		e.send(api.ImageEvent{Error: &api.Error{Code: string(errdefs.ClassOf(err)), Message: err.Error()}})
 		return nil
 	}
-	a := imageToAPI(img, nil)
-	e.send(api.ImageEvent{Image: &a})
+	e.send(api.ImageEvent{Image: &img})
 	return nil
 }
 
@@ -107,11 +89,8 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if req.Ref == "" {
-		return errdefs.New(errdefs.InvalidArgument, "ref is empty: name an image, e.g. python:3.12-slim")
-	}
 	ev := &eventStream{w: w, rc: http.NewResponseController(w)}
-	img, err := s.mgr.PullImage(r.Context(), req.Ref, image.PullOptions{Name: req.Name, Platform: req.Platform, Insecure: req.Insecure, Progress: ev.progress})
+	img, err := s.svc.PullImage(r.Context(), req, ev.progress)
 	return ev.finish(img, err)
 }
 
@@ -146,7 +125,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.InvalidArgument, "reading the uploaded archive: %v", err)
 	}
 	ev := &eventStream{w: w, rc: http.NewResponseController(w)}
-	img, err := s.mgr.ImportImage(r.Context(), f.Name(), image.ImportOptions{Name: q.Get("name"), Source: source, Progress: ev.progress})
+	img, err := s.svc.ImportImage(r.Context(), f.Name(), service.ImportImage{Name: q.Get("name"), Source: source}, ev.progress)
 	return ev.finish(img, err)
 }
 
@@ -180,7 +159,7 @@ func (f *floorReader) Read(p []byte) (int, error) {
 
 // floored is r stopped by the daemon's disk floor, for op.
 func (s *Server) floored(r io.Reader, op string) io.Reader {
-	return &floorReader{r: r, check: func() error { return s.mgr.CheckDisk(op) }}
+	return &floorReader{r: r, check: func() error { return s.svc.CheckDisk(op) }}
 }
 
 // checkText refuses a query parameter that is too long or holds control
@@ -210,18 +189,25 @@ func (s *Server) buildSandbox(w http.ResponseWriter, r *http.Request) error {
 	// Until the body is read to its end, the server does not watch the
 	// connection, and the request's context would not end with it.
 	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBody))
-	sb, err := s.mgr.CreateBuildSandbox(r.Context(), sandbox.CreateRequest{Image: req.From, Env: req.Env})
+	sb, err := s.svc.CreateBuildSandbox(r.Context(), req)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if err := s.mgr.EndBuild(r.Context(), sb.ID); err != nil {
+		if err := s.svc.EndBuild(r.Context(), sb.ID); err != nil {
 			s.log.Error("remove a build's sandbox", "sandbox", sb.ID, "err", err)
 		}
 	}()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
-	a := toAPI(sb)
+	// As before the service: the record, with no address nor ingress.
+	a := sb
+	a.Ingress = nil
+	if a.Network != nil {
+		n := *a.Network
+		n.Address = ""
+		a.Network = &n
+	}
 	b, _ := json.Marshal(api.BuildEvent{Sandbox: &a})
 	_, _ = w.Write(append(b, '\n'))
 	_ = http.NewResponseController(w).Flush()
@@ -234,11 +220,10 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	img, err := s.mgr.Commit(r.Context(), r.PathValue("id"), sandbox.CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir,
-		Start: req.Start, Ready: req.Ready, ReadyTimeout: time.Duration(req.ReadyTimeoutMS) * time.Millisecond, Volumes: volumeMountsFromAPI(req.Volumes)})
+	img, err := s.svc.Commit(r.Context(), r.PathValue("id"), req)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, imageToAPI(img, nil))
+	writeJSON(w, http.StatusCreated, img)
 	return nil
 }

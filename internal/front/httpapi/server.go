@@ -4,6 +4,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -11,18 +12,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
-	"github.com/clade-sandbox/clade/internal/network"
-	"github.com/clade-sandbox/clade/internal/sandbox"
-	"github.com/clade-sandbox/clade/internal/secret"
-	"github.com/clade-sandbox/clade/internal/store"
-	"github.com/clade-sandbox/clade/internal/volume"
+	"github.com/clade-sandbox/clade/internal/service"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -33,27 +29,26 @@ type Config struct {
 	Log     *slog.Logger
 	// TmpDir holds uploads (image archives) while they are imported.
 	TmpDir string
-	// EngineVersion is reported by /v1/health, asked at each call (it
-	// may change: QEMU's accelerator is picked at the first VM start).
-	EngineVersion func() string
-	// Addr returns a running sandbox's own network address, if it has
-	// one; nil when the daemon has no networking.
-	Addr func(store.Sandbox) (netip.Addr, bool)
 	// IngressURL, when the daemon serves an ingress, returns the URL
 	// template (with {port}) of a sandbox's ports.
 	IngressURL func(id string) string
-	// Volumes manages named volumes; nil when the daemon has none.
-	Volumes *volume.Manager
-	// Secrets manages sealed secrets; nil when the daemon has none.
-	Secrets *secret.Manager
-	// Engines lists the daemon's engines for /v1/health.
-	Engines []api.EngineStatus
+	// Code carries requests to sandboxes' code interpreters
+	// (codeint.Proxy); nil: the daemon serves none.
+	Code CodeProxy
+	// IngressCA is the PEM certificate of the CA of the ingress's TLS
+	// certificate when the daemon made it (GET /v1/ingress/ca).
+	IngressCA []byte
+}
+
+// CodeProxy sends a request to the code interpreter server of a sandbox.
+type CodeProxy interface {
+	Do(ctx context.Context, id, method, path string, body []byte) (*http.Response, error)
 }
 
 // Server is the HTTP API.
 type Server struct {
 	cfg     Config
-	mgr     *sandbox.Manager
+	svc     service.Service
 	log     *slog.Logger
 	mux     *http.ServeMux
 	metrics *metrics
@@ -62,12 +57,12 @@ type Server struct {
 	Routes []string
 }
 
-// New returns the API server.
-func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
+// New returns the API server over the node's service.
+func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mgr: mgr, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(reg), tmpDir: cfg.TmpDir}
+	s := &Server{cfg: cfg, svc: svc, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(reg), tmpDir: cfg.TmpDir}
 	s.route("GET /v1/health", "health", s.health)
 	s.route("POST /v1/sandboxes", "sandbox_create", s.createSandbox)
 	s.route("GET /v1/sandboxes", "sandbox_list", s.listSandboxes)
@@ -95,11 +90,13 @@ func New(cfg Config, mgr *sandbox.Manager, reg *prometheus.Registry) *Server {
 	s.route("POST /v1/sandboxes/{id}/timeout", "timeout", s.setTimeout)
 	s.route("GET /v1/sandboxes/{id}/ports/{port}", "port_forward", s.portForward)
 	s.route("POST /v1/sandboxes/{id}/ports/{port}/url", "signed_url", s.signedURL)
+	s.route("GET /v1/ingress/ca", "ingress_ca", s.ingressCA)
 	s.route("GET /v1/events", "events", s.events)
 	s.route("GET /v1/sandboxes/{id}/stats", "sandbox_stats", s.getStats)
 	s.route("GET /v1/stats", "stats_list", s.listStats)
 	s.routeVolumes()
 	s.routeSecrets()
+	s.routeCode()
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))
@@ -250,27 +247,16 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach Flush and Hijack.
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
-func (s *Server) engineVersion() string {
-	if s.cfg.EngineVersion == nil {
-		return ""
-	}
-	return s.cfg.EngineVersion()
-}
-
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), EngineVersion: s.engineVersion(), Warm: s.mgr.Warm(), Hot: s.mgr.Hot(), Engines: s.cfg.Engines})
-	return nil
-}
-
-func toAPI(sb store.Sandbox) api.Sandbox {
-	out := api.Sandbox{Node: sb.Node, ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB,
-		CPUs: sb.CPUs, Env: sb.Env, DiskMiB: sb.Opts.DiskMiB, Engine: sb.Opts.Engine, Labels: sb.Opts.Labels, Error: sb.Error, CreatedAt: sb.CreatedAt.UTC(),
-		Public: sb.Opts.Public, IdleSleepMS: sb.Opts.IdleSleepMS, TimeoutMS: sb.Opts.TimeoutMS, ExpiresAt: sb.Opts.ExpiresAt, OnTimeout: sb.Opts.OnTimeout,
-		Volumes: volumeMountsToAPI(sb.Opts.Volumes), Secrets: secretRefsToAPI(sb.Opts.Secrets)}
-	if n := sb.Opts.Network; n != nil {
-		out.Network = &api.Network{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
+	h, err := s.svc.Health(r.Context())
+	if err != nil {
+		return err
 	}
-	return out
+	if s.cfg.Version != "" {
+		h.Version = s.cfg.Version
+	}
+	writeJSON(w, http.StatusOK, h)
+	return nil
 }
 
 func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
@@ -278,7 +264,7 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	sb, err := s.mgr.SetNetwork(r.Context(), r.PathValue("id"), store.NetworkOptions{Mode: req.Mode, Egress: req.Egress, Allow: req.Allow, Deny: req.Deny})
+	sb, err := s.svc.SetNetwork(r.Context(), r.PathValue("id"), api.Network{Mode: req.Mode, Egress: req.Egress, Allow: req.Allow, Deny: req.Deny})
 	if err != nil {
 		return err
 	}
@@ -291,11 +277,7 @@ func (s *Server) changeNetwork(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	e := network.PolicyEdit{Egress: req.Egress, AddAllow: req.AddAllow, RemoveAllow: req.RemoveAllow, AddDeny: req.AddDeny, RemoveDeny: req.RemoveDeny}
-	sb, err := s.mgr.EditNetwork(r.Context(), r.PathValue("id"), func(cur store.NetworkOptions) (store.NetworkOptions, error) {
-		p, err := network.Policy{Egress: cur.Egress, Allow: cur.Allow, Deny: cur.Deny}.Edit(e)
-		return store.NetworkOptions{Mode: cur.Mode, Egress: p.Egress, Allow: p.Allow, Deny: p.Deny}, err
-	})
+	sb, err := s.svc.ChangeNetwork(r.Context(), r.PathValue("id"), req)
 	if err != nil {
 		return err
 	}
@@ -308,14 +290,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	creq := sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
-		Opts: store.Options{DiskMiB: req.DiskMiB, Engine: req.Engine, Labels: req.Labels,
-			Public: req.Public, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout,
-			Volumes: volumeMountsFromAPI(req.Volumes), Secrets: secretRefsFromAPI(req.Secrets)}}
-	if n := req.Network; n != nil {
-		creq.Opts.Network = &store.NetworkOptions{Mode: n.Mode, Egress: n.Egress, Allow: n.Allow, Deny: n.Deny}
-	}
-	sb, err := s.mgr.Create(r.Context(), creq)
+	sb, err := s.svc.Create(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -335,7 +310,7 @@ func (s *Server) clientGone(w http.ResponseWriter, r *http.Request, ids ...strin
 	if r.Context().Err() == nil {
 		return false
 	}
-	s.mgr.RemoveAbandoned(r.Context(), r.URL.Path, ids...)
+	s.svc.RemoveAbandoned(r.Context(), r.URL.Path, ids...)
 	// Not an empty 200: a client still reading (a TCP one that shut down
 	// its writes, see peerContext) learns what happened.
 	writeError(w, errdefs.New(errdefs.Unavailable, "the connection was closed before the answer, so what the call made (%s) was removed: keep the connection open for writing until the answer comes", strings.Join(ids, ", ")))
@@ -347,13 +322,13 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	sbs, err := s.mgr.List(r.Context())
+	sbs, err := s.svc.List(r.Context())
 	if err != nil {
 		return err
 	}
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, sb := range sbs {
-		if hasLabels(sb.Opts.Labels, want) {
+		if hasLabels(sb.Labels, want) {
 			out = append(out, s.sandboxAPI(sb))
 		}
 	}
@@ -362,7 +337,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
-	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	sb, err := s.svc.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -371,7 +346,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
-	if err := s.mgr.Destroy(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.svc.Remove(r.Context(), r.PathValue("id")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -10,21 +10,28 @@ import (
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/ingress"
-	"github.com/clade-sandbox/clade/internal/store"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
-// sandboxAPI is toAPI with what only the running daemon knows: the
-// sandbox's address (a running one's: a sleeping sandbox's slot is being
-// given back) and its ingress URLs.
-func (s *Server) sandboxAPI(sb store.Sandbox) api.Sandbox {
-	a := toAPI(sb)
-	if a.Network != nil && s.cfg.Addr != nil && sb.State == store.StateRunning {
-		if addr, ok := s.cfg.Addr(sb); ok {
-			a.Network.Address = addr.String()
-		}
+// trafficToken is the sandbox's traffic token (the service hands it in
+// Ingress, with no URL: the ingress is this front's).
+func trafficToken(a api.Sandbox) string {
+	if a.Ingress == nil {
+		return ""
 	}
+	return a.Ingress.TrafficToken
+}
+
+// sandboxAPI is the service's sandbox with the daemon's ingress URLs, when
+// it serves an ingress (else no Ingress at all).
+func (s *Server) sandboxAPI(a api.Sandbox) api.Sandbox {
+	tok, mask := trafficToken(a), ""
+	if a.Ingress != nil {
+		mask = a.Ingress.HostMask
+	}
+	a.Ingress = nil
 	if s.cfg.IngressURL != nil {
-		a.Ingress = &api.Ingress{URL: s.cfg.IngressURL(sb.ID), TokenHeader: ingress.TokenHeader, TrafficToken: sb.Opts.TrafficToken}
+		a.Ingress = &api.Ingress{URL: s.cfg.IngressURL(a.ID), TokenHeader: ingress.TokenHeader, TrafficToken: tok, HostMask: mask}
 	}
 	return a
 }
@@ -64,10 +71,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if req.TimeoutMS < 0 || req.TimeoutMS > int64(366*24*time.Hour/time.Millisecond) {
-		return errdefs.New(errdefs.InvalidArgument, "timeout_ms %d is out of range: give 0 to remove the timeout, or 1 ms to 366 days", req.TimeoutMS)
-	}
-	sb, err := s.mgr.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(req.TimeoutMS)*time.Millisecond, req.OnTimeout)
+	sb, err := s.svc.SetTimeout(r.Context(), r.PathValue("id"), req)
 	if err != nil {
 		return err
 	}
@@ -99,20 +103,21 @@ func (s *Server) signedURL(w http.ResponseWriter, r *http.Request) error {
 	if s.cfg.IngressURL == nil {
 		return errdefs.New(errdefs.Conflict, "this daemon serves no ingress: start it with --ingress ADDR --ingress-domain DOMAIN, or use `clade port-forward`")
 	}
-	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	sb, err := s.svc.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
+	tok := trafficToken(sb)
 	base := strings.Replace(s.cfg.IngressURL(sb.ID), "{port}", strconv.Itoa(port), 1) + "/"
 	exp := time.Now().Add(ttl).Truncate(time.Second)
-	if sb.Opts.Public {
+	if sb.Public {
 		writeJSON(w, http.StatusOK, api.SignedURL{URL: base, ExpiresAt: exp})
 		return nil
 	}
-	if sb.Opts.TrafficToken == "" {
+	if tok == "" {
 		return errdefs.New(errdefs.Conflict, "sandbox %s has no traffic token (it was made before the ingress existed): recreate it", sb.ID)
 	}
-	writeJSON(w, http.StatusOK, api.SignedURL{URL: ingress.SignURL(base, sb.Opts.TrafficToken, sb.ID, port, exp), ExpiresAt: exp})
+	writeJSON(w, http.StatusOK, api.SignedURL{URL: ingress.SignURL(base, tok, sb.ID, port, exp), ExpiresAt: exp})
 	return nil
 }
 
@@ -127,13 +132,13 @@ func (s *Server) portForward(w http.ResponseWriter, r *http.Request) error {
 	if !strings.EqualFold(r.Header.Get("Upgrade"), api.TCPUpgradeProtocol) {
 		return errdefs.New(errdefs.InvalidArgument, "a port connection needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.TCPUpgradeProtocol)
 	}
-	rec, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	rec, err := s.svc.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	release := s.mgr.Hold(rec.ID) // busy while the connection is open
+	release := s.svc.Hold(rec.ID) // busy while the connection is open
 	defer release()
-	sc, err := s.mgr.Dial(r.Context(), rec.ID, port)
+	sc, err := s.svc.Dial(r.Context(), rec.ID, service.Wake, port)
 	if err != nil {
 		return err
 	}
@@ -165,5 +170,18 @@ func (s *Server) portForward(w http.ResponseWriter, r *http.Request) error {
 		_ = cw.CloseWrite()
 	}
 	<-up
+	return nil
+}
+
+// ingressCA returns the certificate of the CA that signed the ingress's
+// TLS certificate, when the daemon made that CA itself.
+func (s *Server) ingressCA(w http.ResponseWriter, r *http.Request) error {
+	if len(s.cfg.IngressCA) == 0 {
+		if s.cfg.IngressURL == nil {
+			return errdefs.New(errdefs.NotFound, "this daemon serves no ingress: start it with --ingress ADDR --ingress-domain DOMAIN --ingress-tls")
+		}
+		return errdefs.New(errdefs.NotFound, "this daemon's ingress has no CA of its own: it serves plain HTTP (start it with --ingress-tls) or the --ingress-tls-cert it was given, whose issuer is the one to trust")
+	}
+	writeJSON(w, http.StatusOK, api.IngressCA{PEM: string(s.cfg.IngressCA)})
 	return nil
 }

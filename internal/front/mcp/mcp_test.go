@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 }
 
 var allTools = []string{"create_sandbox", "fork", "list_files", "list_sandboxes", "read_file", "remove_sandbox",
-	"run_command", "sandbox_stats", "sleep_sandbox", "snapshot_sandbox", "wake_sandbox", "write_file"}
+	"run_code", "run_command", "sandbox_stats", "sleep_sandbox", "snapshot_sandbox", "wake_sandbox", "write_file"}
 
 // TestStdio runs the real `clade mcp` as a subprocess, as a desktop agent
 // does, and drives it with the MCP SDK's own client.

@@ -59,7 +59,8 @@ type RunInput struct {
 	Sandbox        string   `json:"sandbox" jsonschema:"the sandbox's id or name"`
 	Command        string   `json:"command,omitempty" jsonschema:"a shell command line, run with /bin/sh -c (pipes, redirections, && work); give this or args"`
 	Args           []string `json:"args,omitempty" jsonschema:"the program and its arguments, run without a shell; give this or command"`
-	Workdir        string   `json:"workdir,omitempty" jsonschema:"absolute working directory; default /"`
+	Workdir        string   `json:"workdir,omitempty" jsonschema:"absolute working directory; default /, or the user's home"`
+	User           string   `json:"user,omitempty" jsonschema:"run as this user of the sandbox, a name or UID[:GID], with its groups, HOME and login environment; default the image's user (root)"`
 	Env            []string `json:"env,omitempty" jsonschema:"extra environment variables KEY=VALUE"`
 	Stdin          string   `json:"stdin,omitempty" jsonschema:"text fed to the command's standard input"`
 	TimeoutSeconds int      `json:"timeout_seconds,omitempty" jsonschema:"kill the command after this many seconds; default 120, at most 3600"`
@@ -124,6 +125,7 @@ type StatsOutput struct {
 
 func (t *tools) register(s *mcpsdk.Server) {
 	log := t.cfg.Log
+	t.registerCode(s)
 	add(s, log, &mcpsdk.Tool{Name: "create_sandbox", Title: "Create a sandbox",
 		Description: "Create a new isolated Linux sandbox and wait until it is ready (about a second). Returns its id, which the other tools take as 'sandbox'. The sandbox keeps running until remove_sandbox (or its timeout); remove sandboxes you no longer need.",
 		Annotations: &mcpsdk.ToolAnnotations{DestructiveHint: boolPtr(false), OpenWorldHint: boolPtr(false)}}, t.create)
@@ -199,7 +201,7 @@ func (t *tools) run(ctx context.Context, in RunInput) (*mcpsdk.CallToolResult, R
 		return nil, RunOutput{}, fmt.Errorf("timeout_seconds %d is out of range: give 1 to 3600", timeout)
 	}
 	stdout, stderr := newCapped(t.cfg.MaxOutput), newCapped(t.cfg.MaxOutput)
-	req := sdk.ExecRequest{Cmd: cmd, Env: in.Env, Workdir: in.Workdir, Timeout: time.Duration(timeout) * time.Second,
+	req := sdk.ExecRequest{Cmd: cmd, Env: in.Env, Workdir: in.Workdir, User: in.User, Timeout: time.Duration(timeout) * time.Second,
 		Stdout: stdout, Stderr: stderr}
 	if in.Stdin != "" {
 		req.Stdin = strings.NewReader(in.Stdin)

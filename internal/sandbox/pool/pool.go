@@ -76,6 +76,9 @@ type Config struct {
 	Log   *slog.Logger
 }
 
+// maxRetryAfter bounds the pause after failed prepares in a row.
+const maxRetryAfter = 40 * time.Second
+
 // Pool is a set of prepared sandboxes per shape. Its methods are safe for
 // concurrent use.
 type Pool struct {
@@ -89,6 +92,7 @@ type Pool struct {
 	pinned map[Shape]bool      // guarded by mu: never expired nor evicted
 	missed map[Shape]time.Time // guarded by mu: untargeted shapes' last miss, by missKey
 	failed map[Shape]time.Time // guarded by mu: shapes whose prepare failed, until when to leave them
+	fails  map[Shape]int       // guarded by mu: failed prepares in a row, per shape
 	closed bool                // guarded by mu: drained; a prepare that finishes now is destroyed
 	// preparing counts the prepares under way (Drain waits for them);
 	// added to under mu, and only while the pool is open.
@@ -112,7 +116,7 @@ func New(cfg Config) *Pool {
 		cfg.Expire = 10 * time.Minute
 	}
 	return &Pool{cfg: cfg, kick: make(chan struct{}, 1), slots: map[Shape][]string{}, target: map[Shape]int{},
-		asked: map[Shape]time.Time{}, pinned: map[Shape]bool{}, missed: map[Shape]time.Time{}, failed: map[Shape]time.Time{}}
+		asked: map[Shape]time.Time{}, pinned: map[Shape]bool{}, missed: map[Shape]time.Time{}, failed: map[Shape]time.Time{}, fails: map[Shape]int{}}
 }
 
 // Take returns the engine id of a prepared sandbox of shape sh and removes
@@ -200,6 +204,7 @@ func (p *Pool) forgetLocked(sh Shape) {
 	delete(p.target, sh)
 	delete(p.asked, sh)
 	delete(p.failed, sh)
+	delete(p.fails, sh)
 }
 
 // maxMissed bounds the shapes remembered for one miss.
@@ -316,6 +321,7 @@ func (p *Pool) add(ctx context.Context, sh Shape, id string) {
 	closed := p.closed
 	if !closed {
 		delete(p.failed, sh)
+		delete(p.fails, sh)
 		p.slots[sh] = append(p.slots[sh], id)
 	}
 	p.mu.Unlock()
@@ -379,11 +385,17 @@ func (p *Pool) Run(ctx context.Context) {
 			return
 		}
 		// A shape that fails is left alone for a while, without holding up
-		// the others: no spinning on a persistent failure.
-		p.cfg.Log.Warn("warm pool: prepare failed", "image", sh.Image, "memory_mib", sh.MemoryMiB, "err", err)
+		// the others: no spinning on a persistent failure. The pause
+		// doubles with each failure in a row, up to maxRetryAfter: a
+		// pinned image that is being built (minutes) or missing is
+		// retried, without a warning every few seconds.
 		p.mu.Lock()
-		p.failed[sh] = time.Now().Add(p.cfg.RetryAfter)
+		p.fails[sh]++
+		wait := p.cfg.RetryAfter << min(p.fails[sh]-1, 8)
+		wait = max(min(wait, maxRetryAfter), p.cfg.RetryAfter)
+		p.failed[sh] = time.Now().Add(wait)
 		p.mu.Unlock()
+		p.cfg.Log.Warn("warm pool: prepare failed", "image", sh.Image, "memory_mib", sh.MemoryMiB, "retry_in", wait, "err", err)
 	}
 }
 

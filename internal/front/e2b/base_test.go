@@ -1,0 +1,85 @@
+package e2b_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/testenv"
+)
+
+// TestBaseTemplate runs the unmodified E2B SDK against the `base` template
+// on the e2b-base image: the tools E2B's base holds, the user `user` with
+// passwordless sudo, and /home/user as the working directory.
+func TestBaseTemplate(t *testing.T) {
+	dir := jsDir(t)
+	testenv.BuiltinImage(t, image.E2BBase)
+	// A hot pool of E2B's base image only (--e2b keeps it hot beside the
+	// default image's): the SDK's create must claim one of them.
+	d, url, key := startE2B(t, "--e2b-base-image", image.E2BBase, "--hot-pool", "default=0,"+image.E2BBase+"=1")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	waitHot(ctx, t, d, 1)
+	cmd := exec.CommandContext(ctx, "node", "base.mjs", "e2b")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(string(out), "PASS e2b") {
+		t.Fatalf("the base template failed: %v\ndaemon log tail:\n%s", err, tail(d.Log(), 3000))
+	}
+	if h := metric(t, d, "clade_hot_pool_hits_total"); h < 1 {
+		t.Fatalf("the create of `base` claimed no hot sandbox of %s (%d hot-pool hits)", image.E2BBase, h)
+	}
+}
+
+// waitHot waits (bounded by ctx) until the daemon's hot pool holds n
+// started sandboxes.
+func waitHot(ctx context.Context, t testing.TB, d *testenv.Daemon, n int) {
+	t.Helper()
+	for {
+		h, err := d.Client.Health(ctx)
+		if err == nil && h.Hot >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the hot pool never held %d sandboxes (%+v, %v)\ndaemon log tail:\n%s", n, h, err, tail(d.Log(), 3000))
+		case <-time.After(20 * time.Millisecond): // polling the pool's background start
+		}
+	}
+}
+
+// metric reads a counter from the daemon's /metrics.
+func metric(t testing.TB, d *testenv.Daemon, name string) int {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", d.Socket)
+	}}}
+	resp, err := hc.Get("http://clade/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q", name, v)
+			}
+			return int(n)
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}

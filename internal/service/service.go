@@ -1,0 +1,259 @@
+// Package service is the one interface every front (httpapi, e2b, ingress)
+// drives a clade node through: sandboxes' lifecycle, exec, files, port
+// dials, events, stats, images, volumes, secrets, network policy and
+// health. It speaks the api types and errdefs errors only, so that a front
+// cannot reach past it into the lifecycle service, the agent protocol, an
+// engine or the store: service/local implements it over this process's
+// sandbox.Manager, service/remote over the SDK (another node's daemon), and
+// service/servicetest is the suite both pass.
+//
+// Wakes are explicit. A call that reads (Get, List, Stats, Running) never
+// wakes a sleeping sandbox. A call that needs the sandbox's processes
+// (Exec, the file calls, Dial) takes a Wake argument: service.Wake wakes a
+// sleeping sandbox first (today's behaviour of every front), NoWake
+// refuses one that is not running with a Conflict error.
+package service
+
+import (
+	"context"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/clade-sandbox/clade/api"
+)
+
+// Service is everything a front asks of a node.
+type Service interface {
+	Sandboxes
+	Snapshots
+	Exec
+	Files
+	Traffic
+	Events
+	Stats
+	Images
+	Builds
+	Volumes
+	Secrets
+	Networks
+	Health
+}
+
+// WakeMode says whether a call may wake a sleeping sandbox.
+type WakeMode bool
+
+const (
+	// NoWake refuses a sandbox that is not running (Conflict).
+	NoWake WakeMode = false
+	// Wake wakes a sleeping sandbox first (one going to sleep is waited for).
+	Wake WakeMode = true
+)
+
+// Sandboxes is the lifecycle of sandboxes.
+type Sandboxes interface {
+	// Create makes and starts a sandbox (from an image or a snapshot).
+	Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error)
+	// Get reads a sandbox by id or name; it never wakes it.
+	Get(ctx context.Context, ref string) (api.Sandbox, error)
+	// List reads every sandbox; it wakes none.
+	List(ctx context.Context) ([]api.Sandbox, error)
+	// Remove stops and removes a sandbox.
+	Remove(ctx context.Context, ref string) error
+	// RemoveAbandoned removes what a create or fork made for a client that
+	// went away before the answer; the removal outlives ctx.
+	RemoveAbandoned(ctx context.Context, why string, ids ...string)
+	// Sleep seals a running sandbox's state and stops it.
+	Sleep(ctx context.Context, ref string) (api.Sandbox, error)
+	// Wake starts a sleeping sandbox again from its sealed state.
+	Wake(ctx context.Context, ref string) (api.Sandbox, error)
+	// SetTimeout sets (0: removes) a sandbox's timeout.
+	SetTimeout(ctx context.Context, ref string, req api.TimeoutRequest) (api.Sandbox, error)
+}
+
+// Snapshots is snapshots and forks.
+type Snapshots interface {
+	// Snapshot takes a snapshot of a running sandbox.
+	Snapshot(ctx context.Context, ref, name string) (api.Snapshot, error)
+	// Fork makes n children of a snapshot or of a running sandbox. A
+	// child that failed has Error and Code set.
+	Fork(ctx context.Context, source string, n int) (api.ForkResult, error)
+	// GetSnapshot reads a snapshot, with the sandboxes that use it.
+	GetSnapshot(ctx context.Context, ref string) (api.Snapshot, error)
+	// ListSnapshots reads every ready snapshot.
+	ListSnapshots(ctx context.Context) ([]api.Snapshot, error)
+	// RemoveSnapshot removes a snapshot no sandbox uses.
+	RemoveSnapshot(ctx context.Context, ref string) error
+}
+
+// Exec runs processes in sandboxes.
+type Exec interface {
+	// Exec starts a process. The request is checked (argv, env, workdir,
+	// timeout, terminal size) and refused with InvalidArgument; a process
+	// that fails to start still starts a Process whose Wait says why.
+	Exec(ctx context.Context, ref string, wake WakeMode, req api.ExecRequest) (Process, error)
+	// SupportsUser reports whether the sandbox's agent runs an exec and
+	// owns an upload as a named user (ExecRequest.User, CopyIn's user):
+	// false for an agent of an older clade (inside an old snapshot), which
+	// runs everything as root and refuses a request that names a user.
+	SupportsUser(ctx context.Context, ref string, wake WakeMode) (bool, error)
+}
+
+// Process is a process started by Exec. Stdout and Stderr must be read
+// to their end (or the process closed).
+type Process interface {
+	// PID is the process's id inside the sandbox, or 0 when it did not
+	// start (Wait says why). It may wait for the start to be known.
+	PID() int
+	// Stdin is nil unless the request set Stdin; closing it sends EOF.
+	Stdin() io.WriteCloser
+	Stdout() io.Reader
+	Stderr() io.Reader
+	Signal(sig syscall.Signal) error
+	// Resize changes a TTY process's terminal size.
+	Resize(rows, cols uint16) error
+	// Wait returns how the process ended; the error is for a process
+	// whose end is unknown (the sandbox went away).
+	Wait(ctx context.Context) (api.ExitStatus, error)
+	// Close kills the process if it still runs and frees what it holds.
+	Close()
+}
+
+// FileInfo describes a path inside a sandbox.
+type FileInfo struct {
+	IsDir bool
+}
+
+// Files moves files in and out of sandboxes. Paths are absolute, clean
+// paths inside the sandbox (the fronts check them).
+type Files interface {
+	// Stat describes path (not following a final symlink); a missing
+	// path is NotFound.
+	Stat(ctx context.Context, ref string, wake WakeMode, path string) (FileInfo, error)
+	// CopyOut streams path as a tar archive whose top entry is its base name.
+	CopyOut(ctx context.Context, ref string, wake WakeMode, path string) (io.ReadCloser, error)
+	// CopyIn extracts the tar archive r at path (docker cp semantics),
+	// what it makes owned by user (a name or UID[:GID] of the sandbox;
+	// "": root).
+	CopyIn(ctx context.Context, ref string, wake WakeMode, path, user string, r io.Reader) error
+}
+
+// Traffic is connections to sandboxes' ports.
+type Traffic interface {
+	// Dial connects to a TCP port inside the sandbox. The connection
+	// half-closes (CloseWrite) when the implementation's can.
+	Dial(ctx context.Context, ref string, wake WakeMode, port int) (net.Conn, error)
+	// Ready waits until the sandbox's agent answers (waking it first with
+	// Wake) and returns its life: a comparable value that is the same
+	// until the sandbox starts again (a wake, a restart), so that a
+	// connection kept from an earlier life is told apart. For a running
+	// sandbox it is cheap (no store read).
+	Ready(ctx context.Context, ref string, wake WakeMode) (life any, err error)
+	// Hold marks a sandbox busy (no idle sleep) until release is called.
+	Hold(id string) (release func())
+	// Running reports, with no store read and no wake, whether the
+	// sandbox id is known running (false when it cannot tell).
+	Running(id string) bool
+}
+
+// EventFilter selects events: of one sandbox (id or name), and/or with
+// every label given.
+type EventFilter struct {
+	Sandbox string
+	Labels  map[string]string
+}
+
+// Events is the lifecycle event stream.
+type Events interface {
+	// EventsSince returns the kept events after seq since.
+	EventsSince(ctx context.Context, since uint64, f EventFilter) ([]api.Event, error)
+	// SubscribeEvents follows the events: the backlog after since (with
+	// hasSince; else none), then each new one.
+	SubscribeEvents(ctx context.Context, since uint64, hasSince bool, f EventFilter) (Subscription, error)
+}
+
+// Subscription is a followed event stream.
+type Subscription interface {
+	// Start is the seq the stream starts after.
+	Start() uint64
+	// Backlog is the events already kept, sent first.
+	Backlog() []api.Event
+	// C yields the new events.
+	C() <-chan api.Event
+	// Done is closed when the stream ends; Err says why.
+	Done() <-chan struct{}
+	Err() error
+	Close()
+}
+
+// Stats is resource use.
+type Stats interface {
+	// Stats reads a sandbox's use; it never wakes it nor counts as use. A
+	// sandbox that is not running gets a reading with no use.
+	Stats(ctx context.Context, ref string) (api.SandboxStats, error)
+	// ListStats reads those named in refs, or, with none, every sandbox
+	// with the labels.
+	ListStats(ctx context.Context, refs []string, labels map[string]string) ([]api.SandboxStats, error)
+}
+
+// ImportImage is an image import's options.
+type ImportImage struct {
+	Name, Source string
+}
+
+// Images is the node's image store.
+type Images interface {
+	ListImages(ctx context.Context) ([]api.Image, error)
+	// Image reads an image, with the sandboxes and snapshots that use it.
+	Image(ctx context.Context, ref string) (api.Image, error)
+	RemoveImage(ctx context.Context, ref string) error
+	PullImage(ctx context.Context, req api.PullImageRequest, progress func(api.ImageProgress)) (api.Image, error)
+	// ImportImage imports the archive at path (a file of the caller's).
+	ImportImage(ctx context.Context, path string, opts ImportImage, progress func(api.ImageProgress)) (api.Image, error)
+	// CheckDisk refuses (Unavailable) when the node's disk is at its
+	// floor: an upload checks it as it is read.
+	CheckDisk(op string) error
+}
+
+// Builds is image builds: a build sandbox, committed.
+type Builds interface {
+	// CreateBuildSandbox starts a sandbox for a build; EndBuild removes it.
+	CreateBuildSandbox(ctx context.Context, req api.BuildSandboxRequest) (api.Sandbox, error)
+	EndBuild(ctx context.Context, id string) error
+	// Commit makes an image (a template) of a sandbox.
+	Commit(ctx context.Context, ref string, req api.CommitRequest) (api.Image, error)
+}
+
+// Volumes is named volumes. A node without volumes refuses every call
+// with InvalidArgument.
+type Volumes interface {
+	CreateVolume(ctx context.Context, req api.CreateVolumeRequest) (api.Volume, error)
+	ListVolumes(ctx context.Context) ([]api.Volume, error)
+	GetVolume(ctx context.Context, ref string) (api.Volume, error)
+	RemoveVolume(ctx context.Context, ref string) error
+	// VolumeKey is an encrypted volume's key.
+	VolumeKey(ctx context.Context, ref string) (string, error)
+	// ExportVolume writes an encrypted volume's archive to w.
+	ExportVolume(ctx context.Context, ref string, w io.Writer) error
+	ImportVolume(ctx context.Context, name string, r io.Reader, key string) (api.Volume, error)
+}
+
+// Secrets is sealed secrets. A node without secrets refuses every call
+// with InvalidArgument.
+type Secrets interface {
+	// SetSecret creates or replaces a secret; the caller clears value.
+	SetSecret(ctx context.Context, name string, value []byte) (api.Secret, error)
+	ListSecrets(ctx context.Context) ([]api.Secret, error)
+	RemoveSecret(ctx context.Context, name string) error
+}
+
+// Networks is sandboxes' network policy.
+type Networks interface {
+	SetNetwork(ctx context.Context, ref string, n api.Network) (api.Sandbox, error)
+	ChangeNetwork(ctx context.Context, ref string, ch api.NetworkChange) (api.Sandbox, error)
+}
+
+// Health is the node's health and engines.
+type Health interface {
+	Health(ctx context.Context) (api.Health, error)
+}
