@@ -35,9 +35,12 @@ type Copies struct {
 
 	mu       sync.Mutex
 	inflight map[string]*putJob
-	bg       sync.WaitGroup
-	ctx      context.Context
-	cancel   context.CancelFunc
+	// restoring serializes Restores: two wakes or forks that find an
+	// image gone fetch it once.
+	restoring sync.Mutex
+	bg        sync.WaitGroup
+	ctx       context.Context
+	cancel    context.CancelFunc
 }
 
 type putJob struct {
@@ -198,6 +201,8 @@ func (c *Copies) Restore(ctx context.Context, name, dir string) (bool, error) {
 	if c == nil {
 		return false, nil
 	}
+	c.restoring.Lock()
+	defer c.restoring.Unlock()
 	if _, err := os.Lstat(dir); err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}

@@ -27,7 +27,7 @@ var bucketN int
 
 func newBucket(t *testing.T, srv *weedtest.Server, key []byte) (*snapstore.S3, string) {
 	bucketN++
-	bucket := "b" + strconv.Itoa(bucketN)
+	bucket := "bucket-" + strconv.Itoa(bucketN)
 	cfg := srv.Config(bucket)
 	cfg.Key = key
 	s, err := snapstore.NewS3(t.Context(), cfg)
