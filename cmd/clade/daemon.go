@@ -80,6 +80,8 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.KeyFile, "key-file", "", "the host key that seals secrets (default DATA-DIR/host.key, made 0600 at the first start)")
 	fs.StringVar(&o.KeyEnv, "key-env", "CLADE_KEY", "environment variable that, when set, holds the host key (hex or base64 of 32 bytes) instead of --key-file")
 	fs.BoolVar(&o.EncryptAtRest, "encrypt-at-rest", false, "keep snapshots, sleep images, volumes and sandbox upper layers encrypted on disk (gocryptfs under DATA-DIR/encrypted, keyed by the host key; needs gocryptfs and fuse3)")
+	fs.StringVar(&o.ObjectStore, "object-store", "", "copy sleep images and snapshots, once sealed, to a snapshot store and fetch them back when their\nlocal copy is gone: s3://BUCKET[/PREFIX]?endpoint=http(s)://HOST:PORT (credentials from\nAWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --object-store-credentials; objects encrypted in the\ndaemon with --encrypt-at-rest) or an absolute directory path (e.g. another disk or a shared mount)")
+	fs.StringVar(&o.ObjectStoreCredentials, "object-store-credentials", "", "`file` of AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=... lines for --object-store (keep it 0600)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler (net/http/pprof) on loopback ADDR, e.g. 127.0.0.1:6060, for profiling the daemon")
 	_ = cmd.RegisterFlagCompletionFunc("engine", fixedValues(system.Engines()...))
