@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"maps"
 	"math"
+	"net/http"
 	"path"
 	"slices"
 	"strconv"
@@ -73,13 +74,40 @@ func parseEntry(rec string) (*filesystem.EntryInfo, error) {
 	case "l":
 		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
 		fm |= fs.ModeSymlink
+		// envd reports where the link points as an absolute path.
 		t := f[6]
+		if !path.IsAbs(t) {
+			t = path.Join(path.Dir(f[7]), t)
+		}
+		t = path.Clean(t)
 		e.SymlinkTarget = &t
 	default:
 		e.Type = filesystem.FileType_FILE_TYPE_FILE
 	}
 	e.Permissions = fm.String()
 	return e, nil
+}
+
+// sortEntries orders a listing as envd's walk does: by name, a
+// directory's entries right after it.
+func sortEntries(list []*filesystem.EntryInfo) {
+	slices.SortFunc(list, func(a, b *filesystem.EntryInfo) int {
+		return slices.Compare(strings.Split(a.Path, "/"), strings.Split(b.Path, "/"))
+	})
+}
+
+// fsUser is who a filesystem RPC runs as: the user its Authorization
+// names, else DefaultUser (as files.write).
+func (f *filesystemService) fsUser(ctx context.Context, h http.Header, id string) (string, error) {
+	named, err := headerUser(h)
+	if err != nil {
+		return "", connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	user, err := f.s.execUser(ctx, id, named)
+	if err != nil {
+		return "", connectErr(err)
+	}
+	return user, nil
 }
 
 // stat describes one path (absolute).
@@ -119,14 +147,19 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	if err != nil {
 		return nil, err
 	}
+	sortEntries(list)
 	return connect.NewResponse(&filesystem.ListDirResponse{Entries: list}), nil
 }
 
 func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
 	id, p := sandboxID(req.Header()), resolve(req.Msg.GetPath())
+	user, err := f.fsUser(ctx, req.Header(), id)
+	if err != nil {
+		return nil, err
+	}
 	// An existing path is AlreadyExists (the SDKs answer false), whatever
-	// it is; anything else is made with its parents.
-	_, _, err := f.s.run(ctx, id, "/bin/sh", "-c", `if [ -e "$1" ] || [ -L "$1" ]; then echo "$1: File exists" >&2; exit 1; fi; mkdir -p -- "$1"`, "sh", p)
+	// it is; anything else is made with its parents, as the user.
+	_, _, err = f.s.runAs(ctx, id, user, "/bin/sh", "-c", `if [ -e "$1" ] || [ -L "$1" ]; then echo "$1: File exists" >&2; exit 1; fi; mkdir -p -- "$1"`, "sh", p)
 	if err != nil {
 		if errdefs.IsAlreadyExists(err) {
 			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
@@ -143,7 +176,11 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 func (f *filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
 	id := sandboxID(req.Header())
 	src, dst := resolve(req.Msg.GetSource()), resolve(req.Msg.GetDestination())
-	if _, _, err := f.s.run(ctx, id, "mv", "-T", "--", src, dst); err != nil {
+	user, err := f.fsUser(ctx, req.Header(), id)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := f.s.runAs(ctx, id, user, "mv", "-T", "--", src, dst); err != nil {
 		return nil, connectErr(err)
 	}
 	e, err := f.stat(ctx, id, dst)
@@ -158,10 +195,13 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 	if p == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
-	if _, err := f.stat(ctx, id, p); err != nil {
+	user, err := f.fsUser(ctx, req.Header(), id)
+	if err != nil {
 		return nil, err
 	}
-	if _, _, err := f.s.run(ctx, id, "rm", "-rf", "--", p); err != nil {
+	// A path that does not exist is removed already: envd answers that
+	// with success too.
+	if _, _, err := f.s.runAs(ctx, id, user, "rm", "-rf", "--", p); err != nil {
 		return nil, connectErr(err)
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
