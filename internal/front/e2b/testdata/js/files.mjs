@@ -114,6 +114,30 @@ try {
   await sbx.files.remove('/home/user/made2')
   assert.equal(await sbx.files.exists('/home/user/made2'), false)
   ok('makeDir, rename and remove run as the user')
+
+  // watchDir: inotify in the sandbox, recursive, every kind of event;
+  // the file made in a new directory is seen created and written.
+  await sbx.files.makeDir('/home/user/wd')
+  await sbx.files.write('/home/user/wd/old.txt', 'o')
+  const seen = []
+  let wake = () => {}
+  const want = ['create new', 'create new/f', 'write new/f', 'chmod old.txt', 'rename old.txt', 'create moved.txt', 'remove moved.txt']
+  const has = () => want.every((w) => seen.includes(w))
+  const h = await sbx.files.watchDir('/home/user/wd', (e) => { seen.push(`${e.type} ${e.name}`); if (has()) wake() }, { recursive: true })
+  await sbx.commands.run('cd /home/user/wd && mkdir new && echo data > new/f && chmod 600 old.txt && mv old.txt moved.txt && rm moved.txt')
+  await Promise.race([new Promise((res) => { wake = res; if (has()) res() }), new Promise((res) => setTimeout(res, 10_000))])
+  await h.stop()
+  assert.ok(has(), `watch events: ${JSON.stringify(seen)}`)
+  // Not recursive: what happens below the directory is not reported.
+  const flat = []
+  const h2 = await sbx.files.watchDir('/home/user/wd', (e) => flat.push(`${e.type} ${e.name}`))
+  await sbx.commands.run('cd /home/user/wd && echo x > new/g && echo y > top')
+  const until = Date.now() + 10_000
+  while (!flat.includes('create top') && Date.now() < until) await new Promise((res) => setTimeout(res, 50))
+  await h2.stop()
+  assert.ok(flat.includes('create top'), JSON.stringify(flat))
+  assert.ok(!flat.some((x) => x.includes('new/g')), JSON.stringify(flat))
+  ok('watchDir by inotify: create, write, chmod, rename, remove; recursive or not')
 } finally {
   await sbx.kill()
   await other.kill()
