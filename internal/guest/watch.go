@@ -102,4 +102,3 @@ func checkEvent(ev WatchEvent) error {
 
 // Close ends the watch.
 func (w *Watch) Close() { w.ch.close() }
-
