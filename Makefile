@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 RUNSC_VERSION := $(shell awk '$$1 == "gvisor.dev/gvisor" {print $$2}' tools/runsc/go.mod)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: help deps deps-test deps-qemu build demo test test-qemu soak bench gobench lint fmt generate clean
+.PHONY: deps-weed help deps deps-test deps-qemu build demo test test-qemu soak bench gobench lint fmt generate clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -41,7 +41,12 @@ demo: deps build ## start a daemon, run Python in a sandbox, copy files in and o
 
 E2B_JS := internal/front/e2b/testdata/js
 
-deps-test: deps ## what the tests need beyond `deps`: the pinned E2B JS clients (npm ci, again only when the lockfile changed)
+deps-weed: ## SeaweedFS's weed (its S3 gateway is the object store of the snapstore tests), pinned in tools/weed, built from the Go module proxy into $(BIN)/weed
+	@mkdir -p $(BIN)
+	@if [ ! -x $(BIN)/weed ] || [ tools/weed/go.mod -nt $(BIN)/weed ]; then echo "building weed (several minutes on 2 cores)"; \
+		CGO_ENABLED=0 $(GO) build -C tools/weed -o ../../$(BIN)/weed github.com/seaweedfs/seaweedfs/weed; fi
+
+deps-test: deps deps-weed ## what the tests need beyond `deps`: weed, the pinned E2B JS clients (npm ci, again only when the lockfile changed)
 	@command -v npm >/dev/null || (echo "npm not found: the E2B tests drive the real JS clients; install Node.js 20 and npm (apt-get install nodejs npm)"; exit 1)
 	@if [ ! -f $(E2B_JS)/node_modules/.package-lock.json ] || [ $(E2B_JS)/package-lock.json -nt $(E2B_JS)/node_modules/.package-lock.json ]; then \
 		npm ci --prefix $(E2B_JS) --no-audit --no-fund; fi

@@ -97,6 +97,7 @@ func TestSpecSchemas(t *testing.T) {
 	for _, v := range []any{api.Sandbox{}, api.CreateSandboxRequest{}, api.ExecRequest{}, api.ExitStatus{},
 		api.Image{}, api.Health{}, api.Error{},
 		api.Snapshot{}, api.SnapshotRequest{}, api.ForkRequest{}, api.ForkChild{}, api.ForkResult{},
+		api.RunCodeRequest{}, api.CodeEvent{}, api.CodeContext{}, api.CreateCodeContextRequest{},
 		api.Network{}, api.NetworkChange{}, api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}, api.CommitRequest{},
 		api.BuildSandboxRequest{}, api.BuildEvent{}, api.Ingress{}, api.TimeoutRequest{}, api.Event{}, api.EventExec{}, api.SandboxStats{},
 		api.Volume{}, api.CreateVolumeRequest{}, api.VolumeKey{}, api.VolumeMount{}, api.Secret{}, api.SetSecretRequest{}, api.SecretRef{}, api.Node{}, api.NodeCapacity{}} {

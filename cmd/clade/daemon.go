@@ -87,6 +87,8 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.Cluster.EmbedPeerListen, "cluster-peer-listen", "127.0.0.1:2380", "with --cluster embed: `ADDR` the embedded etcd serves its peers on")
 	fs.StringVar(&o.Cluster.EmbedPeers, "cluster-peers", "", "with --cluster embed: the initial members of a multi-member etcd, NAME=http://PEER-ADDR,... naming this node too (e.g. three daemons)")
 	fs.DurationVar(&o.Cluster.LeaseTTL, "cluster-lease-ttl", 3*time.Second, "how long this node stays in the cluster after its last refresh (it refreshes every second); whole seconds, at least 2s")
+	fs.StringVar(&o.ObjectStore, "object-store", "", "copy sleep images and snapshots, once sealed, to a snapshot store and fetch them back when their\nlocal copy is gone: s3://BUCKET[/PREFIX]?endpoint=http(s)://HOST:PORT (credentials from\nAWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --object-store-credentials; objects encrypted in the\ndaemon with --encrypt-at-rest) or an absolute directory path (e.g. another disk or a shared mount)")
+	fs.StringVar(&o.ObjectStoreCredentials, "object-store-credentials", "", "`file` of AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=... lines for --object-store (keep it 0600)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler (net/http/pprof) on loopback ADDR, e.g. 127.0.0.1:6060, for profiling the daemon")
 	_ = cmd.RegisterFlagCompletionFunc("engine", fixedValues(system.Engines()...))

@@ -37,8 +37,8 @@ type channel struct {
 
 	mu      sync.Mutex
 	proc    *os.Process
-	sock    net.Conn // an OpDial's connection
-	pty     *os.File // a TTY exec's terminal (master side), until it ends
+	sock    io.Closer // an OpDial's connection, an OpWatch's inotify
+	pty     *os.File  // a TTY exec's terminal (master side), until it ends
 	aborted bool
 	done    chan struct{}
 }
@@ -73,6 +73,8 @@ func (ch *channel) run(ctx context.Context) {
 		exit = ch.identity()
 	case wire.OpDial:
 		exit = ch.dial()
+	case wire.OpWatch:
+		exit = ch.watch()
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}

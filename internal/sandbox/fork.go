@@ -92,6 +92,9 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	// A snapshot this fork just took and sealed needs no second read of
 	// its image (the checksums are ~0.6 s of a 512 MiB qemu VM's).
 	if !implicit {
+		if _, err := m.cfg.Copies.Restore(ctx, snapshotCopy(sn.ID), sn.Path); err != nil {
+			return ForkResult{}, err
+		}
 		if err := verifySnapshotImage(sn.Path, "snapshot "+sn.ID); err != nil {
 			return ForkResult{}, err
 		}

@@ -517,7 +517,7 @@ func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
 		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
-	if err := os.RemoveAll(m.sleepDir(id)); err != nil {
+	if err := errors.Join(m.cfg.Copies.Drop(sleepCopy(id)), os.RemoveAll(m.sleepDir(id))); err != nil {
 		return err
 	}
 	m.crashPoint("destroy-after-engine")

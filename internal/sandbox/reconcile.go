@@ -292,7 +292,14 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 		return m.destroyLocked(store.ForCleanup(ctx), rec)
 	case store.StateSleeping:
 		if _, err := os.Stat(m.sleepDir(rec.ID)); err != nil {
+			if _, derr := m.cfg.Copies.Digest(sleepCopy(rec.ID)); derr == nil {
+				return nil // in the snapshot store: the wake fetches it
+			}
 			return m.moveLocked(ctx, &rec, store.StateStopped, "its sleep image is missing")
+		}
+		if _, derr := m.cfg.Copies.Digest(sleepCopy(rec.ID)); errdefs.IsNotFound(derr) && m.cfg.Copies != nil && imageSealed(m.sleepDir(rec.ID)) {
+			// A copy cut short by the daemon's end: made again.
+			m.cfg.Copies.Put(sleepCopy(rec.ID), m.sleepDir(rec.ID))
 		}
 		return nil
 	case store.StateSuspending:
@@ -529,10 +536,19 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			known[filepath.Base(sn.Path)] = true
 			continue
 		}
+		_, copyErr := m.cfg.Copies.Digest(snapshotCopy(sn.ID))
+		if sn.State == store.SnapshotReady && statErr != nil && copyErr == nil {
+			// Only in the snapshot store: a fork fetches it.
+			continue
+		}
 		if sn.State == store.SnapshotCreating || statErr != nil {
 			m.log.Info("reconcile: removing incomplete snapshot", "snapshot", sn.ID, "state", sn.State)
 			errs = append(errs, m.removeSnapshot(ctx, sn))
 			continue
+		}
+		if m.cfg.Copies != nil && !sn.Implicit && errdefs.IsNotFound(copyErr) {
+			// A copy cut short by the daemon's end: made again.
+			m.cfg.Copies.Put(snapshotCopy(sn.ID), sn.Path)
 		}
 		known[filepath.Base(sn.Path)] = true
 		m.gcSnapshot(ctx, sn.ID)

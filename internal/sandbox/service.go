@@ -25,6 +25,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
+	"github.com/clade-sandbox/clade/internal/snapstore"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -41,6 +42,10 @@ type Config struct {
 	// SnapshotDir holds snapshots, SleepDir the images of sleeping sandboxes.
 	SnapshotDir string
 	SleepDir    string
+	// Copies, when set, copies sleep images and explicit snapshots into
+	// a snapshot store once sealed, and fetches one back when its local
+	// dir is gone (package snapstore). Nil: local dirs only.
+	Copies *snapstore.Copies
 	// DefaultDiskMiB caps what sandboxes that ask for no cap may write (0:
 	// no cap).
 	DefaultDiskMiB int

@@ -89,6 +89,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		return err
 	}
 	go m.preverify(dir, sealed)
+	m.cfg.Copies.Put(sleepCopy(rec.ID), dir)
 	m.prepareForSleepers(ctx, *rec)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
 	return nil
@@ -146,6 +147,11 @@ func (m *Manager) relive(id string, sb engine.Sandbox) {
 
 func (m *Manager) sleepDir(id string) string { return filepath.Join(m.cfg.SleepDir, id) }
 
+// sleepCopy and snapshotCopy name the copies of a sleep image and of a
+// snapshot in the snapshot store (Config.Copies).
+func sleepCopy(id string) string    { return "sleep/" + id }
+func snapshotCopy(id string) string { return "snapshot/" + id }
+
 // Wake restores a sleeping sandbox in place. Waking a running one is a no-op.
 // A failed wake leaves the sandbox asleep, its image intact.
 func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
@@ -175,6 +181,11 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	}
 	t0 := time.Now()
 	dir := m.sleepDir(rec.ID)
+	// A sleep image this host no longer holds (a lost disk, a move) comes
+	// back from the snapshot store, verified, before it is verified here.
+	if _, err := m.cfg.Copies.Restore(ctx, sleepCopy(rec.ID), dir); err != nil {
+		return err
+	}
 	if err := verifySleepImage(dir, "the sleep image of sandbox "+rec.ID); err != nil {
 		return err
 	}
@@ -242,6 +253,9 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	m.mu.Unlock()
 	m.counters.Wakes.Add(1)
 	m.rearmLocked(ctx, rec)
+	if err := m.cfg.Copies.Drop(sleepCopy(rec.ID)); err != nil {
+		m.log.Warn("snapshot store: drop the copy of a woken sandbox's sleep image", "sandbox", rec.ID, "err", err)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		m.log.Warn("remove sleep image", "sandbox", rec.ID, "err", err)
 	}

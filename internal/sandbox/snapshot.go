@@ -89,6 +89,10 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	st.mark("ready")
 	defer st.log(m.log, "snapshot timings", "snapshot", id)
 	sn.State = store.SnapshotReady
+	if !implicit {
+		// Implicit snapshots (a fork's) live only as long as the fork.
+		m.cfg.Copies.Put(snapshotCopy(id), sn.Path)
+	}
 	m.emitRec(rec, events.Event{Type: events.Snapshotted, Snapshot: id})
 	m.log.Info("snapshot taken", "snapshot", id, "sandbox", rec.ID, "size_mib", sn.SizeBytes>>20)
 	return sn, nil
@@ -194,7 +198,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
 // removeSnapshot deletes a snapshot's files and record. Guarded by the
 // snapshot's lock, or run where nobody else can know it.
 func (m *Manager) removeSnapshot(ctx context.Context, sn store.Snapshot) error {
-	if err := os.RemoveAll(sn.Path); err != nil {
+	if err := errors.Join(m.cfg.Copies.Drop(snapshotCopy(sn.ID)), os.RemoveAll(sn.Path)); err != nil {
 		return err
 	}
 	if err := m.snapshotRemoved(ctx, sn); err != nil {

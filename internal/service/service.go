@@ -136,6 +136,27 @@ type Files interface {
 	// what it makes owned by user (a name or UID[:GID] of the sandbox;
 	// "": root).
 	CopyIn(ctx context.Context, ref string, wake WakeMode, path, user string, r io.Reader) error
+	// Watch follows changes under the directory path (below it too with
+	// recursive), by inotify inside the sandbox; it returns once the watch
+	// is armed. A missing directory is NotFound.
+	Watch(ctx context.Context, ref string, wake WakeMode, path string, recursive bool) (Watcher, error)
+}
+
+// WatchEvent is a change under a watched directory: Op is "create",
+// "write", "remove", "rename" (an entry's old name; its new one is a
+// create) or "chmod"; Name is relative to the directory, clean.
+type WatchEvent struct {
+	Op   string
+	Name string
+}
+
+// Watcher is a running watch.
+type Watcher interface {
+	// Next waits for the next change; its error ends the watch (io.EOF:
+	// ended without one).
+	Next() (WatchEvent, error)
+	// Close ends the watch.
+	Close()
 }
 
 // Traffic is connections to sandboxes' ports.

@@ -22,8 +22,10 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -276,4 +278,53 @@ func forget(dir string) {
 	cacheMu.Lock()
 	defer cacheMu.Unlock()
 	delete(cache, dir)
+}
+
+// File is one file of a sealed image as its manifest records it.
+type File struct {
+	Name   string // slash-separated, relative to the image dir
+	Size   int64
+	CRC32C uint32
+}
+
+// ReadManifest returns the raw bytes of dir's manifest (what a store
+// addresses the image by) and the files it lists. It checks nothing but
+// that the manifest parses; Verify checks the files.
+func ReadManifest(dir string) ([]byte, []File, error) {
+	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, corrupt("it has no manifest (%s): the checkpoint never finished", ManifestName)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	files, err := ParseManifest(b)
+	return b, files, err
+}
+
+// ParseManifest decodes a manifest's bytes (from outside: a store) and
+// checks that its names are plain relative paths, each once, so that a
+// hostile manifest cannot name a file outside the image dir.
+func ParseManifest(b []byte) ([]File, error) {
+	var m manifest
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 {
+		return nil, corrupt("its manifest %s is unreadable", ManifestName)
+	}
+	out := make([]File, 0, len(m.Files))
+	seen := map[string]bool{}
+	for _, f := range m.Files {
+		if !validName(f.Name) || seen[f.Name] || f.Size < 0 {
+			return nil, corrupt("its manifest names a bad file %q", f.Name)
+		}
+		seen[f.Name] = true
+		out = append(out, File{Name: f.Name, Size: f.Size, CRC32C: f.CRC32C})
+	}
+	return out, nil
+}
+
+func validName(name string) bool {
+	if name == "" || name == ManifestName || name == ManifestName+".tmp" || strings.ContainsRune(name, 0) || strings.HasPrefix(name, "/") {
+		return false
+	}
+	return path.Clean(name) == name && name != "." && name != ".." && !strings.HasPrefix(name, "../")
 }

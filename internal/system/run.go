@@ -92,6 +92,13 @@ type Options struct {
 	// EncryptAtRest keeps snapshots, sleep images, volumes and sandbox
 	// upper layers in an encrypted directory (package atrest).
 	EncryptAtRest bool
+	// ObjectStore, when set, is where sleep images and snapshots are
+	// copied once sealed (s3://BUCKET?endpoint=URL or a directory), and
+	// fetched back from when their local copy is gone.
+	ObjectStore string
+	// ObjectStoreCredentials is a file of AWS_ACCESS_KEY_ID= and
+	// AWS_SECRET_ACCESS_KEY= lines; else those environment variables.
+	ObjectStoreCredentials string
 	// upperRoot is where the engine keeps upper layers ("" its default).
 	upperRoot string
 	// Cluster, when its Etcd is set, makes the daemon a node of a
@@ -224,6 +231,14 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
+	copies, err := openObjectStore(ctx, o, secrets.Key(), log)
+	if err != nil {
+		return err
+	}
+	// Closed after the manager: its last sleeps' copies are cut, and the
+	// next start copies what has no record (Reconcile).
+	defer copies.Close()
+	o.Sandbox.Copies = copies
 	mgr := sandbox.New(o.Sandbox, eng, st, images)
 	defer mgr.Close()
 	// Before mgr.Close closes the engine, which can no longer list then,

@@ -250,6 +250,9 @@ const FeatureSecretEnv = "secret-env"
 // run the exec as root): the host sends it to no agent without this.
 const FeatureUser = "user"
 
+// FeatureWatch: the agent serves OpWatch.
+const FeatureWatch = "watch"
+
 // Op names what a channel does.
 type Op string
 
@@ -268,7 +271,27 @@ const (
 	// Stdin EOF half-closes the socket's write side; the socket's EOF is
 	// stdout's EOF. The channel ends when both directions have, or on Close.
 	OpDial Op = "dial"
+	// OpWatch follows changes under the directory Path with inotify
+	// (below it too with Recursive): Started answers a watch armed, then
+	// stdout carries one WatchEvent per line (JSON) until Close. An Exit
+	// with Error ends a watch that cannot go on (its directory removed,
+	// the event queue overflowed, too many directories). Only for an agent
+	// with FeatureWatch.
+	OpWatch Op = "watch"
 )
+
+// WatchEvent is one change an OpWatch reports: Op is "create", "write",
+// "remove", "rename" (the old name of a moved entry; the new one is a
+// create) or "chmod"; Name is the entry's path relative to the watched
+// directory.
+type WatchEvent struct {
+	Op   string `json:"op"`
+	Name string `json:"name"`
+}
+
+// MaxWatchLine bounds one WatchEvent line (a name of PATH_MAX and the
+// JSON around it, escaped).
+const MaxWatchLine = 6 * 4096
 
 // Request opens a channel.
 type Request struct {
@@ -315,6 +338,8 @@ type Request struct {
 	// user for an exec, the archive's owners for an upload. Only for an
 	// agent with FeatureUser.
 	User string `json:"user,omitempty"`
+	// Recursive makes an OpWatch follow the directories below Path too.
+	Recursive bool `json:"recursive,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

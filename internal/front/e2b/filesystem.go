@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
-	"maps"
 	"math"
+	"net/http"
 	"path"
 	"slices"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/front/e2b/envdpb/filesystem"
+	"github.com/clade-sandbox/clade/internal/service"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -73,13 +75,40 @@ func parseEntry(rec string) (*filesystem.EntryInfo, error) {
 	case "l":
 		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
 		fm |= fs.ModeSymlink
+		// envd reports where the link points as an absolute path.
 		t := f[6]
+		if !path.IsAbs(t) {
+			t = path.Join(path.Dir(f[7]), t)
+		}
+		t = path.Clean(t)
 		e.SymlinkTarget = &t
 	default:
 		e.Type = filesystem.FileType_FILE_TYPE_FILE
 	}
 	e.Permissions = fm.String()
 	return e, nil
+}
+
+// sortEntries orders a listing as envd's walk does: by name, a
+// directory's entries right after it.
+func sortEntries(list []*filesystem.EntryInfo) {
+	slices.SortFunc(list, func(a, b *filesystem.EntryInfo) int {
+		return slices.Compare(strings.Split(a.Path, "/"), strings.Split(b.Path, "/"))
+	})
+}
+
+// fsUser is who a filesystem RPC runs as: the user its Authorization
+// names, else DefaultUser (as files.write).
+func (f *filesystemService) fsUser(ctx context.Context, h http.Header, id string) (string, error) {
+	named, err := headerUser(h)
+	if err != nil {
+		return "", connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	user, err := f.s.execUser(ctx, id, named)
+	if err != nil {
+		return "", connectErr(err)
+	}
+	return user, nil
 }
 
 // stat describes one path (absolute).
@@ -119,14 +148,19 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	if err != nil {
 		return nil, err
 	}
+	sortEntries(list)
 	return connect.NewResponse(&filesystem.ListDirResponse{Entries: list}), nil
 }
 
 func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
 	id, p := sandboxID(req.Header()), resolve(req.Msg.GetPath())
+	user, err := f.fsUser(ctx, req.Header(), id)
+	if err != nil {
+		return nil, err
+	}
 	// An existing path is AlreadyExists (the SDKs answer false), whatever
-	// it is; anything else is made with its parents.
-	_, _, err := f.s.run(ctx, id, "/bin/sh", "-c", `if [ -e "$1" ] || [ -L "$1" ]; then echo "$1: File exists" >&2; exit 1; fi; mkdir -p -- "$1"`, "sh", p)
+	// it is; anything else is made with its parents, as the user.
+	_, _, err = f.s.runAs(ctx, id, user, "/bin/sh", "-c", `if [ -e "$1" ] || [ -L "$1" ]; then echo "$1: File exists" >&2; exit 1; fi; mkdir -p -- "$1"`, "sh", p)
 	if err != nil {
 		if errdefs.IsAlreadyExists(err) {
 			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
@@ -143,7 +177,11 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 func (f *filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
 	id := sandboxID(req.Header())
 	src, dst := resolve(req.Msg.GetSource()), resolve(req.Msg.GetDestination())
-	if _, _, err := f.s.run(ctx, id, "mv", "-T", "--", src, dst); err != nil {
+	user, err := f.fsUser(ctx, req.Header(), id)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := f.s.runAs(ctx, id, user, "mv", "-T", "--", src, dst); err != nil {
 		return nil, connectErr(err)
 	}
 	e, err := f.stat(ctx, id, dst)
@@ -158,10 +196,13 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 	if p == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
-	if _, err := f.stat(ctx, id, p); err != nil {
+	user, err := f.fsUser(ctx, req.Header(), id)
+	if err != nil {
 		return nil, err
 	}
-	if _, _, err := f.s.run(ctx, id, "rm", "-rf", "--", p); err != nil {
+	// A path that does not exist is removed already: envd answers that
+	// with success too.
+	if _, _, err := f.s.runAs(ctx, id, user, "rm", "-rf", "--", p); err != nil {
 		return nil, connectErr(err)
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
@@ -169,14 +210,15 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 
 var errNoWatch = errors.New("polling watchers (CreateWatcher) are not served by clade's E2B front: use the WatchDir stream (see docs/e2b.md)")
 
-// watchEvery is how often WatchDir looks at the directory. clade's agent
-// has no inotify channel: the watch compares listings, so events come up
-// to this late and several writes between two looks are one event.
-const watchEvery = 300 * time.Millisecond
+// maxWatchQueue bounds the events of one WatchDir between the sandbox's
+// inotify and the client: past it the watch ends with an error rather
+// than hold more.
+const maxWatchQueue = 4096
 
-// WatchDir streams changes under a directory: create, write (size or
-// modification time changed) and remove, named relative to it. It runs
-// until the client goes or its deadline passes.
+// WatchDir streams changes under a directory by inotify in the sandbox
+// (the agent's watch): create, write, remove, rename and chmod, named
+// relative to it, from the moment the start event is sent. It runs until
+// the client goes, its deadline passes or the directory is removed.
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
 	id, p := sandboxID(req.Header()), resolve(req.Msg.GetPath())
 	dir, err := f.stat(ctx, id, p)
@@ -186,42 +228,39 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	if dir.Type != filesystem.FileType_FILE_TYPE_DIRECTORY {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %s is not a directory", p))
 	}
-	args := []string{"-mindepth", "1"}
-	if !req.Msg.GetRecursive() {
-		args = append(args, "-maxdepth", "1")
-	}
-	look := func() (map[string]*filesystem.EntryInfo, error) {
-		list, err := f.entries(ctx, id, p, args...)
-		if err != nil {
-			return nil, err
-		}
-		m := make(map[string]*filesystem.EntryInfo, len(list))
-		for _, e := range list {
-			m[e.Path] = e
-		}
-		return m, nil
-	}
-	prev, err := look()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := f.s.svc.Watch(ctx, id, service.Wake, p, req.Msg.GetRecursive())
 	if err != nil {
-		return err
+		return connectErr(err)
 	}
+	defer w.Close()
 	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
 	}
-	t := time.NewTicker(watchEvery)
-	defer t.Stop()
+	events := make(chan service.WatchEvent, maxWatchQueue)
+	failed := make(chan error, 1)
+	go func() {
+		defer close(events)
+		for {
+			ev, err := w.Next()
+			if err != nil {
+				failed <- err
+				return
+			}
+			select {
+			case events <- ev:
+			default:
+				failed <- connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("watch %s: more than %d events waiting for the client: it reads too slowly", p, maxWatchQueue))
+				return
+			}
+		}
+	}()
 	var keep <-chan time.Time
 	if every := keepaliveInterval(req.Header()); every > 0 {
 		k := time.NewTicker(every)
 		defer k.Stop()
 		keep = k.C
-	}
-	send := func(e *filesystem.EntryInfo, typ filesystem.EventType) error {
-		ev := &filesystem.FilesystemEvent{Name: strings.TrimPrefix(strings.TrimPrefix(e.Path, p), "/"), Type: typ}
-		if req.Msg.GetIncludeEntry() && typ != filesystem.EventType_EVENT_TYPE_REMOVE {
-			ev.Entry = e
-		}
-		return stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: ev}})
 	}
 	for {
 		select {
@@ -231,40 +270,37 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 			if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Keepalive{Keepalive: &filesystem.WatchDirResponse_KeepAlive{}}}); err != nil {
 				return err
 			}
-			continue
-		case <-t.C:
-		}
-		cur, err := look()
-		if err != nil {
-			if ctx.Err() != nil {
-				return connectErr(ctx.Err())
+		case ev, ok := <-events:
+			if !ok {
+				err := <-failed
+				if errors.Is(err, io.EOF) || ctx.Err() != nil {
+					return connectErr(ctx.Err())
+				}
+				return connectErr(err)
 			}
-			return err
-		}
-		for _, path := range slices.Sorted(maps.Keys(cur)) {
-			e, old := cur[path], prev[path]
-			var err error
-			switch {
-			case old == nil:
-				err = send(e, filesystem.EventType_EVENT_TYPE_CREATE)
-			case e.Type == filesystem.FileType_FILE_TYPE_FILE && (e.Size != old.Size || !e.ModifiedTime.AsTime().Equal(old.ModifiedTime.AsTime())):
-				err = send(e, filesystem.EventType_EVENT_TYPE_WRITE)
-			case e.Mode != old.Mode:
-				err = send(e, filesystem.EventType_EVENT_TYPE_CHMOD)
+			typ, known := eventTypes[ev.Op]
+			if !known {
+				continue
 			}
-			if err != nil {
+			fe := &filesystem.FilesystemEvent{Name: ev.Name, Type: typ}
+			if req.Msg.GetIncludeEntry() && typ != filesystem.EventType_EVENT_TYPE_REMOVE && typ != filesystem.EventType_EVENT_TYPE_RENAME {
+				if e, err := f.stat(ctx, id, path.Join(p, ev.Name)); err == nil {
+					fe.Entry = e
+				}
+			}
+			if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: fe}}); err != nil {
 				return err
 			}
 		}
-		for _, path := range slices.Sorted(maps.Keys(prev)) {
-			if cur[path] == nil {
-				if err := send(prev[path], filesystem.EventType_EVENT_TYPE_REMOVE); err != nil {
-					return err
-				}
-			}
-		}
-		prev = cur
 	}
+}
+
+var eventTypes = map[string]filesystem.EventType{
+	"create": filesystem.EventType_EVENT_TYPE_CREATE,
+	"write":  filesystem.EventType_EVENT_TYPE_WRITE,
+	"remove": filesystem.EventType_EVENT_TYPE_REMOVE,
+	"rename": filesystem.EventType_EVENT_TYPE_RENAME,
+	"chmod":  filesystem.EventType_EVENT_TYPE_CHMOD,
 }
 
 func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {

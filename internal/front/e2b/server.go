@@ -115,6 +115,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if r.URL.Path == "/files" && r.Header.Get("X-Access-Token") == "" && r.URL.Query().Has("signature") {
+		// A signed file URL (sbx.downloadUrl, uploadUrl): it carries no
+		// access token, and through E2B_SANDBOX_URL not even the sandbox.
+		signed, err := s.checkSigned(r)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		r = signed
+	}
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
 		if port, err := sandboxPort(r); err != nil {
 			writeError(w, err)
@@ -135,6 +145,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		tok := r.Header.Get("X-Access-Token")
+		if signed, _ := r.Context().Value(signedKey{}).(string); signed == id && signed != "" {
+			tok = s.accessToken(id)
+		}
 		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) != 1 {
 			writeError(w, errdefs.New(errdefs.Unauthenticated, "missing or wrong X-Access-Token for sandbox %s: use the envdAccessToken its create or connect returned", id))
 			return

@@ -344,6 +344,27 @@ func (s *Service) Stat(ctx context.Context, ref string, wake service.WakeMode, p
 	return service.FileInfo{IsDir: fi.IsDir}, nil
 }
 
+func (s *Service) Watch(ctx context.Context, ref string, wake service.WakeMode, p string, recursive bool) (service.Watcher, error) {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return nil, err
+	}
+	w, err := g.Watch(ctx, p, recursive)
+	if err != nil {
+		return nil, err
+	}
+	return watcher{w}, nil
+}
+
+type watcher struct{ w *guest.Watch }
+
+func (w watcher) Next() (service.WatchEvent, error) {
+	ev, err := w.w.Next()
+	return service.WatchEvent{Op: ev.Op, Name: ev.Name}, err
+}
+
+func (w watcher) Close() { w.w.Close() }
+
 func (s *Service) CopyOut(ctx context.Context, ref string, wake service.WakeMode, p string) (io.ReadCloser, error) {
 	g, err := s.guest(ctx, ref, wake)
 	if err != nil {

@@ -17,6 +17,8 @@
 //   - Running answers false (it cannot tell without a call); Ready asks.
 //   - CheckDisk answers nil: the remote node checks its own disk as it
 //     reads an upload.
+//   - Watch is not supported: the API has no directory watch (an
+//     InvalidArgument error says so).
 //   - A subscription's Start is the since it was asked for (the remote's
 //     own start is not in the SDK's stream); its backlog comes through C.
 package remote
@@ -325,6 +327,11 @@ func (s *Service) CopyOut(ctx context.Context, ref string, wake service.WakeMode
 		return nil, err
 	}
 	return one(s.c.CopyFrom(ctx, id, p))
+}
+
+// Watch is not supported over the API, which has no directory watch.
+func (s *Service) Watch(ctx context.Context, ref string, wake service.WakeMode, p string, recursive bool) (service.Watcher, error) {
+	return nil, errdefs.New(errdefs.InvalidArgument, "watching a directory is not supported on a sandbox of another node (the HTTP API has no watch)")
 }
 
 func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode, p, user string, r io.Reader) error {

@@ -49,6 +49,7 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		{"Exec", true, testExec},
 		{"ExecStdin", true, testExecStdin},
 		{"Files", true, testFiles},
+		{"Watch", true, testWatch},
 		{"Dial", true, testDial},
 		{"ForkKeepsState", true, testForkKeepsState},
 	}
@@ -395,6 +396,42 @@ func testExecStdin(t *testing.T, e Env) {
 	out, _ := drain(p)
 	if st, err := p.Wait(t.Context()); err != nil || st.Code != 0 || out != "HELLO THROUGH STDIN\n" {
 		t.Fatalf("stdin: %q, %+v, %v", out, st, err)
+	}
+}
+
+// testWatch: a watch sees a file made in a new directory as created and
+// written, and its removal; a missing directory is NotFound. A service
+// that cannot watch (the remote: the API has no watch) says so with an
+// InvalidArgument error naming it "not supported".
+func testWatch(t *testing.T, e Env) {
+	ctx := t.Context()
+	sb := create(t, e, "")
+	run(t, e, sb.ID, "mkdir", "-p", "/tmp/w")
+	w, err := e.Service.Watch(ctx, sb.ID, service.Wake, "/tmp/w", true)
+	if errdefs.IsInvalidArgument(err) && strings.Contains(err.Error(), "not supported") {
+		t.Logf("Watch: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer w.Close()
+	run(t, e, sb.ID, "/bin/sh", "-c", "mkdir /tmp/w/new && echo hi > /tmp/w/new/f && rm /tmp/w/new/f")
+	seen := map[string]bool{}
+	for !seen["remove new/f"] {
+		ev, err := w.Next()
+		if err != nil {
+			t.Fatalf("Next after %v: %v", seen, err)
+		}
+		seen[ev.Op+" "+ev.Name] = true
+	}
+	for _, want := range []string{"create new", "create new/f", "write new/f"} {
+		if !seen[want] {
+			t.Errorf("no %q among %v", want, seen)
+		}
+	}
+	if _, err := e.Service.Watch(ctx, sb.ID, service.Wake, "/tmp/none", false); !errdefs.IsNotFound(err) {
+		t.Errorf("Watch of a missing directory: %v, want NotFound", err)
 	}
 }
 
