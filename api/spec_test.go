@@ -100,7 +100,7 @@ func TestSpecSchemas(t *testing.T) {
 		api.RunCodeRequest{}, api.CodeEvent{}, api.CodeContext{}, api.CreateCodeContextRequest{},
 		api.Network{}, api.NetworkChange{}, api.ImageConfig{}, api.PullImageRequest{}, api.ImageProgress{}, api.ImageEvent{}, api.CommitRequest{},
 		api.BuildSandboxRequest{}, api.BuildEvent{}, api.Ingress{}, api.TimeoutRequest{}, api.Event{}, api.EventExec{}, api.SandboxStats{},
-		api.Volume{}, api.CreateVolumeRequest{}, api.VolumeKey{}, api.VolumeMount{}, api.Secret{}, api.SetSecretRequest{}, api.SecretRef{}} {
+		api.Volume{}, api.CreateVolumeRequest{}, api.VolumeKey{}, api.VolumeMount{}, api.Secret{}, api.SetSecretRequest{}, api.SecretRef{}, api.Node{}, api.NodeCapacity{}} {
 		typ := reflect.TypeOf(v)
 		t.Run(typ.Name(), func(t *testing.T) {
 			sc, ok := s.Components.Schemas[typ.Name()]

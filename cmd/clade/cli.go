@@ -164,7 +164,7 @@ func newRoot() *cobra.Command {
 		{groupSandbox, newURLCmd()}, {groupSandbox, newRunCodeCmd()}, {groupSandbox, newCACmd()},
 		{groupState, newSnapshotCmd()}, {groupState, newForkCmd()}, {groupState, newSleepCmd()}, {groupState, newWakeCmd()},
 		{groupStore, newImageCmd()}, {groupStore, newVolumeCmd()}, {groupStore, newSecretCmd()},
-		{groupOps, newDaemonCmd()}, {groupOps, newInfoCmd()}, {groupOps, newEventsCmd()}, {groupOps, newStatsCmd()}, {groupOps, newTUICmd()},
+		{groupOps, newDaemonCmd()}, {groupOps, newInfoCmd()}, {groupOps, newEventsCmd()}, {groupOps, newNodeCmd()}, {groupOps, newStatsCmd()}, {groupOps, newTUICmd()},
 		{groupOps, newMCPCmd()}, {groupOps, newBenchCmd()}, {groupOps, newCompletionCmd()}, {groupOps, newVersionCmd()},
 	} {
 		v.cmd.GroupID = v.group

@@ -80,6 +80,13 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.KeyFile, "key-file", "", "the host key that seals secrets (default DATA-DIR/host.key, made 0600 at the first start)")
 	fs.StringVar(&o.KeyEnv, "key-env", "CLADE_KEY", "environment variable that, when set, holds the host key (hex or base64 of 32 bytes) instead of --key-file")
 	fs.BoolVar(&o.EncryptAtRest, "encrypt-at-rest", false, "keep snapshots, sleep images, volumes and sandbox upper layers encrypted on disk (gocryptfs under DATA-DIR/encrypted, keyed by the host key; needs gocryptfs and fuse3)")
+	fs.StringVar(&o.Cluster.Etcd, "cluster", "", "join a cluster of daemons over etcd: etcd://HOST:2379[,HOST:2379...], or embed to run an etcd member inside this daemon\n(a first node, or with --cluster-peers a 3-member etcd among three daemons); needs --listen and --token-file (the cluster token,\nthe same on every node); without it the daemon is a node of its own and uses no etcd (see docs/cluster.md)")
+	fs.StringVar(&o.Cluster.Node, "node", "", "this daemon's `name` in the cluster (default: the host name)")
+	fs.StringVar(&o.Cluster.Advertise, "advertise", "", "`ADDR` other nodes reach this daemon's API on (default: --listen)")
+	fs.StringVar(&o.Cluster.EmbedListen, "cluster-listen", "127.0.0.1:2379", "with --cluster embed: `ADDR` the embedded etcd serves clients on")
+	fs.StringVar(&o.Cluster.EmbedPeerListen, "cluster-peer-listen", "127.0.0.1:2380", "with --cluster embed: `ADDR` the embedded etcd serves its peers on")
+	fs.StringVar(&o.Cluster.EmbedPeers, "cluster-peers", "", "with --cluster embed: the initial members of a multi-member etcd, NAME=http://PEER-ADDR,... naming this node too (e.g. three daemons)")
+	fs.DurationVar(&o.Cluster.LeaseTTL, "cluster-lease-ttl", 3*time.Second, "how long this node stays in the cluster after its last refresh (it refreshes every second); whole seconds, at least 2s")
 	fs.StringVar(&o.ObjectStore, "object-store", "", "copy sleep images and snapshots, once sealed, to a snapshot store and fetch them back when their\nlocal copy is gone: s3://BUCKET[/PREFIX]?endpoint=http(s)://HOST:PORT (credentials from\nAWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --object-store-credentials; objects encrypted in the\ndaemon with --encrypt-at-rest) or an absolute directory path (e.g. another disk or a shared mount)")
 	fs.StringVar(&o.ObjectStoreCredentials, "object-store-credentials", "", "`file` of AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=... lines for --object-store (keep it 0600)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
@@ -107,6 +114,9 @@ func newDaemonCmd() *cobra.Command {
 			if _, err := ingress.LoadKeyPair(o.IngressTLSCert, o.IngressTLSKey); err != nil {
 				return err
 			}
+		}
+		if err := clusterFlags(cmd, &o.Cluster); err != nil {
+			return err
 		}
 		rng, err := netip.ParsePrefix(*netRange)
 		if err != nil {
@@ -236,6 +246,40 @@ func ingressLimits(c *ingress.Config) error {
 		if *n == 0 {
 			*n = -1
 		}
+	}
+	return nil
+}
+
+// clusterFlags checks the cluster flags: none of them without --cluster,
+// and a node name by default the host's.
+func clusterFlags(cmd *cobra.Command, c *system.ClusterOptions) error {
+	if c.Etcd == "" {
+		for _, f := range []string{"node", "advertise", "cluster-listen", "cluster-peer-listen", "cluster-peers", "cluster-lease-ttl"} {
+			if cmd.Flags().Changed(f) {
+				return usagef(cmd, "--%s needs --cluster (embed or etcd://HOST:2379)", f)
+			}
+		}
+		return nil
+	}
+	if c.Etcd != "embed" && !strings.HasPrefix(c.Etcd, "etcd://") {
+		return usagef(cmd, "bad --cluster %q: give embed, or etcd://HOST:2379[,HOST:2379...]", c.Etcd)
+	}
+	if c.Etcd != "embed" {
+		for _, f := range []string{"cluster-listen", "cluster-peer-listen", "cluster-peers"} {
+			if cmd.Flags().Changed(f) {
+				return usagef(cmd, "--%s is for --cluster embed", f)
+			}
+		}
+	}
+	if c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0 || c.LeaseTTL > 5*time.Minute {
+		return usagef(cmd, "--cluster-lease-ttl %s: give whole seconds from 2s to 5m", c.LeaseTTL)
+	}
+	if c.Node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("--node: no host name to default to (%v): give --node NAME", err)
+		}
+		c.Node = h
 	}
 	return nil
 }

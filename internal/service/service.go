@@ -278,3 +278,10 @@ type Networks interface {
 type Health interface {
 	Health(ctx context.Context) (api.Health, error)
 }
+
+// Nodes is what a node of a cluster adds to its Service (found by type
+// assertion): the cluster's live nodes. A daemon outside a cluster's
+// Service has no Nodes.
+type Nodes interface {
+	Nodes(ctx context.Context) ([]api.Node, error)
+}

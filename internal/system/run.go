@@ -26,6 +26,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/network"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/secret"
+	"github.com/clade-sandbox/clade/internal/service"
 	"github.com/clade-sandbox/clade/internal/service/local"
 	"github.com/clade-sandbox/clade/internal/store"
 	"github.com/clade-sandbox/clade/internal/volume"
@@ -100,6 +101,9 @@ type Options struct {
 	ObjectStoreCredentials string
 	// upperRoot is where the engine keeps upper layers ("" its default).
 	upperRoot string
+	// Cluster, when its Etcd is set, makes the daemon a node of a
+	// cluster (package cluster); else it is a daemon of its own.
+	Cluster ClusterOptions
 	// Ready, if set, is called once the daemon serves.
 	Ready func()
 }
@@ -136,7 +140,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.ImagesDir == "" {
 		o.ImagesDir = filepath.Join(o.DataDir, "images")
 	}
-	st, err := store.Open(ctx, filepath.Join(o.DataDir, "clade.db"))
+	st, err := store.OpenConfig(ctx, filepath.Join(o.DataDir, "clade.db"), store.Config{Node: o.Cluster.Node})
 	if err != nil {
 		return err
 	}
@@ -271,8 +275,16 @@ func Run(ctx context.Context, o Options) error {
 	registerCounters(reg, mgr.Counters(), mgr)
 	var iln *ingressListener
 	// The fronts drive the node through the service interface only.
-	svc := local.New(local.Config{Version: o.Version, EngineVersion: func() string { return engineVersion(ctx, eng) }, Addr: hook.Addr,
+	var svc service.Service = local.New(local.Config{Version: o.Version, EngineVersion: func() string { return engineVersion(ctx, eng) }, Addr: hook.Addr,
 		Volumes: vols, Secrets: secrets, Engines: engineStatuses(eng)}, mgr)
+	if o.Cluster.Etcd != "" {
+		csvc, stop, err := joinCluster(ctx, o, svc, st, eng, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		svc = csvc
+	}
 	code := codeint.NewProxy(svc)
 	defer code.Close()
 	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code}

@@ -94,6 +94,7 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.route("GET /v1/events", "events", s.events)
 	s.route("GET /v1/sandboxes/{id}/stats", "sandbox_stats", s.getStats)
 	s.route("GET /v1/stats", "stats_list", s.listStats)
+	s.route("GET /v1/nodes", "node_list", s.listNodes)
 	s.routeVolumes()
 	s.routeSecrets()
 	s.routeCode()

@@ -1,0 +1,289 @@
+// Package cluster makes clade daemons one cluster over etcd: each node
+// registers itself under a lease with its capacity, and writes the
+// directory of the sandboxes it holds (id -> node, state, a name unique
+// cluster-wide). Service wraps the node's own service.Service with what
+// the cluster adds: names checked cluster-wide, the directory kept as
+// sandboxes change, calls on a sandbox another node holds sent to that
+// node, and the list of nodes.
+//
+// etcd holds what the cluster must agree on, never memory images or file
+// data. The keys, under /clade/:
+//
+//	nodes/NAME      api.Node of a live node, bound to its lease
+//	sandboxes/ID    Record: who holds the sandbox, its state and epoch
+//	names/NAME      the id of the sandbox that has the name
+//
+// Every change of a record is a compare-and-swap transaction on its
+// revision. Nothing here imports the lifecycle, an engine or a front: the
+// node is reached through internal/service only.
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/clade-sandbox/clade/api"
+)
+
+const keyPrefix = "/clade/"
+
+func nodeKey(name string) string  { return keyPrefix + "nodes/" + name }
+func sandboxKey(id string) string { return keyPrefix + "sandboxes/" + id }
+func nameKey(name string) string  { return keyPrefix + "names/" + name }
+func nodesPrefix() string         { return keyPrefix + "nodes/" }
+func sandboxesPrefix() string     { return keyPrefix + "sandboxes/" }
+
+// Config is a node's part in a cluster.
+type Config struct {
+	// Node is this node's name, unique in the cluster.
+	Node string
+	// Addr is where other nodes reach this node's API (HOST:PORT of its
+	// --listen); Token is the cluster token they send.
+	Addr, Token string
+	Version     string
+	// LeaseTTL is how long the node's key outlives its last refresh
+	// (default 3 s); Refresh how often it writes its capacity (1 s).
+	LeaseTTL, Refresh time.Duration
+	// LeaseFile keeps the lease's id, so that a restarted node takes its
+	// name back at once instead of waiting for its old lease to lapse.
+	LeaseFile string
+	// Capacity reads what the node has now.
+	Capacity func(ctx context.Context) (api.NodeCapacity, error)
+	Log      *slog.Logger
+}
+
+// Cluster is this node's membership: its lease and key, refreshed until
+// Close.
+type Cluster struct {
+	cfg    Config
+	cli    *clientv3.Client
+	joined time.Time
+
+	mu    sync.Mutex
+	lease clientv3.LeaseID // guarded by mu
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// nodeNameOK allows names that are safe in keys, logs and host names.
+func nodeNameOK(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r >= 'A' && r <= 'Z' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// Join registers the node under a new lease and keeps it refreshed until
+// Close. A name another live node holds is refused once that node's lease
+// has had LeaseTTL to lapse.
+func Join(ctx context.Context, cli *clientv3.Client, cfg Config) (*Cluster, error) {
+	if !nodeNameOK(cfg.Node) {
+		return nil, fmt.Errorf("bad --node %q: give a name of letters, digits, '-', '_' or '.' (at most 63)", cfg.Node)
+	}
+	if cfg.Addr == "" {
+		return nil, errors.New("a cluster node needs an address other nodes reach its API on (--advertise, or --listen)")
+	}
+	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, 3*time.Second)
+	cfg.Refresh = cmp.Or(cfg.Refresh, time.Second)
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Capacity == nil {
+		cfg.Capacity = func(context.Context) (api.NodeCapacity, error) { return api.NodeCapacity{}, nil }
+	}
+	c := &Cluster{cfg: cfg, cli: cli, joined: time.Now().UTC(), stop: make(chan struct{}), done: make(chan struct{})}
+	// A lease of this node's last life: its key goes now, not in TTL.
+	if b, err := os.ReadFile(cfg.LeaseFile); err == nil && cfg.LeaseFile != "" {
+		if id, err := strconv.ParseInt(strings.TrimSpace(string(b)), 16, 64); err == nil {
+			if _, err := cli.Revoke(ctx, clientv3.LeaseID(id)); err == nil {
+				cfg.Log.Info("cluster: revoked the lease of this node's last run", "lease", fmt.Sprintf("%x", id))
+			}
+		}
+	}
+	if err := c.register(ctx); err != nil {
+		return nil, err
+	}
+	go c.run()
+	return c, nil
+}
+
+// register grants a lease and claims the node's key with it.
+func (c *Cluster) register(ctx context.Context) error {
+	deadline := time.Now().Add(2 * c.cfg.LeaseTTL)
+	for {
+		l, err := c.cli.Grant(ctx, int64((c.cfg.LeaseTTL+time.Second-1)/time.Second))
+		if err != nil {
+			return fmt.Errorf("etcd: grant a lease: %w", err)
+		}
+		v, err := c.value(ctx)
+		if err != nil {
+			return err
+		}
+		k := nodeKey(c.cfg.Node)
+		r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(clientv3.OpPut(k, v, clientv3.WithLease(l.ID))).Commit()
+		if err != nil {
+			return fmt.Errorf("etcd: register node %s: %w", c.cfg.Node, err)
+		}
+		if r.Succeeded {
+			c.mu.Lock()
+			c.lease = l.ID
+			c.mu.Unlock()
+			if c.cfg.LeaseFile != "" {
+				_ = os.WriteFile(c.cfg.LeaseFile, []byte(fmt.Sprintf("%x\n", int64(l.ID))), 0o600)
+			}
+			c.cfg.Log.Info("cluster: joined", "node", c.cfg.Node, "addr", c.cfg.Addr, "lease", fmt.Sprintf("%x", int64(l.ID)))
+			return nil
+		}
+		_, _ = c.cli.Revoke(ctx, l.ID)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("another live daemon is node %s of this cluster: give this one another --node, or stop that one", c.cfg.Node)
+		}
+		// Its lease may be lapsing (a daemon killed without its lease
+		// file): wait for the key to go.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(c.cfg.LeaseTTL / 4):
+		}
+	}
+}
+
+// value is the node's key's value now.
+func (c *Cluster) value(ctx context.Context) (string, error) {
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.Refresh)
+	defer cancel()
+	capy, err := c.cfg.Capacity(cctx)
+	if err != nil {
+		c.cfg.Log.Debug("cluster: read capacity", "err", err)
+	}
+	b, err := json.Marshal(api.Node{Name: c.cfg.Node, Addr: c.cfg.Addr, Version: c.cfg.Version, Capacity: capy,
+		JoinedAt: c.joined, RefreshedAt: time.Now().UTC()})
+	return string(b), err
+}
+
+// run refreshes the node's key and lease until Close; a lease that lapsed
+// (etcd out of reach for longer than the TTL) is taken again.
+func (c *Cluster) run() {
+	defer close(c.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-c.stop; cancel() }()
+	t := time.NewTicker(c.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := c.refresh(ctx); err != nil && ctx.Err() == nil {
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				c.cfg.Log.Warn("cluster: this node's lease lapsed; joining again", "node", c.cfg.Node)
+				if err := c.register(ctx); err != nil {
+					c.cfg.Log.Error("cluster: join again", "err", err)
+				}
+				continue
+			}
+			c.cfg.Log.Warn("cluster: refresh this node's key", "err", err)
+		}
+	}
+}
+
+func (c *Cluster) refresh(ctx context.Context) error {
+	c.mu.Lock()
+	lease := c.lease
+	c.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.LeaseTTL)
+	defer cancel()
+	if _, err := c.cli.KeepAliveOnce(cctx, lease); err != nil {
+		return err
+	}
+	v, err := c.value(ctx)
+	if err != nil {
+		return err
+	}
+	// Only while the key is still this lease's: a lapsed one is taken
+	// again by register, never written over a newcomer's.
+	k := nodeKey(c.cfg.Node)
+	r, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.LeaseValue(k), "=", lease)).
+		Then(clientv3.OpPut(k, v, clientv3.WithLease(lease))).Commit()
+	if err == nil && !r.Succeeded {
+		return rpctypes.ErrLeaseNotFound
+	}
+	return err
+}
+
+// Close stops refreshing and revokes the lease: the node leaves the
+// cluster at once. Its directory records stay (the sandboxes outlive the
+// daemon).
+func (c *Cluster) Close() {
+	close(c.stop)
+	<-c.done
+	c.mu.Lock()
+	lease := c.lease
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := c.cli.Revoke(ctx, lease); err == nil && c.cfg.LeaseFile != "" {
+		_ = os.Remove(c.cfg.LeaseFile)
+	}
+}
+
+// Name is this node's name.
+func (c *Cluster) Name() string { return c.cfg.Node }
+
+// Nodes reads the live nodes, by name.
+func (c *Cluster) Nodes(ctx context.Context) ([]api.Node, error) {
+	r, err := c.cli.Get(ctx, nodesPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, unavailable("read the nodes", err)
+	}
+	now := time.Now()
+	var out []api.Node
+	for _, kv := range r.Kvs {
+		var n api.Node
+		if err := json.Unmarshal(kv.Value, &n); err != nil {
+			c.cfg.Log.Warn("cluster: a node key that does not parse", "key", string(kv.Key), "err", err)
+			continue
+		}
+		n.Self = n.Name == c.cfg.Node
+		n.LeaseAgeMS = max(0, now.Sub(n.RefreshedAt).Milliseconds())
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b api.Node) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// node reads one live node.
+func (c *Cluster) node(ctx context.Context, name string) (api.Node, bool, error) {
+	r, err := c.cli.Get(ctx, nodeKey(name))
+	if err != nil {
+		return api.Node{}, false, unavailable("read node "+name, err)
+	}
+	if len(r.Kvs) == 0 {
+		return api.Node{}, false, nil
+	}
+	var n api.Node
+	err = json.Unmarshal(r.Kvs[0].Value, &n)
+	return n, err == nil, err
+}

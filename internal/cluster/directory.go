@@ -1,0 +1,245 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// Record is a sandbox's entry in the cluster directory.
+type Record struct {
+	ID    string `json:"id"`
+	Node  string `json:"node"`
+	State string `json:"state"`
+	Name  string `json:"name,omitempty"`
+	// Epoch is the record's fencing number: it rises when the sandbox
+	// changes hands, so that a node acts on a sandbox only while the
+	// record still names it at the epoch it knows.
+	Epoch     int64     `json:"epoch"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// Sandbox is the holder's view for the cluster's list, without what
+	// stays on the node (environment, traffic token).
+	Sandbox api.Sandbox `json:"sandbox"`
+}
+
+// nameValue is a names/NAME key's value: the sandbox that has the name,
+// or (ID empty) a node's reservation for a create under way, bound to that
+// node's lease.
+type nameValue struct {
+	ID   string `json:"id,omitempty"`
+	Node string `json:"node"`
+}
+
+func unavailable(what string, err error) error {
+	return errdefs.New(errdefs.Unavailable, "cluster: %s: etcd does not answer (%v); try again", what, err)
+}
+
+// summary is what the directory keeps of a sandbox.
+func summary(sb api.Sandbox, node string) api.Sandbox {
+	sb.Node = node
+	sb.Env = nil
+	sb.Ingress = nil
+	return sb
+}
+
+// ReserveName claims name for a create on this node. The reservation is
+// bound to the node's lease (a node that dies mid-create frees it) until
+// Publish turns it into the sandbox's, or release drops it. A name another
+// sandbox or create holds is AlreadyExists.
+func (c *Cluster) ReserveName(ctx context.Context, name string) (release func(), err error) {
+	c.mu.Lock()
+	lease := c.lease
+	c.mu.Unlock()
+	k := nameKey(name)
+	v, _ := json.Marshal(nameValue{Node: c.cfg.Node})
+	r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, string(v), clientv3.WithLease(lease))).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return nil, unavailable("reserve the name "+name, err)
+	}
+	if !r.Succeeded {
+		var held nameValue
+		if kvs := r.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			_ = json.Unmarshal(kvs[0].Value, &held)
+		}
+		if held.ID == "" {
+			return nil, errdefs.New(errdefs.AlreadyExists, "the name %q is being taken by a create on node %s of the cluster: pick another", name, held.Node)
+		}
+		return nil, errdefs.New(errdefs.AlreadyExists, "the name %q is taken in the cluster (sandbox %s on node %s): pick another, or remove that one", name, held.ID, held.Node)
+	}
+	rev := r.Header.Revision
+	return func() {
+		// Only the reservation itself: never a name Publish gave away.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, _ = c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).Then(clientv3.OpDelete(k)).Commit()
+	}, nil
+}
+
+// errNotHolder is Publish's and Unpublish's refusal of a record another
+// node holds.
+var errNotHolder = errors.New("another node holds the record")
+
+// Publish writes the directory record of a sandbox this node holds, and
+// its name, with compare-and-swap on their revisions (retried on a race).
+// A record another node holds is never written over (errNotHolder); a
+// name another sandbox has is left to it (the record then has no name).
+func (c *Cluster) Publish(ctx context.Context, sb api.Sandbox) error {
+	for try := 0; ; try++ {
+		err := c.publish(ctx, sb)
+		if !errors.Is(err, errRace) || try == 4 {
+			return err
+		}
+	}
+}
+
+var errRace = errors.New("the record changed under the write")
+
+func (c *Cluster) publish(ctx context.Context, sb api.Sandbox) error {
+	sk := sandboxKey(sb.ID)
+	ops := []clientv3.Op{clientv3.OpGet(sk)}
+	if sb.Name != "" {
+		ops = append(ops, clientv3.OpGet(nameKey(sb.Name)))
+	}
+	cur, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return unavailable("read the record of "+sb.ID, err)
+	}
+	rec := Record{ID: sb.ID, Node: c.cfg.Node, State: sb.State, Name: sb.Name, Epoch: 1, UpdatedAt: time.Now().UTC(), Sandbox: summary(sb, c.cfg.Node)}
+	var conds []clientv3.Cmp
+	var then []clientv3.Op
+	var old Record
+	if kvs := cur.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if err := json.Unmarshal(kvs[0].Value, &old); err == nil && old.Node != c.cfg.Node {
+			return fmt.Errorf("sandbox %s: node %s holds its record at epoch %d: %w", sb.ID, old.Node, old.Epoch, errNotHolder)
+		}
+		rec.Epoch = max(old.Epoch, 1)
+		conds = append(conds, clientv3.Compare(clientv3.ModRevision(sk), "=", kvs[0].ModRevision))
+	} else {
+		conds = append(conds, clientv3.Compare(clientv3.CreateRevision(sk), "=", 0))
+	}
+	if sb.Name != "" {
+		nk := nameKey(sb.Name)
+		var held nameValue
+		kvs := cur.Responses[1].GetResponseRange().Kvs
+		if len(kvs) > 0 {
+			_ = json.Unmarshal(kvs[0].Value, &held)
+		}
+		switch {
+		case len(kvs) > 0 && held.ID == sb.ID:
+			// Already the sandbox's.
+		case len(kvs) == 0 || held.ID == "" && held.Node == c.cfg.Node:
+			// Free, or this node's reservation: the sandbox's now, for as
+			// long as the sandbox is (no lease).
+			v, _ := json.Marshal(nameValue{ID: sb.ID, Node: c.cfg.Node})
+			if len(kvs) == 0 {
+				conds = append(conds, clientv3.Compare(clientv3.CreateRevision(nk), "=", 0))
+			} else {
+				conds = append(conds, clientv3.Compare(clientv3.ModRevision(nk), "=", kvs[0].ModRevision))
+			}
+			then = append(then, clientv3.OpPut(nk, string(v)))
+		default:
+			c.cfg.Log.Warn("cluster: a sandbox's name is another's in the cluster; its record has none", "sandbox", sb.ID, "name", sb.Name, "holder", held.ID, "node", held.Node)
+			rec.Name = ""
+		}
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	then = append(then, clientv3.OpPut(sk, string(b)))
+	r, err := c.cli.Txn(ctx).If(conds...).Then(then...).Commit()
+	if err != nil {
+		return unavailable("write the record of "+sb.ID, err)
+	}
+	if !r.Succeeded {
+		return errRace
+	}
+	return nil
+}
+
+// Unpublish removes the record of a sandbox this node held, and its name.
+// A record that is gone is nil; one another node holds is errNotHolder.
+func (c *Cluster) Unpublish(ctx context.Context, id string) error {
+	for try := 0; ; try++ {
+		sk := sandboxKey(id)
+		cur, err := c.cli.Get(ctx, sk)
+		if err != nil {
+			return unavailable("read the record of "+id, err)
+		}
+		if len(cur.Kvs) == 0 {
+			return nil
+		}
+		var rec Record
+		if err := json.Unmarshal(cur.Kvs[0].Value, &rec); err == nil && rec.Node != c.cfg.Node {
+			return fmt.Errorf("sandbox %s: node %s holds its record: %w", id, rec.Node, errNotHolder)
+		}
+		then := []clientv3.Op{clientv3.OpDelete(sk)}
+		if rec.Name != "" {
+			nk := nameKey(rec.Name)
+			v, _ := json.Marshal(nameValue{ID: id, Node: c.cfg.Node})
+			then = append(then, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(nk), "=", string(v))}, []clientv3.Op{clientv3.OpDelete(nk)}, nil))
+		}
+		r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sk), "=", cur.Kvs[0].ModRevision)).Then(then...).Commit()
+		if err != nil {
+			return unavailable("remove the record of "+id, err)
+		}
+		if r.Succeeded || try == 4 {
+			return nil
+		}
+	}
+}
+
+// Lookup finds a sandbox's record by id or name; ok is false when the
+// directory has none.
+func (c *Cluster) Lookup(ctx context.Context, ref string) (rec Record, ok bool, err error) {
+	r, err := c.cli.Txn(ctx).Then(clientv3.OpGet(sandboxKey(ref)), clientv3.OpGet(nameKey(ref))).Commit()
+	if err != nil {
+		return Record{}, false, unavailable("look up "+ref, err)
+	}
+	kvs := r.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		var nv nameValue
+		nkvs := r.Responses[1].GetResponseRange().Kvs
+		if len(nkvs) == 0 || json.Unmarshal(nkvs[0].Value, &nv) != nil || nv.ID == "" {
+			return Record{}, false, nil
+		}
+		g, err := c.cli.Get(ctx, sandboxKey(nv.ID))
+		if err != nil {
+			return Record{}, false, unavailable("look up "+ref, err)
+		}
+		kvs = g.Kvs
+		if len(kvs) == 0 {
+			return Record{}, false, nil
+		}
+	}
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return Record{}, false, fmt.Errorf("cluster: the record of %s does not parse: %w", ref, err)
+	}
+	return rec, true, nil
+}
+
+// Records reads the whole directory.
+func (c *Cluster) Records(ctx context.Context) ([]Record, error) {
+	r, err := c.cli.Get(ctx, sandboxesPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, unavailable("read the directory", err)
+	}
+	out := make([]Record, 0, len(r.Kvs))
+	for _, kv := range r.Kvs {
+		var rec Record
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+			c.cfg.Log.Warn("cluster: a record that does not parse", "key", string(kv.Key), "err", err)
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}

@@ -1,0 +1,124 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Embed is an etcd member run inside this process (`--cluster embed`).
+type Embed struct {
+	// Name is the member's name (the node's).
+	Name string
+	// Dir holds the member's data (DATA-DIR/etcd).
+	Dir string
+	// Client and Peer are the loopback (or private) addresses it listens
+	// on, HOST:PORT.
+	Client, Peer string
+	// Peers, when set, is the initial cluster of a multi-member etcd:
+	// NAME=http://HOST:PORT,... naming this member too. Empty: a
+	// one-member etcd.
+	Peers string
+}
+
+// Etcd is a running embedded member.
+type Etcd struct {
+	e *embed.Etcd
+	// Endpoints are the client URLs to reach it.
+	Endpoints []string
+}
+
+// StartEmbed starts an embedded etcd member and waits until it serves
+// (its cluster has a leader), or ctx ends.
+func StartEmbed(ctx context.Context, c Embed) (*Etcd, error) {
+	if c.Name == "" || c.Dir == "" {
+		return nil, errors.New("embedded etcd: no name or data dir")
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = c.Name
+	cfg.Dir = c.Dir
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cu, err := hostURL(c.Client, "--cluster-listen")
+	if err != nil {
+		return nil, err
+	}
+	pu, err := hostURL(c.Peer, "--cluster-peer-listen")
+	if err != nil {
+		return nil, err
+	}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	cfg.InitialClusterToken = "clade"
+	if c.Peers != "" {
+		if !strings.Contains(c.Peers, c.Name+"=") {
+			return nil, fmt.Errorf("--cluster-peers %q does not name this node (%s=http://%s)", c.Peers, c.Name, c.Peer)
+		}
+		cfg.InitialCluster = c.Peers
+	} else {
+		cfg.InitialCluster = cfg.InitialClusterFromName(c.Name)
+	}
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("start the embedded etcd: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("embedded etcd: %w", err)
+	case <-ctx.Done():
+		e.Close()
+		return nil, ctx.Err()
+	}
+	return &Etcd{e: e, Endpoints: []string{cu.String()}}, nil
+}
+
+// Close stops the member.
+func (e *Etcd) Close() { e.e.Close() }
+
+func hostURL(hostport, flag string) (url.URL, error) {
+	if _, _, err := net.SplitHostPort(hostport); err != nil {
+		return url.URL{}, fmt.Errorf("bad %s %q: give HOST:PORT such as 127.0.0.1:2379", flag, hostport)
+	}
+	return url.URL{Scheme: "http", Host: hostport}, nil
+}
+
+// ParseEndpoints reads `etcd://HOST:PORT[,HOST:PORT...]` into client URLs.
+func ParseEndpoints(s string) ([]string, error) {
+	rest, ok := strings.CutPrefix(s, "etcd://")
+	if !ok || rest == "" {
+		return nil, fmt.Errorf("bad --cluster %q: give etcd://HOST:2379[,HOST:2379...] or embed", s)
+	}
+	var eps []string
+	for _, hp := range strings.Split(rest, ",") {
+		if _, _, err := net.SplitHostPort(hp); err != nil {
+			return nil, fmt.Errorf("bad --cluster endpoint %q: give HOST:PORT", hp)
+		}
+		eps = append(eps, "http://"+hp)
+	}
+	return eps, nil
+}
+
+// Dial connects to etcd and checks that it answers within timeout.
+func Dial(ctx context.Context, endpoints []string, timeout time.Duration) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: timeout, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %s: %w", strings.Join(endpoints, ","), err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := cli.Get(cctx, keyPrefix+"ping"); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("etcd %s does not answer: %w (is it running? start one, or give --cluster embed)", strings.Join(endpoints, ","), err)
+	}
+	return cli, nil
+}

@@ -1,0 +1,136 @@
+package system
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/cluster"
+	"github.com/clade-sandbox/clade/internal/engine/multi"
+	"github.com/clade-sandbox/clade/internal/hostinfo"
+	"github.com/clade-sandbox/clade/internal/service"
+	"github.com/clade-sandbox/clade/internal/store"
+)
+
+// ClusterOptions is a daemon's part in a cluster (--cluster ...). A zero
+// value (Etcd empty) is a daemon outside any cluster: no etcd at all.
+type ClusterOptions struct {
+	// Etcd is "embed" (an etcd member in the daemon) or
+	// etcd://HOST:PORT[,HOST:PORT...].
+	Etcd string
+	// Node names this daemon in the cluster; Advertise is the address
+	// other nodes reach its API on (default: --listen).
+	Node, Advertise string
+	// EmbedListen and EmbedPeerListen are the embedded member's client
+	// and peer addresses; EmbedPeers its initial cluster
+	// (NAME=http://HOST:PORT,...) for a multi-member etcd.
+	EmbedListen, EmbedPeerListen, EmbedPeers string
+	// LeaseTTL is how long the node's key outlives its last refresh.
+	LeaseTTL time.Duration
+}
+
+// joinCluster starts the embedded etcd (if asked), joins the cluster and
+// returns the service the fronts use, with what to stop at exit.
+func joinCluster(ctx context.Context, o Options, local service.Service, st *store.Store, eng *multi.Engine, log *slog.Logger) (service.Service, func(), error) {
+	co := o.Cluster
+	if o.Listen == "" || o.Token == "" {
+		return nil, nil, errors.New("--cluster needs --listen and --token-file: other nodes reach this one's API there, with the token every node of the cluster shares")
+	}
+	var stops []func()
+	stop := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	var endpoints []string
+	if co.Etcd == "embed" {
+		e, err := cluster.StartEmbed(ctx, cluster.Embed{Name: co.Node, Dir: filepath.Join(o.DataDir, "etcd"),
+			Client: co.EmbedListen, Peer: co.EmbedPeerListen, Peers: co.EmbedPeers})
+		if err != nil {
+			return nil, nil, err
+		}
+		stops = append(stops, e.Close)
+		endpoints = e.Endpoints
+		log.Info("cluster: embedded etcd serving", "client", co.EmbedListen, "peer", co.EmbedPeerListen)
+	} else {
+		var err error
+		if endpoints, err = cluster.ParseEndpoints(co.Etcd); err != nil {
+			return nil, nil, err
+		}
+	}
+	cli, err := cluster.Dial(ctx, endpoints, 10*time.Second)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	stops = append(stops, func() { cli.Close() })
+	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, local, st, eng) }
+	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: o.Token,
+		Version: o.Version, LeaseTTL: co.LeaseTTL, LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	stops = append(stops, c.Close)
+	svc := cluster.NewService(c, local)
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := svc.Sync(sctx); err != nil && sctx.Err() == nil {
+			log.Error("cluster: the directory is no longer written", "err", err)
+		}
+	}()
+	stops = append(stops, func() { cancel(); <-done })
+	return svc, stop, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// nodeCapacity is what the node tells the cluster it has.
+func nodeCapacity(ctx context.Context, local service.Service, st *store.Store, eng *multi.Engine) (api.NodeCapacity, error) {
+	c := api.NodeCapacity{Cores: runtime.NumCPU()}
+	var errs []error
+	var err error
+	if c.MemoryTotalMiB, err = hostinfo.MemTotalMiB(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MemAvailableMiB, err = hostinfo.MemAvailableMiB(); err != nil {
+		errs = append(errs, err)
+	}
+	committed, err := st.CommittedMemoryMiB(ctx)
+	errs = append(errs, err)
+	c.MemoryAdmittedMiB = int64(committed)
+	for _, s := range eng.Statuses() {
+		if s.Available {
+			c.Engines = append(c.Engines, s.Name)
+		}
+	}
+	sbs, err := local.List(ctx)
+	errs = append(errs, err)
+	c.Sandboxes = len(sbs)
+	for _, sb := range sbs {
+		if sb.State == "running" {
+			c.Running++
+		}
+	}
+	imgs, err := local.ListImages(ctx)
+	errs = append(errs, err)
+	for _, im := range imgs {
+		c.Images = append(c.Images, im.Name)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("node capacity: %w", err)
+	}
+	return c, nil
+}
