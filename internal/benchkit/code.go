@@ -209,21 +209,6 @@ func (r *runner) phaseCode(ctx context.Context, ph *Phase) {
 	ph.record(errs)
 }
 
-// waitHot waits, up to 3 minutes, until the daemon's hot pool holds a
-// sandbox again.
-func (r *runner) waitHot(ctx context.Context) {
-	deadline := time.Now().Add(3 * time.Minute)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if h, err := r.clade.c.Health(ctx); err != nil || h.Hot > 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 // poolsCode reports whether the daemon keeps hot code-interpreter
 // sandboxes: a create claims one in milliseconds, which the phase checks
 // with a create it times (the pool refills before the samples).
