@@ -22,8 +22,9 @@ import (
 var Phases = []string{"create", "claim", "exec", "snapshot", "fork", "wake", "memfork", "density", "volwake", "netcreate", "proxy", "proxywake", "masswake", "files", "storm"}
 
 // OptionalPhases run only when asked for: they need more than one daemon
-// (atrest: a second one with --encrypt-at-rest, Config.EncryptedHost).
-var OptionalPhases = []string{"atrest"}
+// (atrest: a second one with --encrypt-at-rest, Config.EncryptedHost) or
+// an image built ahead (code: the code-interpreter image, minutes to build).
+var OptionalPhases = []string{"atrest", "code"}
 
 // Config is one run's settings; DefaultConfig has the defaults.
 type Config struct {
@@ -303,7 +304,7 @@ func Run(ctx context.Context, c *sdk.Client, cfg Config) (*Result, error) {
 }
 
 // noBaseline are the phases without a plain-runsc side.
-var noBaseline = map[string]bool{"atrest": true, "claim": true, "files": true, "storm": true, "density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
+var noBaseline = map[string]bool{"atrest": true, "code": true, "claim": true, "files": true, "storm": true, "density": true, "netcreate": true, "proxy": true, "proxywake": true, "masswake": true}
 
 var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"create":    (*runner).phaseCreate,
@@ -322,6 +323,7 @@ var phaseFuncs = map[string]func(*runner, context.Context, *Phase){
 	"files":     (*runner).phaseFiles,
 	"storm":     (*runner).phaseStorm,
 	"atrest":    (*runner).phaseAtrest,
+	"code":      (*runner).phaseCode,
 }
 
 // orDefault returns v, or def when v is 0.

@@ -49,6 +49,7 @@ type Phase struct {
 	Files         *Files      `json:"files,omitempty"`
 	Storm         []StormWave `json:"storm,omitempty"`
 	AtRest        *AtRest     `json:"atrest,omitempty"`
+	Code          *Code       `json:"code,omitempty"`
 }
 
 // Proxy is the throughput of one download from a sandbox's HTTP server,

@@ -126,6 +126,10 @@ func WriteTable(w io.Writer, res *Result) error {
 				fmt.Fprintf(w, "; %d failed, %d deferred (503, retried) in %d clients\n", s.Failed, s.Deferred, s.Retried)
 			}
 		}
+		if c := ph.Code; c != nil && c.ForkChildren > 0 {
+			fmt.Fprintf(w, "\ncode: fork of a context holding a %d MiB DataFrame (%d rows) into %d: %d of %d children answered len(df) correctly\n",
+				c.ForkMiB, c.ForkRows, codeForkN, c.ForkCorrect, c.ForkChildren)
+		}
 		if a := ph.AtRest; a != nil {
 			fmt.Fprintf(w, "\natrest: volume sequential %d MiB, write+fsync %.0f MiB/s encrypted vs %.0f plain, read %.0f MiB/s encrypted vs %.0f plain (p50)\n",
 				a.MiB, a.EncWriteMiBs, a.PlainWriteMiBs, a.EncReadMiBs, a.PlainReadMiBs)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -40,20 +41,44 @@ func StartCommand() string { return startScript }
 
 // Proxy carries requests to the interpreter servers of sandboxes, over
 // the service's port dial (a request wakes a sleeping sandbox), starting a
-// server the first time a sandbox is asked.
+// server the first time a sandbox is asked and finds none.
+//
+// A request goes to the server first: a sandbox the hot pool warmed (its
+// image's warm step is StartCommand), a fork child or a woken sandbox has
+// its server running already, and pays no start check. Only a dial that
+// finds nothing listening runs Ensure and tries again. A sandbox not yet
+// known to run a server in its current life (service.Traffic.Ready) has
+// that first dial bounded by probeDial: a sandbox that has just woken
+// holds a refused port for a while (its server may be coming back), and
+// one that never ran a server must not wait that out.
 type Proxy struct {
-	svc     service.Service
-	tr      *http.Transport
-	mu      sync.Mutex
-	started map[string]bool
+	svc service.Service
+	tr  *http.Transport
+	mu  sync.Mutex
+	// started holds, per sandbox, the life (service.Traffic.Ready) in
+	// which its server was seen answering.
+	started map[string]any // guarded by mu
 }
+
+// probeDial bounds the first dial to a sandbox not known to run a server.
+const probeDial = time.Second
+
+// maxStarted bounds the started map (removed sandboxes leave entries).
+const maxStarted = 4096
+
+type probeKey struct{}
 
 // NewProxy returns a proxy over svc.
 func NewProxy(svc service.Service) *Proxy {
-	p := &Proxy{svc: svc, started: map[string]bool{}}
+	p := &Proxy{svc: svc, started: map[string]any{}}
 	p.tr = &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			id, _, _ := strings.Cut(addr, ":")
+			if ctx.Value(probeKey{}) != nil {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, probeDial)
+				defer cancel()
+			}
 			return svc.Dial(ctx, id, service.Wake, Port)
 		},
 		// No pooled connections: a connection kept across a sleep (or a
@@ -86,9 +111,6 @@ func (p *Proxy) Ensure(ctx context.Context, id string) error {
 	}
 	switch exit.Code {
 	case 0:
-		p.mu.Lock()
-		p.started[id] = true
-		p.mu.Unlock()
 		return nil
 	case 3:
 		return errdefs.New(errdefs.Conflict, "sandbox %s has no code interpreter: create it from the %s image (clade create --image %s)", id, Image, Image)
@@ -100,26 +122,27 @@ func (p *Proxy) Ensure(ctx context.Context, id string) error {
 // /execute, /contexts...) and returns its response, which the caller
 // closes. body is sent as JSON.
 func (p *Proxy) Do(ctx context.Context, id, method, path string, body []byte) (*http.Response, error) {
-	p.mu.Lock()
-	started := p.started[id]
-	p.mu.Unlock()
-	if !started {
-		if err := p.Ensure(ctx, id); err != nil {
-			return nil, err
-		}
+	// Wakes a sleeping sandbox; for a running one a map lookup.
+	life, err := p.svc.Ready(ctx, id, service.Wake)
+	if err != nil {
+		return nil, err
 	}
-	resp, err := p.send(ctx, id, method, path, body)
-	if err != nil && ctx.Err() == nil {
-		// A server that is gone (a restarted sandbox) or a pooled
-		// connection a sleep cut: start it if needed and try once more.
-		// Only requests that reached no server are retried.
-		var op *net.OpError
-		if errors.As(err, &op) || errors.Is(err, io.EOF) || errdefs.IsUnavailable(err) {
-			if eerr := p.Ensure(ctx, id); eerr != nil {
-				return nil, eerr
-			}
-			resp, err = p.send(ctx, id, method, path, body)
+	p.mu.Lock()
+	known := p.started[id] == life
+	p.mu.Unlock()
+	sctx := ctx
+	if !known {
+		sctx = context.WithValue(ctx, probeKey{}, true)
+	}
+	resp, err := p.send(sctx, id, method, path, body)
+	if err != nil && ctx.Err() == nil && noServer(err) {
+		// No server (never started, a restarted sandbox, one that
+		// died): start it and try once more. Only requests that reached
+		// no server are retried.
+		if eerr := p.Ensure(ctx, id); eerr != nil {
+			return nil, eerr
 		}
+		resp, err = p.send(ctx, id, method, path, body)
 	}
 	if err != nil {
 		if errdefs.ClassOf(err) != errdefs.Internal {
@@ -127,7 +150,23 @@ func (p *Proxy) Do(ctx context.Context, id, method, path string, body []byte) (*
 		}
 		return nil, errdefs.New(errdefs.Unavailable, "code interpreter of sandbox %s: %v", id, err)
 	}
+	if !known {
+		p.mu.Lock()
+		if len(p.started) >= maxStarted {
+			clear(p.started)
+		}
+		p.started[id] = life
+		p.mu.Unlock()
+	}
 	return resp, nil
+}
+
+// noServer reports whether err is a request that reached no server: a
+// refused (or, probing, timed out) dial, a connection closed before any
+// answer.
+func noServer(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) || errors.Is(err, io.EOF) || errdefs.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
 func (p *Proxy) send(ctx context.Context, id, method, path string, body []byte) (*http.Response, error) {

@@ -42,7 +42,10 @@ var Packages = []string{
 }
 
 func init() {
-	image.RegisterRecipe(image.Recipe{Name: Image, About: "bookworm + Python kernels (ipykernel), numpy, pandas, matplotlib, scipy, Node.js", Include: Packages, Post: post})
+	image.RegisterRecipe(image.Recipe{Name: Image, About: "bookworm + Python kernels (ipykernel), numpy, pandas, matplotlib, scipy, Node.js", Include: Packages, Post: post,
+		// Hot-pool sandboxes run the server and its default Python kernel
+		// before a create claims one.
+		Warm: startScript})
 }
 
 // post installs the server into the image.

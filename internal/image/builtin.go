@@ -34,6 +34,18 @@ type Recipe struct {
 	// with rootfs the image's root: every path it writes must stay under
 	// it.
 	Post func(ctx context.Context, rootfs string) error
+	// Warm, if set, is a shell command (/bin/sh -c) run in every hot-pool
+	// sandbox of the image after its start, before a create may claim it:
+	// what the image's first use would otherwise wait for (the code
+	// interpreter's server and its Python kernel). A sandbox whose warm
+	// step fails is destroyed, never handed out.
+	Warm string
+}
+
+// WarmCommand returns the warm step of the built-in image name (Recipe.Warm),
+// or "" when it has none.
+func WarmCommand(name string) string {
+	return recipes[name].Warm
 }
 
 // Source is what the image records as where it came from.

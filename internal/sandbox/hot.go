@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
@@ -110,11 +112,64 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 		}
 		return "", errors.Join(err, m.store.RemovePoolSandbox(ctx, rec.ID))
 	}
+	if err := m.warmHot(ctx, sh.Image, sb); err != nil {
+		// Never handed out half warm: destroyed, and the pool backs off
+		// this shape as for any failed start.
+		return "", errors.Join(err, m.destroyHot(context.WithoutCancel(ctx), rec.ID))
+	}
 	m.mu.Lock()
 	m.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS, spec: started, network: rec.Opts.Network}
 	m.mu.Unlock()
 	return rec.ID, nil
 }
+
+// warmTimeout bounds an image's warm step in a hot sandbox.
+const warmTimeout = 2 * time.Minute
+
+// warmHot runs the warm step of image (image.WarmCommand) in the hot
+// sandbox sb, if it has one, and fails unless it exits 0.
+func (m *Manager) warmHot(ctx context.Context, imageName string, sb engine.Sandbox) error {
+	cmd := image.WarmCommand(imageName)
+	if cmd == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, warmTimeout+10*time.Second)
+	defer cancel()
+	start := time.Now()
+	proc, err := sb.Guest().Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Timeout: warmTimeout})
+	if err != nil {
+		return fmt.Errorf("hot pool: warm step of the %s image: %w", imageName, err)
+	}
+	defer proc.Close()
+	var out tailBuffer
+	done := make(chan struct{})
+	go func() { _, _ = io.Copy(&out, proc.Stderr); close(done) }()
+	_, _ = io.Copy(&out, proc.Stdout)
+	<-done
+	exit, err := proc.Wait(ctx)
+	if err != nil {
+		return fmt.Errorf("hot pool: warm step of the %s image: %w", imageName, err)
+	}
+	if exit.Code != 0 {
+		return fmt.Errorf("hot pool: warm step of the %s image exited %d: %s", imageName, exit.Code, strings.TrimSpace(out.String()))
+	}
+	m.log.Debug("hot pool: warmed a sandbox", "image", imageName, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// tailBuffer keeps the last 2 KiB written to it (what a failed warm step
+// said last).
+type tailBuffer struct{ b []byte }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > 2048 {
+		t.b = append(t.b[:0], t.b[len(t.b)-2048:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return strings.ToValidUTF8(string(t.b), "?") }
 
 // destroyHot removes a hot sandbox nobody claimed.
 func (m *Manager) destroyHot(ctx context.Context, id string) error {
@@ -155,7 +210,10 @@ func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[s
 // one started cold, slower than a prepared one), and its misses teach the
 // pool nothing.
 func (m *Manager) takeHot(ctx context.Context, req CreateRequest, sh pool.Shape, root string) (string, hotSandbox, bool) {
-	if !hotServes(req) {
+	if !hotServes(req) || (hasEnvSecrets(req) && image.WarmCommand(req.Image) != "") {
+		// A warmed sandbox's processes (the code interpreter's kernels)
+		// started before the claim handed the agent its secret
+		// environment, and would not see it: such a create starts cold.
 		return "", hotSandbox{}, false
 	}
 	for {
@@ -192,6 +250,17 @@ func hotServes(req CreateRequest) bool {
 		}
 	}
 	return true
+}
+
+// hasEnvSecrets reports whether req gives the sandbox secrets as
+// environment variables.
+func hasEnvSecrets(req CreateRequest) bool {
+	for _, s := range req.Opts.Secrets {
+		if s.File == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // giveBackHot returns an unclaimed hot sandbox to the pool: a create that
