@@ -240,6 +240,9 @@ func (m *tuiModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		}
 		return m, tea.Batch(m.refreshNow(), m.nextEvent())
 	case tuiStreamErr:
+		// The first loss is said; a retry that fails again keeps whatever
+		// the status says since (a shell's failure, an action's result).
+		first := m.streamLost == nil
 		m.live, m.streamLost = false, msg.err
 		if sdk.IsNotFound(msg.err) {
 			m.lastSeq = 0 // the events after it are gone: reload and follow from now
@@ -248,11 +251,13 @@ func (m *tuiModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 			// Never up: the daemon is away, which the screen says.
 			return m, tea.Tick(time.Second, func(time.Time) tea.Msg { return tuiReconnect{} })
 		}
-		m.status = "events stream lost, reconnecting"
-		if m.lastSeq > 0 {
-			m.status += fmt.Sprintf(" from event %d", m.lastSeq)
+		if first {
+			m.status = "events stream lost, reconnecting"
+			if m.lastSeq > 0 {
+				m.status += fmt.Sprintf(" from event %d", m.lastSeq)
+			}
+			m.status += ": " + msg.err.Error()
 		}
-		m.status += ": " + msg.err.Error()
 		return m, tea.Tick(time.Second, func(time.Time) tea.Msg { return tuiReconnect{} })
 	case tuiReconnect:
 		return m, m.watch()
