@@ -124,8 +124,7 @@ func (s *Store) EnsureBuiltin(ctx context.Context, name string) error {
 	if s.Built(name) {
 		return nil // another process built it while we waited
 	}
-	deboot, err := exec.LookPath("debootstrap")
-	if err != nil {
+	if _, err := exec.LookPath("debootstrap"); err != nil {
 		return fmt.Errorf("debootstrap not found: run `make deps` (apt-get install debootstrap) to build the %s image", name)
 	}
 	start := time.Now()
@@ -141,22 +140,17 @@ func (s *Store) EnsureBuiltin(ctx context.Context, name string) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.CommandContext(ctx, deboot, "--variant=minbase", "--include="+strings.Join(r.Include, ","), "bookworm", rootfs, s.Mirror)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("debootstrap of the %s image failed (log in %s): %w", name, logf.Name(), err)
-	}
-	if len(r.Apt) > 0 {
-		if err := aptInstall(ctx, rootfs, r.Apt, logf); err != nil {
-			return fmt.Errorf("installing the %s image's packages (log in %s): %w", name, logf.Name(), err)
+	if err := s.runRecipe(ctx, r, rootfs, logf); err != nil {
+		// The build directory goes at the next attempt: its log is kept
+		// beside the images, the last failed build's, for the user.
+		kept := s.FailedBuildLog(name)
+		fmt.Fprintf(logf, "\nclade: the build of the %s image failed: %v\n", name, err)
+		if cerr := copyFile(logf.Name(), kept); cerr != nil {
+			return fmt.Errorf("%w (its log could not be kept: %v)", err, cerr)
 		}
+		return fmt.Errorf("%w (log in %s)", err, kept)
 	}
-	if r.Post != nil {
-		if err := r.Post(ctx, rootfs); err != nil {
-			return fmt.Errorf("finishing the %s image: %w", name, err)
-		}
-	}
+	_ = os.Remove(s.FailedBuildLog(name))
 	// Package caches are not part of the image.
 	for _, p := range []string{"var/cache/apt/archives", "var/lib/apt/lists"} {
 		ents, _ := os.ReadDir(filepath.Join(rootfs, p))
@@ -183,6 +177,51 @@ func (s *Store) EnsureBuiltin(ctx context.Context, name string) error {
 	}
 	s.log.Info(name+" image built", "took", time.Since(start).Round(time.Second), "size_mib", img.SizeBytes>>20)
 	return nil
+}
+
+// FailedBuildLog is where the log of the last failed build of the
+// built-in image name is kept (removed once a build succeeds).
+func (s *Store) FailedBuildLog(name string) string {
+	return filepath.Join(s.dir, "."+name+".failed-build.log")
+}
+
+// runRecipe runs r's debootstrap, apt-get and post step into rootfs,
+// logging to logf.
+func (s *Store) runRecipe(ctx context.Context, r Recipe, rootfs string, logf *os.File) error {
+	deboot, err := exec.LookPath("debootstrap")
+	if err != nil {
+		return fmt.Errorf("debootstrap not found: run `make deps` (apt-get install debootstrap) to build the %s image", r.Name)
+	}
+	cmd := exec.CommandContext(ctx, deboot, "--variant=minbase", "--include="+strings.Join(r.Include, ","), "bookworm", rootfs, s.Mirror)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("debootstrap of the %s image failed: %w", r.Name, err)
+	}
+	if len(r.Apt) > 0 {
+		if err := aptInstall(ctx, rootfs, r.Apt, logf); err != nil {
+			return fmt.Errorf("installing the %s image's packages: %w", r.Name, err)
+		}
+	}
+	if r.Post != nil {
+		if err := r.Post(ctx, rootfs); err != nil {
+			return fmt.Errorf("finishing the %s image: %w", r.Name, err)
+		}
+	}
+	return nil
+}
+
+// copyFile copies src to dst (replaced whole: written aside, renamed).
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
 }
 
 // aptInstall installs pkgs into rootfs with the root's own apt-get, in a
