@@ -23,7 +23,19 @@ func (c *Conn) Dial(ctx context.Context, port int) (*StreamConn, error) {
 	if port < 1 || port > 65535 {
 		return nil, errdefs.New(errdefs.InvalidArgument, "port %d is out of range: use 1 to 65535", port)
 	}
-	ch, err := c.open(ctx, wire.Request{Op: wire.OpDial, Port: port, Stdin: true})
+	ch, err := c.openStarted(ctx, wire.Request{Op: wire.OpDial, Port: port, Stdin: true},
+		errdefs.New(errdefs.Unavailable, "port %d: the agent closed the connection at once", port))
+	if err != nil {
+		return nil, err
+	}
+	return &StreamConn{ch: ch, port: port}, nil
+}
+
+// openStarted opens a channel for req and waits until the agent started
+// it. A channel the agent ended at once instead is the error its exit
+// says, or atOnce when it says none.
+func (c *Conn) openStarted(ctx context.Context, req wire.Request, atOnce error) (*call, error) {
+	ch, err := c.open(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -33,18 +45,17 @@ func (c *Conn) Dial(ctx context.Context, port int) (*StreamConn, error) {
 	}
 	select {
 	case <-ch.started:
+		return ch, nil
 	default:
-		// The agent ended the channel without connecting: Wait has why.
-		exit, err := ch.wait(ctx)
-		if err == nil {
-			err = exitError(exit)
-		}
-		if err == nil {
-			err = errdefs.New(errdefs.Unavailable, "port %d: the agent closed the connection at once", port)
-		}
-		return nil, err
 	}
-	return &StreamConn{ch: ch, port: port}, nil
+	exit, err := ch.wait(ctx)
+	if err == nil {
+		err = exitError(exit)
+	}
+	if err == nil {
+		err = atOnce
+	}
+	return nil, err
 }
 
 // StreamConn is a connection to a port inside a sandbox (see Conn.Dial). It

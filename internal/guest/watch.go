@@ -27,24 +27,9 @@ func (c *Conn) Watch(ctx context.Context, p string, recursive bool) (*Watch, err
 	if !c.hasFeature(wire.FeatureWatch) {
 		return nil, errdefs.New(errdefs.InvalidArgument, "the sandbox's agent has no directory watches (it predates them: recreate the sandbox)")
 	}
-	ch, err := c.open(ctx, wire.Request{Op: wire.OpWatch, Path: p, Recursive: recursive})
+	ch, err := c.openStarted(ctx, wire.Request{Op: wire.OpWatch, Path: p, Recursive: recursive},
+		errdefs.New(errdefs.Internal, "watch %s: the agent ended the watch at once", p))
 	if err != nil {
-		return nil, err
-	}
-	if err := ch.waitStarted(ctx); err != nil {
-		ch.close()
-		return nil, err
-	}
-	select {
-	case <-ch.started:
-	default:
-		exit, err := ch.wait(ctx)
-		if err == nil {
-			err = exitError(exit)
-		}
-		if err == nil {
-			err = errdefs.New(errdefs.Internal, "watch %s: the agent ended the watch at once", p)
-		}
 		return nil, err
 	}
 	sc := bufio.NewScanner(ch.stdout)
