@@ -35,8 +35,8 @@ type Copies struct {
 
 	mu       sync.Mutex
 	inflight map[string]*putJob
-	// restoring serializes Restores: two wakes or forks that find an
-	// image gone fetch it once.
+	// restoring serializes the fetches of Restore: two wakes or forks
+	// that find an image gone fetch it once.
 	restoring sync.Mutex
 	bg        sync.WaitGroup
 	ctx       context.Context
@@ -201,9 +201,18 @@ func (c *Copies) Restore(ctx context.Context, name, dir string) (bool, error) {
 	if c == nil {
 		return false, nil
 	}
+	present := func() bool {
+		_, err := os.Lstat(dir)
+		return err == nil || !errors.Is(err, fs.ErrNotExist)
+	}
+	// The common case, an image still here, never waits behind another
+	// image's fetch; a missing one is checked again under the lock.
+	if present() {
+		return false, nil
+	}
 	c.restoring.Lock()
 	defer c.restoring.Unlock()
-	if _, err := os.Lstat(dir); err == nil || !errors.Is(err, fs.ErrNotExist) {
+	if present() {
 		return false, nil
 	}
 	r, err := c.read(name)
