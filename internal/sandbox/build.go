@@ -62,7 +62,7 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 	if req.Workdir != "" {
 		cfg.WorkingDir = req.Workdir
 	}
-	g, err := m.Guest(ctx, rec.ID)
+	g, err := m.GuestWaking(ctx, rec.ID)
 	if err != nil {
 		return image.Image{}, err
 	}
@@ -100,7 +100,7 @@ func (m *Manager) makeTemplate(ctx context.Context, img image.Image, req CommitR
 		}
 	}()
 	run := func(cmd string, env ...string) (guest.ExitStatus, string, error) {
-		g, err := m.Guest(ctx, sb.ID)
+		g, err := m.GuestWaking(ctx, sb.ID)
 		if err != nil {
 			return guest.ExitStatus{}, "", err
 		}

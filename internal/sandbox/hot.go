@@ -69,11 +69,11 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	// give back what the refill starts at its next tick (a start and a
 	// destroy every tick, and no idle sandbox ever put to sleep, since a
 	// flush that gave back something ends the tick).
-	if err := m.nearPressure("hot pool", 64*max(1, m.cfg.hotPinned())); err != nil {
+	if err := m.admission.nearPressure("hot pool", 64*max(1, m.cfg.hotPinned())); err != nil {
 		return "", err
 	}
 	// A hot sandbox holds its idle memory: never at the cost of the floor.
-	resv, err := m.admit(64)
+	resv, err := m.admission.admit(64)
 	if err != nil {
 		return "", err
 	}
@@ -87,7 +87,7 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 		// Until a claim only the agent runs in it: it starts with the
 		// policy a plain create gets, so the common claim has no rules to
 		// apply; a claim asking for another policy has its hooks apply it.
-		nw, err := m.poolNetwork(sh)
+		nw, err := m.hooks.poolNetwork(sh)
 		if err != nil {
 			return "", err
 		}
@@ -98,7 +98,7 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 		return "", err
 	}
 	var started engine.Spec
-	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+	sb, err := m.startLocked(ctx, rec, specOf(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
 		started = spec
 		return m.eng.Create(ctx, spec)
 	})
@@ -176,7 +176,7 @@ func (m *Manager) destroyHot(ctx context.Context, id string) error {
 	m.mu.Lock()
 	delete(m.hot, id)
 	m.mu.Unlock()
-	if err := errors.Join(m.eng.Destroy(ctx, id), m.afterStop(ctx, store.Sandbox{ID: id})); err != nil {
+	if err := errors.Join(m.eng.Destroy(ctx, id), m.hooks.afterStop(ctx, store.Sandbox{ID: id})); err != nil {
 		return err // still marked: the next restart tries again
 	}
 	return m.store.RemovePoolSandbox(ctx, id)
@@ -280,10 +280,10 @@ func (m *Manager) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
 // secret files), it is replaced by a sandbox started cold for rec. On
 // error nothing of it is left.
 func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, error) {
-	spec := m.spec(rec, img)
+	spec := specOf(rec, img)
 	// The hooks see a start (that is how they apply options to a slot the
 	// sandbox already has).
-	if err := m.beforeStart(ctx, rec, &spec); err != nil {
+	if err := m.hooks.beforeStart(ctx, rec, &spec); err != nil {
 		if renamed != nil {
 			<-renamed
 		}
@@ -302,7 +302,7 @@ func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Ima
 		case err := <-renamed: // answered already, or never sent
 			if err != nil {
 				err = fmt.Errorf("claim a hot sandbox: set its hostname: %w", err)
-				return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+				return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, rec))
 			}
 		default:
 			go func() {
@@ -315,14 +315,14 @@ func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Ima
 	if want, have := spec, h.spec; !sameStart(want, have) {
 		m.log.Info("hot pool: the sandbox's hooks ask for more than a hot sandbox has; starting it cold", "sandbox", rec.ID)
 		if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
-			return nil, errors.Join(err, m.afterStop(ctx, rec))
+			return nil, errors.Join(err, m.hooks.afterStop(ctx, rec))
 		}
-		return m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+		return m.startLocked(ctx, rec, specOf(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
 			return m.eng.Create(ctx, spec)
 		})
 	}
-	if err := m.afterStart(ctx, rec, h.sb); err != nil {
-		return nil, errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+	if err := m.hooks.afterStart(ctx, rec, h.sb); err != nil {
+		return nil, errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, rec))
 	}
 	return h.sb, nil
 }
@@ -353,18 +353,18 @@ func (m *Manager) claimReady(ctx context.Context, rec *store.Sandbox, img image.
 		if renamed != nil {
 			<-renamed
 		}
-		return nil, true, errors.Join(err, m.destroyHot(ctx, rec.ID), m.afterRemove(ctx, *rec))
+		return nil, true, errors.Join(err, m.destroyHot(ctx, rec.ID), m.hooks.afterRemove(ctx, *rec))
 	}
-	m.crashPoint("create-before-engine")
-	spec := m.spec(*rec, img)
-	if err := m.beforeStart(ctx, *rec, &spec); err != nil {
+	m.crash.hit("create-before-engine")
+	spec := specOf(*rec, img)
+	if err := m.hooks.beforeStart(ctx, *rec, &spec); err != nil {
 		return fail(err)
 	}
 	if !sameStart(spec, h.spec) {
 		return nil, false, nil
 	}
 	st.mark("hooks")
-	if err := m.afterStart(ctx, *rec, h.sb); err != nil {
+	if err := m.hooks.afterStart(ctx, *rec, h.sb); err != nil {
 		return fail(fmt.Errorf("claim a hot sandbox: %w", err))
 	}
 	if renamed != nil {
@@ -385,15 +385,15 @@ func (m *Manager) claimReady(ctx context.Context, rec *store.Sandbox, img image.
 			}()
 		}
 	}
-	m.crashPoint("create-after-engine")
+	m.crash.hit("create-after-engine")
 	claimed := *rec
 	claimed.State = store.StateRunning
 	if err := m.store.ClaimPoolSandbox(ctx, claimed); err != nil {
 		return fail(err)
 	}
 	st.mark("insert")
-	m.emitRec(*rec, events.Event{Type: events.Created})
-	m.emitMove(claimed, store.StateCreating, store.StateRunning, "")
+	m.events.emitRec(*rec, events.Event{Type: events.Created})
+	m.events.emitMove(claimed, store.StateCreating, store.StateRunning, "")
 	*rec = claimed
 	return h.sb, true, nil
 }

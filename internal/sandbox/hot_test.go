@@ -90,7 +90,7 @@ func TestHotPoolClaim(t *testing.T) {
 	if h, m := e.m.HotPoolStats(); h != 1 || m != 0 {
 		t.Fatalf("hot pool stats: %d hits %d misses", h, m)
 	}
-	g, err := e.m.Guest(t.Context(), sb.ID)
+	g, err := e.m.GuestWaking(t.Context(), sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -220,12 +220,12 @@ func (m *Manager) settleOne(ctx context.Context, id string) error {
 		unlock()
 		return err
 	}
-	if rec.State == store.StateRunning && !m.isLive(id) && m.cutSnapshot(ctx, rec) == nil {
+	if rec.State == store.StateRunning && !m.traffic.isLive(id) && m.cutSnapshot(ctx, rec) == nil {
 		unlock()
 		return m.reattach(ctx, rec)
 	}
 	defer unlock()
-	if inBetween(rec.State) || rec.State == store.StateRunning && !m.isLive(id) {
+	if inBetween(rec.State) || rec.State == store.StateRunning && !m.traffic.isLive(id) {
 		// Nothing else runs on it (its lock is ours): the state is the
 		// one the restart left.
 		return m.reconcileLocked(ctx, rec, 0)
@@ -252,7 +252,7 @@ func (m *Manager) reattach(ctx context.Context, rec store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	if cur.State != store.StateRunning || m.isLive(rec.ID) {
+	if cur.State != store.StateRunning || m.traffic.isLive(rec.ID) {
 		return nil // settled meanwhile
 	}
 	if aerr != nil {
@@ -261,14 +261,6 @@ func (m *Manager) reattach(ctx context.Context, rec store.Sandbox) error {
 	m.track(rec.ID, sb)
 	m.log.Info("reconcile: reattached", "sandbox", rec.ID)
 	return nil
-}
-
-// isLive says whether sandbox id has a live engine sandbox.
-func (m *Manager) isLive(id string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	_, live := m.live[id]
-	return live
 }
 
 // inBetween says whether a sandbox in state is mid-way between two others.
@@ -291,24 +283,24 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 		// Frees space, as a remove does: it may use the store's reserve.
 		return m.destroyLocked(store.ForCleanup(ctx), rec)
 	case store.StateSleeping:
-		if _, err := os.Stat(m.sleepDir(rec.ID)); err != nil {
+		if _, err := os.Stat(m.cfg.sleepDir(rec.ID)); err != nil {
 			if _, derr := m.cfg.Copies.Digest(sleepCopy(rec.ID)); derr == nil {
 				return nil // in the snapshot store: the wake fetches it
 			}
 			return m.moveLocked(ctx, &rec, store.StateStopped, "its sleep image is missing")
 		}
-		if _, derr := m.cfg.Copies.Digest(sleepCopy(rec.ID)); errdefs.IsNotFound(derr) && m.cfg.Copies != nil && imageSealed(m.sleepDir(rec.ID)) {
+		if _, derr := m.cfg.Copies.Digest(sleepCopy(rec.ID)); errdefs.IsNotFound(derr) && m.cfg.Copies != nil && imageSealed(m.cfg.sleepDir(rec.ID)) {
 			// A copy cut short by the daemon's end: made again.
-			m.cfg.Copies.Put(sleepCopy(rec.ID), m.sleepDir(rec.ID))
+			m.cfg.Copies.Put(sleepCopy(rec.ID), m.cfg.sleepDir(rec.ID))
 		}
 		return nil
 	case store.StateSuspending:
 		// A sleep cut short. A sealed image is whole: the sandbox is
 		// asleep. Otherwise the engine kept the sandbox running (it stops
 		// one only after its image is sealed): it runs on.
-		if imageSealed(m.sleepDir(rec.ID)) {
+		if imageSealed(m.cfg.sleepDir(rec.ID)) {
 			_ = m.eng.Destroy(ctx, rec.Engine())
-			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
+			return errors.Join(m.hooks.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
 		sb, err := m.attachWithin(ctx, rec, wait)
 		if worthRetry(err) {
@@ -321,15 +313,15 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 			// Neither running nor provably asleep: keep what is on disk
 			// for the operator and say so.
 			_ = m.eng.Destroy(ctx, rec.Engine())
-			m.log.Warn("reconcile: a sleep was cut short and the sandbox is gone; its unsealed image is kept", "sandbox", rec.ID, "dir", m.sleepDir(rec.ID), "err", err)
-			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped,
-				fmt.Sprintf("a sleep was cut short by a daemon restart and the sandbox did not survive; its unsealed image is kept in %s", m.sleepDir(rec.ID))))
+			m.log.Warn("reconcile: a sleep was cut short and the sandbox is gone; its unsealed image is kept", "sandbox", rec.ID, "dir", m.cfg.sleepDir(rec.ID), "err", err)
+			return errors.Join(m.hooks.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped,
+				fmt.Sprintf("a sleep was cut short by a daemon restart and the sandbox did not survive; its unsealed image is kept in %s", m.cfg.sleepDir(rec.ID))))
 		}
 		if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			return err
 		}
 		m.track(rec.ID, sb)
-		return os.RemoveAll(m.sleepDir(rec.ID))
+		return os.RemoveAll(m.cfg.sleepDir(rec.ID))
 	case store.StateWaking:
 		sb, err := m.attach(ctx, rec)
 		if errdefs.Is(err, errdefs.ResourceExhausted) {
@@ -338,13 +330,13 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 		if err != nil {
 			// The wake did not finish: still asleep, its image intact.
 			_ = m.eng.Destroy(ctx, rec.Engine())
-			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
+			return errors.Join(m.hooks.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
 		if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			return err
 		}
 		m.track(rec.ID, sb)
-		return os.RemoveAll(m.sleepDir(rec.ID))
+		return os.RemoveAll(m.cfg.sleepDir(rec.ID))
 	case store.StateRunning:
 		cut := m.cutSnapshot(ctx, rec)
 		if cut != nil && imageSealed(cut.Path) {
@@ -386,7 +378,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 				return m.reconcileCutSnapshotLocked(ctx, rec, *cut)
 			}
 			m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
-			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped, err.Error()))
+			return errors.Join(m.hooks.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped, err.Error()))
 		}
 		m.track(rec.ID, sb)
 		m.log.Info("reconcile: reattached", "sandbox", rec.ID)
@@ -398,7 +390,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 // when it is of the kind that stops rec (snapshotStoppedLocked); a
 // snapshot that leaves rec running has nothing to undo.
 func (m *Manager) cutSnapshot(ctx context.Context, rec store.Sandbox) *store.Snapshot {
-	if _, stop := m.snapshotOptions(rec); !stop {
+	if _, stop := m.hooks.snapshotOptions(rec); !stop {
 		return nil
 	}
 	snaps, err := m.store.ListSnapshots(ctx)
@@ -428,7 +420,7 @@ func (m *Manager) reconcileCutSnapshotLocked(ctx context.Context, rec store.Sand
 	}
 	// What the last run held (mounts, a slot) goes; the restore takes it
 	// again, as a wake does.
-	if err := m.afterStop(ctx, rec); err != nil {
+	if err := m.hooks.afterStop(ctx, rec); err != nil {
 		m.log.Warn("reconcile: releasing a stopped sandbox's resources", "sandbox", rec.ID, "err", err)
 	}
 	why := ""
@@ -473,7 +465,7 @@ func (m *Manager) attach(ctx context.Context, rec store.Sandbox) (engine.Sandbox
 	if err != nil && rec.RootFS == "" {
 		return nil, unavailableIfEnded(ctx, err)
 	}
-	sb, err := m.eng.Attach(ctx, m.spec(rec, img))
+	sb, err := m.eng.Attach(ctx, specOf(rec, img))
 	return sb, unavailableIfEnded(ctx, err)
 }
 
@@ -507,13 +499,7 @@ func (m *Manager) reconcileHooks(ctx context.Context) error {
 			running = append(running, rec)
 		}
 	}
-	var errs []error
-	for _, h := range m.cfg.Hooks {
-		if err := h.Reconcile(ctx, running, all); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
-		}
-	}
-	return errors.Join(errs...)
+	return m.hooks.reconcile(ctx, running, all)
 }
 
 // reconcileSnapshots runs after the sandboxes are reconciled: half-taken

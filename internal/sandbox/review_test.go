@@ -163,7 +163,7 @@ func TestDialHoldIsBounded(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.m.Dial(ctx, sb.ID, 8080) // the fake agent refuses every port
+		_, err := e.m.Traffic().DialWaking(ctx, sb.ID, 8080) // the fake agent refuses every port
 		done <- err
 	}()
 	before := e.m.Counters().Wakes.Load()

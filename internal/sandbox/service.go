@@ -109,6 +109,7 @@ type Manager struct {
 	cfg    Config
 	eng    engine.Engine
 	store  store.All
+	hooks  hookChain
 	images *imageService
 	log    *slog.Logger
 	pool   *pool.Pool
@@ -117,27 +118,21 @@ type Manager struct {
 	hotPool *pool.Pool
 	// locks holds one lock per sandbox and snapshot id; see locks.go for
 	// the lock model.
-	locks keyedLocks
+	locks *recordLocks
 	// imageMu orders image removal against creates that use the image.
 	imageMu sync.Mutex
-	// admitMu orders an admission's read of the committed memory and its
-	// reservation against a reservation's recorded: the cap's count of a
-	// sandbox moves from one to the other with no moment counted in neither.
-	admitMu sync.Mutex
 
-	mu             sync.Mutex
-	live           map[string]engine.Sandbox // guarded by mu
-	reservedMiB    int                       // guarded by mu: admitted, not yet made (the floor's count)
-	reservedCapMiB int                       // guarded by mu: the same, as the overcommit cap counts it
-	lastUsed       map[string]time.Time      // guarded by mu: last request per sandbox
-	wokeAt         map[string]time.Time      // guarded by mu: when each live sandbox last woke
-	holds          map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
-	hot            map[string]hotSandbox     // guarded by mu: started sandboxes in the hot pool
-	settling       map[string]bool           // guarded by mu: sandboxes a settle goroutine retries
-	reaping        map[string]chan struct{}  // guarded by mu: engine ids a sleep tears down (reap.go)
-	reaps          sync.WaitGroup            // the teardowns in flight
+	traffic   *Traffic
+	lifetimes *Lifetimes
+	reaper    *reaper // sleeps' teardowns (reap.go)
 
-	counters Counters
+	mu       sync.Mutex
+	hot      map[string]hotSandbox // guarded by mu: started sandboxes in the hot pool
+	settling map[string]bool       // guarded by mu: sandboxes a settle goroutine retries
+
+	crash     crashPoints
+	counters  Counters
+	admission *admission
 	// wakes holds a token per wake restoring now (RestoreParallel).
 	wakes  chan struct{}
 	events *eventLog
@@ -182,8 +177,15 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}, reaping: map[string]chan struct{}{}}
-	m.events = newEventLog(cfg.EventRing)
+	m := &Manager{cfg: cfg, eng: eng, store: st, hooks: hookChain(cfg.Hooks), images: newImageService(images, st, cfg.Log), log: cfg.Log, hot: map[string]hotSandbox{}, settling: map[string]bool{}}
+	m.locks = &recordLocks{recs: st, snaps: st}
+	m.crash = crashPoints{at: cfg.CrashAt, log: cfg.Log}
+	m.events = newEventLog(cfg.EventRing, st)
+	m.admission = &admission{cfg: cfg, eng: eng, recs: st, counters: &m.counters, events: m.events, log: cfg.Log}
+	m.reaper = &reaper{eng: eng, hooks: m.hooks, log: cfg.Log, reaping: map[string]chan struct{}{}}
+	m.traffic = newTraffic(m.hooks, m)
+	m.lifetimes = &Lifetimes{cfg: cfg, eng: eng, recs: st, locks: m.locks, traffic: m.traffic, admission: m.admission,
+		counters: &m.counters, log: cfg.Log, life: m, flushPools: func(ctx context.Context) int { return m.flushHot(ctx) + m.pool.Flush(ctx) }}
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	// The default shape keeps HotPool started, each of HotImages its
 	// count; shapes learned from demand (one each, see hot.go) share
@@ -197,6 +199,14 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	m.wakes = make(chan struct{}, cfg.RestoreParallel)
 	return m
 }
+
+// Traffic returns the running sandboxes' traffic: holds, and dials to
+// their ports.
+func (m *Manager) Traffic() *Traffic { return m.traffic }
+
+// Lifetimes returns the lifetime policy: timeouts, idle sleeps, memory
+// pressure sleeps.
+func (m *Manager) Lifetimes() *Lifetimes { return m.lifetimes }
 
 // Engine returns the service's engine.
 func (m *Manager) Engine() engine.Engine { return m.eng }
@@ -213,7 +223,7 @@ func (m *Manager) Close() {
 // sandboxes only. Close calls it; calling it again is harmless.
 func (m *Manager) DrainPools() {
 	m.stopBg()
-	m.reaps.Wait()
+	m.reaper.wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m.pool.Drain(ctx)
@@ -238,10 +248,17 @@ func isID(s string) bool {
 	return err == nil
 }
 
-// crashPoint kills the process at the named point when configured to.
-func (m *Manager) crashPoint(name string) {
-	if m.cfg.CrashAt == name {
-		m.log.Warn("crashing on purpose", "point", name)
+// crashPoints kill the process at the point Config.CrashAt names, for
+// tests of restart safety.
+type crashPoints struct {
+	at  string
+	log *slog.Logger
+}
+
+// hit kills the process at the named point when configured to.
+func (c crashPoints) hit(name string) {
+	if c.at == name {
+		c.log.Warn("crashing on purpose", "point", name)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}

@@ -58,7 +58,7 @@ func TestPrepareYieldsToWakes(t *testing.T) {
 	e.m.wakes <- struct{}{} // a wake restoring
 	go e.m.pool.Run(ctx)
 	sb := e.create(t, 128)
-	e.m.pool.Want(e.m.shapeOf(sb.Image, sb.MemoryMiB, sb.CPUs, sb.Env, sb.Opts), 2)
+	e.m.pool.Want(shapeOf(sb.Image, sb.MemoryMiB, sb.CPUs, sb.Env, sb.Opts), 2)
 	// The pool would prepare within milliseconds; 5 poll periods later it
 	// still must not have.
 	deadline := time.Now().Add(5 * yieldPoll)

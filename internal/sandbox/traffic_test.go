@@ -43,7 +43,7 @@ func TestConcurrentRequestsWakeOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := e.m.Guest(t.Context(), sb.ID)
+			_, err := e.m.GuestWaking(t.Context(), sb.ID)
 			errs <- err
 		}()
 	}
@@ -100,13 +100,13 @@ func TestIdleSleepAndHold(t *testing.T) {
 	held := e.createOpts(t, store.Options{IdleSleepMS: 300})
 	idle := e.createOpts(t, store.Options{IdleSleepMS: 300})
 	never := e.create(t, 128)
-	release := e.m.Hold(held.ID)
+	release := e.m.Traffic().Hold(held.ID)
 	// The watcher starts once the hold is in place: started before, it
 	// could put held to sleep while the creates after it took longer
 	// than its idle time (a loaded machine).
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	go e.m.WatchLifetimes(ctx)
+	go e.m.Lifetimes().WatchLifetimes(ctx)
 	e.waitState(t, idle.ID, store.StateSleeping, 5*time.Second)
 	if s := e.state(t, held.ID); s != store.StateRunning {
 		t.Fatalf("a held sandbox is %s, want running", s)
@@ -129,14 +129,14 @@ func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
 	// before, it could apply the first timeout while the create and the
 	// renewal took longer than it (a loaded machine).
 	renewed := e.createOpts(t, store.Options{TimeoutMS: 300})
-	if _, err := e.m.SetTimeout(t.Context(), renewed.ID, time.Hour, ""); err != nil {
+	if _, err := e.m.Lifetimes().SetTimeout(t.Context(), renewed.ID, time.Hour, ""); err != nil {
 		t.Fatal(err)
 	}
 	rm := e.createOpts(t, store.Options{TimeoutMS: 300})
 	sl := e.createOpts(t, store.Options{TimeoutMS: 300, OnTimeout: OnTimeoutSleep})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	go e.m.WatchLifetimes(ctx)
+	go e.m.Lifetimes().WatchLifetimes(ctx)
 	e.waitState(t, rm.ID, "gone", 5*time.Second)
 	e.waitState(t, sl.ID, store.StateSleeping, 5*time.Second)
 	if s := e.state(t, renewed.ID); s != store.StateRunning {
@@ -144,7 +144,7 @@ func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
 	}
 	// The state shows sleeping before the expiry is cleared, both under
 	// the sandbox's lock: take it to read what the timeout left.
-	rec, unlock, err := e.m.lockSandbox(t.Context(), sl.ID)
+	rec, unlock, err := e.m.locks.sandbox(t.Context(), sl.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
 		t.Fatal("a woken sandbox has no new timeout")
 	}
 	e.waitState(t, sl.ID, store.StateSleeping, 5*time.Second)
-	if _, err := e.m.SetTimeout(t.Context(), renewed.ID, time.Second, "bogus"); err == nil {
+	if _, err := e.m.Lifetimes().SetTimeout(t.Context(), renewed.ID, time.Second, "bogus"); err == nil {
 		t.Fatal("on_timeout bogus accepted")
 	}
 }

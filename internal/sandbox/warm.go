@@ -19,7 +19,7 @@ func (m *Manager) StartPool(ctx context.Context) {
 	if err := m.validate(&def); err != nil {
 		return
 	}
-	sh := m.shapeOf(def.Image, def.MemoryMiB, def.CPUs, nil, def.Opts)
+	sh := shapeOf(def.Image, def.MemoryMiB, def.CPUs, nil, def.Opts)
 	if _, ok := m.eng.(engine.Preparer); ok && m.cfg.WarmPool > 0 {
 		m.pool.Pin(sh, m.cfg.WarmCreate)
 		go m.pool.Run(ctx)
@@ -40,7 +40,7 @@ func (m *Manager) StartPool(ctx context.Context) {
 				m.log.Warn("hot pool: not keeping sandboxes of an image", "image", name, "err", err)
 				continue
 			}
-			m.hotPool.Pin(m.shapeOf(req.Image, req.MemoryMiB, req.CPUs, nil, req.Opts), n)
+			m.hotPool.Pin(shapeOf(req.Image, req.MemoryMiB, req.CPUs, nil, req.Opts), n)
 		}
 		go m.hotPool.Run(ctx)
 	}
@@ -50,11 +50,11 @@ func (m *Manager) StartPool(ctx context.Context) {
 func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 	prep := m.eng.(engine.Preparer)
 	m.yieldToWakes(ctx)
-	if err := m.nearPressure("warm pool", 64); err != nil {
+	if err := m.admission.nearPressure("warm pool", 64); err != nil {
 		return "", err
 	}
 	// A prepared sandbox holds ~30 MiB: never at the cost of the floor.
-	resv, err := m.admit(64)
+	resv, err := m.admission.admit(64)
 	if err != nil {
 		return "", err
 	}
@@ -68,20 +68,20 @@ func (m *Manager) prepare(ctx context.Context, sh pool.Shape) (string, error) {
 		// Slotted with the policy most sandboxes have (see poolNetwork);
 		// a taker with another policy gets it applied by the start it is
 		// taken for, before anything of it runs.
-		nw, err := m.poolNetwork(sh)
+		nw, err := m.hooks.poolNetwork(sh)
 		if err != nil {
 			return "", err
 		}
 		rec.Opts.Network = nw
 	}
-	spec := m.spec(rec, img)
+	spec := specOf(rec, img)
 	// The hooks set it up as for a start (e.g. its network slot: runsc
 	// takes the network namespace when it creates the container).
-	if err := m.beforeStart(ctx, rec, &spec); err != nil {
+	if err := m.hooks.beforeStart(ctx, rec, &spec); err != nil {
 		return "", err
 	}
 	if err := prep.Prepare(ctx, spec); err != nil {
-		return "", errors.Join(err, m.afterStop(ctx, rec))
+		return "", errors.Join(err, m.hooks.afterStop(ctx, rec))
 	}
 	return rec.ID, nil
 }
@@ -123,20 +123,5 @@ func (m *Manager) HotPoolStats() (hits, misses int64) { return m.hotPool.Stats()
 // destroyPrepared removes a prepared sandbox nobody took, and what the
 // hooks set up for it.
 func (m *Manager) destroyPrepared(ctx context.Context, id string) error {
-	return errors.Join(m.eng.Destroy(ctx, id), m.afterStop(ctx, store.Sandbox{ID: id}))
-}
-
-// poolNetwork is the network of a pool's sandbox of shape sh: the policy
-// a plain create gets (the hooks fill in the daemon's defaults), so that
-// the start or claim of the common create sends no nftables batch.
-func (m *Manager) poolNetwork(sh pool.Shape) (*store.NetworkOptions, error) {
-	o := store.Options{Network: &store.NetworkOptions{Mode: sh.Network}}
-	for _, h := range m.cfg.Hooks {
-		if oh, ok := h.(OptionsHook); ok {
-			if err := oh.CompleteOptions(&o); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return o.Network, nil
+	return errors.Join(m.eng.Destroy(ctx, id), m.hooks.afterStop(ctx, store.Sandbox{ID: id}))
 }

@@ -257,8 +257,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))
 	mgr.StartPool(ctx)
-	go mgr.WatchPressure(ctx)
-	go mgr.WatchLifetimes(ctx)
+	go mgr.Lifetimes().WatchPressure(ctx)
+	go mgr.Lifetimes().WatchLifetimes(ctx)
 	go watchStore(ctx, st, log)
 
 	reg := prometheus.NewRegistry()

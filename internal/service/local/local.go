@@ -179,7 +179,7 @@ func (s *Service) SetTimeout(ctx context.Context, ref string, req api.TimeoutReq
 	if req.TimeoutMS < 0 || req.TimeoutMS > int64(366*24*time.Hour/time.Millisecond) {
 		return api.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "timeout_ms %d is out of range: give 0 to remove the timeout, or 1 ms to 366 days", req.TimeoutMS)
 	}
-	return s.one(s.mgr.SetTimeout(ctx, ref, time.Duration(req.TimeoutMS)*time.Millisecond, req.OnTimeout))
+	return s.one(s.mgr.Lifetimes().SetTimeout(ctx, ref, time.Duration(req.TimeoutMS)*time.Millisecond, req.OnTimeout))
 }
 
 // Snapshots.
@@ -247,19 +247,20 @@ func (s *Service) RemoveSnapshot(ctx context.Context, ref string) error {
 }
 
 // guest is the agent connection of ref's sandbox, woken first with wake;
-// without, a sandbox that is not running is a Conflict.
+// without, a sandbox that is not running is a Conflict (and one that a
+// sleep puts to sleep meanwhile is not woken).
 func (s *Service) guest(ctx context.Context, ref string, wake service.WakeMode) (*guest.Conn, error) {
-	if !wake {
-		sb, err := s.mgr.Get(ctx, ref)
-		if err != nil {
-			return nil, err
-		}
-		if sb.State != store.StateRunning {
-			return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running (wake it first)", sb.ID, sb.State)
-		}
-		ref = sb.ID
+	if wake {
+		return s.mgr.GuestWaking(ctx, ref)
 	}
-	return s.mgr.Guest(ctx, ref)
+	sb, err := s.mgr.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != store.StateRunning {
+		return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running (wake it first)", sb.ID, sb.State)
+	}
+	return s.mgr.Guest(ctx, sb.ID)
 }
 
 // Exec.
@@ -390,12 +391,13 @@ func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode,
 // Traffic.
 
 func (s *Service) Dial(ctx context.Context, ref string, wake service.WakeMode, port int) (net.Conn, error) {
-	if !wake {
-		if _, err := s.guest(ctx, ref, wake); err != nil {
-			return nil, err
-		}
+	if wake {
+		return s.mgr.Traffic().DialWaking(ctx, ref, port)
 	}
-	return s.mgr.Dial(ctx, ref, port)
+	if _, err := s.guest(ctx, ref, wake); err != nil {
+		return nil, err
+	}
+	return s.mgr.Traffic().Dial(ctx, ref, port)
 }
 
 func (s *Service) Ready(ctx context.Context, ref string, wake service.WakeMode) (any, error) {
@@ -406,9 +408,9 @@ func (s *Service) Ready(ctx context.Context, ref string, wake service.WakeMode) 
 	return g, nil
 }
 
-func (s *Service) Hold(id string) (release func()) { return s.mgr.Hold(id) }
+func (s *Service) Hold(id string) (release func()) { return s.mgr.Traffic().Hold(id) }
 
-func (s *Service) Running(id string) bool { return s.mgr.Running(id) }
+func (s *Service) Running(id string) bool { return s.mgr.Traffic().Running(id) }
 
 // Events.
 
