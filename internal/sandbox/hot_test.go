@@ -30,7 +30,7 @@ func (e *env) installDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.m.install(t.Context(), img); err != nil {
+	if _, err := e.m.images.install(t.Context(), img); err != nil {
 		t.Fatal(err)
 	}
 }

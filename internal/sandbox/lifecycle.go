@@ -126,11 +126,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	defer resv.release()
 	st.mark("admit")
 	// Held until the record exists: an image removal checks the records.
-	m.imageMu.Lock()
+	m.images.useMu.Lock()
 	imageLocked := true
 	defer func() {
 		if imageLocked {
-			m.imageMu.Unlock()
+			m.images.useMu.Unlock()
 		}
 	}()
 	img, err := m.images.Get(ctx, req.Image)
@@ -144,7 +144,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		// running) when the sandbox asks for the snapshot's resources.
 		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs &&
 			sn.Opts.DiskMiB == req.Opts.DiskMiB && networkMode(sn.Opts) == networkMode(req.Opts) {
-			m.imageMu.Unlock()
+			m.images.useMu.Unlock()
 			imageLocked = false
 			resv.release()
 			return m.createFromSnapshot(ctx, sn.ID, req.Name, req.Opts)
@@ -215,7 +215,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	st.mark("insert")
 	resv.recorded()
 	m.events.emitRec(rec, events.Event{Type: events.Created})
-	m.imageMu.Unlock()
+	m.images.useMu.Unlock()
 	imageLocked = false
 	// A half-made sandbox would only have to be cleaned up again.
 	ctx = context.WithoutCancel(ctx)
@@ -486,7 +486,7 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		return err
 	}
 	m.gcSnapshot(ctx, rec.Snapshot)
-	m.gcStaleRoot(ctx, rec.Image, rec.RootFS)
+	m.images.gcStaleRoot(ctx, rec.Image, rec.RootFS)
 	return nil
 }
 

@@ -77,6 +77,7 @@ type Lifetimes struct {
 	recs      store.Sandboxes
 	locks     *recordLocks
 	traffic   *Traffic
+	images    *Images // the image roots a removed sandbox stood on
 	admission *admission
 	counters  *Counters
 	log       *slog.Logger
@@ -88,12 +89,11 @@ type Lifetimes struct {
 
 // lifetimeOps is what the lifetime policy needs of the lifecycle: a sleep
 // and a removal of a sandbox whose lock it holds, and the collection of
-// what a removed sandbox stood on.
+// the implicit snapshot a removed sandbox stood on.
 type lifetimeOps interface {
 	sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error
 	destroyLocked(ctx context.Context, rec store.Sandbox) error
 	gcSnapshot(ctx context.Context, id string)
-	gcStaleRoot(ctx context.Context, imageName, rootfs string)
 }
 
 // SetTimeout renews (or with 0 removes) a sandbox's timeout: it now ends d
@@ -255,7 +255,7 @@ func (l *Lifetimes) expire(ctx context.Context, id string) {
 			return
 		}
 		l.life.gcSnapshot(ctx, rec.Snapshot)
-		l.life.gcStaleRoot(ctx, rec.Image, rec.RootFS)
+		l.images.gcStaleRoot(ctx, rec.Image, rec.RootFS)
 		l.counters.TimeoutRemovals.Add(1)
 		l.log.Info("sandbox timed out: removed", "sandbox", id)
 	}

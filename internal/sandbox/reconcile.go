@@ -95,7 +95,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 	}
 	addErr(removeUnknown(m.cfg.SleepDir, keep), m.reconcileSnapshots(ctx))
-	m.gcRoots(ctx)
+	m.images.gcRoots(ctx)
 	addErr(m.reconcileHooks(ctx))
 	if engErr != nil {
 		return errors.Join(append(errs, engErr)...)

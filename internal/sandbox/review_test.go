@@ -83,7 +83,7 @@ func (e *env) installDefaultWith(t *testing.T, file string) image.Image {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if img, err = e.m.install(t.Context(), img); err != nil {
+	if img, err = e.m.images.install(t.Context(), img); err != nil {
 		t.Fatal(err)
 	}
 	return img

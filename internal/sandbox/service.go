@@ -110,7 +110,7 @@ type Manager struct {
 	eng    engine.Engine
 	store  store.All
 	hooks  hookChain
-	images *imageService
+	images *Images
 	log    *slog.Logger
 	pool   *pool.Pool
 	// hotPool keeps started sandboxes (hot.go); hot holds them until
@@ -119,12 +119,11 @@ type Manager struct {
 	// locks holds one lock per sandbox and snapshot id; see locks.go for
 	// the lock model.
 	locks *recordLocks
-	// imageMu orders image removal against creates that use the image.
-	imageMu sync.Mutex
 
 	traffic   *Traffic
 	lifetimes *Lifetimes
 	reaper    *reaper // sleeps' teardowns (reap.go)
+	builds    *Builds
 
 	mu       sync.Mutex
 	hot      map[string]hotSandbox // guarded by mu: started sandboxes in the hot pool
@@ -177,14 +176,15 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, hooks: hookChain(cfg.Hooks), images: newImageService(images, st, cfg.Log), log: cfg.Log, hot: map[string]hotSandbox{}, settling: map[string]bool{}}
+	m := &Manager{cfg: cfg, eng: eng, store: st, hooks: hookChain(cfg.Hooks), log: cfg.Log, hot: map[string]hotSandbox{}, settling: map[string]bool{}}
+	m.images = newImages(images, st, st, cfg.Log, m)
 	m.locks = &recordLocks{recs: st, snaps: st}
 	m.crash = crashPoints{at: cfg.CrashAt, log: cfg.Log}
 	m.events = newEventLog(cfg.EventRing, st)
 	m.admission = &admission{cfg: cfg, eng: eng, recs: st, counters: &m.counters, events: m.events, log: cfg.Log}
 	m.reaper = &reaper{eng: eng, hooks: m.hooks, log: cfg.Log, reaping: map[string]chan struct{}{}}
 	m.traffic = newTraffic(m.hooks, m)
-	m.lifetimes = &Lifetimes{cfg: cfg, eng: eng, recs: st, locks: m.locks, traffic: m.traffic, admission: m.admission,
+	m.lifetimes = &Lifetimes{cfg: cfg, eng: eng, recs: st, locks: m.locks, traffic: m.traffic, images: m.images, admission: m.admission,
 		counters: &m.counters, log: cfg.Log, life: m, flushPools: func(ctx context.Context) int { return m.flushHot(ctx) + m.pool.Flush(ctx) }}
 	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
 	// The default shape keeps HotPool started, each of HotImages its
@@ -197,8 +197,23 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	m.hotPool = pool.New(pool.Config{Limit: hotMax, MaxTotal: cfg.hotPinned() + cfg.HotPool, Defer: hotRefillDefer, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
 	m.bg, m.stopBg = context.WithCancel(context.Background())
 	m.wakes = make(chan struct{}, cfg.RestoreParallel)
+	m.builds = &Builds{images: m.images, recs: st, marks: st, log: cfg.Log, bg: m.bg, life: m}
 	return m
 }
+
+// Images returns the image service: list, inspect, pull, import, remove.
+func (m *Manager) Images() *Images { return m.images }
+
+// flushImage gives back the pools' sandboxes of image name (its root was
+// replaced); the refills make new ones on the new root.
+func (m *Manager) flushImage(ctx context.Context, name string) {
+	ofImage := func(sh pool.Shape) bool { return sh.Image == name }
+	m.hotPool.FlushIf(ctx, ofImage)
+	m.pool.FlushIf(ctx, ofImage)
+}
+
+// Builds returns the image builds: commits, templates, build sandboxes.
+func (m *Manager) Builds() *Builds { return m.builds }
 
 // Traffic returns the running sandboxes' traffic: holds, and dials to
 // their ports.

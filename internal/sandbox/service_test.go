@@ -79,7 +79,7 @@ func newEnvDB(t *testing.T, cfg Config, db string) *env {
 	cfg.Hooks = append(cfg.Hooks, e.hook)
 	e.cfg = cfg
 	e.m = New(cfg, e.eng, st, imgs)
-	if _, err := e.m.install(t.Context(), img); err != nil {
+	if _, err := e.m.images.install(t.Context(), img); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -524,12 +524,12 @@ func TestEndBuildOnAFullDiskRetries(t *testing.T) {
 	dbDir := smallDisk(t, t.TempDir(), "4m")
 	removed := &notifyHandler{msg: "removed a build's sandbox", c: make(chan struct{}, 1)}
 	e := newEnvDB(t, Config{Log: slog.New(removed)}, filepath.Join(dbDir, "clade.db"))
-	sb, err := e.m.CreateBuildSandbox(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
+	sb, err := e.m.Builds().CreateSandbox(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
 	if err != nil {
 		t.Fatal(err)
 	}
 	filler := fillDisk(t, dbDir)
-	if err := e.m.EndBuild(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
+	if err := e.m.Builds().End(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
 		t.Fatalf("end a build on a full disk: %v, want ResourceExhausted", err)
 	}
 	if got := e.state(t, sb.ID); got != store.StateRunning {

@@ -197,7 +197,7 @@ func (m *Manager) removeSnapshot(ctx context.Context, sn store.Snapshot) error {
 		return err
 	}
 	m.log.Info("snapshot removed", "snapshot", sn.ID)
-	m.gcStaleRoot(ctx, sn.Image, sn.RootFS)
+	m.images.gcStaleRoot(ctx, sn.Image, sn.RootFS)
 	return nil
 }
 

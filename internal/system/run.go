@@ -252,7 +252,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		log.Error("reconcile finished with errors", "err", err)
 	}
-	if err := mgr.ReapBuilds(ctx); err != nil {
+	if err := mgr.Builds().Reap(ctx); err != nil {
 		log.Error("removing the sandboxes of unfinished builds", "err", err)
 	}
 	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))

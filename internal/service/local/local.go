@@ -600,7 +600,7 @@ func imageToAPI(img image.Image, users []string) api.Image {
 }
 
 func (s *Service) ListImages(ctx context.Context) ([]api.Image, error) {
-	imgs, err := s.mgr.ListImages(ctx)
+	imgs, err := s.mgr.Images().List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -612,7 +612,7 @@ func (s *Service) ListImages(ctx context.Context) ([]api.Image, error) {
 }
 
 func (s *Service) Image(ctx context.Context, ref string) (api.Image, error) {
-	img, users, err := s.mgr.Image(ctx, ref)
+	img, users, err := s.mgr.Images().Inspect(ctx, ref)
 	if err != nil {
 		return api.Image{}, err
 	}
@@ -620,7 +620,7 @@ func (s *Service) Image(ctx context.Context, ref string) (api.Image, error) {
 }
 
 func (s *Service) RemoveImage(ctx context.Context, ref string) error {
-	return s.mgr.RemoveImage(ctx, ref)
+	return s.mgr.Images().Remove(ctx, ref)
 }
 
 func progressOf(f func(api.ImageProgress)) func(image.Progress) {
@@ -637,7 +637,7 @@ func (s *Service) PullImage(ctx context.Context, req api.PullImageRequest, progr
 	if req.Ref == "" {
 		return api.Image{}, errdefs.New(errdefs.InvalidArgument, "ref is empty: name an image, e.g. python:3.12-slim")
 	}
-	img, err := s.mgr.PullImage(ctx, req.Ref, image.PullOptions{Name: req.Name, Platform: req.Platform, Insecure: req.Insecure, Progress: progressOf(progress)})
+	img, err := s.mgr.Images().Pull(ctx, req.Ref, image.PullOptions{Name: req.Name, Platform: req.Platform, Insecure: req.Insecure, Progress: progressOf(progress)})
 	if err != nil {
 		return api.Image{}, err
 	}
@@ -645,7 +645,7 @@ func (s *Service) PullImage(ctx context.Context, req api.PullImageRequest, progr
 }
 
 func (s *Service) ImportImage(ctx context.Context, path string, opts service.ImportImage, progress func(api.ImageProgress)) (api.Image, error) {
-	img, err := s.mgr.ImportImage(ctx, path, image.ImportOptions{Name: opts.Name, Source: opts.Source, Progress: progressOf(progress)})
+	img, err := s.mgr.Images().Import(ctx, path, image.ImportOptions{Name: opts.Name, Source: opts.Source, Progress: progressOf(progress)})
 	if err != nil {
 		return api.Image{}, err
 	}
@@ -657,13 +657,13 @@ func (s *Service) CheckDisk(op string) error { return s.mgr.CheckDisk(op) }
 // Builds.
 
 func (s *Service) CreateBuildSandbox(ctx context.Context, req api.BuildSandboxRequest) (api.Sandbox, error) {
-	return s.one(s.mgr.CreateBuildSandbox(ctx, sandbox.CreateRequest{Image: req.From, Env: req.Env}))
+	return s.one(s.mgr.Builds().CreateSandbox(ctx, sandbox.CreateRequest{Image: req.From, Env: req.Env}))
 }
 
-func (s *Service) EndBuild(ctx context.Context, id string) error { return s.mgr.EndBuild(ctx, id) }
+func (s *Service) EndBuild(ctx context.Context, id string) error { return s.mgr.Builds().End(ctx, id) }
 
 func (s *Service) Commit(ctx context.Context, ref string, req api.CommitRequest) (api.Image, error) {
-	img, err := s.mgr.Commit(ctx, ref, sandbox.CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir,
+	img, err := s.mgr.Builds().Commit(ctx, ref, sandbox.CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir,
 		Start: req.Start, Ready: req.Ready, ReadyTimeout: time.Duration(req.ReadyTimeoutMS) * time.Millisecond, Volumes: volumeMountsFromAPI(req.Volumes)})
 	if err != nil {
 		return api.Image{}, err
