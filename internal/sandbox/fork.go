@@ -40,7 +40,7 @@ func (m *Manager) Fork(ctx context.Context, source string, n int) (ForkResult, e
 
 // fork fills in recs (names may be preset) and restores them from source.
 func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox) (ForkResult, error) {
-	snapper, err := m.snapshotter()
+	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
 		return ForkResult{}, err
 	}
@@ -107,12 +107,12 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	res := ForkResult{Snapshot: sn.ID, Children: make([]ForkChild, len(recs))}
 	sh := shapeOf(sn.Image, sn.MemoryMiB, sn.CPUs, sn.Env, sn.Opts)
 	// Keep as many prepared for the next fork of this shape.
-	defer m.pool.Want(sh, len(recs))
+	defer m.pools.warm.Want(sh, len(recs))
 	// Children's locks first (lock order: sandboxes before snapshots); the
 	// ids are new, so nobody waits on them yet.
 	unlocks := make([]func(), len(recs))
 	for i := range recs {
-		id, ok := m.pool.Take(sh)
+		id, ok := m.pools.warm.Take(sh)
 		if !ok {
 			id = newID()
 		}
@@ -126,7 +126,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	if _, err := m.store.GetSnapshot(ctx, sn.ID); err != nil {
 		unlockSnap()
 		for i := range recs {
-			_ = m.destroyPrepared(ctx, recs[i].ID) // a prepared sandbox from the pool, if any
+			_ = m.pools.destroyPrepared(ctx, recs[i].ID) // a prepared sandbox from the pool, if any
 			unlocks[i]()
 		}
 		return ForkResult{}, err
@@ -134,7 +134,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	for i := range recs {
 		if err := m.store.InsertSandbox(ctx, recs[i]); err != nil {
 			res.Children[i].Err = err
-			_ = m.destroyPrepared(ctx, recs[i].ID)
+			_ = m.pools.destroyPrepared(ctx, recs[i].ID)
 			recs[i].ID = ""
 			unlocks[i]()
 			continue

@@ -28,8 +28,14 @@ type Images struct {
 	store store.Images
 	snaps store.Snapshots // a replaced template's snapshot is marked implicit
 	log   *slog.Logger
-	// life is what images need of the lifecycle and the pools.
-	life imageOps
+	// life collects a replaced template's snapshot (the lifecycle's).
+	life interface {
+		gcSnapshot(ctx context.Context, id string)
+	}
+	// pools give back their sandboxes of a replaced image.
+	pools interface {
+		flushImage(ctx context.Context, name string)
+	}
 
 	// useMu orders an image removal (and a root collection) against
 	// creates that use the image: a create holds it from reading the
@@ -78,15 +84,9 @@ func (s *Images) buildBuiltin(name string) error {
 	return last
 }
 
-// imageOps is what Images needs of the rest of the service: the pools'
-// sandboxes of an image given back (its root is replaced), and an
-// implicit snapshot collected once unused.
-type imageOps interface {
-	flushImage(ctx context.Context, name string)
+func newImages(files *image.Store, st store.Images, snaps store.Snapshots, log *slog.Logger, life interface {
 	gcSnapshot(ctx context.Context, id string)
-}
-
-func newImages(files *image.Store, st store.Images, snaps store.Snapshots, log *slog.Logger, life imageOps) *Images {
+}) *Images {
 	files.OnRoot = func(rootfs string) error {
 		// Recorded as pending before it exists: a root a killed daemon
 		// never named is collected after the next start.
@@ -304,7 +304,7 @@ func (s *Images) replaced(ctx context.Context, old store.Image, img image.Image)
 	// The pools' sandboxes of the image stand on its former root, which
 	// no record keeps: they go before the root collection (install's), and
 	// the refills make new ones on the new root.
-	s.life.flushImage(ctx, old.Name)
+	s.pools.flushImage(ctx, old.Name)
 	// A descriptor in the image directory would bring the old image back
 	// at the next start; its root, which sandboxes may stand on, stays.
 	if err := s.files.RemoveDescriptor(ctx, old.Name, true); err != nil {

@@ -162,16 +162,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	}
 	// A started sandbox from the hot pool, else a prepared one from the
 	// warm pool, else a new one.
-	id, hot, isHot := m.takeHot(ctx, req, sh, img.RootFS)
+	id, hot, isHot := m.pools.takeHot(ctx, req, sh, img.RootFS)
 	ok := isHot
 	if isHot {
-		defer m.hotPool.Want(sh, 0) // refill what was taken
+		defer m.pools.hotPool.Want(sh, 0) // refill what was taken
 	} else {
-		id, ok = m.pool.Take(sh)
+		id, ok = m.pools.warm.Take(sh)
 		if !ok {
 			id = newID()
 		}
-		defer m.pool.Want(sh, 0) // refill what was taken
+		defer m.pools.warm.Want(sh, 0) // refill what was taken
 	}
 	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
 		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: freshOptions(req.Opts, time.Now()), CreatedAt: time.Now()}
@@ -183,9 +183,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if isHot {
 		// Recorded and no longer the pool's in one write.
 		insert = m.store.ClaimPoolSandbox
-		renamed = m.renameHot(ctx, specOf(rec, img).Hostname, hot)
+		renamed = m.pools.renameHot(ctx, specOf(rec, img).Hostname, hot)
 		if readyClaim(rec, hot) {
-			sb, done, err := m.claimReady(ctx, &rec, img, hot, renamed, st)
+			sb, done, err := m.pools.claimReady(ctx, &rec, img, hot, renamed, st)
 			if done {
 				if err != nil {
 					return store.Sandbox{}, err
@@ -204,11 +204,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		case isHot && renamed != nil:
 			// Renamed already: not the pool's sandbox any more.
 			<-renamed
-			_ = m.destroyHot(context.WithoutCancel(ctx), id)
+			_ = m.pools.destroyHot(context.WithoutCancel(ctx), id)
 		case isHot:
-			m.giveBackHot(sh, id, hot) // untouched: back to its pool
+			m.pools.giveBackHot(sh, id, hot) // untouched: back to its pool
 		case ok:
-			m.pool.Put(ctx, sh, id)
+			m.pools.warm.Put(ctx, sh, id)
 		}
 		return store.Sandbox{}, err
 	}
@@ -222,7 +222,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	m.crash.hit("create-before-engine")
 	var sb engine.Sandbox
 	if isHot {
-		sb, err = m.claimHot(ctx, rec, img, hot, renamed, st)
+		sb, err = m.pools.claimHot(ctx, rec, img, hot, renamed, st)
 	} else {
 		sb, err = m.startLocked(ctx, rec, specOf(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
 			sb, err := m.eng.Create(ctx, spec)
@@ -537,7 +537,7 @@ var errRecordKept = errors.New("the full disk keeps its record until there is ro
 func (m *Manager) deleteRecord(ctx context.Context, id string) error {
 	err := m.store.DeleteSandbox(ctx, id)
 	if errdefs.Is(err, errdefs.ResourceExhausted) {
-		m.settleLater([]string{id})
+		m.reconciler.settleLater([]string{id})
 	}
 	if err == nil {
 		m.events.emitRemoved(id)

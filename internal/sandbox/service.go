@@ -18,13 +18,11 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/image"
-	"github.com/clade-sandbox/clade/internal/sandbox/pool"
 	"github.com/clade-sandbox/clade/internal/snapstore"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -104,37 +102,41 @@ func DefaultConfig() Config {
 		MaxFork: 128, MemoryFloorMiB: floor, WarmPool: 16, WarmCreate: 2}
 }
 
-// Manager is the lifecycle service: it owns sandboxes and snapshots.
+// Manager is the lifecycle service: it owns sandboxes and snapshots, their
+// records' states (moveLocked) and the per-id locks, and composes the
+// parts that own the rest, each with its own state and lock:
+//
+//	admission   memory floor, overcommit cap, disk floor; the reservations (admission.go)
+//	Lifetimes   timeouts, idle sleeps, memory pressure sleeps (lifetimes.go, pressure.go)
+//	Traffic     the live engine sandboxes, their use and holds; dials (traffic.go)
+//	reaper      a sleep's background teardown (reap.go)
+//	reconciler  the restart census and the retries of what could not settle (reconcile.go)
+//	Pools       the warm and hot pools (warm.go, hot.go; bookkeeping in package pool)
+//	Images      images and their roots (images.go); Builds: commits, templates (build.go)
+//	eventLog    the lifecycle event bus (events.go); hookChain: the hooks (hooks.go)
 type Manager struct {
-	cfg    Config
-	eng    engine.Engine
-	store  store.All
-	hooks  hookChain
-	images *Images
-	log    *slog.Logger
-	pool   *pool.Pool
-	// hotPool keeps started sandboxes (hot.go); hot holds them until
-	// claimed.
-	hotPool *pool.Pool
+	cfg   Config
+	eng   engine.Engine
+	store store.All
+	log   *slog.Logger
 	// locks holds one lock per sandbox and snapshot id; see locks.go for
 	// the lock model.
 	locks *recordLocks
-
-	traffic   *Traffic
-	lifetimes *Lifetimes
-	reaper    *reaper // sleeps' teardowns (reap.go)
-	builds    *Builds
-
-	mu       sync.Mutex
-	hot      map[string]hotSandbox // guarded by mu: started sandboxes in the hot pool
-	settling map[string]bool       // guarded by mu: sandboxes a settle goroutine retries
-
-	crash     crashPoints
-	counters  Counters
-	admission *admission
+	hooks hookChain
+	crash crashPoints
 	// wakes holds a token per wake restoring now (RestoreParallel).
-	wakes  chan struct{}
-	events *eventLog
+	wakes chan struct{}
+
+	counters   Counters
+	events     *eventLog
+	admission  *admission
+	traffic    *Traffic
+	lifetimes  *Lifetimes
+	reaper     *reaper
+	reconciler *reconciler
+	pools      *Pools
+	images     *Images
+	builds     *Builds
 
 	// bg lives as long as the service (Close ends it): work that must
 	// outlive the request that started it, e.g. removing a build's
@@ -176,27 +178,22 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, hooks: hookChain(cfg.Hooks), log: cfg.Log, hot: map[string]hotSandbox{}, settling: map[string]bool{}}
-	m.images = newImages(images, st, st, cfg.Log, m)
-	m.locks = &recordLocks{recs: st, snaps: st}
-	m.crash = crashPoints{at: cfg.CrashAt, log: cfg.Log}
+	m := &Manager{cfg: cfg, eng: eng, store: st, log: cfg.Log, hooks: hookChain(cfg.Hooks),
+		locks: &recordLocks{recs: st, snaps: st}, crash: crashPoints{at: cfg.CrashAt, log: cfg.Log},
+		wakes: make(chan struct{}, cfg.RestoreParallel)}
+	m.bg, m.stopBg = context.WithCancel(context.Background())
 	m.events = newEventLog(cfg.EventRing, st)
 	m.admission = &admission{cfg: cfg, eng: eng, recs: st, counters: &m.counters, events: m.events, log: cfg.Log}
+	m.images = newImages(images, st, st, cfg.Log, m)
+	m.pools = newPools(&Pools{cfg: cfg, eng: eng, marks: st, recs: st, images: m.images, admission: m.admission,
+		hooks: m.hooks, events: m.events, crash: m.crash, log: cfg.Log, life: m, wakes: m.wakes})
+	m.images.pools = m.pools
 	m.reaper = &reaper{eng: eng, hooks: m.hooks, log: cfg.Log, reaping: map[string]chan struct{}{}}
 	m.traffic = newTraffic(m.hooks, m)
-	m.lifetimes = &Lifetimes{cfg: cfg, eng: eng, recs: st, locks: m.locks, traffic: m.traffic, images: m.images, admission: m.admission,
-		counters: &m.counters, log: cfg.Log, life: m, flushPools: func(ctx context.Context) int { return m.flushHot(ctx) + m.pool.Flush(ctx) }}
-	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
-	// The default shape keeps HotPool started, each of HotImages its
-	// count; shapes learned from demand (one each, see hot.go) share
-	// HotPool more.
-	hotMax := cfg.HotPool
-	for _, n := range cfg.HotImages {
-		hotMax = max(hotMax, n)
-	}
-	m.hotPool = pool.New(pool.Config{Limit: hotMax, MaxTotal: cfg.hotPinned() + cfg.HotPool, Defer: hotRefillDefer, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
-	m.bg, m.stopBg = context.WithCancel(context.Background())
-	m.wakes = make(chan struct{}, cfg.RestoreParallel)
+	m.lifetimes = &Lifetimes{cfg: cfg, eng: eng, recs: st, locks: m.locks, traffic: m.traffic, images: m.images,
+		admission: m.admission, counters: &m.counters, log: cfg.Log, life: m, flushPools: m.pools.flush}
+	m.reconciler = &reconciler{cfg: cfg, eng: eng, store: st, locks: m.locks, hooks: m.hooks, traffic: m.traffic,
+		images: m.images, pools: m.pools, log: cfg.Log, bg: m.bg, life: m, settling: map[string]bool{}}
 	m.builds = &Builds{images: m.images, recs: st, marks: st, log: cfg.Log, bg: m.bg, life: m}
 	return m
 }
@@ -204,16 +201,11 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 // Images returns the image service: list, inspect, pull, import, remove.
 func (m *Manager) Images() *Images { return m.images }
 
-// flushImage gives back the pools' sandboxes of image name (its root was
-// replaced); the refills make new ones on the new root.
-func (m *Manager) flushImage(ctx context.Context, name string) {
-	ofImage := func(sh pool.Shape) bool { return sh.Image == name }
-	m.hotPool.FlushIf(ctx, ofImage)
-	m.pool.FlushIf(ctx, ofImage)
-}
-
 // Builds returns the image builds: commits, templates, build sandboxes.
 func (m *Manager) Builds() *Builds { return m.builds }
+
+// Pools returns the warm and hot pools: start them, and their figures.
+func (m *Manager) Pools() *Pools { return m.pools }
 
 // Traffic returns the running sandboxes' traffic: holds, and dials to
 // their ports.
@@ -241,8 +233,7 @@ func (m *Manager) DrainPools() {
 	m.reaper.wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	m.pool.Drain(ctx)
-	m.hotPool.Drain(ctx)
+	m.pools.drain(ctx)
 }
 
 // IDLength is the length of every sandbox id: runsc matches ids by prefix, so

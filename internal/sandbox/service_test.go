@@ -768,7 +768,7 @@ func TestDestroyRacesWakeAndFork(t *testing.T) {
 	e.eng.Delay = time.Millisecond
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	e.m.StartPool(ctx)
+	e.m.Pools().Start(ctx)
 	for i := range 30 {
 		sb := e.create(t, 128)
 		if i%2 == 0 {
@@ -776,8 +776,8 @@ func TestDestroyRacesWakeAndFork(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Wake into a prepared engine sandbox: the engine id changes.
-			e.m.pool.Want(shapeOf(sb.Image, sb.MemoryMiB, sb.CPUs, sb.Env, sb.Opts), 1)
-			for deadline := time.Now().Add(5 * time.Second); e.m.Warm() == 0; {
+			e.m.pools.warm.Want(shapeOf(sb.Image, sb.MemoryMiB, sb.CPUs, sb.Env, sb.Opts), 1)
+			for deadline := time.Now().Add(5 * time.Second); e.m.Pools().Warm() == 0; {
 				if time.Now().After(deadline) {
 					t.Fatal("the pool prepared nothing")
 				}
@@ -940,7 +940,7 @@ func TestPressureSleepsLeastRecentlyUsed(t *testing.T) {
 	if _, err := e.m.running(t.Context(), b.ID, true); err != nil {
 		t.Fatal(err)
 	}
-	snapper, _ := e.m.snapshotter()
+	snapper, _ := snapshotterOf(e.m.eng)
 	lru := e.m.traffic.idleLRU()
 	if len(lru) != 2 || lru[0] != a.ID {
 		t.Fatalf("idle LRU order = %v, want %s first", lru, a.ID)

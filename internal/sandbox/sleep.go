@@ -18,7 +18,7 @@ import (
 // and uses no memory until Wake. Sleeping a sleeping sandbox is a no-op. A
 // failed sleep leaves the sandbox running.
 func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) {
-	snapper, err := m.snapshotter()
+	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -88,32 +88,11 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	if err != nil {
 		return err
 	}
-	go m.preverify(dir, sealed)
+	go preverify(m.bg, dir, sealed)
 	m.cfg.Copies.Put(sleepCopy(rec.ID), dir)
-	m.prepareForSleepers(ctx, *rec)
+	m.pools.prepareForSleepers(ctx, *rec)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
 	return nil
-}
-
-// prepareForSleepers asks the warm pool for one prepared sandbox for each
-// sleeping sandbox of rec's shape (up to the pool's limit per shape): a
-// burst of wakes (a mass wake through the ingress) then restores into
-// prepared sandboxes, not into ones it makes first on the same cores.
-// Each prepared sandbox costs ~30 MiB while it waits (docs/benchmarks.md,
-// masswake).
-func (m *Manager) prepareForSleepers(ctx context.Context, rec store.Sandbox) {
-	recs, err := m.store.ListSandboxes(ctx)
-	if err != nil {
-		return
-	}
-	sh := shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
-	n := 0
-	for _, r := range recs {
-		if r.State == store.StateSleeping && shapeOf(r.Image, r.MemoryMiB, r.CPUs, r.Env, r.Opts) == sh {
-			n++
-		}
-	}
-	m.pool.Want(sh, n)
 }
 
 // preverify checks a new sleep image in the background once its files
@@ -122,9 +101,9 @@ func (m *Manager) prepareForSleepers(ctx context.Context, rec store.Sandbox) {
 // wake that comes later then finds it verified and does not read the
 // whole image on the request's path. A wake before that verifies it
 // itself; an image woken (and removed) meanwhile is an error nobody needs.
-func (m *Manager) preverify(dir string, sealed time.Time) {
+func preverify(bg context.Context, dir string, sealed time.Time) {
 	select {
-	case <-m.bg.Done():
+	case <-bg.Done():
 		return
 	case <-time.After(time.Until(sealed.Add(preverifyAfter))):
 	}
@@ -159,7 +138,7 @@ func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
 
 // wakeLocked wakes rec. Guarded by rec's lock.
 func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
-	snapper, err := m.snapshotter()
+	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
 		return err
 	}
@@ -206,14 +185,14 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	// Wake into a prepared engine sandbox of the same shape when there is
 	// one: the sandbox keeps its id, the engine's id may change.
 	sh := shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
-	if engID, ok := m.pool.Take(sh); ok {
+	if engID, ok := m.pools.warm.Take(sh); ok {
 		if err := m.store.SetEngineID(ctx, rec.ID, engID); err != nil {
-			return errors.Join(err, m.destroyPrepared(ctx, engID))
+			return errors.Join(err, m.pools.destroyPrepared(ctx, engID))
 		}
 		rec.EngineID = engID
 		m.crash.hit("wake-after-engine-id")
 	}
-	defer m.pool.Want(sh, 1)
+	defer m.pools.warm.Want(sh, 1)
 	if err := m.moveLocked(ctx, rec, store.StateWaking, ""); err != nil {
 		return err
 	}
@@ -234,7 +213,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		if errdefs.Is(back, errdefs.ResourceExhausted) {
 			// Still recorded waking, its image intact: settled (asleep)
 			// once the disk has room.
-			m.settleLater([]string{rec.ID})
+			m.reconciler.settleLater([]string{rec.ID})
 		}
 		return errors.Join(fmt.Errorf("wake %s: %w", rec.ID, err), back)
 	}

@@ -16,8 +16,6 @@ import (
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
-func (m *Manager) snapshotter() (engine.Snapshotter, error) { return snapshotterOf(m.eng) }
-
 // snapshotterOf is eng's Snapshotter, or why it has none.
 func snapshotterOf(eng engine.Engine) (engine.Snapshotter, error) {
 	s, ok := eng.(engine.Snapshotter)
@@ -31,7 +29,7 @@ func snapshotterOf(eng engine.Engine) (engine.Snapshotter, error) {
 // running. Implicit snapshots (made by a fork of a sandbox) are removed with
 // their last child.
 func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool) (store.Snapshot, error) {
-	snapper, err := m.snapshotter()
+	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
 		return store.Snapshot{}, err
 	}

@@ -839,7 +839,7 @@ func (s *Service) ChangeNetwork(ctx context.Context, ref string, req api.Network
 // Health.
 
 func (s *Service) Health(ctx context.Context) (api.Health, error) {
-	h := api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), Warm: s.mgr.Warm(), Hot: s.mgr.Hot(), Engines: s.cfg.Engines}
+	h := api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), Warm: s.mgr.Pools().Warm(), Hot: s.mgr.Pools().Hot(), Engines: s.cfg.Engines}
 	if s.cfg.EngineVersion != nil {
 		h.EngineVersion = s.cfg.EngineVersion()
 	}
