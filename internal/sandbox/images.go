@@ -336,7 +336,7 @@ func (s *Images) gcStaleRoot(ctx context.Context, imageName, rootfs string) {
 // blobs no image uses.
 func (s *Images) gcRoots(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
-	// Creates hold imageMu from reading an image's root to recording it.
+	// Creates hold useMu from reading an image's root to recording it.
 	s.useMu.Lock()
 	roots, err := s.store.CollectImageRoots(ctx)
 	s.useMu.Unlock()
@@ -384,7 +384,7 @@ func (s *Images) Remove(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
-	// The store checks the users and removes in one transaction; imageMu
+	// The store checks the users and removes in one transaction; useMu
 	// keeps out creates that read the image and have not recorded their
 	// sandbox yet.
 	s.useMu.Lock()

@@ -5,10 +5,12 @@
 // features at fixed points (hooks.go), and after a restart reconciles what
 // the store says with what the engine has (reconcile.go).
 //
-// Files by job: lifecycle.go (create, remove, the guest of a running
-// sandbox), snapshot.go, fork.go, sleep.go, admission.go, reconcile.go,
-// images.go and build.go (images and templates); the warm pool is package
-// pool.
+// The Manager keeps the lifecycle's own (lifecycle.go: create, remove, the
+// guest of a running sandbox; snapshot.go, fork.go, sleep.go) and composes
+// parts that own the rest, each with its own state: admission, Lifetimes,
+// Traffic, the reaper, the reconciler, Pools (the warm and hot pools; their
+// bookkeeping is package pool), Images and Builds, the eventLog and the
+// hookChain. See Manager and docs/architecture.md.
 package sandbox
 
 import (
