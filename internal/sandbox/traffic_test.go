@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -163,5 +164,57 @@ func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
 	e.waitState(t, sl.ID, store.StateSleeping, 5*time.Second)
 	if _, err := e.m.Lifetimes().SetTimeout(t.Context(), renewed.ID, time.Second, "bogus"); err == nil {
 		t.Fatal("on_timeout bogus accepted")
+	}
+}
+
+// TestReadsNeverWake checks that wakes are explicit: Guest, Traffic.Dial
+// and Traffic.Running refuse (or report) a sleeping sandbox and leave it
+// asleep; GuestWaking and DialWaking wake it.
+func TestReadsNeverWake(t *testing.T) {
+	e := newEnv(t, Config{})
+	sb := e.create(t, 128)
+	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	before := e.m.Counters().Wakes.Load()
+	if _, err := e.m.Guest(t.Context(), sb.ID); !errdefs.IsConflict(err) {
+		t.Errorf("Guest of a sleeping sandbox: %v, want a Conflict", err)
+	}
+	if _, err := e.m.Traffic().Dial(t.Context(), sb.ID, 8080); !errdefs.IsConflict(err) {
+		t.Errorf("Dial to a sleeping sandbox: %v, want a Conflict", err)
+	}
+	if e.m.Traffic().Running(sb.ID) {
+		t.Error("Running says a sleeping sandbox runs")
+	}
+	if st := e.state(t, sb.ID); st != store.StateSleeping {
+		t.Fatalf("after the reads the sandbox is %s, want sleeping", st)
+	}
+	if n := e.m.Counters().Wakes.Load() - before; n != 0 {
+		t.Fatalf("the reads woke the sandbox %d times, want 0", n)
+	}
+	// The fake agent refuses every port: the dial fails after its wake
+	// (held, as for a woken sandbox, until ctx ends).
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if _, err := e.m.Traffic().DialWaking(ctx, sb.ID, 8080); err == nil || errdefs.IsConflict(err) {
+		t.Errorf("DialWaking to a sleeping sandbox: %v, want it woken (and the port refused)", err)
+	}
+	if st := e.state(t, sb.ID); st != store.StateRunning {
+		t.Fatalf("after DialWaking the sandbox is %s, want running", st)
+	}
+	if !e.m.Traffic().Running(sb.ID) {
+		t.Error("Running says a woken sandbox does not run")
+	}
+	if _, err := e.m.Guest(t.Context(), sb.ID); err != nil {
+		t.Errorf("Guest of a running sandbox: %v", err)
+	}
+	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.GuestWaking(t.Context(), sb.ID); err != nil {
+		t.Fatalf("GuestWaking of a sleeping sandbox: %v", err)
+	}
+	if n := e.m.Counters().Wakes.Load() - before; n != 2 {
+		t.Fatalf("DialWaking and GuestWaking woke the sandbox %d times, want 2", n)
 	}
 }
