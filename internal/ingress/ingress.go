@@ -1,7 +1,8 @@
 // Package ingress is clade's HTTP ingress: a reverse proxy that serves
 // `Host: PORT-REF.DOMAIN` (REF a sandbox id or name) from that port inside
-// the sandbox. It reaches the port with sandbox.Manager.Dial (over the
-// sandbox's veth, else through its agent connection to its loopback), so
+// the sandbox. It reaches the port with the service's Dial, waking (on
+// this node sandbox.Traffic.DialWaking: over the sandbox's veth, else
+// through its agent connection to its loopback), so
 // it works whatever the sandbox's network, and a request to a sleeping
 // sandbox wakes it and is served. Plain requests take the forwarder
 // (forward.go), upgrades httputil.ReverseProxy.
@@ -139,7 +140,7 @@ type Proxy struct {
 	access map[string]access // by ref: see lookup
 
 	conns  sync.Map                                                         // net.Conn -> *clientConn (forward.go)
-	dialer func(ctx context.Context, id string, port int) (net.Conn, error) // tests: instead of mgr.Dial
+	dialer func(ctx context.Context, id string, port int) (net.Conn, error) // tests: instead of the service's Dial
 
 	headTimeout time.Duration // <= 0: none (see Config)
 	bodyIdle    time.Duration // <= 0: none

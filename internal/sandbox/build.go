@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"path"
 	"time"
 
@@ -30,13 +31,36 @@ type CommitRequest struct {
 	Volumes []store.VolumeMount
 }
 
+// Builds makes images from sandboxes: a commit of a sandbox's filesystem,
+// a template's ready snapshot, and the build sandboxes the fronts' builds
+// run in (marked in the store, so a restart removes a killed daemon's).
+type Builds struct {
+	images *Images
+	recs   store.Sandboxes
+	marks  store.Images // the build sandboxes' marks, a template's snapshot
+	log    *slog.Logger
+	// bg lives as long as the service: a removal a full disk refused is
+	// retried under it.
+	bg   context.Context
+	life buildOps
+}
+
+// buildOps is what a build needs of the lifecycle.
+type buildOps interface {
+	Create(ctx context.Context, req CreateRequest) (store.Sandbox, error)
+	Destroy(ctx context.Context, ref string) error
+	GuestWaking(ctx context.Context, ref string) (*guest.Conn, error)
+	Snapshot(ctx context.Context, ref, name string, implicit bool) (store.Snapshot, error)
+	removeSnapshot(ctx context.Context, sn store.Snapshot) error
+}
+
 // notInImage are the paths of a sandbox that are not its filesystem.
 var notInImage = []string{"/proc", "/sys", "/dev", "/.clade"}
 
 // Commit exports a sandbox's whole filesystem as a new image (replacing an
 // image of that name; sandboxes on the old one keep it), and with Start also
 // its ready snapshot.
-func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (image.Image, error) {
+func (b *Builds) Commit(ctx context.Context, ref string, req CommitRequest) (image.Image, error) {
 	if !image.ValidName(req.Name) {
 		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "bad image name %q: use at most 64 lower-case letters, digits, '.', '_' and '-'", req.Name)
 	}
@@ -49,11 +73,11 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 	if req.Ready != "" && req.Start == "" {
 		return image.Image{}, errdefs.New(errdefs.InvalidArgument, "a ready command needs a start command")
 	}
-	rec, err := m.store.GetSandbox(ctx, ref)
+	rec, err := b.recs.GetSandbox(ctx, ref)
 	if err != nil {
 		return image.Image{}, err
 	}
-	base, err := m.images.Get(ctx, rec.Image)
+	base, err := b.images.Get(ctx, rec.Image)
 	if err != nil {
 		return image.Image{}, err
 	}
@@ -62,7 +86,7 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 	if req.Workdir != "" {
 		cfg.WorkingDir = req.Workdir
 	}
-	g, err := m.Guest(ctx, rec.ID)
+	g, err := b.life.GuestWaking(ctx, rec.ID)
 	if err != nil {
 		return image.Image{}, err
 	}
@@ -73,34 +97,34 @@ func (m *Manager) Commit(ctx context.Context, ref string, req CommitRequest) (im
 		return image.Image{}, err
 	}
 	defer tr.Close()
-	img, err := m.images.files.InstallTar(ctx, image.Image{Name: req.Name, Source: fmt.Sprintf("built from %s in sandbox %s", base.Name, rec.ID), Config: cfg}, tr)
+	img, err := b.images.files.InstallTar(ctx, image.Image{Name: req.Name, Source: fmt.Sprintf("built from %s in sandbox %s", base.Name, rec.ID), Config: cfg}, tr)
 	if err == nil {
-		img, err = m.install(ctx, img)
+		img, err = b.images.install(ctx, img)
 	}
 	if err != nil {
 		return image.Image{}, fmt.Errorf("commit %s as image %s: %w", ref, req.Name, err)
 	}
-	m.log.Info("image built", "image", img.Name, "from", base.Name, "size_mib", img.SizeBytes>>20)
+	b.log.Info("image built", "image", img.Name, "from", base.Name, "size_mib", img.SizeBytes>>20)
 	if req.Start == "" {
 		return img, nil
 	}
-	return m.makeTemplate(ctx, img, req)
+	return b.makeTemplate(ctx, img, req)
 }
 
 // makeTemplate starts req.Start in a sandbox of img, waits until it is
 // ready, snapshots it and records the snapshot in the image.
-func (m *Manager) makeTemplate(ctx context.Context, img image.Image, req CommitRequest) (_ image.Image, err error) {
-	sb, err := m.CreateBuildSandbox(ctx, CreateRequest{Image: img.Name, Opts: store.Options{Volumes: req.Volumes}})
+func (b *Builds) makeTemplate(ctx context.Context, img image.Image, req CommitRequest) (_ image.Image, err error) {
+	sb, err := b.CreateSandbox(ctx, CreateRequest{Image: img.Name, Opts: store.Options{Volumes: req.Volumes}})
 	if err != nil {
 		return image.Image{}, fmt.Errorf("template %s: %w", img.Name, err)
 	}
 	defer func() {
-		if derr := m.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
+		if derr := b.life.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
 			err = errors.Join(err, derr)
 		}
 	}()
 	run := func(cmd string, env ...string) (guest.ExitStatus, string, error) {
-		g, err := m.Guest(ctx, sb.ID)
+		g, err := b.life.GuestWaking(ctx, sb.ID)
 		if err != nil {
 			return guest.ExitStatus{}, "", err
 		}
@@ -148,92 +172,92 @@ func (m *Manager) makeTemplate(ctx context.Context, img image.Image, req CommitR
 		case <-time.After(50 * time.Millisecond): // between readiness probes
 		}
 	}
-	sn, err := m.Snapshot(ctx, sb.ID, "", false)
+	sn, err := b.life.Snapshot(ctx, sb.ID, "", false)
 	if err != nil {
 		return image.Image{}, fmt.Errorf("template %s: %w", img.Name, err)
 	}
-	rec, err := m.store.SetImageSnapshot(ctx, img.Name, sn.ID)
+	rec, err := b.marks.SetImageSnapshot(ctx, img.Name, sn.ID)
 	if err != nil {
-		return image.Image{}, errors.Join(err, m.removeSnapshot(ctx, sn))
+		return image.Image{}, errors.Join(err, b.life.removeSnapshot(ctx, sn))
 	}
-	m.log.Info("template ready", "image", img.Name, "snapshot", sn.ID)
+	b.log.Info("template ready", "image", img.Name, "snapshot", sn.ID)
 	return fromRecord(rec)
 }
 
-// CreateBuildSandbox creates a sandbox for a build (see Manager.Create),
+// CreateSandbox creates a sandbox for a build (see Manager.Create),
 // marked as a build's: the front that serves the build removes it when the
-// build's client goes away, and ReapBuilds removes it after a restart, since
+// build's client goes away, and Reap removes it after a restart, since
 // no client of a killed daemon's builds is left to finish them.
-func (m *Manager) CreateBuildSandbox(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
-	sb, err := m.Create(ctx, req)
+func (b *Builds) CreateSandbox(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
+	sb, err := b.life.Create(ctx, req)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
-	if err := m.store.AddBuildSandbox(ctx, sb.ID); err != nil {
-		return store.Sandbox{}, errors.Join(err, m.Destroy(ctx, sb.ID))
+	if err := b.marks.AddBuildSandbox(ctx, sb.ID); err != nil {
+		return store.Sandbox{}, errors.Join(err, b.life.Destroy(ctx, sb.ID))
 	}
-	m.log.Info("build sandbox created", "sandbox", sb.ID, "image", sb.Image)
+	b.log.Info("build sandbox created", "sandbox", sb.ID, "image", sb.Image)
 	return sb, nil
 }
 
-// EndBuild removes a build's sandbox. Ending a build whose sandbox is
+// End removes a build's sandbox. Ending a build whose sandbox is
 // already gone returns nil. When a full disk refuses the removal, it is
 // retried in the background until there is room (or the service closes,
-// and ReapBuilds finishes it at the next start): no build's sandbox is
+// and Reap finishes it at the next start): no build's sandbox is
 // left behind for want of a client to retry.
-func (m *Manager) EndBuild(ctx context.Context, id string) error {
-	err := m.endBuild(context.WithoutCancel(ctx), id)
+func (b *Builds) End(ctx context.Context, id string) error {
+	err := b.end(context.WithoutCancel(ctx), id)
 	if errdefs.Is(err, errdefs.ResourceExhausted) {
-		go m.retryEndBuild(id)
+		go b.retryEnd(id)
 	}
 	return err
 }
 
-func (m *Manager) endBuild(ctx context.Context, id string) error {
-	err := m.Destroy(ctx, id)
+func (b *Builds) end(ctx context.Context, id string) error {
+	err := b.life.Destroy(ctx, id)
 	if errdefs.IsNotFound(err) {
 		err = nil
 	}
 	if err != nil {
 		return err
 	}
-	return m.store.RemoveBuildSandbox(ctx, id)
+	return b.marks.RemoveBuildSandbox(ctx, id)
 }
 
-// retryEndBuild retries endBuild every few seconds while the disk is full.
-func (m *Manager) retryEndBuild(id string) {
+// retryEnd retries end every few seconds while the disk is full.
+func (b *Builds) retryEnd(id string) {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
 	for {
 		select {
-		case <-m.bg.Done():
+		case <-b.bg.Done():
 			return
 		case <-t.C:
 		}
-		err := m.endBuild(m.bg, id)
+		err := b.end(b.bg, id)
 		switch {
 		case err == nil:
-			m.log.Info("removed a build's sandbox the full disk had kept", "sandbox", id)
+			b.log.Info("removed a build's sandbox the full disk had kept", "sandbox", id)
 			return
 		case !errdefs.Is(err, errdefs.ResourceExhausted):
-			m.log.Error("remove a build's sandbox", "sandbox", id, "err", err)
+			b.log.Error("remove a build's sandbox", "sandbox", id, "err", err)
 			return
 		}
 	}
 }
 
-// ReapBuilds removes the sandboxes of builds a killed daemon left: call it
+// Reap removes the sandboxes of builds a killed daemon left: call it
 // after Reconcile, before serving.
-func (m *Manager) ReapBuilds(ctx context.Context) error {
-	ids, err := m.store.BuildSandboxes(ctx)
+func (b *Builds) Reap(ctx context.Context) error {
+	ids, err := b.marks.BuildSandboxes(ctx)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, id := range ids {
-		m.log.Info("removing the sandbox of an unfinished build", "sandbox", id)
-		errs = append(errs, m.EndBuild(ctx, id))
+		b.log.Info("removing the sandbox of an unfinished build", "sandbox", id)
+		errs = append(errs, b.End(ctx, id))
 	}
 	return errors.Join(errs...)
 }

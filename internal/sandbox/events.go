@@ -19,6 +19,7 @@ func (m *Manager) Events() *events.Bus { return m.events.bus }
 // where only the id is at hand (an exec, a removal) carry them too.
 type eventLog struct {
 	bus  *events.Bus
+	recs store.Sandboxes // where emitID reads a name it has not seen
 	mu   sync.Mutex
 	meta map[string]sandboxMeta // guarded by mu
 }
@@ -28,50 +29,50 @@ type sandboxMeta struct {
 	labels map[string]string
 }
 
-func newEventLog(ring int) *eventLog {
-	return &eventLog{bus: events.New(ring), meta: map[string]sandboxMeta{}}
+func newEventLog(ring int, recs store.Sandboxes) *eventLog {
+	return &eventLog{bus: events.New(ring), recs: recs, meta: map[string]sandboxMeta{}}
 }
 
 // emitRec publishes e about rec.
-func (m *Manager) emitRec(rec store.Sandbox, e events.Event) {
+func (l *eventLog) emitRec(rec store.Sandbox, e events.Event) {
 	md := sandboxMeta{name: rec.Name, labels: maps.Clone(rec.Opts.Labels)}
-	m.events.mu.Lock()
-	m.events.meta[rec.ID] = md
-	m.events.mu.Unlock()
+	l.mu.Lock()
+	l.meta[rec.ID] = md
+	l.mu.Unlock()
 	e.Sandbox, e.Name, e.Labels = rec.ID, md.name, md.labels
-	m.events.bus.Publish(e)
+	l.bus.Publish(e)
 }
 
 // emitID publishes e about the sandbox id, with the name and labels last
 // seen for it (read from the store once if none were).
-func (m *Manager) emitID(id string, e events.Event) {
-	m.events.mu.Lock()
-	md, ok := m.events.meta[id]
-	m.events.mu.Unlock()
+func (l *eventLog) emitID(id string, e events.Event) {
+	l.mu.Lock()
+	md, ok := l.meta[id]
+	l.mu.Unlock()
 	if !ok && id != "" {
-		if rec, err := m.store.GetSandbox(context.Background(), id); err == nil {
+		if rec, err := l.recs.GetSandbox(context.Background(), id); err == nil {
 			md = sandboxMeta{name: rec.Name, labels: maps.Clone(rec.Opts.Labels)}
-			m.events.mu.Lock()
-			m.events.meta[id] = md
-			m.events.mu.Unlock()
+			l.mu.Lock()
+			l.meta[id] = md
+			l.mu.Unlock()
 		}
 	}
 	e.Sandbox, e.Name, e.Labels = id, md.name, md.labels
-	m.events.bus.Publish(e)
+	l.bus.Publish(e)
 }
 
 // emitRemoved publishes the removal of id and forgets it.
-func (m *Manager) emitRemoved(id string) {
-	m.emitID(id, events.Event{Type: events.Removed})
-	m.events.mu.Lock()
-	delete(m.events.meta, id)
-	m.events.mu.Unlock()
+func (l *eventLog) emitRemoved(id string) {
+	l.emitID(id, events.Event{Type: events.Removed})
+	l.mu.Lock()
+	delete(l.meta, id)
+	l.mu.Unlock()
 }
 
 // emitMove publishes the event a state change means, if any: creating ->
 // running is started, suspending -> sleeping slept, waking -> running
 // woken, anything -> stopped stopped (msg is the reason).
-func (m *Manager) emitMove(rec store.Sandbox, from, to, msg string) {
+func (l *eventLog) emitMove(rec store.Sandbox, from, to, msg string) {
 	var e events.Event
 	switch {
 	case from == store.StateCreating && to == store.StateRunning:
@@ -85,16 +86,16 @@ func (m *Manager) emitMove(rec store.Sandbox, from, to, msg string) {
 	default:
 		return
 	}
-	m.emitRec(rec, e)
+	l.emitRec(rec, e)
 }
 
 // emitRefused publishes an admission refusal.
-func (m *Manager) emitRefused(err error) {
-	m.events.bus.Publish(events.Event{Type: events.AdmissionRefused, Reason: err.Error()})
+func (l *eventLog) emitRefused(err error) {
+	l.bus.Publish(events.Event{Type: events.AdmissionRefused, Reason: err.Error()})
 }
 
 // observeExecs makes sb's guest report the execs of sandbox id.
-func (m *Manager) observeExecs(id string, g *guest.Conn) {
+func (l *eventLog) observeExecs(id string, g *guest.Conn) {
 	g.SetObserver(func(x guest.ExecEvent) {
 		e := events.Event{Type: events.ExecStarted, Exec: &events.Exec{Cmd: x.Argv, TTY: x.TTY, PID: x.PID}}
 		if x.Ended {
@@ -104,12 +105,12 @@ func (m *Manager) observeExecs(id string, g *guest.Conn) {
 				e.Exec.Code, e.Exec.Error = -1, x.Err.Error()
 			}
 		}
-		m.emitID(id, e)
+		l.emitID(id, e)
 	})
 }
 
 // refused publishes an admission refusal and returns err.
-func (m *Manager) refused(err error) error {
-	m.emitRefused(err)
+func (l *eventLog) refused(err error) error {
+	l.emitRefused(err)
 	return err
 }

@@ -40,11 +40,11 @@ func (m *Manager) Fork(ctx context.Context, source string, n int) (ForkResult, e
 
 // fork fills in recs (names may be preset) and restores them from source.
 func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox) (ForkResult, error) {
-	snapper, err := m.snapshotter()
+	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
 		return ForkResult{}, err
 	}
-	if err := m.checkDisk("fork"); err != nil {
+	if err := m.admission.checkDisk("fork"); err != nil {
 		return ForkResult{}, err
 	}
 	sn, err := m.store.GetSnapshot(ctx, source)
@@ -58,8 +58,8 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		if perr != nil {
 			return ForkResult{}, perr
 		}
-		shared := m.sharesFork(ctx, parent.Engine(), "")
-		resv, err = m.admitFork(len(recs), parent.MemoryMiB, shared)
+		shared := m.admission.sharesFork(ctx, parent.Engine(), "")
+		resv, err = m.admission.admitFork(len(recs), parent.MemoryMiB, shared)
 		if err != nil {
 			return ForkResult{}, err
 		}
@@ -68,12 +68,12 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			return ForkResult{}, err
 		}
 		implicit = true
-		if shared && !m.sharesFork(ctx, "", sn.Path) {
+		if shared && !m.admission.sharesFork(ctx, "", sn.Path) {
 			// The parent slept and woke between the admission and its
 			// snapshot: its children load all of the image, so they count
 			// whole.
 			resv.release()
-			if resv, err = m.admitFork(len(recs), parent.MemoryMiB, false); err != nil {
+			if resv, err = m.admission.admitFork(len(recs), parent.MemoryMiB, false); err != nil {
 				m.gcSnapshot(ctx, sn.ID)
 				return ForkResult{}, err
 			}
@@ -84,7 +84,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		if sn.State != store.SnapshotReady {
 			return ForkResult{}, errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", source)
 		}
-		if resv, err = m.admitFork(len(recs), sn.MemoryMiB, m.sharesFork(ctx, "", sn.Path)); err != nil {
+		if resv, err = m.admission.admitFork(len(recs), sn.MemoryMiB, m.admission.sharesFork(ctx, "", sn.Path)); err != nil {
 			return ForkResult{}, err
 		}
 	}
@@ -105,14 +105,14 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	}
 	ctx = context.WithoutCancel(ctx) // children are made whole or not at all
 	res := ForkResult{Snapshot: sn.ID, Children: make([]ForkChild, len(recs))}
-	sh := m.shapeOf(sn.Image, sn.MemoryMiB, sn.CPUs, sn.Env, sn.Opts)
+	sh := shapeOf(sn.Image, sn.MemoryMiB, sn.CPUs, sn.Env, sn.Opts)
 	// Keep as many prepared for the next fork of this shape.
-	defer m.pool.Want(sh, len(recs))
+	defer m.pools.warm.Want(sh, len(recs))
 	// Children's locks first (lock order: sandboxes before snapshots); the
 	// ids are new, so nobody waits on them yet.
 	unlocks := make([]func(), len(recs))
 	for i := range recs {
-		id, ok := m.pool.Take(sh)
+		id, ok := m.pools.warm.Take(sh)
 		if !ok {
 			id = newID()
 		}
@@ -126,7 +126,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	if _, err := m.store.GetSnapshot(ctx, sn.ID); err != nil {
 		unlockSnap()
 		for i := range recs {
-			_ = m.destroyPrepared(ctx, recs[i].ID) // a prepared sandbox from the pool, if any
+			_ = m.pools.destroyPrepared(ctx, recs[i].ID) // a prepared sandbox from the pool, if any
 			unlocks[i]()
 		}
 		return ForkResult{}, err
@@ -134,12 +134,12 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 	for i := range recs {
 		if err := m.store.InsertSandbox(ctx, recs[i]); err != nil {
 			res.Children[i].Err = err
-			_ = m.destroyPrepared(ctx, recs[i].ID)
+			_ = m.pools.destroyPrepared(ctx, recs[i].ID)
 			recs[i].ID = ""
 			unlocks[i]()
 			continue
 		}
-		m.emitRec(recs[i], events.Event{Type: events.Created, Snapshot: sn.ID})
+		m.events.emitRec(recs[i], events.Event{Type: events.Created, Snapshot: sn.ID})
 	}
 	unlockSnap()
 	// The `creating` records count the children toward the cap from here:
@@ -157,14 +157,14 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			live[i], res.Children[i] = m.restoreChildLocked(ctx, snapper, rec, m.spec(rec, img), sn.Path)
+			live[i], res.Children[i] = m.restoreChildLocked(ctx, snapper, rec, specOf(rec, img), sn.Path)
 		}()
 	}
 	wg.Wait()
 	// The children stay `creating` until every restore is done: a daemon
 	// killed before the answer leaves none the caller was not told of (the
 	// restart removes half-done sandboxes).
-	m.crashPoint("fork-after-children")
+	m.crash.hit("fork-after-children")
 	var restored []string
 	for i := range recs {
 		if live[i] != nil {
@@ -190,7 +190,7 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			forked.Children = append(forked.Children, c.ID)
 		}
 	}
-	m.emitID(sn.Sandbox, forked)
+	m.events.emitID(sn.Sandbox, forked)
 	m.gcSnapshot(ctx, sn.ID) // an implicit snapshot whose every child failed
 	return res, nil
 }
@@ -202,9 +202,9 @@ func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapsho
 		return snapper.Restore(ctx, spec, path)
 	})
 	if err != nil {
-		return nil, ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID))}
+		return nil, ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.hooks.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID))}
 	}
-	m.crashPoint("fork-mid-restore") // other children still restoring
+	m.crash.hit("fork-mid-restore") // other children still restoring
 	return sb, ForkChild{ID: rec.ID}
 }
 
@@ -212,11 +212,11 @@ func (m *Manager) restoreChildLocked(ctx context.Context, snapper engine.Snapsho
 // removes it if the move failed. Guarded by rec's lock.
 func (m *Manager) finishChildLocked(ctx context.Context, rec store.Sandbox, sb engine.Sandbox, moved error) ForkChild {
 	if moved != nil {
-		err := errors.Join(moved, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
-		return ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID))}
+		err := errors.Join(moved, m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, rec))
+		return ForkChild{Err: errors.Join(fmt.Errorf("restore child: %w", err), m.hooks.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID))}
 	}
 	rec.State = store.StateRunning
-	m.emitMove(rec, store.StateCreating, store.StateRunning, "")
+	m.events.emitMove(rec, store.StateCreating, store.StateRunning, "")
 	m.track(rec.ID, sb)
 	return ForkChild{ID: rec.ID}
 }

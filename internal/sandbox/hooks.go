@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/sandbox/pool"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -70,11 +72,15 @@ type SnapshotHook interface {
 	SnapshotRemoved(ctx context.Context, sn store.Snapshot) error
 }
 
-func (m *Manager) completeOptions(o *store.Options) error {
-	if len(o.Volumes) > 0 && !m.hasHook(func(h Hook) bool { _, ok := h.(CreateHook); return ok }) {
+// hookChain is the hooks, in order (Config.Hooks): the lifecycle calls
+// them at its fixed points through these methods. It holds no state.
+type hookChain []Hook
+
+func (c hookChain) completeOptions(o *store.Options) error {
+	if len(o.Volumes) > 0 && !c.hasHook(func(h Hook) bool { _, ok := h.(CreateHook); return ok }) {
 		return errdefs.New(errdefs.InvalidArgument, "this daemon has no volumes")
 	}
-	for _, h := range m.cfg.Hooks {
+	for _, h := range c {
 		if oh, ok := h.(OptionsHook); ok {
 			if err := oh.CompleteOptions(o); err != nil {
 				return err
@@ -89,8 +95,8 @@ func (m *Manager) completeOptions(o *store.Options) error {
 	return nil
 }
 
-func (m *Manager) hasHook(is func(Hook) bool) bool {
-	for _, h := range m.cfg.Hooks {
+func (c hookChain) hasHook(is func(Hook) bool) bool {
+	for _, h := range c {
 		if is(h) {
 			return true
 		}
@@ -100,9 +106,9 @@ func (m *Manager) hasHook(is func(Hook) bool) bool {
 
 // snapshotOptions asks the snapshot hooks what a snapshot of rec records
 // and whether it must stop rec.
-func (m *Manager) snapshotOptions(rec store.Sandbox) (store.Options, bool) {
+func (c hookChain) snapshotOptions(rec store.Sandbox) (store.Options, bool) {
 	o, stop := rec.Opts, false
-	for _, h := range m.cfg.Hooks {
+	for _, h := range c {
 		if sh, ok := h.(SnapshotHook); ok {
 			r := rec
 			r.Opts = o
@@ -114,8 +120,8 @@ func (m *Manager) snapshotOptions(rec store.Sandbox) (store.Options, bool) {
 	return o, stop
 }
 
-func (m *Manager) snapshotTaken(ctx context.Context, rec store.Sandbox, sn store.Snapshot) error {
-	for _, h := range m.cfg.Hooks {
+func (c hookChain) snapshotTaken(ctx context.Context, rec store.Sandbox, sn store.Snapshot) error {
+	for _, h := range c {
 		if sh, ok := h.(SnapshotHook); ok {
 			if err := sh.SnapshotTaken(ctx, rec, sn); err != nil {
 				return fmt.Errorf("%s: %w", h.Name(), err)
@@ -125,9 +131,9 @@ func (m *Manager) snapshotTaken(ctx context.Context, rec store.Sandbox, sn store
 	return nil
 }
 
-func (m *Manager) snapshotRemoved(ctx context.Context, sn store.Snapshot) error {
+func (c hookChain) snapshotRemoved(ctx context.Context, sn store.Snapshot) error {
 	var errs []error
-	for _, h := range m.cfg.Hooks {
+	for _, h := range c {
 		if sh, ok := h.(SnapshotHook); ok {
 			if err := sh.SnapshotRemoved(ctx, sn); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
@@ -150,7 +156,7 @@ func (m *Manager) SetNetwork(ctx context.Context, ref string, n store.NetworkOpt
 // the sandbox's lock: concurrent edits do not lose each other's changes.
 // Errors: edit's, and SetNetwork's.
 func (m *Manager) EditNetwork(ctx context.Context, ref string, edit func(cur store.NetworkOptions) (store.NetworkOptions, error)) (store.Sandbox, error) {
-	rec, unlock, err := m.lockSandbox(ctx, ref)
+	rec, unlock, err := m.locks.sandbox(ctx, ref)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -165,14 +171,9 @@ func (m *Manager) EditNetwork(ctx context.Context, ref string, edit func(cur sto
 	}
 	opts := rec.Opts
 	opts.Network = &n
-	found := false
-	for _, h := range m.cfg.Hooks {
-		if oh, ok := h.(OptionsHook); ok {
-			found = true
-			if err := oh.UpdateOptions(ctx, rec, &opts); err != nil {
-				return store.Sandbox{}, err
-			}
-		}
+	found, err := m.hooks.updateOptions(ctx, rec, &opts)
+	if err != nil {
+		return store.Sandbox{}, err
 	}
 	if !found {
 		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "this daemon has no networking")
@@ -184,17 +185,17 @@ func (m *Manager) EditNetwork(ctx context.Context, ref string, edit func(cur sto
 	return rec, nil
 }
 
-func (m *Manager) beforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error {
-	for _, h := range m.cfg.Hooks {
+func (c hookChain) beforeStart(ctx context.Context, rec store.Sandbox, spec *engine.Spec) error {
+	for _, h := range c {
 		if err := h.BeforeStart(ctx, rec, spec); err != nil {
-			return errors.Join(fmt.Errorf("%s: %w", h.Name(), err), m.afterStop(ctx, rec))
+			return errors.Join(fmt.Errorf("%s: %w", h.Name(), err), c.afterStop(ctx, rec))
 		}
 	}
 	return nil
 }
 
-func (m *Manager) afterStart(ctx context.Context, rec store.Sandbox, sb engine.Sandbox) error {
-	for _, h := range m.cfg.Hooks {
+func (c hookChain) afterStart(ctx context.Context, rec store.Sandbox, sb engine.Sandbox) error {
+	for _, h := range c {
 		if err := h.AfterStart(ctx, rec, sb); err != nil {
 			return fmt.Errorf("%s: %w", h.Name(), err)
 		}
@@ -202,9 +203,9 @@ func (m *Manager) afterStart(ctx context.Context, rec store.Sandbox, sb engine.S
 	return nil
 }
 
-func (m *Manager) afterStop(ctx context.Context, rec store.Sandbox) error {
+func (c hookChain) afterStop(ctx context.Context, rec store.Sandbox) error {
 	var errs []error
-	for _, h := range m.cfg.Hooks {
+	for _, h := range c {
 		if err := h.AfterStop(ctx, rec); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
 		}
@@ -212,12 +213,65 @@ func (m *Manager) afterStop(ctx context.Context, rec store.Sandbox) error {
 	return errors.Join(errs...)
 }
 
-func (m *Manager) afterRemove(ctx context.Context, rec store.Sandbox) error {
+func (c hookChain) afterRemove(ctx context.Context, rec store.Sandbox) error {
 	var errs []error
-	for _, h := range m.cfg.Hooks {
+	for _, h := range c {
 		if err := h.AfterRemove(ctx, rec); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// updateOptions has the OptionsHooks apply o, changed options, to rec;
+// found says whether there is one.
+func (c hookChain) updateOptions(ctx context.Context, rec store.Sandbox, o *store.Options) (found bool, err error) {
+	for _, h := range c {
+		if oh, ok := h.(OptionsHook); ok {
+			found = true
+			if err := oh.UpdateOptions(ctx, rec, o); err != nil {
+				return true, err
+			}
+		}
+	}
+	return found, nil
+}
+
+// reconcile runs every hook's Reconcile.
+func (c hookChain) reconcile(ctx context.Context, running, all []store.Sandbox) error {
+	var errs []error
+	for _, h := range c {
+		if err := h.Reconcile(ctx, running, all); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dialPort tries the PortDialer hooks on the engine sandbox engineID;
+// nil when none reached port.
+func (c hookChain) dialPort(ctx context.Context, engineID string, port int) net.Conn {
+	for _, h := range c {
+		if pd, ok := h.(PortDialer); ok {
+			if conn, err := pd.DialPort(ctx, engineID, port); err == nil {
+				return conn
+			}
+		}
+	}
+	return nil
+}
+
+// poolNetwork is the network of a pool's sandbox of shape sh: the policy
+// a plain create gets (the hooks fill in the daemon's defaults), so that
+// the start or claim of the common create sends no nftables batch.
+func (c hookChain) poolNetwork(sh pool.Shape) (*store.NetworkOptions, error) {
+	o := store.Options{Network: &store.NetworkOptions{Mode: sh.Network}}
+	for _, h := range c {
+		if oh, ok := h.(OptionsHook); ok {
+			if err := oh.CompleteOptions(&o); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return o.Network, nil
 }

@@ -64,21 +64,21 @@ type hotSandbox struct {
 
 // startHot starts one sandbox of shape sh for the hot pool. Its record-less
 // id is the engine's; a claim makes it the sandbox's.
-func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
+func (p *Pools) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 	// Near the pressure floor the pool stays empty: WatchPressure would
 	// give back what the refill starts at its next tick (a start and a
 	// destroy every tick, and no idle sandbox ever put to sleep, since a
 	// flush that gave back something ends the tick).
-	if err := m.nearPressure("hot pool", 64*max(1, m.cfg.hotPinned())); err != nil {
+	if err := p.admission.nearPressure("hot pool", 64*max(1, p.cfg.hotPinned())); err != nil {
 		return "", err
 	}
 	// A hot sandbox holds its idle memory: never at the cost of the floor.
-	resv, err := m.admit(64)
+	resv, err := p.admission.admit(64)
 	if err != nil {
 		return "", err
 	}
 	defer resv.release()
-	img, err := m.images.Get(ctx, sh.Image)
+	img, err := p.images.Get(ctx, sh.Image)
 	if err != nil {
 		return "", err
 	}
@@ -87,39 +87,39 @@ func (m *Manager) startHot(ctx context.Context, sh pool.Shape) (string, error) {
 		// Until a claim only the agent runs in it: it starts with the
 		// policy a plain create gets, so the common claim has no rules to
 		// apply; a claim asking for another policy has its hooks apply it.
-		nw, err := m.poolNetwork(sh)
+		nw, err := p.hooks.poolNetwork(sh)
 		if err != nil {
 			return "", err
 		}
 		rec.Opts.Network = nw
 	}
 	// Marked first: a restart destroys a marked sandbox nobody claimed.
-	if err := m.store.AddPoolSandbox(ctx, rec.ID); err != nil {
+	if err := p.marks.AddPoolSandbox(ctx, rec.ID); err != nil {
 		return "", err
 	}
 	var started engine.Spec
-	sb, err := m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+	sb, err := p.life.startLocked(ctx, rec, specOf(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
 		started = spec
-		return m.eng.Create(ctx, spec)
+		return p.eng.Create(ctx, spec)
 	})
 	if err != nil {
 		// Unmarked only once the engine is known to have let go of it: a
 		// started sandbox whose destroy failed keeps its mark, so that the
 		// next restart destroys it instead of keeping it as unrecorded.
 		ctx := context.WithoutCancel(ctx)
-		if derr := m.eng.Destroy(ctx, rec.ID); derr != nil {
+		if derr := p.eng.Destroy(ctx, rec.ID); derr != nil {
 			return "", errors.Join(err, derr)
 		}
-		return "", errors.Join(err, m.store.RemovePoolSandbox(ctx, rec.ID))
+		return "", errors.Join(err, p.marks.RemovePoolSandbox(ctx, rec.ID))
 	}
-	if err := m.warmHot(ctx, sh.Image, sb); err != nil {
+	if err := p.warmHot(ctx, sh.Image, sb); err != nil {
 		// Never handed out half warm: destroyed, and the pool backs off
 		// this shape as for any failed start.
-		return "", errors.Join(err, m.destroyHot(context.WithoutCancel(ctx), rec.ID))
+		return "", errors.Join(err, p.destroyHot(context.WithoutCancel(ctx), rec.ID))
 	}
-	m.mu.Lock()
-	m.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS, spec: started, network: rec.Opts.Network}
-	m.mu.Unlock()
+	p.mu.Lock()
+	p.hot[rec.ID] = hotSandbox{sb: sb, root: img.RootFS, spec: started, network: rec.Opts.Network}
+	p.mu.Unlock()
 	return rec.ID, nil
 }
 
@@ -128,7 +128,7 @@ const warmTimeout = 2 * time.Minute
 
 // warmHot runs the warm step of image (image.WarmCommand) in the hot
 // sandbox sb, if it has one, and fails unless it exits 0.
-func (m *Manager) warmHot(ctx context.Context, imageName string, sb engine.Sandbox) error {
+func (p *Pools) warmHot(ctx context.Context, imageName string, sb engine.Sandbox) error {
 	cmd := image.WarmCommand(imageName)
 	if cmd == "" {
 		return nil
@@ -153,7 +153,7 @@ func (m *Manager) warmHot(ctx context.Context, imageName string, sb engine.Sandb
 	if exit.Code != 0 {
 		return fmt.Errorf("hot pool: warm step of the %s image exited %d: %s", imageName, exit.Code, strings.TrimSpace(out.String()))
 	}
-	m.log.Debug("hot pool: warmed a sandbox", "image", imageName, "took", time.Since(start).Round(time.Millisecond))
+	p.log.Debug("hot pool: warmed a sandbox", "image", imageName, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -172,21 +172,21 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 func (t *tailBuffer) String() string { return strings.ToValidUTF8(string(t.b), "?") }
 
 // destroyHot removes a hot sandbox nobody claimed.
-func (m *Manager) destroyHot(ctx context.Context, id string) error {
-	m.mu.Lock()
-	delete(m.hot, id)
-	m.mu.Unlock()
-	if err := errors.Join(m.eng.Destroy(ctx, id), m.afterStop(ctx, store.Sandbox{ID: id})); err != nil {
+func (p *Pools) destroyHot(ctx context.Context, id string) error {
+	p.mu.Lock()
+	delete(p.hot, id)
+	p.mu.Unlock()
+	if err := errors.Join(p.eng.Destroy(ctx, id), p.hooks.afterStop(ctx, store.Sandbox{ID: id})); err != nil {
 		return err // still marked: the next restart tries again
 	}
-	return m.store.RemovePoolSandbox(ctx, id)
+	return p.marks.RemovePoolSandbox(ctx, id)
 }
 
 // reapPool destroys the pools' sandboxes a killed daemon left unclaimed
 // (marked, no record) and unmarks claimed ones; it returns the ids it
 // handled, which the engine listing must not count as unrecorded.
-func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[string]bool, error) {
-	ids, err := m.store.PoolSandboxes(ctx)
+func (p *Pools) reapPool(ctx context.Context, recorded map[string]bool) (map[string]bool, error) {
+	ids, err := p.marks.PoolSandboxes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -195,11 +195,11 @@ func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[s
 	for _, id := range ids {
 		done[id] = true
 		if recorded[id] {
-			errs = append(errs, m.store.RemovePoolSandbox(ctx, id))
+			errs = append(errs, p.marks.RemovePoolSandbox(ctx, id))
 			continue
 		}
-		m.log.Info("reconcile: destroying an unclaimed hot-pool sandbox", "engine_sandbox", id)
-		errs = append(errs, m.destroyHot(ctx, id))
+		p.log.Info("reconcile: destroying an unclaimed hot-pool sandbox", "engine_sandbox", id)
+		errs = append(errs, p.destroyHot(ctx, id))
 	}
 	return done, errors.Join(errs...)
 }
@@ -209,7 +209,7 @@ func (m *Manager) reapPool(ctx context.Context, recorded map[string]bool) (map[s
 // files) is never served hot (a claim would replace the hot sandbox with
 // one started cold, slower than a prepared one), and its misses teach the
 // pool nothing.
-func (m *Manager) takeHot(ctx context.Context, req CreateRequest, sh pool.Shape, root string) (string, hotSandbox, bool) {
+func (p *Pools) takeHot(ctx context.Context, req CreateRequest, sh pool.Shape, root string) (string, hotSandbox, bool) {
 	if !hotServes(req) || (hasEnvSecrets(req) && image.WarmCommand(req.Image) != "") {
 		// A warmed sandbox's processes (the code interpreter's kernels)
 		// started before the claim handed the agent its secret
@@ -217,14 +217,14 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest, sh pool.Shape,
 		return "", hotSandbox{}, false
 	}
 	for {
-		id, ok := m.hotPool.Take(sh)
+		id, ok := p.hotPool.Take(sh)
 		if !ok {
 			return "", hotSandbox{}, false
 		}
-		m.mu.Lock()
-		h, ok := m.hot[id]
-		delete(m.hot, id)
-		m.mu.Unlock()
+		p.mu.Lock()
+		h, ok := p.hot[id]
+		delete(p.hot, id)
+		p.mu.Unlock()
 		if ok && h.root == root {
 			select {
 			case <-h.sb.Exited():
@@ -234,7 +234,7 @@ func (m *Manager) takeHot(ctx context.Context, req CreateRequest, sh pool.Shape,
 		}
 		// Died while it waited, or started on a root its image no longer
 		// names (the image was replaced): next.
-		_ = m.destroyHot(context.WithoutCancel(ctx), id)
+		_ = p.destroyHot(context.WithoutCancel(ctx), id)
 	}
 }
 
@@ -266,11 +266,11 @@ func hasEnvSecrets(req CreateRequest) bool {
 // giveBackHot returns an unclaimed hot sandbox to the pool: a create that
 // failed before its claim (a taken name, a request gone) must not cost
 // the pool a sandbox start.
-func (m *Manager) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
-	m.mu.Lock()
-	m.hot[id] = h
-	m.mu.Unlock()
-	m.hotPool.Put(context.Background(), sh, id)
+func (p *Pools) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
+	p.mu.Lock()
+	p.hot[id] = h
+	p.mu.Unlock()
+	p.hotPool.Put(context.Background(), sh, id)
 }
 
 // claimHot makes the hot sandbox h the running sandbox rec (recorded,
@@ -279,15 +279,15 @@ func (m *Manager) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
 // in a spec the hot sandbox was not started with (a volume, the tmpfs of
 // secret files), it is replaced by a sandbox started cold for rec. On
 // error nothing of it is left.
-func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, error) {
-	spec := m.spec(rec, img)
+func (p *Pools) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, error) {
+	spec := specOf(rec, img)
 	// The hooks see a start (that is how they apply options to a slot the
 	// sandbox already has).
-	if err := m.beforeStart(ctx, rec, &spec); err != nil {
+	if err := p.hooks.beforeStart(ctx, rec, &spec); err != nil {
 		if renamed != nil {
 			<-renamed
 		}
-		return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
+		return nil, errors.Join(err, p.eng.Destroy(ctx, rec.Engine()))
 	}
 	st.mark("hooks")
 	if renamed != nil {
@@ -302,27 +302,27 @@ func (m *Manager) claimHot(ctx context.Context, rec store.Sandbox, img image.Ima
 		case err := <-renamed: // answered already, or never sent
 			if err != nil {
 				err = fmt.Errorf("claim a hot sandbox: set its hostname: %w", err)
-				return nil, errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+				return nil, errors.Join(err, p.eng.Destroy(ctx, rec.Engine()), p.hooks.afterStop(ctx, rec))
 			}
 		default:
 			go func() {
 				if err := <-renamed; err != nil {
-					m.log.Error("hot pool: the claimed sandbox did not take its hostname", "sandbox", rec.ID, "hostname", spec.Hostname, "err", err)
+					p.log.Error("hot pool: the claimed sandbox did not take its hostname", "sandbox", rec.ID, "hostname", spec.Hostname, "err", err)
 				}
 			}()
 		}
 	}
 	if want, have := spec, h.spec; !sameStart(want, have) {
-		m.log.Info("hot pool: the sandbox's hooks ask for more than a hot sandbox has; starting it cold", "sandbox", rec.ID)
-		if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
-			return nil, errors.Join(err, m.afterStop(ctx, rec))
+		p.log.Info("hot pool: the sandbox's hooks ask for more than a hot sandbox has; starting it cold", "sandbox", rec.ID)
+		if err := p.eng.Destroy(ctx, rec.Engine()); err != nil {
+			return nil, errors.Join(err, p.hooks.afterStop(ctx, rec))
 		}
-		return m.startLocked(ctx, rec, m.spec(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
-			return m.eng.Create(ctx, spec)
+		return p.life.startLocked(ctx, rec, specOf(rec, img), false, func(spec engine.Spec) (engine.Sandbox, error) {
+			return p.eng.Create(ctx, spec)
 		})
 	}
-	if err := m.afterStart(ctx, rec, h.sb); err != nil {
-		return nil, errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+	if err := p.hooks.afterStart(ctx, rec, h.sb); err != nil {
+		return nil, errors.Join(fmt.Errorf("claim a hot sandbox: %w", err), p.eng.Destroy(ctx, rec.Engine()), p.hooks.afterStop(ctx, rec))
 	}
 	return h.sb, nil
 }
@@ -347,24 +347,24 @@ func readyClaim(rec store.Sandbox, h hotSandbox) bool {
 // hostname, when the hooks ask for more than h was started with (the
 // tmpfs of secret files): the caller claims it the slow way. On error
 // nothing of h is left.
-func (m *Manager) claimReady(ctx context.Context, rec *store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, bool, error) {
+func (p *Pools) claimReady(ctx context.Context, rec *store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, bool, error) {
 	ctx = context.WithoutCancel(ctx)
 	fail := func(err error) (engine.Sandbox, bool, error) {
 		if renamed != nil {
 			<-renamed
 		}
-		return nil, true, errors.Join(err, m.destroyHot(ctx, rec.ID), m.afterRemove(ctx, *rec))
+		return nil, true, errors.Join(err, p.destroyHot(ctx, rec.ID), p.hooks.afterRemove(ctx, *rec))
 	}
-	m.crashPoint("create-before-engine")
-	spec := m.spec(*rec, img)
-	if err := m.beforeStart(ctx, *rec, &spec); err != nil {
+	p.crash.hit("create-before-engine")
+	spec := specOf(*rec, img)
+	if err := p.hooks.beforeStart(ctx, *rec, &spec); err != nil {
 		return fail(err)
 	}
 	if !sameStart(spec, h.spec) {
 		return nil, false, nil
 	}
 	st.mark("hooks")
-	if err := m.afterStart(ctx, *rec, h.sb); err != nil {
+	if err := p.hooks.afterStart(ctx, *rec, h.sb); err != nil {
 		return fail(fmt.Errorf("claim a hot sandbox: %w", err))
 	}
 	if renamed != nil {
@@ -380,20 +380,20 @@ func (m *Manager) claimReady(ctx context.Context, rec *store.Sandbox, img image.
 			renamed = nil
 			go func() {
 				if err := <-done; err != nil {
-					m.log.Error("hot pool: the claimed sandbox did not take its hostname", "sandbox", rec.ID, "hostname", spec.Hostname, "err", err)
+					p.log.Error("hot pool: the claimed sandbox did not take its hostname", "sandbox", rec.ID, "hostname", spec.Hostname, "err", err)
 				}
 			}()
 		}
 	}
-	m.crashPoint("create-after-engine")
+	p.crash.hit("create-after-engine")
 	claimed := *rec
 	claimed.State = store.StateRunning
-	if err := m.store.ClaimPoolSandbox(ctx, claimed); err != nil {
+	if err := p.marks.ClaimPoolSandbox(ctx, claimed); err != nil {
 		return fail(err)
 	}
 	st.mark("insert")
-	m.emitRec(*rec, events.Event{Type: events.Created})
-	m.emitMove(claimed, store.StateCreating, store.StateRunning, "")
+	p.events.emitRec(*rec, events.Event{Type: events.Created})
+	p.events.emitMove(claimed, store.StateCreating, store.StateRunning, "")
 	*rec = claimed
 	return h.sb, true, nil
 }
@@ -403,7 +403,7 @@ func (m *Manager) claimReady(ctx context.Context, rec *store.Sandbox, img image.
 // without a name keeps the one made from the id). A claim sends it
 // before it writes its record and does not wait for the answer (see
 // claimHot).
-func (m *Manager) renameHot(ctx context.Context, hostname string, h hotSandbox) <-chan error {
+func (p *Pools) renameHot(ctx context.Context, hostname string, h hotSandbox) <-chan error {
 	if hostname == h.spec.Hostname {
 		return nil
 	}
@@ -429,6 +429,6 @@ func sameStart(want, have engine.Spec) bool {
 
 // flushHot gives back every hot sandbox (memory is short); the pool
 // refills once the memory floor admits it again.
-func (m *Manager) flushHot(ctx context.Context) int {
-	return m.hotPool.Flush(ctx)
+func (p *Pools) flushHot(ctx context.Context) int {
+	return p.hotPool.Flush(ctx)
 }

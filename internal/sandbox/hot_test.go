@@ -30,7 +30,7 @@ func (e *env) installDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.m.install(t.Context(), img); err != nil {
+	if _, err := e.m.images.install(t.Context(), img); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -39,9 +39,9 @@ func (e *env) installDefault(t *testing.T) {
 func waitHot(t *testing.T, m *Manager, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for m.Hot() != n {
+	for m.Pools().Hot() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("hot pool holds %d, want %d", m.Hot(), n)
+			t.Fatalf("hot pool holds %d, want %d", m.Pools().Hot(), n)
 		}
 		time.Sleep(time.Millisecond) // polling the pool's background refill
 	}
@@ -53,14 +53,14 @@ func waitHotShape(t *testing.T, m *Manager, mib, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		m.mu.Lock()
+		m.pools.mu.Lock()
 		got := 0
-		for _, h := range m.hot {
+		for _, h := range m.pools.hot {
 			if h.spec.MemoryMiB == mib {
 				got++
 			}
 		}
-		m.mu.Unlock()
+		m.pools.mu.Unlock()
 		if got == n {
 			return
 		}
@@ -74,7 +74,7 @@ func waitHotShape(t *testing.T, m *Manager, mib, n int) {
 func TestHotPoolClaim(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 1})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 1)
 	started, _ := e.eng.List(t.Context())
 	if len(started) != 1 {
@@ -87,10 +87,10 @@ func TestHotPoolClaim(t *testing.T) {
 	if sb.ID != started[0] || e.state(t, sb.ID) != "running" {
 		t.Fatalf("created %s (%s), want the hot sandbox %s running", sb.ID, e.state(t, sb.ID), started[0])
 	}
-	if h, m := e.m.HotPoolStats(); h != 1 || m != 0 {
+	if h, m := e.m.Pools().HotStats(); h != 1 || m != 0 {
 		t.Fatalf("hot pool stats: %d hits %d misses", h, m)
 	}
-	g, err := e.m.Guest(t.Context(), sb.ID)
+	g, err := e.m.GuestWaking(t.Context(), sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestHotPoolClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, m := e.m.HotPoolStats(); m != 1 || other.ID == sb.ID {
+	if _, m := e.m.Pools().HotStats(); m != 1 || other.ID == sb.ID {
 		t.Fatalf("a create of another shape: hot misses %d", m)
 	}
 }
@@ -118,7 +118,7 @@ func TestHotPoolClaim(t *testing.T) {
 func TestHotPoolRestartDestroysUnclaimed(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 2})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 2)
 	sb, err := e.m.Create(t.Context(), CreateRequest{})
 	if err != nil {
@@ -142,9 +142,9 @@ func TestHotPoolRestartDestroysUnclaimed(t *testing.T) {
 func TestHotPoolFlushedUnderPressure(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 2})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 2)
-	if n := e.m.flushHot(t.Context()); n != 2 {
+	if n := e.m.pools.flushHot(t.Context()); n != 2 {
 		t.Fatalf("flushed %d, want 2", n)
 	}
 	if ids, _ := e.eng.List(t.Context()); len(ids) > 2 {
@@ -159,7 +159,7 @@ func TestHotPoolFlushedUnderPressure(t *testing.T) {
 func TestHotPoolConcurrentClaims(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 3})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 3)
 	const n = 12
 	ids := make(chan string, n)
@@ -185,7 +185,7 @@ func TestHotPoolConcurrentClaims(t *testing.T) {
 			t.Fatalf("%s is %s", id, st)
 		}
 	}
-	if h, _ := e.m.HotPoolStats(); h < 3 {
+	if h, _ := e.m.Pools().HotStats(); h < 3 {
 		t.Fatalf("hot hits %d, want the 3 hot sandboxes claimed", h)
 	}
 	marks, _ := e.st.PoolSandboxes(t.Context())
@@ -209,22 +209,22 @@ func TestHotPoolConcurrentClaims(t *testing.T) {
 func TestHotPoolTakenName(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 1})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 1)
 	if _, err := e.m.Create(t.Context(), CreateRequest{Name: "dup"}); err != nil {
 		t.Fatal(err)
 	}
 	waitHot(t, e.m, 1)
 	before, _ := e.eng.List(t.Context())
-	hits, _ := e.m.HotPoolStats()
+	hits, _ := e.m.Pools().HotStats()
 	for range 3 {
 		if _, err := e.m.Create(t.Context(), CreateRequest{Name: "dup"}); !errdefs.Is(err, errdefs.AlreadyExists) {
 			t.Fatalf("create of a taken name: %v, want AlreadyExists", err)
 		}
 	}
 	after, _ := e.eng.List(t.Context())
-	if h, _ := e.m.HotPoolStats(); h != hits || e.m.Hot() != 1 || !slices.Equal(before, after) {
-		t.Fatalf("creates of a taken name touched the hot pool: hits %d -> %d, hot %d, engine %v -> %v", hits, h, e.m.Hot(), before, after)
+	if h, _ := e.m.Pools().HotStats(); h != hits || e.m.Pools().Hot() != 1 || !slices.Equal(before, after) {
+		t.Fatalf("creates of a taken name touched the hot pool: hits %d -> %d, hot %d, engine %v -> %v", hits, h, e.m.Pools().Hot(), before, after)
 	}
 }
 
@@ -236,14 +236,14 @@ func TestHotPoolTakenName(t *testing.T) {
 func TestHotPoolLearnsShapes(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 1})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 1)
 	for range 2 {
 		if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if h, m := e.m.HotPoolStats(); h != 0 || m != 2 {
+	if h, m := e.m.Pools().HotStats(); h != 0 || m != 2 {
 		t.Fatalf("hot pool stats after two creates of a new shape: %d hits %d misses", h, m)
 	}
 	waitHotShape(t, e.m, 128, 1)
@@ -253,14 +253,14 @@ func TestHotPoolLearnsShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := e.m.HotPoolStats(); h != 1 || !slices.Contains(before, sb.ID) || e.state(t, sb.ID) != "running" {
+	if h, _ := e.m.Pools().HotStats(); h != 1 || !slices.Contains(before, sb.ID) || e.state(t, sb.ID) != "running" {
 		t.Fatalf("third create of the learned shape: hot hits %d, sandbox %s (%s) among %v", h, sb.ID, e.state(t, sb.ID), before)
 	}
 	waitHot(t, e.m, 2) // refilled
 
 	// A create with a secret file: not served hot, no miss counted.
-	_, misses := e.m.HotPoolStats()
-	hot := e.m.Hot()
+	_, misses := e.m.Pools().HotStats()
+	hot := e.m.Pools().Hot()
 	for range 2 {
 		sb, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128, Opts: store.Options{Secrets: []store.SecretRef{{Name: "k", File: "/run/secrets/k"}}}})
 		if err != nil {
@@ -270,8 +270,8 @@ func TestHotPoolLearnsShapes(t *testing.T) {
 			t.Fatalf("a create with a secret file took hot sandbox %s", sb.ID)
 		}
 	}
-	if h, m := e.m.HotPoolStats(); h != 1 || m != misses || e.m.Hot() != hot {
-		t.Fatalf("creates with a secret file touched the hot pool: %d hits, misses %d -> %d, hot %d -> %d", h, misses, m, hot, e.m.Hot())
+	if h, m := e.m.Pools().HotStats(); h != 1 || m != misses || e.m.Pools().Hot() != hot {
+		t.Fatalf("creates with a secret file touched the hot pool: %d hits, misses %d -> %d, hot %d -> %d", h, misses, m, hot, e.m.Pools().Hot())
 	}
 
 	// A second learned shape takes the first one's place: 1 + 1 at most.
@@ -287,14 +287,14 @@ func TestHotPoolLearnsShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := e.m.HotPoolStats(); h != 2 {
+	if h, _ := e.m.Pools().HotStats(); h != 2 {
 		t.Fatalf("third create of the second learned shape: hot hits %d, want 2", h)
 	}
 	waitHot(t, e.m, 2)
 	if _, err := e.m.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128}); err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := e.m.HotPoolStats(); h != 2 {
+	if h, _ := e.m.Pools().HotStats(); h != 2 {
 		t.Fatalf("the first learned shape, given way: hot hits %d, want still 2", h)
 	}
 }
@@ -315,7 +315,7 @@ func (h *failStartHook) AfterStart(_ context.Context, rec store.Sandbox, _ engin
 func TestHotClaimFailingHookLeavesNothing(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 1, Hooks: []Hook{&failStartHook{}}})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 1)
 	started, _ := e.eng.List(t.Context())
 	if len(started) != 1 {
@@ -345,10 +345,10 @@ func TestHotClaimFailingHookLeavesNothing(t *testing.T) {
 
 // hotOn counts the hot sandboxes started on root.
 func hotOn(m *Manager, root string) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.pools.mu.Lock()
+	defer m.pools.mu.Unlock()
 	n := 0
-	for _, h := range m.hot {
+	for _, h := range m.pools.hot {
 		if h.root == root {
 			n++
 		}
@@ -372,19 +372,19 @@ func TestHotPoolPerImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 3)
 	if d, o := hotOn(e.m, def.RootFS), hotOn(e.m, other.RootFS); d != 1 || o != 2 {
 		t.Fatalf("hot sandboxes: %d of the default image, %d of %s; want 1 and 2", d, o, testImage)
 	}
 	before := map[string]bool{}
-	e.m.mu.Lock()
-	for id, h := range e.m.hot {
+	e.m.pools.mu.Lock()
+	for id, h := range e.m.pools.hot {
 		if h.root == other.RootFS {
 			before[id] = true
 		}
 	}
-	e.m.mu.Unlock()
+	e.m.pools.mu.Unlock()
 	sb, err := e.m.Create(t.Context(), CreateRequest{Image: testImage})
 	if err != nil {
 		t.Fatal(err)
@@ -392,7 +392,7 @@ func TestHotPoolPerImage(t *testing.T) {
 	if !before[sb.ID] || sb.Image != testImage || e.state(t, sb.ID) != "running" {
 		t.Fatalf("created %s of %s (%s), want one of the hot sandboxes of %s %v", sb.ID, sb.Image, e.state(t, sb.ID), testImage, before)
 	}
-	if h, m := e.m.HotPoolStats(); h != 1 || m != 0 {
+	if h, m := e.m.Pools().HotStats(); h != 1 || m != 0 {
 		t.Fatalf("hot pool stats after a create of %s: %d hits %d misses, want 1 and 0", testImage, h, m)
 	}
 	waitHot(t, e.m, 3) // refilled, with the image's shape
@@ -403,7 +403,7 @@ func TestHotPoolPerImage(t *testing.T) {
 	if _, err := e.m.Create(t.Context(), CreateRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if h, m := e.m.HotPoolStats(); h != 2 || m != 0 {
+	if h, m := e.m.Pools().HotStats(); h != 2 || m != 0 {
 		t.Fatalf("hot pool stats after a default create: %d hits %d misses, want 2 and 0", h, m)
 	}
 }
@@ -413,7 +413,7 @@ func TestHotPoolPerImage(t *testing.T) {
 func TestHotPoolImagesOnly(t *testing.T) {
 	e := newEnv(t, Config{HotImages: map[string]int{testImage: 1}})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 1)
 	other, _ := e.m.images.Get(t.Context(), testImage)
 	if o := hotOn(e.m, other.RootFS); o != 1 {
@@ -422,7 +422,7 @@ func TestHotPoolImagesOnly(t *testing.T) {
 	if _, err := e.m.Create(t.Context(), CreateRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := e.m.HotPoolStats(); h != 0 {
+	if h, _ := e.m.Pools().HotStats(); h != 0 {
 		t.Fatalf("a default create claimed a hot sandbox (%d hits) with HotPool 0", h)
 	}
 }

@@ -10,23 +10,37 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
-	"github.com/clade-sandbox/clade/internal/sandbox/pool"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
-// imageService keeps the daemon's images: their records (name, reference,
+// Images keeps the daemon's images: their records (name, reference,
 // root, template snapshot) in the store, their root filesystems and layer
-// blobs in the image directory.
+// blobs in the image directory. Builds (build.go) make images from
+// sandboxes.
 //
 // The image directory may be shared by daemons with different data dirs
 // (tests and `make demo` share one): each daemon records its own images,
 // removes only roots it made (the store's image_roots), and adopts the
 // images the directory describes itself (the default image, and those of
 // versions that kept metadata in image.json) when its store lacks them.
-type imageService struct {
+type Images struct {
 	files *image.Store
 	store store.Images
+	snaps store.Snapshots // a replaced template's snapshot is marked implicit
 	log   *slog.Logger
+	// life collects a replaced template's snapshot (the lifecycle's).
+	life interface {
+		gcSnapshot(ctx context.Context, id string)
+	}
+	// pools give back their sandboxes of a replaced image.
+	pools interface {
+		flushImage(ctx context.Context, name string)
+	}
+
+	// useMu orders an image removal (and a root collection) against
+	// creates that use the image: a create holds it from reading the
+	// image to recording its sandbox.
+	useMu sync.Mutex
 
 	startMu sync.Mutex
 	started bool // guarded by startMu
@@ -42,7 +56,7 @@ type imageService struct {
 //
 // It returns the error of the last build that failed, if one did, so a
 // user retrying is told why instead of waiting for ever.
-func (s *imageService) buildBuiltin(name string) error {
+func (s *Images) buildBuiltin(name string) error {
 	s.buildMu.Lock()
 	defer s.buildMu.Unlock()
 	last := s.failed[name]
@@ -70,20 +84,22 @@ func (s *imageService) buildBuiltin(name string) error {
 	return last
 }
 
-func newImageService(files *image.Store, st store.Images, log *slog.Logger) *imageService {
+func newImages(files *image.Store, st store.Images, snaps store.Snapshots, log *slog.Logger, life interface {
+	gcSnapshot(ctx context.Context, id string)
+}) *Images {
 	files.OnRoot = func(rootfs string) error {
 		// Recorded as pending before it exists: a root a killed daemon
 		// never named is collected after the next start.
 		return st.AddImageRoot(context.Background(), rootfs)
 	}
-	return &imageService{files: files, store: st, log: log}
+	return &Images{files: files, store: st, snaps: snaps, log: log, life: life}
 }
 
 // start runs once per daemon, before the first image operation: it gives
 // up the roots of installs a killed daemon left, and adopts the images the
 // image directory describes that the store does not record (the migration
 // from image.json files, and the default image a sibling daemon built).
-func (s *imageService) start(ctx context.Context) error {
+func (s *Images) start(ctx context.Context) error {
 	s.startMu.Lock()
 	defer s.startMu.Unlock()
 	if s.started {
@@ -105,7 +121,7 @@ func (s *imageService) start(ctx context.Context) error {
 	return nil
 }
 
-func (s *imageService) adopt(ctx context.Context, img image.Image) (bool, error) {
+func (s *Images) adopt(ctx context.Context, img image.Image) (bool, error) {
 	if img.Ref == "" && img.ManifestDigest != "" {
 		// Pulled by a version that kept the reference only as the source.
 		img.Ref = image.NormalizeRef(img.Source)
@@ -148,7 +164,7 @@ const maxRef = 512
 // InvalidArgument for a ref that can be neither; NotFound, saying how to
 // pull it, for one the daemon does not have; Unavailable for the default
 // image while it is being built.
-func (s *imageService) Get(ctx context.Context, ref string) (image.Image, error) {
+func (s *Images) Get(ctx context.Context, ref string) (image.Image, error) {
 	if err := checkImageRef(ref); err != nil {
 		return image.Image{}, err
 	}
@@ -216,7 +232,7 @@ func checkImageRef(ref string) error {
 }
 
 // byName returns the image called name, if any.
-func (s *imageService) byName(ctx context.Context, name string) (image.Image, bool, error) {
+func (s *Images) byName(ctx context.Context, name string) (image.Image, bool, error) {
 	rec, err := s.store.GetImage(ctx, name)
 	if errdefs.IsNotFound(err) {
 		return image.Image{}, false, nil
@@ -229,7 +245,7 @@ func (s *imageService) byName(ctx context.Context, name string) (image.Image, bo
 }
 
 // List returns every image, by name.
-func (s *imageService) List(ctx context.Context) ([]image.Image, error) {
+func (s *Images) List(ctx context.Context) ([]image.Image, error) {
 	if err := s.start(ctx); err != nil {
 		return nil, err
 	}
@@ -248,62 +264,55 @@ func (s *imageService) List(ctx context.Context) ([]image.Image, error) {
 	return out, nil
 }
 
-// ListImages returns every image, by name.
-func (m *Manager) ListImages(ctx context.Context) ([]image.Image, error) {
-	return m.images.List(ctx)
-}
-
-// Image returns the image ref names (see imageService.Get) and the
+// Inspect returns the image ref names (see Images.Get) and the
 // sandboxes and snapshots made from it.
-func (m *Manager) Image(ctx context.Context, ref string) (image.Image, []string, error) {
-	img, err := m.images.Get(ctx, ref)
+func (s *Images) Inspect(ctx context.Context, ref string) (image.Image, []string, error) {
+	img, err := s.Get(ctx, ref)
 	if errdefs.IsUnavailable(err) {
 		err = errdefs.New(errdefs.NotFound, "no image %q yet: the daemon is building it", ref)
 	}
 	if err != nil {
 		return image.Image{}, nil, err
 	}
-	users, err := m.store.ImageUsers(ctx, img.Name)
+	users, err := s.store.ImageUsers(ctx, img.Name)
 	return img, users, err
 }
 
 // install records img, just installed, as its name; an image of that name
 // is replaced (sandboxes on it keep their root), and a replaced template's
 // ready snapshot goes with its last user.
-func (m *Manager) install(ctx context.Context, img image.Image) (_ image.Image, err error) {
-	defer m.gcRoots(ctx)
+func (s *Images) install(ctx context.Context, img image.Image) (_ image.Image, err error) {
+	defer s.gcRoots(ctx)
 	rec, err := toRecord(img)
 	if err == nil {
 		var old store.Image
 		var replaced bool
-		old, replaced, err = m.store.PutImage(ctx, rec)
+		old, replaced, err = s.store.PutImage(ctx, rec)
 		if err == nil && replaced {
-			m.replaced(ctx, old, img)
+			s.replaced(ctx, old, img)
 		}
 	}
 	if err != nil {
 		// The root goes with the next collection.
-		return image.Image{}, errors.Join(err, m.store.FinishPendingImageRoots(context.WithoutCancel(ctx), img.RootFS))
+		return image.Image{}, errors.Join(err, s.store.FinishPendingImageRoots(context.WithoutCancel(ctx), img.RootFS))
 	}
 	return img, nil
 }
 
 // replaced lets go of what the replaced image old held that img does not.
-func (m *Manager) replaced(ctx context.Context, old store.Image, img image.Image) {
+func (s *Images) replaced(ctx context.Context, old store.Image, img image.Image) {
 	// The pools' sandboxes of the image stand on its former root, which
 	// no record keeps: they go before the root collection (install's), and
 	// the refills make new ones on the new root.
-	ofImage := func(sh pool.Shape) bool { return sh.Image == old.Name }
-	m.hotPool.FlushIf(ctx, ofImage)
-	m.pool.FlushIf(ctx, ofImage)
+	s.pools.flushImage(ctx, old.Name)
 	// A descriptor in the image directory would bring the old image back
 	// at the next start; its root, which sandboxes may stand on, stays.
-	if err := m.images.files.RemoveDescriptor(ctx, old.Name, true); err != nil {
-		m.log.Warn("remove the replaced image's descriptor", "image", old.Name, "err", err)
+	if err := s.files.RemoveDescriptor(ctx, old.Name, true); err != nil {
+		s.log.Warn("remove the replaced image's descriptor", "image", old.Name, "err", err)
 	}
 	if old.Snapshot != "" && old.Snapshot != img.Snapshot {
-		if err := m.dropTemplateSnapshot(ctx, old.Snapshot); err != nil {
-			m.log.Warn("remove the replaced template's snapshot", "snapshot", old.Snapshot, "err", err)
+		if err := s.dropTemplateSnapshot(ctx, old.Snapshot); err != nil {
+			s.log.Warn("remove the replaced template's snapshot", "snapshot", old.Snapshot, "err", err)
 		}
 	}
 }
@@ -311,41 +320,41 @@ func (m *Manager) replaced(ctx context.Context, old store.Image, img image.Image
 // gcStaleRoot collects roots after a sandbox or snapshot went, but only when
 // it stood on a root its image no longer names: removing sandboxes of a
 // current image (the common case, on the rm hot path) needs no scan.
-func (m *Manager) gcStaleRoot(ctx context.Context, imageName, rootfs string) {
+func (s *Images) gcStaleRoot(ctx context.Context, imageName, rootfs string) {
 	if rootfs == "" {
 		return
 	}
-	if img, ok, err := m.images.byName(ctx, imageName); err == nil && ok && img.RootFS == rootfs {
+	if img, ok, err := s.byName(ctx, imageName); err == nil && ok && img.RootFS == rootfs {
 		return
 	}
-	m.gcRoots(ctx)
+	s.gcRoots(ctx)
 }
 
 // gcRoots removes the image roots this daemon made that no image names and
 // no sandbox or snapshot stands on (the roots of replaced and removed
 // images, once unused, and of installs that never finished), then the
 // blobs no image uses.
-func (m *Manager) gcRoots(ctx context.Context) {
+func (s *Images) gcRoots(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
-	// Creates hold imageMu from reading an image's root to recording it.
-	m.imageMu.Lock()
-	roots, err := m.store.CollectImageRoots(ctx)
-	m.imageMu.Unlock()
+	// Creates hold useMu from reading an image's root to recording it.
+	s.useMu.Lock()
+	roots, err := s.store.CollectImageRoots(ctx)
+	s.useMu.Unlock()
 	if err != nil {
-		m.log.Warn("image root collection", "err", err)
+		s.log.Warn("image root collection", "err", err)
 		return
 	}
 	for _, r := range roots {
-		if err := m.images.files.RemoveRoot(r); err != nil {
-			m.log.Warn("remove image root", "root", r, "err", err)
+		if err := s.files.RemoveRoot(r); err != nil {
+			s.log.Warn("remove image root", "root", r, "err", err)
 		}
 	}
 	used := map[string]bool{}
-	imgs, err := m.images.List(ctx)
+	imgs, err := s.List(ctx)
 	if err != nil {
 		return // better to keep every blob than to lose ones an image uses
 	}
-	descs, err := m.images.files.Descriptors(ctx)
+	descs, err := s.files.Descriptors(ctx)
 	if err != nil {
 		return
 	}
@@ -354,92 +363,92 @@ func (m *Manager) gcRoots(ctx context.Context) {
 			used[l] = true
 		}
 	}
-	if err := m.images.files.GCBlobs(used); err != nil {
-		m.log.Warn("image blob collection", "err", err)
+	if err := s.files.GCBlobs(used); err != nil {
+		s.log.Warn("image blob collection", "err", err)
 	}
 }
 
-// ImageUsers lists the sandboxes and snapshots made from the image called
+// Users lists the sandboxes and snapshots made from the image called
 // name: its rootfs is their lower layer, so it must outlive them.
-func (m *Manager) ImageUsers(ctx context.Context, name string) ([]string, error) {
-	return m.store.ImageUsers(ctx, name)
+func (s *Images) Users(ctx context.Context, name string) ([]string, error) {
+	return s.store.ImageUsers(ctx, name)
 }
 
-// RemoveImage removes the image ref names (see imageService.Get) if no
+// Remove removes the image ref names (see Images.Get) if no
 // sandbox or snapshot uses it: Conflict, naming them, if one does.
-func (m *Manager) RemoveImage(ctx context.Context, ref string) error {
-	img, err := m.images.Get(ctx, ref)
+func (s *Images) Remove(ctx context.Context, ref string) error {
+	img, err := s.Get(ctx, ref)
 	if errdefs.IsUnavailable(err) {
 		return errdefs.New(errdefs.NotFound, "no image %q", ref)
 	}
 	if err != nil {
 		return err
 	}
-	// The store checks the users and removes in one transaction; imageMu
+	// The store checks the users and removes in one transaction; useMu
 	// keeps out creates that read the image and have not recorded their
 	// sandbox yet.
-	m.imageMu.Lock()
-	rec, err := m.store.DeleteImage(ctx, img.Name)
-	m.imageMu.Unlock()
+	s.useMu.Lock()
+	rec, err := s.store.DeleteImage(ctx, img.Name)
+	s.useMu.Unlock()
 	if err != nil {
 		return err
 	}
 	// Unused here, so its descriptor (and an old image's root inside it)
 	// can go.
-	err = m.images.files.RemoveDescriptor(ctx, img.Name, false)
-	err = errors.Join(err, m.dropTemplateSnapshot(ctx, rec.Snapshot))
-	m.gcRoots(ctx)
+	err = s.files.RemoveDescriptor(ctx, img.Name, false)
+	err = errors.Join(err, s.dropTemplateSnapshot(ctx, rec.Snapshot))
+	s.gcRoots(ctx)
 	return err
 }
 
 // dropTemplateSnapshot lets go of a template's former ready snapshot: it
 // goes now if no sandbox was restored from it, else with the last of them
 // (which keep working).
-func (m *Manager) dropTemplateSnapshot(ctx context.Context, id string) error {
+func (s *Images) dropTemplateSnapshot(ctx context.Context, id string) error {
 	if id == "" {
 		return nil
 	}
-	if err := m.store.SetSnapshotImplicit(ctx, id); err != nil {
+	if err := s.snaps.SetSnapshotImplicit(ctx, id); err != nil {
 		return err
 	}
-	m.gcSnapshot(ctx, id)
+	s.life.gcSnapshot(ctx, id)
 	return nil
 }
 
-// PullImage pulls an image. Replacing an image of the same name is safe
+// Pull pulls an image. Replacing an image of the same name is safe
 // while sandboxes use it: they keep standing on the root they were made on.
-func (m *Manager) PullImage(ctx context.Context, ref string, opts image.PullOptions) (image.Image, error) {
-	if err := m.images.start(ctx); err != nil {
+func (s *Images) Pull(ctx context.Context, ref string, opts image.PullOptions) (image.Image, error) {
+	if err := s.start(ctx); err != nil {
 		return image.Image{}, err
 	}
 	if opts.Name == "" {
 		opts.Name = image.DefaultName(ref)
 	}
 	if opts.Name != "" {
-		cur, _, err := m.images.byName(ctx, opts.Name)
+		cur, _, err := s.byName(ctx, opts.Name)
 		if err != nil {
 			return image.Image{}, err
 		}
 		opts.Current = cur
 	}
-	img, err := m.images.files.Pull(ctx, ref, opts)
+	img, err := s.files.Pull(ctx, ref, opts)
 	if err != nil {
 		return image.Image{}, err
 	}
 	if img.RootFS == opts.Current.RootFS {
 		return img, nil // the same manifest: nothing changed
 	}
-	return m.install(ctx, img)
+	return s.install(ctx, img)
 }
 
-// ImportImage imports an image archive, like PullImage.
-func (m *Manager) ImportImage(ctx context.Context, path string, opts image.ImportOptions) (image.Image, error) {
-	if err := m.images.start(ctx); err != nil {
+// Import imports an image archive, like Pull.
+func (s *Images) Import(ctx context.Context, path string, opts image.ImportOptions) (image.Image, error) {
+	if err := s.start(ctx); err != nil {
 		return image.Image{}, err
 	}
-	img, err := m.images.files.Import(ctx, path, opts)
+	img, err := s.files.Import(ctx, path, opts)
 	if err != nil {
 		return image.Image{}, err
 	}
-	return m.install(ctx, img)
+	return s.install(ctx, img)
 }

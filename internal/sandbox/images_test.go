@@ -129,14 +129,14 @@ func TestImageMigration(t *testing.T) {
 	dataDir := oldDataDir(t, imagesDir)
 	m, st := openManager(t, dataDir, imagesDir)
 
-	imgs, err := m.ListImages(ctx)
+	imgs, err := m.Images().List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := names(imgs); !slices.Equal(got, []string{"app", "default", "old", "tmpl"}) {
 		t.Fatalf("images after migration: %v", got)
 	}
-	app, users, err := m.Image(ctx, "app")
+	app, users, err := m.Images().Inspect(ctx, "app")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,24 +144,24 @@ func TestImageMigration(t *testing.T) {
 		app.Ref != "127.0.0.1:5000/team/app:v1" || !slices.Equal(users, []string{"sandbox 0123456789abcdef"}) {
 		t.Fatalf("app after migration: %+v, users %v", app, users)
 	}
-	byRef, _, err := m.Image(ctx, "127.0.0.1:5000/team/app:v1")
+	byRef, _, err := m.Images().Inspect(ctx, "127.0.0.1:5000/team/app:v1")
 	if err != nil || byRef.Name != "app" {
 		t.Fatalf("app by its reference: %+v %v", byRef, err)
 	}
-	if old, _, err := m.Image(ctx, "old"); err != nil || old.RootFS != filepath.Join(imagesDir, "old/rootfs") || old.Ref != "" {
+	if old, _, err := m.Images().Inspect(ctx, "old"); err != nil || old.RootFS != filepath.Join(imagesDir, "old/rootfs") || old.Ref != "" {
 		t.Fatalf("an image from before versioned roots: %+v %v", old, err)
 	}
 	// The template keeps its snapshot, which does not count as a user.
-	tmpl, users, err := m.Image(ctx, "tmpl")
+	tmpl, users, err := m.Images().Inspect(ctx, "tmpl")
 	if err != nil || tmpl.Snapshot != "5555555555555555" || len(users) != 0 {
 		t.Fatalf("template after migration: %+v %v %v", tmpl, users, err)
 	}
 
 	// The sandbox on app keeps it; old goes with its directory.
-	if err := m.RemoveImage(ctx, "app"); !errdefs.IsConflict(err) {
+	if err := m.Images().Remove(ctx, "app"); !errdefs.IsConflict(err) {
 		t.Fatalf("removing an image a migrated sandbox uses: %v", err)
 	}
-	if err := m.RemoveImage(ctx, "old"); err != nil {
+	if err := m.Images().Remove(ctx, "old"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(imagesDir, "old")); !os.IsNotExist(err) {
@@ -180,18 +180,18 @@ func TestImageMigration(t *testing.T) {
 	// adopted twice.
 	st.Close()
 	m, _ = openManager(t, dataDir, imagesDir)
-	imgs, err = m.ListImages(ctx)
+	imgs, err = m.Images().List(ctx)
 	if got := names(imgs); err != nil || !slices.Equal(got, []string{"app", "default", "tmpl"}) {
 		t.Fatalf("images after a restart: %v %v", got, err)
 	}
 
 	// A second daemon with a fresh data dir on the same image directory.
 	m2, _ := openManager(t, t.TempDir(), imagesDir)
-	def, _, err := m2.Image(ctx, image.Default)
+	def, _, err := m2.Images().Inspect(ctx, image.Default)
 	if err != nil || def.RootFS != filepath.Join(imagesDir, "default/rootfs") {
 		t.Fatalf("default image from a fresh data dir: %+v %v", def, err)
 	}
-	if users, err := m2.ImageUsers(ctx, "app"); err != nil || len(users) != 0 {
+	if users, err := m2.Images().Users(ctx, "app"); err != nil || len(users) != 0 {
 		t.Fatalf("another daemon's sandboxes are not this one's users: %v %v", users, err)
 	}
 }
@@ -218,7 +218,7 @@ func TestImageRefValidation(t *testing.T) {
 		{"127.0.0.1:5000/team/never:v1", errdefs.NotFound},
 		{"python:3.12-slim", errdefs.NotFound},
 	} {
-		_, _, err := m.Image(t.Context(), tc.ref)
+		_, _, err := m.Images().Inspect(t.Context(), tc.ref)
 		if errdefs.ClassOf(err) != tc.class {
 			t.Errorf("Image(%q): %v, want %s", tc.ref, err, tc.class)
 		}

@@ -84,7 +84,7 @@ func (m *Manager) validate(req *CreateRequest) error {
 	if err := validLabels(req.Opts.Labels); err != nil {
 		return err
 	}
-	return m.completeOptions(&req.Opts)
+	return m.hooks.completeOptions(&req.Opts)
 }
 
 // MinDiskMiB is the smallest disk cap a sandbox can have.
@@ -114,23 +114,23 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if req.FromSnapshot != "" {
 		return m.createFrom(ctx, req)
 	}
-	st := m.newSteps()
+	st := newSteps(m.log)
 	if err := m.validate(&req); err != nil {
 		return store.Sandbox{}, err
 	}
 	st.mark("validate")
-	resv, err := m.admit(req.MemoryMiB)
+	resv, err := m.admission.admit(req.MemoryMiB)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
 	defer resv.release()
 	st.mark("admit")
 	// Held until the record exists: an image removal checks the records.
-	m.imageMu.Lock()
+	m.images.useMu.Lock()
 	imageLocked := true
 	defer func() {
 		if imageLocked {
-			m.imageMu.Unlock()
+			m.images.useMu.Unlock()
 		}
 	}()
 	img, err := m.images.Get(ctx, req.Image)
@@ -144,13 +144,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		// running) when the sandbox asks for the snapshot's resources.
 		if sn, err := m.store.GetSnapshot(ctx, img.Snapshot); err == nil && sn.MemoryMiB == req.MemoryMiB && sn.CPUs == req.CPUs &&
 			sn.Opts.DiskMiB == req.Opts.DiskMiB && networkMode(sn.Opts) == networkMode(req.Opts) {
-			m.imageMu.Unlock()
+			m.images.useMu.Unlock()
 			imageLocked = false
 			resv.release()
 			return m.createFromSnapshot(ctx, sn.ID, req.Name, req.Opts)
 		}
 	}
-	sh := m.shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
+	sh := shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
 	st.mark("image")
 	if req.Name != "" {
 		// A taken name is refused before a pooled sandbox is touched: a
@@ -162,16 +162,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	}
 	// A started sandbox from the hot pool, else a prepared one from the
 	// warm pool, else a new one.
-	id, hot, isHot := m.takeHot(ctx, req, sh, img.RootFS)
+	id, hot, isHot := m.pools.takeHot(ctx, req, sh, img.RootFS)
 	ok := isHot
 	if isHot {
-		defer m.hotPool.Want(sh, 0) // refill what was taken
+		defer m.pools.hotPool.Want(sh, 0) // refill what was taken
 	} else {
-		id, ok = m.pool.Take(sh)
+		id, ok = m.pools.warm.Take(sh)
 		if !ok {
 			id = newID()
 		}
-		defer m.pool.Want(sh, 0) // refill what was taken
+		defer m.pools.warm.Want(sh, 0) // refill what was taken
 	}
 	rec := store.Sandbox{ID: id, Name: req.Name, Image: img.Name, State: store.StateCreating,
 		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: freshOptions(req.Opts, time.Now()), CreatedAt: time.Now()}
@@ -183,9 +183,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if isHot {
 		// Recorded and no longer the pool's in one write.
 		insert = m.store.ClaimPoolSandbox
-		renamed = m.renameHot(ctx, m.spec(rec, img).Hostname, hot)
+		renamed = m.pools.renameHot(ctx, specOf(rec, img).Hostname, hot)
 		if readyClaim(rec, hot) {
-			sb, done, err := m.claimReady(ctx, &rec, img, hot, renamed, st)
+			sb, done, err := m.pools.claimReady(ctx, &rec, img, hot, renamed, st)
 			if done {
 				if err != nil {
 					return store.Sandbox{}, err
@@ -204,41 +204,41 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		case isHot && renamed != nil:
 			// Renamed already: not the pool's sandbox any more.
 			<-renamed
-			_ = m.destroyHot(context.WithoutCancel(ctx), id)
+			_ = m.pools.destroyHot(context.WithoutCancel(ctx), id)
 		case isHot:
-			m.giveBackHot(sh, id, hot) // untouched: back to its pool
+			m.pools.giveBackHot(sh, id, hot) // untouched: back to its pool
 		case ok:
-			m.pool.Put(ctx, sh, id)
+			m.pools.warm.Put(ctx, sh, id)
 		}
 		return store.Sandbox{}, err
 	}
 	st.mark("insert")
 	resv.recorded()
-	m.emitRec(rec, events.Event{Type: events.Created})
-	m.imageMu.Unlock()
+	m.events.emitRec(rec, events.Event{Type: events.Created})
+	m.images.useMu.Unlock()
 	imageLocked = false
 	// A half-made sandbox would only have to be cleaned up again.
 	ctx = context.WithoutCancel(ctx)
-	m.crashPoint("create-before-engine")
+	m.crash.hit("create-before-engine")
 	var sb engine.Sandbox
 	if isHot {
-		sb, err = m.claimHot(ctx, rec, img, hot, renamed, st)
+		sb, err = m.pools.claimHot(ctx, rec, img, hot, renamed, st)
 	} else {
-		sb, err = m.startLocked(ctx, rec, m.spec(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
+		sb, err = m.startLocked(ctx, rec, specOf(rec, img), ok, func(spec engine.Spec) (engine.Sandbox, error) {
 			sb, err := m.eng.Create(ctx, spec)
-			m.crashPoint("create-after-engine")
+			m.crash.hit("create-after-engine")
 			return sb, err
 		})
 	}
 	st.mark("start")
 	if err == nil {
 		if err = m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
-			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec))
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, rec))
 		}
 	}
 	st.mark("running")
 	if err != nil {
-		if derr := errors.Join(m.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID)); derr != nil {
+		if derr := errors.Join(m.hooks.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID)); derr != nil {
 			err = errors.Join(err, derr)
 		}
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
@@ -258,14 +258,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 // the engine sandbox is destroyed and the hooks' AfterStop has run.
 // Guarded by rec's lock.
 func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engine.Spec, reconf bool, start func(engine.Spec) (engine.Sandbox, error)) (engine.Sandbox, error) {
-	m.awaitReap(rec.Engine())
+	m.reaper.awaitReap(rec.Engine())
 	t0 := time.Now()
-	if err := m.beforeStart(ctx, rec, &spec); err != nil {
-		return nil, m.diskFull(err)
+	if err := m.hooks.beforeStart(ctx, rec, &spec); err != nil {
+		return nil, m.admission.diskFull(err)
 	}
 	t1 := time.Now()
 	sb, err := start(spec)
-	err = m.diskFull(err)
+	err = m.admission.diskFull(err)
 	t2 := time.Now()
 	if hs, ok := sb.(engine.HostnameSetter); ok && err == nil && hs.HostnameSet() == spec.Hostname {
 		reconf = false // the engine set it as it started the guest
@@ -277,12 +277,12 @@ func (m *Manager) startLocked(ctx context.Context, rec store.Sandbox, spec engin
 	}
 	t3 := time.Now()
 	if err == nil {
-		if err = m.afterStart(ctx, rec, sb); err != nil {
+		if err = m.hooks.afterStart(ctx, rec, sb); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()))
 		}
 	}
 	if err != nil {
-		return nil, errors.Join(err, m.afterStop(ctx, rec))
+		return nil, errors.Join(err, m.hooks.afterStop(ctx, rec))
 	}
 	m.log.Debug("start", "sandbox", rec.ID, "netns", spec.NetNS != "", "before_hooks", t1.Sub(t0), "engine", t2.Sub(t1), "reconfigure", t3.Sub(t2), "after_hooks", time.Since(t3))
 	return sb, nil
@@ -324,7 +324,7 @@ func (m *Manager) createFromSnapshot(ctx context.Context, snapshot, name string,
 }
 
 // shapeOf is the warm-pool shape of a sandbox.
-func (m *Manager) shapeOf(image string, memoryMiB int, cpus float64, env []string, o store.Options) pool.Shape {
+func shapeOf(image string, memoryMiB int, cpus float64, env []string, o store.Options) pool.Shape {
 	sh := pool.ShapeOf(image, memoryMiB, cpus, env, o.DiskMiB, networkMode(o))
 	sh.Engine = o.Engine // a sandbox of one engine never takes another's
 	return sh
@@ -338,10 +338,10 @@ func networkMode(o store.Options) string {
 	return o.Network.Mode
 }
 
-// spec is the engine's view of a sandbox of img: the image's environment
+// specOf is the engine's view of a sandbox of img: the image's environment
 // under the sandbox's own, and the image's working directory and user as
 // the defaults of every exec.
-func (m *Manager) spec(rec store.Sandbox, img image.Image) engine.Spec {
+func specOf(rec store.Sandbox, img image.Image) engine.Spec {
 	host := rec.Name
 	if host == "" {
 		host = "sb-" + rec.ID[:8]
@@ -364,42 +364,25 @@ func (m *Manager) List(ctx context.Context) ([]store.Sandbox, error) {
 	return m.store.ListSandboxes(ctx)
 }
 
-// lockSandbox finds a sandbox, takes its lock and reads it again under the
-// lock: what an operation decides on must be current.
-func (m *Manager) lockSandbox(ctx context.Context, ref string) (store.Sandbox, func(), error) {
-	rec, err := m.store.GetSandbox(ctx, ref)
-	if err != nil {
-		return store.Sandbox{}, nil, err
-	}
-	unlock := m.locks.lock(rec.ID)
-	if rec, err = m.store.GetSandbox(ctx, rec.ID); err != nil {
-		unlock()
-		return store.Sandbox{}, nil, err
-	}
-	return rec, unlock, nil
-}
-
-// running returns the engine sandbox of a running sandbox. A sleeping one is
-// woken; one being put to sleep is waited for and then woken.
-func (m *Manager) running(ctx context.Context, ref string) (engine.Sandbox, error) {
+// running returns the engine sandbox of a running sandbox. With wake, a
+// sleeping one is woken (one being put to sleep is waited for and then
+// woken); without, a sleeping one is a Conflict.
+func (m *Manager) running(ctx context.Context, ref string, wake bool) (engine.Sandbox, error) {
 	// The hot path: a running sandbox by id needs no database read.
-	m.mu.Lock()
-	sb := m.live[ref]
-	if sb != nil {
-		m.lastUsed[ref] = time.Now()
-	}
-	m.mu.Unlock()
-	if sb != nil {
+	if sb := m.traffic.use(ref); sb != nil {
 		return sb, nil
 	}
-	rec, unlock, err := m.lockSandbox(ctx, ref)
+	rec, unlock, err := m.locks.sandbox(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	m.touch(rec.ID)
+	m.traffic.touch(rec.ID)
 	defer unlock()
 	switch rec.State {
 	case store.StateSleeping:
+		if !wake {
+			return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running (wake it first)", rec.ID, rec.State)
+		}
 		// The next request wakes a sleeping sandbox.
 		if err := m.wakeLocked(ctx, &rec); err != nil {
 			return nil, err
@@ -410,32 +393,41 @@ func (m *Manager) running(ctx context.Context, ref string) (engine.Sandbox, erro
 	default:
 		return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s; retry when it is running", ref, rec.State)
 	}
-	m.mu.Lock()
-	sb = m.live[rec.ID]
-	m.mu.Unlock()
+	sb := m.traffic.get(rec.ID)
 	if sb == nil {
 		return nil, errdefs.New(errdefs.Unavailable, "sandbox %s is running but its daemon connection is not back yet; retry", ref)
 	}
 	return sb, nil
 }
 
-// Guest returns the guest connection of a running sandbox, waking a
+// GuestWaking returns the guest connection of a running sandbox, waking a
 // sleeping one first (one being put to sleep is waited for), and waiting a
 // moment for an agent that is reconnecting (after a snapshot). It returns
 // NotFound for an unknown sandbox, Conflict for one that is neither running
 // nor sleeping, the wake's error for a failed wake, and Unavailable when the
 // agent does not connect.
-func (m *Manager) Guest(ctx context.Context, ref string) (*guest.Conn, error) {
-	sb, err := m.ready(ctx, ref)
+func (m *Manager) GuestWaking(ctx context.Context, ref string) (*guest.Conn, error) {
+	sb, err := m.ready(ctx, ref, true)
 	if err != nil {
 		return nil, err
 	}
 	return sb.Guest(), nil
 }
 
-// ready is Guest's engine sandbox.
-func (m *Manager) ready(ctx context.Context, ref string) (engine.Sandbox, error) {
-	sb, err := m.running(ctx, ref)
+// Guest is GuestWaking for a sandbox that runs: a sleeping one (or one
+// that a sleep in flight puts to sleep) is a Conflict, never woken.
+func (m *Manager) Guest(ctx context.Context, ref string) (*guest.Conn, error) {
+	sb, err := m.ready(ctx, ref, false)
+	if err != nil {
+		return nil, err
+	}
+	return sb.Guest(), nil
+}
+
+// ready is the engine sandbox behind Guest and GuestWaking (wake) and the
+// dials (Traffic), its agent ready.
+func (m *Manager) ready(ctx context.Context, ref string, wake bool) (engine.Sandbox, error) {
+	sb, err := m.running(ctx, ref, wake)
 	if err != nil {
 		return nil, err
 	}
@@ -470,7 +462,7 @@ func (m *Manager) RemoveAbandoned(ctx context.Context, why string, ids ...string
 // operation in flight on the sandbox (a create, sleep, wake or another
 // remove) to finish; a sandbox that is gone by then is NotFound.
 func (m *Manager) Destroy(ctx context.Context, ref string) error {
-	rec, unlock, err := m.lockSandbox(ctx, ref)
+	rec, unlock, err := m.locks.sandbox(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -483,7 +475,7 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	if err := m.moveLocked(ctx, &rec, store.StateDestroying, ""); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
-	if live := m.dropLive(rec.ID); live != nil {
+	if live := m.traffic.drop(rec.ID); live != nil {
 		// Calls in flight (an exec) learn why they end.
 		live.Guest().Close(errdefs.New(errdefs.NotFound, "sandbox %s was removed", ref))
 	}
@@ -494,7 +486,7 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		return err
 	}
 	m.gcSnapshot(ctx, rec.Snapshot)
-	m.gcStaleRoot(ctx, rec.Image, rec.RootFS)
+	m.images.gcStaleRoot(ctx, rec.Image, rec.RootFS)
 	return nil
 }
 
@@ -507,20 +499,20 @@ func (m *Manager) destroyLocked(ctx context.Context, rec store.Sandbox) error {
 			return err
 		}
 	}
-	m.crashPoint("destroy-before-engine")
-	m.awaitReap(rec.Engine())
+	m.crash.hit("destroy-before-engine")
+	m.reaper.awaitReap(rec.Engine())
 	if err := m.eng.Destroy(ctx, rec.Engine()); err != nil {
 		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
-	if err := errors.Join(m.afterStop(ctx, rec), m.afterRemove(ctx, rec)); err != nil {
+	if err := errors.Join(m.hooks.afterStop(ctx, rec), m.hooks.afterRemove(ctx, rec)); err != nil {
 		_ = m.store.SetState(ctx, id, store.StateDestroying, err.Error())
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
-	if err := errors.Join(m.cfg.Copies.Drop(sleepCopy(id)), os.RemoveAll(m.sleepDir(id))); err != nil {
+	if err := errors.Join(m.cfg.Copies.Drop(sleepCopy(id)), os.RemoveAll(m.cfg.sleepDir(id))); err != nil {
 		return err
 	}
-	m.crashPoint("destroy-after-engine")
+	m.crash.hit("destroy-after-engine")
 	if err := m.deleteRecord(ctx, id); err != nil {
 		if errdefs.Is(err, errdefs.ResourceExhausted) {
 			m.log.Warn("sandbox removed; the full disk keeps its record (destroying) until there is room", "sandbox", id)
@@ -545,34 +537,19 @@ var errRecordKept = errors.New("the full disk keeps its record until there is ro
 func (m *Manager) deleteRecord(ctx context.Context, id string) error {
 	err := m.store.DeleteSandbox(ctx, id)
 	if errdefs.Is(err, errdefs.ResourceExhausted) {
-		m.settleLater([]string{id})
+		m.reconciler.settleLater([]string{id})
 	}
 	if err == nil {
-		m.emitRemoved(id)
+		m.events.emitRemoved(id)
 	}
 	return err
-}
-
-// dropLive forgets a sandbox's engine sandbox, so requests take the slow
-// path and wait for the sandbox's lock. It returns what was live.
-func (m *Manager) dropLive(id string) engine.Sandbox {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sb := m.live[id]
-	delete(m.live, id)
-	delete(m.lastUsed, id)
-	delete(m.wokeAt, id)
-	return sb
 }
 
 // track makes sb live and marks the sandbox stopped if sb dies by itself
 // while it is the sandbox's live engine sandbox.
 func (m *Manager) track(id string, sb engine.Sandbox) {
-	m.mu.Lock()
-	m.live[id] = sb
-	m.lastUsed[id] = time.Now()
-	m.mu.Unlock()
-	m.observeExecs(id, sb.Guest())
+	m.traffic.put(id, sb)
+	m.events.observeExecs(id, sb.Guest())
 	go func() {
 		<-sb.Exited()
 		reason := sb.ExitReason()
@@ -581,13 +558,7 @@ func (m *Manager) track(id string, sb engine.Sandbox) {
 		}
 		unlock := m.locks.lock(id)
 		defer unlock()
-		m.mu.Lock()
-		current := m.live[id] == sb
-		if current {
-			delete(m.live, id)
-		}
-		m.mu.Unlock()
-		if !current {
+		if !m.traffic.dropIf(id, sb) {
 			return // slept, removed or replaced meanwhile
 		}
 		// Calls in flight (an exec) learn why they end.

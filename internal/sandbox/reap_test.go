@@ -310,9 +310,9 @@ func TestAdmitDuringForkCountsChildrenOnce(t *testing.T) {
 	if committed, _ := e.st.CommittedMemoryMiB(t.Context()); committed != want {
 		t.Fatalf("committed %d MiB after the fork, want %d", committed, want)
 	}
-	e.m.mu.Lock()
-	floor, capped := e.m.reservedMiB, e.m.reservedCapMiB
-	e.m.mu.Unlock()
+	e.m.admission.mu.Lock()
+	floor, capped := e.m.admission.reservedMiB, e.m.admission.reservedCapMiB
+	e.m.admission.mu.Unlock()
 	if floor != 0 || capped != 0 {
 		t.Fatalf("reserved after every operation ended: %d MiB (floor), %d MiB (cap), want none", floor, capped)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -17,6 +18,40 @@ import (
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
+// reconciler settles, after a restart, what the store says with what the
+// engine has (Manager.Reconcile), and keeps retrying the sandboxes that
+// could not settle yet (a full disk, an agent that did not answer): it
+// owns that retry set. It acts under each sandbox's lock, through the
+// lifecycle for the moves and removals.
+type reconciler struct {
+	cfg     Config
+	eng     engine.Engine
+	store   store.All
+	locks   *recordLocks
+	hooks   hookChain
+	traffic *Traffic
+	images  *Images
+	pools   *Pools
+	log     *slog.Logger
+	bg      context.Context // the service's: settling outlives Reconcile
+	life    reconcileOps
+
+	mu       sync.Mutex
+	settling map[string]bool // guarded by mu: sandboxes a settle goroutine retries
+}
+
+// reconcileOps is what the reconciler needs of the lifecycle: state moves
+// and removals of a sandbox whose lock it holds, a restore in place, the
+// tracking of a reattached engine sandbox, and snapshot removal.
+type reconcileOps interface {
+	moveLocked(ctx context.Context, rec *store.Sandbox, to, msg string) error
+	destroyLocked(ctx context.Context, rec store.Sandbox) error
+	restoreInPlaceLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, dir string) (engine.Sandbox, error)
+	track(id string, sb engine.Sandbox)
+	removeSnapshot(ctx context.Context, sn store.Snapshot) error
+	gcSnapshot(ctx context.Context, id string)
+}
+
 // Reconcile makes the engine and the store agree after a start: half-done
 // creates are rolled back, half-done removals finished, sleeps and wakes cut
 // short resumed from what is on disk, running sandboxes reattached, and
@@ -24,11 +59,14 @@ import (
 // sandboxes the store does not know are kept (and logged) unless
 // Config.DestroyUnrecorded: a lost database must not take them with it. A
 // state image is deleted only when it is provably not needed.
-func (m *Manager) Reconcile(ctx context.Context) error {
+func (m *Manager) Reconcile(ctx context.Context) error { return m.reconciler.run(ctx) }
+
+// run is Reconcile.
+func (r *reconciler) run(ctx context.Context) error {
 	// The engine first: every engine sandbox made after this listing has
 	// its record written before it, so it shows in the store's listing.
-	engIDs, engErr := m.eng.List(ctx)
-	recs, err := m.store.ListSandboxes(ctx)
+	engIDs, engErr := r.eng.List(ctx)
+	recs, err := r.store.ListSandboxes(ctx)
 	if err != nil {
 		return err
 	}
@@ -58,19 +96,19 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			unlock := m.locks.lock(rec.ID)
+			unlock := r.locks.lock(rec.ID)
 			defer unlock()
-			if rec, err := m.store.GetSandbox(ctx, rec.ID); err == nil {
+			if rec, err := r.store.GetSandbox(ctx, rec.ID); err == nil {
 				if rec.State == store.StateSleeping && inEngine[rec.Engine()] {
 					// Asleep, so nothing of it runs: what the engine holds
 					// under its engine id is a leftover, the prepared
 					// sandbox a wake killed before it began had taken, or
 					// one a sleep failed to destroy. The wake would find
 					// the id taken.
-					m.log.Info("reconcile: destroying the leftover engine sandbox of a sleeping sandbox", "sandbox", rec.ID, "engine_sandbox", rec.Engine())
-					addErr(m.eng.Destroy(ctx, rec.Engine()))
+					r.log.Info("reconcile: destroying the leftover engine sandbox of a sleeping sandbox", "sandbox", rec.ID, "engine_sandbox", rec.Engine())
+					addErr(r.eng.Destroy(ctx, rec.Engine()))
 				}
-				err := m.reconcileLocked(ctx, rec, firstAttachWait)
+				err := r.reconcileLocked(ctx, rec, firstAttachWait)
 				if worthRetry(err) {
 					emu.Lock()
 					unsettled = append(unsettled, rec.ID)
@@ -83,36 +121,36 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	wg.Wait()
 	// Under the service's context, not the caller's (a start-up timeout):
 	// settling outlives Reconcile.
-	m.settleLater(unsettled)
+	r.settleLater(unsettled)
 	// Sleep images stay for every sandbox that may still need one: all but
 	// the running (an unsettled one included: it may be asleep).
 	keep := map[string]bool{}
-	if recs, err := m.store.ListSandboxes(ctx); err == nil {
+	if recs, err := r.store.ListSandboxes(ctx); err == nil {
 		for _, rec := range recs {
 			if rec.State != store.StateRunning {
 				keep[rec.ID] = true
 			}
 		}
 	}
-	addErr(removeUnknown(m.cfg.SleepDir, keep), m.reconcileSnapshots(ctx))
-	m.gcRoots(ctx)
-	addErr(m.reconcileHooks(ctx))
+	addErr(removeUnknown(r.cfg.SleepDir, keep), r.reconcileSnapshots(ctx))
+	r.images.gcRoots(ctx)
+	addErr(r.reconcileHooks(ctx))
 	if engErr != nil {
 		return errors.Join(append(errs, engErr)...)
 	}
-	pooled, err := m.reapPool(ctx, known)
+	pooled, err := r.pools.reapPool(ctx, known)
 	addErr(err)
-	insp, _ := m.eng.(engine.Inspector)
+	insp, _ := r.eng.(engine.Inspector)
 	for _, id := range engIDs {
 		if known[id] || pooled[id] {
 			continue
 		}
-		if insp != nil && insp.Started(ctx, id) && !m.cfg.DestroyUnrecorded {
-			m.log.Warn("reconcile: keeping a running engine sandbox the store does not record (was the database lost or replaced?); restart with --destroy-unrecorded to remove such sandboxes", "engine_sandbox", id)
+		if insp != nil && insp.Started(ctx, id) && !r.cfg.DestroyUnrecorded {
+			r.log.Warn("reconcile: keeping a running engine sandbox the store does not record (was the database lost or replaced?); restart with --destroy-unrecorded to remove such sandboxes", "engine_sandbox", id)
 			continue
 		}
-		m.log.Info("reconcile: destroying unrecorded engine sandbox", "engine_sandbox", id)
-		addErr(m.eng.Destroy(ctx, id))
+		r.log.Info("reconcile: destroying unrecorded engine sandbox", "engine_sandbox", id)
+		addErr(r.eng.Destroy(ctx, id))
 	}
 	return errors.Join(errs...)
 }
@@ -133,18 +171,18 @@ var firstAttachWait = 5 * time.Second
 // ids no settle retries yet. It may be called with a sandbox's lock held
 // (deleteRecord), and from settle itself (through destroyLocked): one
 // retry loop per sandbox, however often its settling fails.
-func (m *Manager) settleLater(ids []string) {
-	m.mu.Lock()
+func (r *reconciler) settleLater(ids []string) {
+	r.mu.Lock()
 	var fresh []string
 	for _, id := range ids {
-		if !m.settling[id] {
-			m.settling[id] = true
+		if !r.settling[id] {
+			r.settling[id] = true
 			fresh = append(fresh, id)
 		}
 	}
-	m.mu.Unlock()
+	r.mu.Unlock()
 	if len(fresh) > 0 {
-		go m.settle(m.bg, fresh)
+		go r.settle(r.bg, fresh)
 	}
 }
 
@@ -160,16 +198,16 @@ func worthRetry(err error) bool {
 // between, e.g. waking) or their agent socket from fitting, or a running
 // one's agent did not answer in time. It retries until they settle or ctx
 // ends. Start it with settleLater.
-func (m *Manager) settle(ctx context.Context, ids []string) {
-	m.log.Warn("reconcile: some sandboxes could not settle yet (a full disk, or an agent that did not answer in time); retrying until they do", "sandboxes", ids)
+func (r *reconciler) settle(ctx context.Context, ids []string) {
+	r.log.Warn("reconcile: some sandboxes could not settle yet (a full disk, or an agent that did not answer in time); retrying until they do", "sandboxes", ids)
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
 	defer func() {
-		m.mu.Lock()
+		r.mu.Lock()
 		for _, id := range ids {
-			delete(m.settling, id)
+			delete(r.settling, id)
 		}
-		m.mu.Unlock()
+		r.mu.Unlock()
 	}()
 	for len(ids) > 0 {
 		select {
@@ -191,19 +229,19 @@ func (m *Manager) settle(ctx context.Context, ids []string) {
 				defer wg.Done()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				err := m.settleOne(ctx, id)
+				err := r.settleOne(ctx, id)
 				switch {
 				case worthRetry(err):
 					lmu.Lock()
 					left = append(left, id)
 					lmu.Unlock()
 				case err != nil && !errdefs.IsNotFound(err):
-					m.log.Error("reconcile: settling a sandbox", "sandbox", id, "err", err)
+					r.log.Error("reconcile: settling a sandbox", "sandbox", id, "err", err)
 				}
 				if !worthRetry(err) {
-					m.mu.Lock()
-					delete(m.settling, id)
-					m.mu.Unlock()
+					r.mu.Lock()
+					delete(r.settling, id)
+					r.mu.Unlock()
 				}
 			}()
 		}
@@ -213,22 +251,22 @@ func (m *Manager) settle(ctx context.Context, ids []string) {
 }
 
 // settleOne tries once more to settle sandbox id (see settle).
-func (m *Manager) settleOne(ctx context.Context, id string) error {
-	unlock := m.locks.lock(id)
-	rec, err := m.store.GetSandbox(ctx, id)
+func (r *reconciler) settleOne(ctx context.Context, id string) error {
+	unlock := r.locks.lock(id)
+	rec, err := r.store.GetSandbox(ctx, id)
 	if err != nil {
 		unlock()
 		return err
 	}
-	if rec.State == store.StateRunning && !m.isLive(id) && m.cutSnapshot(ctx, rec) == nil {
+	if rec.State == store.StateRunning && !r.traffic.isLive(id) && r.cutSnapshot(ctx, rec) == nil {
 		unlock()
-		return m.reattach(ctx, rec)
+		return r.reattach(ctx, rec)
 	}
 	defer unlock()
-	if inBetween(rec.State) || rec.State == store.StateRunning && !m.isLive(id) {
+	if inBetween(rec.State) || rec.State == store.StateRunning && !r.traffic.isLive(id) {
 		// Nothing else runs on it (its lock is ours): the state is the
 		// one the restart left.
-		return m.reconcileLocked(ctx, rec, 0)
+		return r.reconcileLocked(ctx, rec, 0)
 	}
 	return nil
 }
@@ -241,34 +279,26 @@ func (m *Manager) settleOne(ctx context.Context, id string) error {
 // unattached (a removal meanwhile destroyed the engine sandbox, ending
 // the attach); a failure other than a retryable one is settled by
 // reconcileLocked as at a restart.
-func (m *Manager) reattach(ctx context.Context, rec store.Sandbox) error {
-	sb, aerr := m.attach(ctx, rec)
+func (r *reconciler) reattach(ctx context.Context, rec store.Sandbox) error {
+	sb, aerr := r.attach(ctx, rec)
 	if worthRetry(aerr) {
 		return aerr
 	}
-	unlock := m.locks.lock(rec.ID)
+	unlock := r.locks.lock(rec.ID)
 	defer unlock()
-	cur, err := m.store.GetSandbox(ctx, rec.ID)
+	cur, err := r.store.GetSandbox(ctx, rec.ID)
 	if err != nil {
 		return err
 	}
-	if cur.State != store.StateRunning || m.isLive(rec.ID) {
+	if cur.State != store.StateRunning || r.traffic.isLive(rec.ID) {
 		return nil // settled meanwhile
 	}
 	if aerr != nil {
-		return m.reconcileLocked(ctx, cur, 0)
+		return r.reconcileLocked(ctx, cur, 0)
 	}
-	m.track(rec.ID, sb)
-	m.log.Info("reconcile: reattached", "sandbox", rec.ID)
+	r.life.track(rec.ID, sb)
+	r.log.Info("reconcile: reattached", "sandbox", rec.ID)
 	return nil
-}
-
-// isLive says whether sandbox id has a live engine sandbox.
-func (m *Manager) isLive(id string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	_, live := m.live[id]
-	return live
 }
 
 // inBetween says whether a sandbox in state is mid-way between two others.
@@ -284,33 +314,33 @@ func inBetween(state string) bool {
 // bounds the attach of a sandbox that may run on (running, or a sleep cut
 // short): one that does not answer in that long is Unavailable, for
 // settle to retry. Guarded by rec's lock.
-func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait time.Duration) error {
+func (r *reconciler) reconcileLocked(ctx context.Context, rec store.Sandbox, wait time.Duration) error {
 	switch rec.State {
 	case store.StateCreating, store.StateDestroying:
-		m.log.Info("reconcile: removing half-done sandbox", "sandbox", rec.ID, "state", rec.State)
+		r.log.Info("reconcile: removing half-done sandbox", "sandbox", rec.ID, "state", rec.State)
 		// Frees space, as a remove does: it may use the store's reserve.
-		return m.destroyLocked(store.ForCleanup(ctx), rec)
+		return r.life.destroyLocked(store.ForCleanup(ctx), rec)
 	case store.StateSleeping:
-		if _, err := os.Stat(m.sleepDir(rec.ID)); err != nil {
-			if _, derr := m.cfg.Copies.Digest(sleepCopy(rec.ID)); derr == nil {
+		if _, err := os.Stat(r.cfg.sleepDir(rec.ID)); err != nil {
+			if _, derr := r.cfg.Copies.Digest(sleepCopy(rec.ID)); derr == nil {
 				return nil // in the snapshot store: the wake fetches it
 			}
-			return m.moveLocked(ctx, &rec, store.StateStopped, "its sleep image is missing")
+			return r.life.moveLocked(ctx, &rec, store.StateStopped, "its sleep image is missing")
 		}
-		if _, derr := m.cfg.Copies.Digest(sleepCopy(rec.ID)); errdefs.IsNotFound(derr) && m.cfg.Copies != nil && imageSealed(m.sleepDir(rec.ID)) {
+		if _, derr := r.cfg.Copies.Digest(sleepCopy(rec.ID)); errdefs.IsNotFound(derr) && r.cfg.Copies != nil && imageSealed(r.cfg.sleepDir(rec.ID)) {
 			// A copy cut short by the daemon's end: made again.
-			m.cfg.Copies.Put(sleepCopy(rec.ID), m.sleepDir(rec.ID))
+			r.cfg.Copies.Put(sleepCopy(rec.ID), r.cfg.sleepDir(rec.ID))
 		}
 		return nil
 	case store.StateSuspending:
 		// A sleep cut short. A sealed image is whole: the sandbox is
 		// asleep. Otherwise the engine kept the sandbox running (it stops
 		// one only after its image is sealed): it runs on.
-		if imageSealed(m.sleepDir(rec.ID)) {
-			_ = m.eng.Destroy(ctx, rec.Engine())
-			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
+		if imageSealed(r.cfg.sleepDir(rec.ID)) {
+			_ = r.eng.Destroy(ctx, rec.Engine())
+			return errors.Join(r.hooks.afterStop(ctx, rec), r.life.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
-		sb, err := m.attachWithin(ctx, rec, wait)
+		sb, err := r.attachWithin(ctx, rec, wait)
 		if worthRetry(err) {
 			// It may well run (no room for its agent socket), or runs but
 			// did not answer in time: settle retries. Destroying it would
@@ -320,50 +350,50 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 		if err != nil {
 			// Neither running nor provably asleep: keep what is on disk
 			// for the operator and say so.
-			_ = m.eng.Destroy(ctx, rec.Engine())
-			m.log.Warn("reconcile: a sleep was cut short and the sandbox is gone; its unsealed image is kept", "sandbox", rec.ID, "dir", m.sleepDir(rec.ID), "err", err)
-			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped,
-				fmt.Sprintf("a sleep was cut short by a daemon restart and the sandbox did not survive; its unsealed image is kept in %s", m.sleepDir(rec.ID))))
+			_ = r.eng.Destroy(ctx, rec.Engine())
+			r.log.Warn("reconcile: a sleep was cut short and the sandbox is gone; its unsealed image is kept", "sandbox", rec.ID, "dir", r.cfg.sleepDir(rec.ID), "err", err)
+			return errors.Join(r.hooks.afterStop(ctx, rec), r.life.moveLocked(ctx, &rec, store.StateStopped,
+				fmt.Sprintf("a sleep was cut short by a daemon restart and the sandbox did not survive; its unsealed image is kept in %s", r.cfg.sleepDir(rec.ID))))
 		}
-		if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
+		if err := r.life.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			return err
 		}
-		m.track(rec.ID, sb)
-		return os.RemoveAll(m.sleepDir(rec.ID))
+		r.life.track(rec.ID, sb)
+		return os.RemoveAll(r.cfg.sleepDir(rec.ID))
 	case store.StateWaking:
-		sb, err := m.attach(ctx, rec)
+		sb, err := r.attach(ctx, rec)
 		if errdefs.Is(err, errdefs.ResourceExhausted) {
 			return err // it may well run: settle retries once there is room
 		}
 		if err != nil {
 			// The wake did not finish: still asleep, its image intact.
-			_ = m.eng.Destroy(ctx, rec.Engine())
-			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
+			_ = r.eng.Destroy(ctx, rec.Engine())
+			return errors.Join(r.hooks.afterStop(ctx, rec), r.life.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
-		if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
+		if err := r.life.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			return err
 		}
-		m.track(rec.ID, sb)
-		return os.RemoveAll(m.sleepDir(rec.ID))
+		r.life.track(rec.ID, sb)
+		return os.RemoveAll(r.cfg.sleepDir(rec.ID))
 	case store.StateRunning:
-		cut := m.cutSnapshot(ctx, rec)
+		cut := r.cutSnapshot(ctx, rec)
 		if cut != nil && imageSealed(cut.Path) {
 			// Sealed after the engine stopped rec for the snapshot's
 			// copy: rec runs only if the daemon died after restoring it
 			// (a moment). A short look keeps that run; otherwise it is
 			// restored from the checkpoint.
 			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			sb, err := m.attach(actx, rec)
+			sb, err := r.attach(actx, rec)
 			cancel()
 			if err == nil {
-				m.track(rec.ID, sb)
-				m.log.Info("reconcile: reattached a sandbox restored after its snapshot", "sandbox", rec.ID)
-				return m.removeCutSnapshot(ctx, *cut)
+				r.life.track(rec.ID, sb)
+				r.log.Info("reconcile: reattached a sandbox restored after its snapshot", "sandbox", rec.ID)
+				return r.removeCutSnapshot(ctx, *cut)
 			}
-			_ = m.eng.Destroy(ctx, rec.Engine())
-			return m.reconcileCutSnapshotLocked(ctx, rec, *cut)
+			_ = r.eng.Destroy(ctx, rec.Engine())
+			return r.reconcileCutSnapshotLocked(ctx, rec, *cut)
 		}
-		sb, err := m.attachWithin(ctx, rec, wait)
+		sb, err := r.attachWithin(ctx, rec, wait)
 		if errdefs.Is(err, errdefs.ResourceExhausted) {
 			return err // it may well run: settle retries once there is room
 		}
@@ -376,20 +406,20 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 			// (the engine stops it only once the image is sealed): that
 			// half-made snapshot is of no use, and goes.
 			if cut != nil {
-				return errors.Join(err, m.removeCutSnapshot(ctx, *cut))
+				return errors.Join(err, r.removeCutSnapshot(ctx, *cut))
 			}
 			return err
 		}
 		if err != nil {
-			_ = m.eng.Destroy(ctx, rec.Engine())
+			_ = r.eng.Destroy(ctx, rec.Engine())
 			if cut != nil {
-				return m.reconcileCutSnapshotLocked(ctx, rec, *cut)
+				return r.reconcileCutSnapshotLocked(ctx, rec, *cut)
 			}
-			m.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
-			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateStopped, err.Error()))
+			r.log.Warn("reconcile: sandbox is gone", "sandbox", rec.ID, "err", err)
+			return errors.Join(r.hooks.afterStop(ctx, rec), r.life.moveLocked(ctx, &rec, store.StateStopped, err.Error()))
 		}
-		m.track(rec.ID, sb)
-		m.log.Info("reconcile: reattached", "sandbox", rec.ID)
+		r.life.track(rec.ID, sb)
+		r.log.Info("reconcile: reattached", "sandbox", rec.ID)
 	}
 	return nil
 }
@@ -397,11 +427,11 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 // cutSnapshot returns the snapshot of rec a restart cut short, if any,
 // when it is of the kind that stops rec (snapshotStoppedLocked); a
 // snapshot that leaves rec running has nothing to undo.
-func (m *Manager) cutSnapshot(ctx context.Context, rec store.Sandbox) *store.Snapshot {
-	if _, stop := m.snapshotOptions(rec); !stop {
+func (r *reconciler) cutSnapshot(ctx context.Context, rec store.Sandbox) *store.Snapshot {
+	if _, stop := r.hooks.snapshotOptions(rec); !stop {
 		return nil
 	}
-	snaps, err := m.store.ListSnapshots(ctx)
+	snaps, err := r.store.ListSnapshots(ctx)
 	if err != nil {
 		return nil
 	}
@@ -421,15 +451,15 @@ func (m *Manager) cutSnapshot(ctx context.Context, rec store.Sandbox) *store.Sna
 // intact. An unsealed one cannot be trusted: rec is stopped, saying so;
 // its volumes are intact. Either way the half-made snapshot goes. Guarded
 // by rec's lock; rec's engine sandbox is destroyed.
-func (m *Manager) reconcileCutSnapshotLocked(ctx context.Context, rec store.Sandbox, sn store.Snapshot) error {
-	snapper, err := m.snapshotter()
+func (r *reconciler) reconcileCutSnapshotLocked(ctx context.Context, rec store.Sandbox, sn store.Snapshot) error {
+	snapper, err := snapshotterOf(r.eng)
 	if err != nil {
 		return err
 	}
 	// What the last run held (mounts, a slot) goes; the restore takes it
 	// again, as a wake does.
-	if err := m.afterStop(ctx, rec); err != nil {
-		m.log.Warn("reconcile: releasing a stopped sandbox's resources", "sandbox", rec.ID, "err", err)
+	if err := r.hooks.afterStop(ctx, rec); err != nil {
+		r.log.Warn("reconcile: releasing a stopped sandbox's resources", "sandbox", rec.ID, "err", err)
 	}
 	why := ""
 	if !imageSealed(sn.Path) {
@@ -437,55 +467,55 @@ func (m *Manager) reconcileCutSnapshotLocked(ctx context.Context, rec store.Sand
 	} else if verr := verifySnapshotImage(sn.Path, "the checkpoint of snapshot "+sn.ID); verr != nil {
 		why = verr.Error()
 	} else {
-		sb, rerr := m.restoreInPlaceLocked(ctx, snapper, rec, sn.Path)
+		sb, rerr := r.life.restoreInPlaceLocked(ctx, snapper, rec, sn.Path)
 		if rerr == nil {
-			m.track(rec.ID, sb)
-			m.log.Info("reconcile: a snapshot had stopped the sandbox when the daemon died; restored it in place from the snapshot's checkpoint", "sandbox", rec.ID, "snapshot", sn.ID)
-			return m.removeCutSnapshot(ctx, sn)
+			r.life.track(rec.ID, sb)
+			r.log.Info("reconcile: a snapshot had stopped the sandbox when the daemon died; restored it in place from the snapshot's checkpoint", "sandbox", rec.ID, "snapshot", sn.ID)
+			return r.removeCutSnapshot(ctx, sn)
 		}
 		if errdefs.Is(rerr, errdefs.ResourceExhausted) {
 			return rerr // settle retries once there is room
 		}
 		why = "its restore failed: " + rerr.Error()
 	}
-	m.log.Warn("reconcile: a snapshot had stopped the sandbox when the daemon died and it cannot be restored; it is stopped, its volumes intact", "sandbox", rec.ID, "snapshot", sn.ID, "reason", why)
-	if err := m.moveLocked(ctx, &rec, store.StateStopped, fmt.Sprintf(
+	r.log.Warn("reconcile: a snapshot had stopped the sandbox when the daemon died and it cannot be restored; it is stopped, its volumes intact", "sandbox", rec.ID, "snapshot", sn.ID, "reason", why)
+	if err := r.life.moveLocked(ctx, &rec, store.StateStopped, fmt.Sprintf(
 		"a daemon restart cut short snapshot %s, which had stopped this sandbox, and %s: its processes are gone; its volumes are intact (mount them in a new sandbox)", sn.ID, why)); err != nil {
 		return err
 	}
-	return m.removeCutSnapshot(ctx, sn)
+	return r.removeCutSnapshot(ctx, sn)
 }
 
 // removeCutSnapshot removes a snapshot a restart cut short, under its
 // lock (taken after its sandbox's, the lock order).
-func (m *Manager) removeCutSnapshot(ctx context.Context, sn store.Snapshot) error {
-	unlock := m.locks.lock(sn.ID)
+func (r *reconciler) removeCutSnapshot(ctx context.Context, sn store.Snapshot) error {
+	unlock := r.locks.lock(sn.ID)
 	defer unlock()
-	m.log.Info("reconcile: removing incomplete snapshot", "snapshot", sn.ID, "state", sn.State)
-	return m.removeSnapshot(ctx, sn)
+	r.log.Info("reconcile: removing incomplete snapshot", "snapshot", sn.ID, "state", sn.State)
+	return r.life.removeSnapshot(ctx, sn)
 }
 
 // attach reconnects to rec's engine sandbox. Whatever fails once ctx has
 // ended (the daemon stops while it reconciles) is Unavailable: it says
 // nothing of the sandbox, which callers must not destroy for it.
-func (m *Manager) attach(ctx context.Context, rec store.Sandbox) (engine.Sandbox, error) {
-	img, err := m.images.Get(ctx, rec.Image)
+func (r *reconciler) attach(ctx context.Context, rec store.Sandbox) (engine.Sandbox, error) {
+	img, err := r.images.Get(ctx, rec.Image)
 	if err != nil && rec.RootFS == "" {
 		return nil, unavailableIfEnded(ctx, err)
 	}
-	sb, err := m.eng.Attach(ctx, m.spec(rec, img))
+	sb, err := r.eng.Attach(ctx, specOf(rec, img))
 	return sb, unavailableIfEnded(ctx, err)
 }
 
 // attachWithin is attach bounded by wait, if not zero; an attach that
 // runs out of it is Unavailable.
-func (m *Manager) attachWithin(ctx context.Context, rec store.Sandbox, wait time.Duration) (engine.Sandbox, error) {
+func (r *reconciler) attachWithin(ctx context.Context, rec store.Sandbox, wait time.Duration) (engine.Sandbox, error) {
 	if wait <= 0 {
-		return m.attach(ctx, rec)
+		return r.attach(ctx, rec)
 	}
 	actx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	return m.attach(actx, rec)
+	return r.attach(actx, rec)
 }
 
 // unavailableIfEnded classes err Unavailable when ctx has ended.
@@ -496,8 +526,8 @@ func unavailableIfEnded(ctx context.Context, err error) error {
 	return err
 }
 
-func (m *Manager) reconcileHooks(ctx context.Context) error {
-	all, err := m.store.ListSandboxes(ctx)
+func (r *reconciler) reconcileHooks(ctx context.Context) error {
+	all, err := r.store.ListSandboxes(ctx)
 	if err != nil {
 		return err
 	}
@@ -507,27 +537,21 @@ func (m *Manager) reconcileHooks(ctx context.Context) error {
 			running = append(running, rec)
 		}
 	}
-	var errs []error
-	for _, h := range m.cfg.Hooks {
-		if err := h.Reconcile(ctx, running, all); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", h.Name(), err))
-		}
-	}
-	return errors.Join(errs...)
+	return r.hooks.reconcile(ctx, running, all)
 }
 
 // reconcileSnapshots runs after the sandboxes are reconciled: half-taken
 // snapshots and files nobody records go, implicit snapshots nobody uses go.
-func (m *Manager) reconcileSnapshots(ctx context.Context) error {
-	snaps, err := m.store.ListSnapshots(ctx)
+func (r *reconciler) reconcileSnapshots(ctx context.Context) error {
+	snaps, err := r.store.ListSnapshots(ctx)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	known := map[string]bool{}
-	m.mu.Lock()
-	settling := maps.Clone(m.settling)
-	m.mu.Unlock()
+	r.mu.Lock()
+	settling := maps.Clone(r.settling)
+	r.mu.Unlock()
 	for _, sn := range snaps {
 		_, statErr := os.Stat(sn.Path)
 		if sn.State == store.SnapshotCreating && settling[sn.Sandbox] {
@@ -536,24 +560,24 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			known[filepath.Base(sn.Path)] = true
 			continue
 		}
-		_, copyErr := m.cfg.Copies.Digest(snapshotCopy(sn.ID))
+		_, copyErr := r.cfg.Copies.Digest(snapshotCopy(sn.ID))
 		if sn.State == store.SnapshotReady && statErr != nil && copyErr == nil {
 			// Only in the snapshot store: a fork fetches it.
 			continue
 		}
 		if sn.State == store.SnapshotCreating || statErr != nil {
-			m.log.Info("reconcile: removing incomplete snapshot", "snapshot", sn.ID, "state", sn.State)
-			errs = append(errs, m.removeSnapshot(ctx, sn))
+			r.log.Info("reconcile: removing incomplete snapshot", "snapshot", sn.ID, "state", sn.State)
+			errs = append(errs, r.life.removeSnapshot(ctx, sn))
 			continue
 		}
-		if m.cfg.Copies != nil && !sn.Implicit && errdefs.IsNotFound(copyErr) {
+		if r.cfg.Copies != nil && !sn.Implicit && errdefs.IsNotFound(copyErr) {
 			// A copy cut short by the daemon's end: made again.
-			m.cfg.Copies.Put(snapshotCopy(sn.ID), sn.Path)
+			r.cfg.Copies.Put(snapshotCopy(sn.ID), sn.Path)
 		}
 		known[filepath.Base(sn.Path)] = true
-		m.gcSnapshot(ctx, sn.ID)
+		r.life.gcSnapshot(ctx, sn.ID)
 	}
-	errs = append(errs, removeUnknown(m.cfg.SnapshotDir, known))
+	errs = append(errs, removeUnknown(r.cfg.SnapshotDir, known))
 	return errors.Join(errs...)
 }
 

@@ -32,13 +32,13 @@ func TestReconcileKeepsARunningSandboxItCannotReachYet(t *testing.T) {
 	if !e.eng.Started(t.Context(), sb.Engine()) {
 		t.Fatal("the restart destroyed a running sandbox it could not reach")
 	}
-	if _, err := e.m.running(t.Context(), sb.ID); !errdefs.IsUnavailable(err) {
+	if _, err := e.m.running(t.Context(), sb.ID, true); !errdefs.IsUnavailable(err) {
 		t.Fatalf("a request before it is reattached: %v, want Unavailable (retry)", err)
 	}
 	thaw()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		_, err := e.m.running(t.Context(), sb.ID)
+		_, err := e.m.running(t.Context(), sb.ID, true)
 		if err == nil {
 			break
 		}
@@ -82,7 +82,7 @@ func (e *env) waitRunning(t *testing.T, id string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		_, err := e.m.running(t.Context(), id)
+		_, err := e.m.running(t.Context(), id, true)
 		if err == nil {
 			return
 		}
@@ -101,8 +101,8 @@ func (e *env) waitRunning(t *testing.T, id string) {
 func TestReconcileKeepsASandboxWhoseSleepWasCutShortItCannotReachYet(t *testing.T) {
 	e := newEnv(t, Config{})
 	sb := e.create(t, 128)
-	_ = os.MkdirAll(e.m.sleepDir(sb.ID), 0o700)
-	_ = os.WriteFile(filepath.Join(e.m.sleepDir(sb.ID), "pages.img"), []byte("partial"), 0o600)
+	_ = os.MkdirAll(e.m.cfg.sleepDir(sb.ID), 0o700)
+	_ = os.WriteFile(filepath.Join(e.m.cfg.sleepDir(sb.ID), "pages.img"), []byte("partial"), 0o600)
 	setState(t, e, sb.ID, store.StateSuspending)
 	thaw := unreachable(e)
 	if err := e.restartUnsettled(t, t.Context()); !errdefs.IsUnavailable(err) {
@@ -119,7 +119,7 @@ func TestReconcileKeepsASandboxWhoseSleepWasCutShortItCannotReachYet(t *testing.
 	if got := e.state(t, sb.ID); got != store.StateRunning {
 		t.Fatalf("reattached, the sandbox is %s, want running", got)
 	}
-	if _, err := os.Stat(e.m.sleepDir(sb.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(e.m.cfg.sleepDir(sb.ID)); !os.IsNotExist(err) {
 		t.Error("a reattached sandbox kept its partial sleep image")
 	}
 }

@@ -83,7 +83,7 @@ func (e *env) installDefaultWith(t *testing.T, file string) image.Image {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if img, err = e.m.install(t.Context(), img); err != nil {
+	if img, err = e.m.images.install(t.Context(), img); err != nil {
 		t.Fatal(err)
 	}
 	return img
@@ -97,14 +97,14 @@ func (e *env) installDefaultWith(t *testing.T, file string) image.Image {
 func TestHotPoolImageReplaced(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 1})
 	e.installDefaultWith(t, "v1")
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 1)
 	newImg := e.installDefaultWith(t, "v2")
 	sb, err := e.m.Create(t.Context(), CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := e.m.HotPoolStats(); h != 1 {
+	if h, _ := e.m.Pools().HotStats(); h != 1 {
 		t.Skip("the create did not claim the hot sandbox")
 	}
 	spec, _ := e.eng.Spec(sb.Engine())
@@ -121,7 +121,7 @@ func TestHotPoolImageReplaced(t *testing.T) {
 func TestHotSandboxSurvivesNameClash(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 1})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 1)
 	first, err := e.m.Create(t.Context(), CreateRequest{Name: "taken"})
 	if err != nil {
@@ -163,7 +163,7 @@ func TestDialHoldIsBounded(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.m.Dial(ctx, sb.ID, 8080) // the fake agent refuses every port
+		_, err := e.m.Traffic().DialWaking(ctx, sb.ID, 8080) // the fake agent refuses every port
 		done <- err
 	}()
 	before := e.m.Counters().Wakes.Load()
@@ -194,9 +194,9 @@ func TestHotPoolNotRefilledUnderPressure(t *testing.T) {
 	}
 	e := newEnv(t, Config{HotPool: 1, PressureFloorMiB: avail + 1024}) // under pressure now
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	time.Sleep(300 * time.Millisecond) // a refill takes ~1 ms on the fake engine
-	if n := e.m.Hot(); n != 0 {
+	if n := e.m.Pools().Hot(); n != 0 {
 		t.Fatalf("below the pressure floor the hot pool refilled (%d): WatchPressure gives it back at once, every tick", n)
 	}
 }
@@ -221,7 +221,7 @@ func (h *labelEnvHook) BeforeStart(_ context.Context, rec store.Sandbox, spec *e
 func TestHotClaimKeepsTheHooksSpec(t *testing.T) {
 	e := newEnv(t, Config{HotPool: 1, Hooks: []Hook{&labelEnvHook{}}})
 	e.installDefault(t)
-	e.m.StartPool(t.Context())
+	e.m.Pools().Start(t.Context())
 	waitHot(t, e.m, 1)
 	sb, err := e.m.Create(t.Context(), CreateRequest{Opts: store.Options{Labels: map[string]string{"secret": "s3"}}})
 	if err != nil {

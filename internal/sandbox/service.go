@@ -5,10 +5,12 @@
 // features at fixed points (hooks.go), and after a restart reconciles what
 // the store says with what the engine has (reconcile.go).
 //
-// Files by job: lifecycle.go (create, remove, the guest of a running
-// sandbox), snapshot.go, fork.go, sleep.go, admission.go, reconcile.go,
-// images.go and build.go (images and templates); the warm pool is package
-// pool.
+// The Manager keeps the lifecycle's own (lifecycle.go: create, remove, the
+// guest of a running sandbox; snapshot.go, fork.go, sleep.go) and composes
+// parts that own the rest, each with its own state: admission, Lifetimes,
+// Traffic, the reaper, the reconciler, Pools (the warm and hot pools; their
+// bookkeeping is package pool), Images and Builds, the eventLog and the
+// hookChain. See Manager and docs/architecture.md.
 package sandbox
 
 import (
@@ -18,13 +20,11 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/image"
-	"github.com/clade-sandbox/clade/internal/sandbox/pool"
 	"github.com/clade-sandbox/clade/internal/snapstore"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -104,43 +104,41 @@ func DefaultConfig() Config {
 		MaxFork: 128, MemoryFloorMiB: floor, WarmPool: 16, WarmCreate: 2}
 }
 
-// Manager is the lifecycle service: it owns sandboxes and snapshots.
+// Manager is the lifecycle service: it owns sandboxes and snapshots, their
+// records' states (moveLocked) and the per-id locks, and composes the
+// parts that own the rest, each with its own state and lock:
+//
+//	admission   memory floor, overcommit cap, disk floor; the reservations (admission.go)
+//	Lifetimes   timeouts, idle sleeps, memory pressure sleeps (lifetimes.go, pressure.go)
+//	Traffic     the live engine sandboxes, their use and holds; dials (traffic.go)
+//	reaper      a sleep's background teardown (reap.go)
+//	reconciler  the restart census and the retries of what could not settle (reconcile.go)
+//	Pools       the warm and hot pools (warm.go, hot.go; bookkeeping in package pool)
+//	Images      images and their roots (images.go); Builds: commits, templates (build.go)
+//	eventLog    the lifecycle event bus (events.go); hookChain: the hooks (hooks.go)
 type Manager struct {
-	cfg    Config
-	eng    engine.Engine
-	store  store.All
-	images *imageService
-	log    *slog.Logger
-	pool   *pool.Pool
-	// hotPool keeps started sandboxes (hot.go); hot holds them until
-	// claimed.
-	hotPool *pool.Pool
+	cfg   Config
+	eng   engine.Engine
+	store store.All
+	log   *slog.Logger
 	// locks holds one lock per sandbox and snapshot id; see locks.go for
 	// the lock model.
-	locks keyedLocks
-	// imageMu orders image removal against creates that use the image.
-	imageMu sync.Mutex
-	// admitMu orders an admission's read of the committed memory and its
-	// reservation against a reservation's recorded: the cap's count of a
-	// sandbox moves from one to the other with no moment counted in neither.
-	admitMu sync.Mutex
-
-	mu             sync.Mutex
-	live           map[string]engine.Sandbox // guarded by mu
-	reservedMiB    int                       // guarded by mu: admitted, not yet made (the floor's count)
-	reservedCapMiB int                       // guarded by mu: the same, as the overcommit cap counts it
-	lastUsed       map[string]time.Time      // guarded by mu: last request per sandbox
-	wokeAt         map[string]time.Time      // guarded by mu: when each live sandbox last woke
-	holds          map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
-	hot            map[string]hotSandbox     // guarded by mu: started sandboxes in the hot pool
-	settling       map[string]bool           // guarded by mu: sandboxes a settle goroutine retries
-	reaping        map[string]chan struct{}  // guarded by mu: engine ids a sleep tears down (reap.go)
-	reaps          sync.WaitGroup            // the teardowns in flight
-
-	counters Counters
+	locks *recordLocks
+	hooks hookChain
+	crash crashPoints
 	// wakes holds a token per wake restoring now (RestoreParallel).
-	wakes  chan struct{}
-	events *eventLog
+	wakes chan struct{}
+
+	counters   Counters
+	events     *eventLog
+	admission  *admission
+	traffic    *Traffic
+	lifetimes  *Lifetimes
+	reaper     *reaper
+	reconciler *reconciler
+	pools      *Pools
+	images     *Images
+	builds     *Builds
 
 	// bg lives as long as the service (Close ends it): work that must
 	// outlive the request that started it, e.g. removing a build's
@@ -182,21 +180,42 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{cfg: cfg, eng: eng, store: st, images: newImageService(images, st, cfg.Log), log: cfg.Log, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{}, wokeAt: map[string]time.Time{}, holds: map[string]int{}, hot: map[string]hotSandbox{}, settling: map[string]bool{}, reaping: map[string]chan struct{}{}}
-	m.events = newEventLog(cfg.EventRing)
-	m.pool = pool.New(pool.Config{Limit: cfg.WarmPool, Prepare: m.prepare, Destroy: m.destroyPrepared, Log: cfg.Log})
-	// The default shape keeps HotPool started, each of HotImages its
-	// count; shapes learned from demand (one each, see hot.go) share
-	// HotPool more.
-	hotMax := cfg.HotPool
-	for _, n := range cfg.HotImages {
-		hotMax = max(hotMax, n)
-	}
-	m.hotPool = pool.New(pool.Config{Limit: hotMax, MaxTotal: cfg.hotPinned() + cfg.HotPool, Defer: hotRefillDefer, Prepare: m.startHot, Destroy: m.destroyHot, Log: cfg.Log})
+	m := &Manager{cfg: cfg, eng: eng, store: st, log: cfg.Log, hooks: hookChain(cfg.Hooks),
+		locks: &recordLocks{recs: st, snaps: st}, crash: crashPoints{at: cfg.CrashAt, log: cfg.Log},
+		wakes: make(chan struct{}, cfg.RestoreParallel)}
 	m.bg, m.stopBg = context.WithCancel(context.Background())
-	m.wakes = make(chan struct{}, cfg.RestoreParallel)
+	m.events = newEventLog(cfg.EventRing, st)
+	m.admission = &admission{cfg: cfg, eng: eng, recs: st, counters: &m.counters, events: m.events, log: cfg.Log}
+	m.images = newImages(images, st, st, cfg.Log, m)
+	m.pools = newPools(&Pools{cfg: cfg, eng: eng, marks: st, recs: st, images: m.images, admission: m.admission,
+		hooks: m.hooks, events: m.events, crash: m.crash, log: cfg.Log, life: m, wakes: m.wakes})
+	m.images.pools = m.pools
+	m.reaper = &reaper{eng: eng, hooks: m.hooks, log: cfg.Log, reaping: map[string]chan struct{}{}}
+	m.traffic = newTraffic(m.hooks, m)
+	m.lifetimes = &Lifetimes{cfg: cfg, eng: eng, recs: st, locks: m.locks, traffic: m.traffic, images: m.images,
+		admission: m.admission, counters: &m.counters, log: cfg.Log, life: m, flushPools: m.pools.flush}
+	m.reconciler = &reconciler{cfg: cfg, eng: eng, store: st, locks: m.locks, hooks: m.hooks, traffic: m.traffic,
+		images: m.images, pools: m.pools, log: cfg.Log, bg: m.bg, life: m, settling: map[string]bool{}}
+	m.builds = &Builds{images: m.images, recs: st, marks: st, log: cfg.Log, bg: m.bg, life: m}
 	return m
 }
+
+// Images returns the image service: list, inspect, pull, import, remove.
+func (m *Manager) Images() *Images { return m.images }
+
+// Builds returns the image builds: commits, templates, build sandboxes.
+func (m *Manager) Builds() *Builds { return m.builds }
+
+// Pools returns the warm and hot pools: start them, and their figures.
+func (m *Manager) Pools() *Pools { return m.pools }
+
+// Traffic returns the running sandboxes' traffic: holds, and dials to
+// their ports.
+func (m *Manager) Traffic() *Traffic { return m.traffic }
+
+// Lifetimes returns the lifetime policy: timeouts, idle sleeps, memory
+// pressure sleeps.
+func (m *Manager) Lifetimes() *Lifetimes { return m.lifetimes }
 
 // Engine returns the service's engine.
 func (m *Manager) Engine() engine.Engine { return m.eng }
@@ -213,11 +232,10 @@ func (m *Manager) Close() {
 // sandboxes only. Close calls it; calling it again is harmless.
 func (m *Manager) DrainPools() {
 	m.stopBg()
-	m.reaps.Wait()
+	m.reaper.wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	m.pool.Drain(ctx)
-	m.hotPool.Drain(ctx)
+	m.pools.drain(ctx)
 }
 
 // IDLength is the length of every sandbox id: runsc matches ids by prefix, so
@@ -238,10 +256,17 @@ func isID(s string) bool {
 	return err == nil
 }
 
-// crashPoint kills the process at the named point when configured to.
-func (m *Manager) crashPoint(name string) {
-	if m.cfg.CrashAt == name {
-		m.log.Warn("crashing on purpose", "point", name)
+// crashPoints kill the process at the point Config.CrashAt names, for
+// tests of restart safety.
+type crashPoints struct {
+	at  string
+	log *slog.Logger
+}
+
+// hit kills the process at the named point when configured to.
+func (c crashPoints) hit(name string) {
+	if c.at == name {
+		c.log.Warn("crashing on purpose", "point", name)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}

@@ -79,7 +79,7 @@ func newEnvDB(t *testing.T, cfg Config, db string) *env {
 	cfg.Hooks = append(cfg.Hooks, e.hook)
 	e.cfg = cfg
 	e.m = New(cfg, e.eng, st, imgs)
-	if _, err := e.m.install(t.Context(), img); err != nil {
+	if _, err := e.m.images.install(t.Context(), img); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -403,10 +403,10 @@ func TestFailedSleepKeepsTheSandboxRunning(t *testing.T) {
 	if e.state(t, sb.ID) != store.StateRunning {
 		t.Fatalf("after a failed sleep the sandbox is %s", e.state(t, sb.ID))
 	}
-	if _, err := e.m.running(t.Context(), sb.ID); err != nil {
+	if _, err := e.m.running(t.Context(), sb.ID, true); err != nil {
 		t.Fatalf("after a failed sleep the sandbox does not serve: %v", err)
 	}
-	if _, err := os.Stat(e.m.sleepDir(sb.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(e.m.cfg.sleepDir(sb.ID)); !os.IsNotExist(err) {
 		t.Fatal("a failed sleep left its partial image")
 	}
 }
@@ -435,7 +435,7 @@ func TestFailedSleepOnAFullDisk(t *testing.T) {
 	if got := e.state(t, sb.ID); got != store.StateRunning {
 		t.Fatalf("after a sleep that failed on a full disk the sandbox is %s, want running", got)
 	}
-	if _, err := e.m.running(t.Context(), sb.ID); err != nil {
+	if _, err := e.m.running(t.Context(), sb.ID, true); err != nil {
 		t.Fatalf("the sandbox does not serve: %v", err)
 	}
 }
@@ -471,7 +471,7 @@ func TestRemoveRefusedOnAFullDiskKeepsServing(t *testing.T) {
 	if err := e.m.Destroy(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
 		t.Fatalf("remove on a full disk: %v, want ResourceExhausted", err)
 	}
-	g, err := e.m.Guest(t.Context(), sb.ID)
+	g, err := e.m.GuestWaking(t.Context(), sb.ID)
 	if err != nil {
 		t.Fatalf("after a refused removal: %v", err)
 	}
@@ -524,12 +524,12 @@ func TestEndBuildOnAFullDiskRetries(t *testing.T) {
 	dbDir := smallDisk(t, t.TempDir(), "4m")
 	removed := &notifyHandler{msg: "removed a build's sandbox", c: make(chan struct{}, 1)}
 	e := newEnvDB(t, Config{Log: slog.New(removed)}, filepath.Join(dbDir, "clade.db"))
-	sb, err := e.m.CreateBuildSandbox(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
+	sb, err := e.m.Builds().CreateSandbox(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 128})
 	if err != nil {
 		t.Fatal(err)
 	}
 	filler := fillDisk(t, dbDir)
-	if err := e.m.EndBuild(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
+	if err := e.m.Builds().End(t.Context(), sb.ID); !errdefs.Is(err, errdefs.ResourceExhausted) {
 		t.Fatalf("end a build on a full disk: %v, want ResourceExhausted", err)
 	}
 	if got := e.state(t, sb.ID); got != store.StateRunning {
@@ -611,7 +611,7 @@ func TestSleepWakeAndRequestWakes(t *testing.T) {
 		t.Fatal("a sleeping sandbox still runs in the engine")
 	}
 	// The next request wakes it.
-	if _, err := e.m.running(t.Context(), sb.ID); err != nil {
+	if _, err := e.m.running(t.Context(), sb.ID, true); err != nil {
 		t.Fatal(err)
 	}
 	if e.state(t, sb.ID) != store.StateRunning {
@@ -628,7 +628,7 @@ func TestCorruptSleepImageStaysAsleep(t *testing.T) {
 	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(e.m.sleepDir(sb.ID), "state"), []byte("flipped"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(e.m.cfg.sleepDir(sb.ID), "state"), []byte("flipped"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.m.Wake(t.Context(), sb.ID); !errors.Is(err, stateimg.ErrCorrupt) {
@@ -723,7 +723,7 @@ func TestDeadSandboxIsMarkedStopped(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	_, err := e.m.running(t.Context(), sb.ID)
+	_, err := e.m.running(t.Context(), sb.ID, true)
 	if err == nil || !errdefs.Is(err, errdefs.Conflict) {
 		t.Fatalf("a request to a stopped sandbox: %v", err)
 	}
@@ -768,7 +768,7 @@ func TestDestroyRacesWakeAndFork(t *testing.T) {
 	e.eng.Delay = time.Millisecond
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	e.m.StartPool(ctx)
+	e.m.Pools().Start(ctx)
 	for i := range 30 {
 		sb := e.create(t, 128)
 		if i%2 == 0 {
@@ -776,8 +776,8 @@ func TestDestroyRacesWakeAndFork(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Wake into a prepared engine sandbox: the engine id changes.
-			e.m.pool.Want(e.m.shapeOf(sb.Image, sb.MemoryMiB, sb.CPUs, sb.Env, sb.Opts), 1)
-			for deadline := time.Now().Add(5 * time.Second); e.m.Warm() == 0; {
+			e.m.pools.warm.Want(shapeOf(sb.Image, sb.MemoryMiB, sb.CPUs, sb.Env, sb.Opts), 1)
+			for deadline := time.Now().Add(5 * time.Second); e.m.Pools().Warm() == 0; {
 				if time.Now().After(deadline) {
 					t.Fatal("the pool prepared nothing")
 				}
@@ -839,7 +839,7 @@ func TestReconcileOnAFullDiskSettlesLater(t *testing.T) {
 	if err := e.m.Reconcile(t.Context()); !errdefs.Is(err, errdefs.ResourceExhausted) {
 		t.Fatalf("reconcile on a full disk: %v, want ResourceExhausted", err)
 	}
-	if !imageSealed(e.m.sleepDir(sb.ID)) {
+	if !imageSealed(e.m.cfg.sleepDir(sb.ID)) {
 		t.Fatal("the restart removed the sleep image of a sandbox it could not settle")
 	}
 	os.Remove(filler)
@@ -866,17 +866,17 @@ func TestReconcileDecisions(t *testing.T) {
 	}
 	// A sleep cut short after the image was sealed, before the record moved.
 	sealed := e.create(t, 128)
-	if err := e.eng.Checkpoint(t.Context(), sealed.Engine(), e.m.sleepDir(sealed.ID), true); err != nil {
+	if err := e.eng.Checkpoint(t.Context(), sealed.Engine(), e.m.cfg.sleepDir(sealed.ID), true); err != nil {
 		t.Fatal(err)
 	}
-	if err := sealImage(e.m.sleepDir(sealed.ID)); err != nil {
+	if err := sealImage(e.m.cfg.sleepDir(sealed.ID)); err != nil {
 		t.Fatal(err)
 	}
 	setState(t, e, sealed.ID, store.StateSuspending)
 	// A sleep cut short before the image was sealed: the sandbox runs on.
 	unsealed := e.create(t, 128)
-	_ = os.MkdirAll(e.m.sleepDir(unsealed.ID), 0o700)
-	_ = os.WriteFile(filepath.Join(e.m.sleepDir(unsealed.ID), "pages.img"), []byte("partial"), 0o600)
+	_ = os.MkdirAll(e.m.cfg.sleepDir(unsealed.ID), 0o700)
+	_ = os.WriteFile(filepath.Join(e.m.cfg.sleepDir(unsealed.ID), "pages.img"), []byte("partial"), 0o600)
 	setState(t, e, unsealed.ID, store.StateSuspending)
 	// A create cut short.
 	half := e.create(t, 128)
@@ -899,7 +899,7 @@ func TestReconcileDecisions(t *testing.T) {
 	if e.eng.Started(t.Context(), sealed.Engine()) {
 		t.Error("a sealed sleep's engine sandbox still runs")
 	}
-	if _, err := os.Stat(e.m.sleepDir(unsealed.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(e.m.cfg.sleepDir(unsealed.ID)); !os.IsNotExist(err) {
 		t.Error("a running sandbox kept its partial sleep image")
 	}
 	ids, _ := e.eng.List(t.Context())
@@ -917,7 +917,7 @@ func TestReconcileDecisions(t *testing.T) {
 	if e.eng.Started(t.Context(), "aaaaaaaaaaaaaaaa") {
 		t.Error("--destroy-unrecorded kept an unrecorded sandbox")
 	}
-	if _, err := e.m.running(t.Context(), running.ID); err != nil {
+	if _, err := e.m.running(t.Context(), running.ID, true); err != nil {
 		t.Errorf("a reattached sandbox does not serve: %v", err)
 	}
 }
@@ -937,15 +937,15 @@ func TestPressureSleepsLeastRecentlyUsed(t *testing.T) {
 	a := e.create(t, 128)
 	b := e.create(t, 128)
 	// b was used last: a is the least recently used.
-	if _, err := e.m.running(t.Context(), b.ID); err != nil {
+	if _, err := e.m.running(t.Context(), b.ID, true); err != nil {
 		t.Fatal(err)
 	}
-	snapper, _ := e.m.snapshotter()
-	lru := e.m.idleLRU()
+	snapper, _ := snapshotterOf(e.m.eng)
+	lru := e.m.traffic.idleLRU()
 	if len(lru) != 2 || lru[0] != a.ID {
 		t.Fatalf("idle LRU order = %v, want %s first", lru, a.ID)
 	}
-	if !e.m.sleepForPressure(t.Context(), snapper, lru[0], 0) {
+	if !e.m.lifetimes.sleepForPressure(t.Context(), snapper, lru[0], 0) {
 		t.Fatal("the pressure sleeper did not sleep an idle sandbox")
 	}
 	if e.state(t, a.ID) != store.StateSleeping || e.state(t, b.ID) != store.StateRunning {

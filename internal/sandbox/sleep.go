@@ -18,11 +18,11 @@ import (
 // and uses no memory until Wake. Sleeping a sleeping sandbox is a no-op. A
 // failed sleep leaves the sandbox running.
 func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) {
-	snapper, err := m.snapshotter()
+	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	rec, unlock, err := m.lockSandbox(ctx, ref)
+	rec, unlock, err := m.locks.sandbox(ctx, ref)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -34,7 +34,7 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 	default:
 		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a running sandbox can sleep", ref, rec.State)
 	}
-	if err := m.checkDisk("sleep"); err != nil {
+	if err := m.admission.checkDisk("sleep"); err != nil {
 		return store.Sandbox{}, err
 	}
 	return rec, m.sleepLocked(context.WithoutCancel(ctx), snapper, &rec)
@@ -42,39 +42,39 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 
 // sleepLocked puts rec to sleep. Guarded by rec's lock.
 func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error {
-	st := m.newSteps()
+	st := newSteps(m.log)
 	defer st.log(m.log, "sleep timings", "sandbox", rec.ID)
-	dir := m.sleepDir(rec.ID)
+	dir := m.cfg.sleepDir(rec.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
 	// Requests that come now wait for the lock, then wake the sandbox.
-	sb := m.dropLive(rec.ID)
+	sb := m.traffic.drop(rec.ID)
 	if err := m.moveLocked(ctx, rec, store.StateSuspending, ""); err != nil {
-		m.relive(rec.ID, sb)
+		m.traffic.relive(rec.ID, sb)
 		return err
 	}
 	st.mark("suspending")
-	m.crashPoint("sleep-before-engine")
+	m.crash.hit("sleep-before-engine")
 	// Sealed before the engine stops the sandbox: a daemon killed at any
 	// moment leaves it running or asleep, never gone with an unsealed image.
 	seal := func() error {
-		m.crashPoint("sleep-before-seal")
+		m.crash.hit("sleep-before-seal")
 		return sealImage(dir)
 	}
 	err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), dir, false)
 	st.mark("checkpoint")
 	if err != nil {
 		// The engine leaves a sandbox whose checkpoint failed running.
-		m.relive(rec.ID, sb)
+		m.traffic.relive(rec.ID, sb)
 		return errors.Join(fmt.Errorf("sleep %s: %w", rec.ID, err), os.RemoveAll(dir), m.rollbackLocked(ctx, rec, store.StateRunning))
 	}
 	sealed := time.Now()
-	m.crashPoint("sleep-after-checkpoint")
+	m.crash.hit("sleep-after-checkpoint")
 	if len(rec.Opts.Volumes) > 0 {
 		// Volumes are unmounted before the record says asleep: a wake
 		// mounts them again by the sandbox's id, whatever its engine id.
-		if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec)); err != nil {
+		if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, *rec)); err != nil {
 			m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
 		}
 		st.mark("cleanup")
@@ -82,38 +82,17 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	err = m.moveLocked(ctx, rec, store.StateSleeping, "")
 	st.mark("sleeping")
 	if len(rec.Opts.Volumes) == 0 {
-		m.crashPoint("sleep-before-reap")
-		m.reapLater(*rec)
+		m.crash.hit("sleep-before-reap")
+		m.reaper.reapLater(*rec)
 	}
 	if err != nil {
 		return err
 	}
-	go m.preverify(dir, sealed)
+	go preverify(m.bg, dir, sealed)
 	m.cfg.Copies.Put(sleepCopy(rec.ID), dir)
-	m.prepareForSleepers(ctx, *rec)
+	m.pools.prepareForSleepers(ctx, *rec)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
 	return nil
-}
-
-// prepareForSleepers asks the warm pool for one prepared sandbox for each
-// sleeping sandbox of rec's shape (up to the pool's limit per shape): a
-// burst of wakes (a mass wake through the ingress) then restores into
-// prepared sandboxes, not into ones it makes first on the same cores.
-// Each prepared sandbox costs ~30 MiB while it waits (docs/benchmarks.md,
-// masswake).
-func (m *Manager) prepareForSleepers(ctx context.Context, rec store.Sandbox) {
-	recs, err := m.store.ListSandboxes(ctx)
-	if err != nil {
-		return
-	}
-	sh := m.shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
-	n := 0
-	for _, r := range recs {
-		if r.State == store.StateSleeping && m.shapeOf(r.Image, r.MemoryMiB, r.CPUs, r.Env, r.Opts) == sh {
-			n++
-		}
-	}
-	m.pool.Want(sh, n)
 }
 
 // preverify checks a new sleep image in the background once its files
@@ -122,9 +101,9 @@ func (m *Manager) prepareForSleepers(ctx context.Context, rec store.Sandbox) {
 // wake that comes later then finds it verified and does not read the
 // whole image on the request's path. A wake before that verifies it
 // itself; an image woken (and removed) meanwhile is an error nobody needs.
-func (m *Manager) preverify(dir string, sealed time.Time) {
+func preverify(bg context.Context, dir string, sealed time.Time) {
 	select {
-	case <-m.bg.Done():
+	case <-bg.Done():
 		return
 	case <-time.After(time.Until(sealed.Add(preverifyAfter))):
 	}
@@ -135,17 +114,8 @@ func (m *Manager) preverify(dir string, sealed time.Time) {
 // stateimg's settle time (100 ms) and a margin.
 const preverifyAfter = 120 * time.Millisecond
 
-// relive puts back a live engine sandbox that an operation had dropped.
-func (m *Manager) relive(id string, sb engine.Sandbox) {
-	if sb == nil {
-		return
-	}
-	m.mu.Lock()
-	m.live[id] = sb
-	m.mu.Unlock()
-}
-
-func (m *Manager) sleepDir(id string) string { return filepath.Join(m.cfg.SleepDir, id) }
+// sleepDir is where sandbox id's sleep image is kept.
+func (c Config) sleepDir(id string) string { return filepath.Join(c.SleepDir, id) }
 
 // sleepCopy and snapshotCopy name the copies of a sleep image and of a
 // snapshot in the snapshot store (Config.Copies).
@@ -155,7 +125,7 @@ func snapshotCopy(id string) string { return "snapshot/" + id }
 // Wake restores a sleeping sandbox in place. Waking a running one is a no-op.
 // A failed wake leaves the sandbox asleep, its image intact.
 func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
-	rec, unlock, err := m.lockSandbox(ctx, ref)
+	rec, unlock, err := m.locks.sandbox(ctx, ref)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -168,7 +138,7 @@ func (m *Manager) Wake(ctx context.Context, ref string) (store.Sandbox, error) {
 
 // wakeLocked wakes rec. Guarded by rec's lock.
 func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
-	snapper, err := m.snapshotter()
+	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
 		return err
 	}
@@ -180,7 +150,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a sleeping sandbox can wake", rec.ID, rec.State)
 	}
 	t0 := time.Now()
-	dir := m.sleepDir(rec.ID)
+	dir := m.cfg.sleepDir(rec.ID)
 	// A sleep image this host no longer holds (a lost disk, a move) comes
 	// back from the snapshot store, verified, before it is verified here.
 	if _, err := m.cfg.Copies.Restore(ctx, sleepCopy(rec.ID), dir); err != nil {
@@ -190,7 +160,7 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return err
 	}
 	tv := time.Now()
-	resv, err := m.admit(rec.MemoryMiB)
+	resv, err := m.admission.admit(rec.MemoryMiB)
 	if err != nil {
 		return err
 	}
@@ -214,28 +184,28 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	ctx = context.WithoutCancel(ctx)
 	// Wake into a prepared engine sandbox of the same shape when there is
 	// one: the sandbox keeps its id, the engine's id may change.
-	sh := m.shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
-	if engID, ok := m.pool.Take(sh); ok {
+	sh := shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
+	if engID, ok := m.pools.warm.Take(sh); ok {
 		if err := m.store.SetEngineID(ctx, rec.ID, engID); err != nil {
-			return errors.Join(err, m.destroyPrepared(ctx, engID))
+			return errors.Join(err, m.pools.destroyPrepared(ctx, engID))
 		}
 		rec.EngineID = engID
-		m.crashPoint("wake-after-engine-id")
+		m.crash.hit("wake-after-engine-id")
 	}
-	defer m.pool.Want(sh, 1)
+	defer m.pools.warm.Want(sh, 1)
 	if err := m.moveLocked(ctx, rec, store.StateWaking, ""); err != nil {
 		return err
 	}
 	resv.recorded() // a waking record counts toward the cap
-	m.crashPoint("wake-before-engine")
+	m.crash.hit("wake-before-engine")
 	t2 := time.Now()
-	sb, err := m.startLocked(ctx, *rec, m.spec(*rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
+	sb, err := m.startLocked(ctx, *rec, specOf(*rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
 		return snapper.Restore(ctx, spec, dir)
 	})
 	t3 := time.Now()
 	if err == nil {
 		if err = m.moveLocked(ctx, rec, store.StateRunning, ""); err != nil {
-			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, *rec))
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, *rec))
 		}
 	}
 	if err != nil {
@@ -243,16 +213,14 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		if errdefs.Is(back, errdefs.ResourceExhausted) {
 			// Still recorded waking, its image intact: settled (asleep)
 			// once the disk has room.
-			m.settleLater([]string{rec.ID})
+			m.reconciler.settleLater([]string{rec.ID})
 		}
 		return errors.Join(fmt.Errorf("wake %s: %w", rec.ID, err), back)
 	}
 	m.track(rec.ID, sb)
-	m.mu.Lock()
-	m.wokeAt[rec.ID] = time.Now()
-	m.mu.Unlock()
+	m.traffic.woke(rec.ID)
 	m.counters.Wakes.Add(1)
-	m.rearmLocked(ctx, rec)
+	m.lifetimes.rearmLocked(ctx, rec)
 	if err := m.cfg.Copies.Drop(sleepCopy(rec.ID)); err != nil {
 		m.log.Warn("snapshot store: drop the copy of a woken sandbox's sleep image", "sandbox", rec.ID, "err", err)
 	}

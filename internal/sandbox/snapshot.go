@@ -16,10 +16,11 @@ import (
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
-func (m *Manager) snapshotter() (engine.Snapshotter, error) {
-	s, ok := m.eng.(engine.Snapshotter)
+// snapshotterOf is eng's Snapshotter, or why it has none.
+func snapshotterOf(eng engine.Engine) (engine.Snapshotter, error) {
+	s, ok := eng.(engine.Snapshotter)
 	if !ok {
-		return nil, errdefs.New(errdefs.InvalidArgument, "the %s engine cannot snapshot", m.eng.Name())
+		return nil, errdefs.New(errdefs.InvalidArgument, "the %s engine cannot snapshot", eng.Name())
 	}
 	return s, nil
 }
@@ -28,7 +29,7 @@ func (m *Manager) snapshotter() (engine.Snapshotter, error) {
 // running. Implicit snapshots (made by a fork of a sandbox) are removed with
 // their last child.
 func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool) (store.Snapshot, error) {
-	snapper, err := m.snapshotter()
+	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
@@ -37,11 +38,11 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 			return store.Snapshot{}, err
 		}
 	}
-	st := m.newSteps()
-	if err := m.checkDisk("snapshot"); err != nil {
+	st := newSteps(m.log)
+	if err := m.admission.checkDisk("snapshot"); err != nil {
 		return store.Snapshot{}, err
 	}
-	rec, unlock, err := m.lockSandbox(ctx, ref)
+	rec, unlock, err := m.locks.sandbox(ctx, ref)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
@@ -53,7 +54,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 		return store.Snapshot{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s: only a running sandbox can be snapshotted", ref, rec.State)
 	}
 	id := newID()
-	opts, stop := m.snapshotOptions(rec)
+	opts, stop := m.hooks.snapshotOptions(rec)
 	sn := store.Snapshot{ID: id, Name: name, Sandbox: rec.ID, Image: rec.Image, State: store.SnapshotCreating,
 		MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env, Path: filepath.Join(m.cfg.SnapshotDir, id), Implicit: implicit,
 		RootFS: rec.RootFS, Opts: opts, CreatedAt: time.Now()}
@@ -63,9 +64,9 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	}
 	st.mark("insert")
 	ctx = context.WithoutCancel(ctx)
-	m.crashPoint("snapshot-before-engine")
+	m.crash.hit("snapshot-before-engine")
 	fail := func(err error) (store.Snapshot, error) {
-		return store.Snapshot{}, errors.Join(fmt.Errorf("snapshot %s: %w", ref, err), os.RemoveAll(sn.Path), m.snapshotRemoved(ctx, sn), m.store.DeleteSnapshot(ctx, id))
+		return store.Snapshot{}, errors.Join(fmt.Errorf("snapshot %s: %w", ref, err), os.RemoveAll(sn.Path), m.hooks.snapshotRemoved(ctx, sn), m.store.DeleteSnapshot(ctx, id))
 	}
 	if stop {
 		if err := m.snapshotStoppedLocked(ctx, snapper, rec, sn); err != nil {
@@ -81,7 +82,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 		}
 		st.mark("seal")
 	}
-	m.crashPoint("snapshot-before-ready")
+	m.crash.hit("snapshot-before-ready")
 	sn.SizeBytes = image.DirSize(sn.Path)
 	if err := m.store.SetSnapshotReady(ctx, id, sn.SizeBytes); err != nil {
 		return store.Snapshot{}, err
@@ -93,7 +94,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 		// Implicit snapshots (a fork's) live only as long as the fork.
 		m.cfg.Copies.Put(snapshotCopy(id), sn.Path)
 	}
-	m.emitRec(rec, events.Event{Type: events.Snapshotted, Snapshot: id})
+	m.events.emitRec(rec, events.Event{Type: events.Snapshotted, Snapshot: id})
 	m.log.Info("snapshot taken", "snapshot", id, "sandbox", rec.ID, "size_mib", sn.SizeBytes>>20)
 	return sn, nil
 }
@@ -105,26 +106,26 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 // the reason. Guarded by rec's lock.
 func (m *Manager) snapshotStoppedLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, sn store.Snapshot) error {
 	// Requests that come now wait for the lock and find rec running again.
-	sb := m.dropLive(rec.ID)
+	sb := m.traffic.drop(rec.ID)
 	// Sealed before the engine stops the sandbox (a daemon killed before
 	// the seal leaves it running; see snapshot-before-seal).
 	seal := func() error {
-		m.crashPoint("snapshot-before-seal")
+		m.crash.hit("snapshot-before-seal")
 		return sealImage(sn.Path)
 	}
 	if err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), sn.Path, false); err != nil {
-		m.relive(rec.ID, sb) // the engine leaves it running
+		m.traffic.relive(rec.ID, sb) // the engine leaves it running
 		return err
 	}
 	// From here to the restore, rec is recorded running but its engine
 	// sandbox is stopped: a restart restores it in place from the sealed
 	// image (reconcileCutSnapshotLocked).
-	m.crashPoint("snapshot-stopped")
-	err := m.snapshotTaken(ctx, rec, sn)
-	if derr := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.afterStop(ctx, rec)); derr != nil {
+	m.crash.hit("snapshot-stopped")
+	err := m.hooks.snapshotTaken(ctx, rec, sn)
+	if derr := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, rec)); derr != nil {
 		m.log.Warn("snapshot: cleanup failed; the restart retries", "sandbox", rec.ID, "err", derr)
 	}
-	m.crashPoint("snapshot-before-restore")
+	m.crash.hit("snapshot-before-restore")
 	nsb, rerr := m.restoreInPlaceLocked(ctx, snapper, rec, sn.Path)
 	if rerr != nil {
 		return errors.Join(err, rerr, m.moveLocked(ctx, &rec, store.StateStopped, "restart after snapshot: "+rerr.Error()))
@@ -141,7 +142,7 @@ func (m *Manager) restoreInPlaceLocked(ctx context.Context, snapper engine.Snaps
 	if err != nil && rec.RootFS == "" {
 		return nil, err
 	}
-	return m.startLocked(ctx, rec, m.spec(rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
+	return m.startLocked(ctx, rec, specOf(rec, img), true, func(spec engine.Spec) (engine.Sandbox, error) {
 		return snapper.Restore(ctx, spec, dir)
 	})
 }
@@ -161,23 +162,9 @@ func (m *Manager) ListSnapshots(ctx context.Context) ([]store.Snapshot, error) {
 	return m.store.ListSnapshots(ctx)
 }
 
-// lockSnapshot finds a snapshot, takes its lock and reads it again.
-func (m *Manager) lockSnapshot(ctx context.Context, ref string) (store.Snapshot, func(), error) {
-	sn, err := m.store.GetSnapshot(ctx, ref)
-	if err != nil {
-		return store.Snapshot{}, nil, err
-	}
-	unlock := m.locks.lock(sn.ID)
-	if sn, err = m.store.GetSnapshot(ctx, sn.ID); err != nil {
-		unlock()
-		return store.Snapshot{}, nil, err
-	}
-	return sn, unlock, nil
-}
-
 // DeleteSnapshot removes a snapshot nobody uses.
 func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
-	sn, unlock, err := m.lockSnapshot(ctx, ref)
+	sn, unlock, err := m.locks.snapshot(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -201,14 +188,14 @@ func (m *Manager) removeSnapshot(ctx context.Context, sn store.Snapshot) error {
 	if err := errors.Join(m.cfg.Copies.Drop(snapshotCopy(sn.ID)), os.RemoveAll(sn.Path)); err != nil {
 		return err
 	}
-	if err := m.snapshotRemoved(ctx, sn); err != nil {
+	if err := m.hooks.snapshotRemoved(ctx, sn); err != nil {
 		return err
 	}
 	if err := m.store.DeleteSnapshot(ctx, sn.ID); err != nil {
 		return err
 	}
 	m.log.Info("snapshot removed", "snapshot", sn.ID)
-	m.gcStaleRoot(ctx, sn.Image, sn.RootFS)
+	m.images.gcStaleRoot(ctx, sn.Image, sn.RootFS)
 	return nil
 }
 

@@ -51,7 +51,7 @@ func (m *Manager) moveLocked(ctx context.Context, rec *store.Sandbox, to, msg st
 	}
 	from := rec.State
 	rec.State, rec.Error = to, msg
-	m.emitMove(*rec, from, to, msg)
+	m.events.emitMove(*rec, from, to, msg)
 	return nil
 }
 

@@ -16,8 +16,8 @@ type steps struct {
 	attrs []any
 }
 
-func (m *Manager) newSteps() *steps {
-	if !m.log.Enabled(context.Background(), slog.LevelDebug) {
+func newSteps(log *slog.Logger) *steps {
+	if !log.Enabled(context.Background(), slog.LevelDebug) {
 		return &steps{}
 	}
 	now := time.Now()

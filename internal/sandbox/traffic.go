@@ -2,104 +2,161 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net"
+	"slices"
+	"sync"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/guest"
-	"github.com/clade-sandbox/clade/internal/store"
 )
 
-// This file is what the ingress and port forwarding need from the service:
-// a connection to a port inside a sandbox (waking it), the sandbox held
-// busy while traffic flows, and the lifetimes that traffic keeps going
-// (idle sleep, timeouts).
+// Traffic is which sandboxes run now and how they are used: their live
+// engine sandboxes (a request's hot path is a lookup here, no database
+// read), the last request to each, when each last woke, and the traffic
+// held on each (Hold). The lifetime policy reads it to tell idle
+// sandboxes from busy ones; the ingress and port forwarding dial through
+// it. It makes no engine or store call of its own.
+type Traffic struct {
+	hooks hookChain // the PortDialers
+	// life brings a sandbox to running for a dial: the lifecycle.
+	life readier
 
-// OnTimeout values: what a sandbox's timeout does.
-const (
-	OnTimeoutRemove = "rm"
-	OnTimeoutSleep  = "sleep"
-)
-
-// newTrafficToken returns a fresh traffic token.
-func newTrafficToken() string {
-	b := make([]byte, 24)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+	mu       sync.Mutex
+	live     map[string]engine.Sandbox // guarded by mu: the running sandboxes' engine sandboxes
+	lastUsed map[string]time.Time      // guarded by mu: last request per sandbox
+	wokeAt   map[string]time.Time      // guarded by mu: when each live sandbox last woke
+	holds    map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
 }
 
-// validLifetime checks a new sandbox's idle sleep and timeout settings and
-// fills in their defaults.
-func validLifetime(o *store.Options) error {
-	if o.IdleSleepMS < 0 || o.IdleSleepMS > int64(guest.MaxTimeout/time.Millisecond) {
-		return errdefs.New(errdefs.InvalidArgument, "idle sleep %d ms is out of range: give 0 for none, or 1 ms to %s", o.IdleSleepMS, guest.MaxTimeout)
-	}
-	return validTimeout(o.TimeoutMS, &o.OnTimeout)
+// readier is what Traffic needs of the lifecycle: the engine sandbox of a
+// running sandbox, its agent ready, waking it first only when wake says so.
+type readier interface {
+	ready(ctx context.Context, ref string, wake bool) (engine.Sandbox, error)
 }
 
-func validTimeout(ms int64, onTimeout *string) error {
-	if ms < 0 || ms > int64(guest.MaxTimeout/time.Millisecond) {
-		return errdefs.New(errdefs.InvalidArgument, "timeout %d ms is out of range: give 0 for none, or 1 ms to %s", ms, guest.MaxTimeout)
-	}
-	switch *onTimeout {
-	case "":
-		if ms > 0 {
-			*onTimeout = OnTimeoutRemove
-		}
-	case OnTimeoutRemove, OnTimeoutSleep:
-	default:
-		return errdefs.New(errdefs.InvalidArgument, "on_timeout %q: use %q (remove the sandbox) or %q (put it to sleep)", *onTimeout, OnTimeoutRemove, OnTimeoutSleep)
-	}
-	return nil
+func newTraffic(hooks hookChain, life readier) *Traffic {
+	return &Traffic{hooks: hooks, life: life, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{},
+		wokeAt: map[string]time.Time{}, holds: map[string]int{}}
 }
 
-// freshOptions gives a new sandbox (created, or a fork child inheriting
-// its parent's options) its own traffic token, and starts its timeout.
-func freshOptions(o store.Options, now time.Time) store.Options {
-	o.TrafficToken = newTrafficToken()
-	o.ExpiresAt = nil
-	if o.TimeoutMS > 0 {
-		t := now.Add(time.Duration(o.TimeoutMS) * time.Millisecond)
-		o.ExpiresAt = &t
+// use returns the live engine sandbox of id (an id, not a name) and counts
+// a request to it; nil when it does not run.
+func (t *Traffic) use(id string) engine.Sandbox {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sb := t.live[id]
+	if sb != nil {
+		t.lastUsed[id] = time.Now()
 	}
-	return o
+	return sb
+}
+
+// get returns the live engine sandbox of id, nil when it does not run.
+func (t *Traffic) get(id string) engine.Sandbox {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.live[id]
+}
+
+// touch records a request to a sandbox, for the pressure sleeper's LRU.
+func (t *Traffic) touch(id string) {
+	t.mu.Lock()
+	t.lastUsed[id] = time.Now()
+	t.mu.Unlock()
+}
+
+// put makes sb the live engine sandbox of id, used now.
+func (t *Traffic) put(id string, sb engine.Sandbox) {
+	t.mu.Lock()
+	t.live[id] = sb
+	t.lastUsed[id] = time.Now()
+	t.mu.Unlock()
+}
+
+// relive puts back a live engine sandbox that an operation had dropped.
+func (t *Traffic) relive(id string, sb engine.Sandbox) {
+	if sb == nil {
+		return
+	}
+	t.mu.Lock()
+	t.live[id] = sb
+	t.mu.Unlock()
+}
+
+// woke records that id woke now.
+func (t *Traffic) woke(id string) {
+	t.mu.Lock()
+	t.wokeAt[id] = time.Now()
+	t.mu.Unlock()
+}
+
+// drop forgets a sandbox's engine sandbox, so requests take the slow
+// path and wait for the sandbox's lock. It returns what was live.
+func (t *Traffic) drop(id string) engine.Sandbox {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sb := t.live[id]
+	delete(t.live, id)
+	delete(t.lastUsed, id)
+	delete(t.wokeAt, id)
+	return sb
+}
+
+// dropIf forgets id's engine sandbox if it is still sb, and reports
+// whether it was.
+func (t *Traffic) dropIf(id string, sb engine.Sandbox) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	current := t.live[id] == sb
+	if current {
+		delete(t.live, id)
+	}
+	return current
+}
+
+// isLive says whether sandbox id has a live engine sandbox.
+func (t *Traffic) isLive(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, live := t.live[id]
+	return live
 }
 
 // Hold marks sandbox id busy (a proxied request or connection in flight)
 // until release is called: a busy sandbox is not put to sleep for being
 // idle or for memory pressure, and its idle time starts at the release.
 // release is idempotent.
-func (m *Manager) Hold(id string) (release func()) {
-	m.mu.Lock()
-	m.holds[id]++
-	m.lastUsed[id] = time.Now()
-	m.mu.Unlock()
+func (t *Traffic) Hold(id string) (release func()) {
+	t.mu.Lock()
+	t.holds[id]++
+	t.lastUsed[id] = time.Now()
+	t.mu.Unlock()
 	done := false
 	return func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
+		t.mu.Lock()
+		defer t.mu.Unlock()
 		if done {
 			return
 		}
 		done = true
-		if m.holds[id]--; m.holds[id] <= 0 {
-			delete(m.holds, id)
+		if t.holds[id]--; t.holds[id] <= 0 {
+			delete(t.holds, id)
 		}
-		if _, ok := m.lastUsed[id]; ok {
-			m.lastUsed[id] = time.Now()
+		if _, ok := t.lastUsed[id]; ok {
+			t.lastUsed[id] = time.Now()
 		}
 	}
 }
 
 // Running reports whether sandbox id (an id, not a name) runs now: a map
 // lookup, for callers that keep what they read of a running sandbox.
-func (m *Manager) Running(id string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.live[id] != nil
+func (t *Traffic) Running(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.live[id] != nil
 }
 
 // PortDialer is a hook that reaches a port of a running sandbox by a
@@ -111,28 +168,38 @@ type PortDialer interface {
 	DialPort(ctx context.Context, engineID string, port int) (net.Conn, error)
 }
 
-// Dial connects to port inside sandbox ref, waking the sandbox if it
-// sleeps (as an exec does; concurrent dials to a sleeping sandbox wake it
-// once): over a PortDialer hook's way when one reaches it (a server
+// DialWaking connects to port inside sandbox ref, waking the sandbox if
+// it sleeps (as an exec does; concurrent dials to a sleeping sandbox wake
+// it once): over a PortDialer hook's way when one reaches it (a server
 // listening on the sandbox's own address), else through its agent to its
 // loopback. Its errors are Guest's (NotFound, Conflict, the wake's: an
 // Unavailable one when memory admission refused it, and the sandbox
 // sleeps on) and the dial's: Unavailable saying that nothing listens on
 // the port (after a wake, only once the port refused for portGrace). The
 // caller should Hold the sandbox while it uses the connection.
-func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, error) {
+func (t *Traffic) DialWaking(ctx context.Context, ref string, port int) (net.Conn, error) {
+	return t.dial(ctx, ref, port, true)
+}
+
+// Dial is DialWaking for a sandbox that runs: a sleeping one is a
+// Conflict, never woken.
+func (t *Traffic) Dial(ctx context.Context, ref string, port int) (net.Conn, error) {
+	return t.dial(ctx, ref, port, false)
+}
+
+func (t *Traffic) dial(ctx context.Context, ref string, port int, wake bool) (net.Conn, error) {
 	var (
 		retry *time.Timer
 		wait  = portRetry
 		until time.Time // the hold's end: fixed by the wake it follows, never renewed
 	)
 	for attempt := 0; ; attempt++ {
-		sb, err := m.ready(ctx, ref)
+		sb, err := t.life.ready(ctx, ref, wake)
 		if err != nil {
 			return nil, err
 		}
 		g := sb.Guest()
-		if c := m.dialDirect(ctx, sb.ID(), port); c != nil {
+		if c := t.hooks.dialPort(ctx, sb.ID(), port); c != nil {
 			return c, nil
 		}
 		c, err := g.Dial(ctx, port)
@@ -142,12 +209,13 @@ func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, err
 		if !errdefs.IsUnavailable(err) {
 			return nil, err
 		}
-		if !m.isLiveGuest(g) {
+		if !t.isLiveGuest(g) {
 			if attempt > 0 {
 				return nil, err
 			}
 			// The sandbox was put to sleep (or restarted) under the dial:
-			// the next try waits for that and wakes it.
+			// the next try waits for that and wakes it (a dial that does
+			// not wake is refused then).
 			continue
 		}
 		// Nothing listens (yet). A sandbox that has just woken may not
@@ -156,7 +224,7 @@ func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, err
 		// refused, until the port accepts or the grace ends. A sandbox
 		// that was not woken gets the refusal at once.
 		if until.IsZero() {
-			w, ok := m.wokeAtOf(g)
+			w, ok := t.wokeAtOf(g)
 			if !ok || time.Since(w) >= portGrace {
 				return nil, err
 			}
@@ -180,7 +248,7 @@ func (m *Manager) Dial(ctx context.Context, ref string, port int) (net.Conn, err
 		// A sandbox put to sleep under the hold (its timeout, a sleep
 		// asked for) is not woken again by it: the hold waits for a
 		// server, not for a wake.
-		if !m.isLiveGuest(g) {
+		if !t.isLiveGuest(g) {
 			return nil, err
 		}
 	}
@@ -200,36 +268,23 @@ const (
 )
 
 // wokeAtOf returns when g's sandbox last woke, if it is live and woke.
-func (m *Manager) wokeAtOf(g *guest.Conn) (time.Time, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for id, sb := range m.live {
+func (t *Traffic) wokeAtOf(g *guest.Conn) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, sb := range t.live {
 		if sb.Guest() == g {
-			w, ok := m.wokeAt[id]
+			w, ok := t.wokeAt[id]
 			return w, ok
 		}
 	}
 	return time.Time{}, false
 }
 
-// dialDirect tries the PortDialer hooks on the engine sandbox engineID;
-// nil when none reached port.
-func (m *Manager) dialDirect(ctx context.Context, engineID string, port int) net.Conn {
-	for _, h := range m.cfg.Hooks {
-		if pd, ok := h.(PortDialer); ok {
-			if c, err := pd.DialPort(ctx, engineID, port); err == nil {
-				return c
-			}
-		}
-	}
-	return nil
-}
-
 // isLiveGuest reports whether g is the guest of a live sandbox.
-func (m *Manager) isLiveGuest(g *guest.Conn) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, sb := range m.live {
+func (t *Traffic) isLiveGuest(g *guest.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, sb := range t.live {
 		if sb.Guest() == g {
 			return true
 		}
@@ -237,191 +292,60 @@ func (m *Manager) isLiveGuest(g *guest.Conn) bool {
 	return false
 }
 
-// SetTimeout renews (or with 0 removes) a sandbox's timeout: it now ends d
-// from now. onTimeout, when not empty, replaces what happens then.
-func (m *Manager) SetTimeout(ctx context.Context, ref string, d time.Duration, onTimeout string) (store.Sandbox, error) {
-	ms := d.Milliseconds()
-	if d%time.Millisecond != 0 {
-		return store.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "timeout %s is not a whole number of milliseconds", d)
-	}
-	rec, unlock, err := m.lockSandbox(ctx, ref)
-	if err != nil {
-		return store.Sandbox{}, err
-	}
-	defer unlock()
-	o := rec.Opts
-	if onTimeout != "" {
-		o.OnTimeout = onTimeout
-	}
-	if ms == 0 {
-		o.OnTimeout = onTimeout
-	}
-	if err := validTimeout(ms, &o.OnTimeout); err != nil {
-		return store.Sandbox{}, err
-	}
-	switch rec.State {
-	case store.StateStopped, store.StateDestroying:
-		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s: its timeout cannot be renewed", ref, rec.State)
-	}
-	o.TimeoutMS = ms
-	o.ExpiresAt = nil
-	if ms > 0 {
-		t := time.Now().Add(d)
-		o.ExpiresAt = &t
-	}
-	if err := m.store.SetOptions(ctx, rec.ID, o); err != nil {
-		return store.Sandbox{}, err
-	}
-	rec.Opts = o
-	return rec, nil
-}
-
-// rearmLocked starts a woken sandbox's timeout again when a timeout had
-// put it to sleep. Guarded by rec's lock.
-func (m *Manager) rearmLocked(ctx context.Context, rec *store.Sandbox) {
-	if rec.Opts.TimeoutMS <= 0 || rec.Opts.ExpiresAt != nil {
-		return
-	}
-	o := freshOptions(rec.Opts, time.Now())
-	o.TrafficToken = rec.Opts.TrafficToken
-	if err := m.store.SetOptions(ctx, rec.ID, o); err != nil {
-		m.log.Warn("rearm timeout after wake", "sandbox", rec.ID, "err", err)
-		return
-	}
-	rec.Opts = o
-}
-
-// lifetimeEvery is how often WatchLifetimes looks at the sandboxes.
-const lifetimeEvery = 200 * time.Millisecond
-
-// WatchLifetimes applies idle sleeps and timeouts until ctx ends: a sandbox
-// with an idle sleep sleeps once it has had no exec, file transfer, port
-// connection or proxied request for that long; a sandbox whose timeout
-// passed is removed or put to sleep, as it asked.
-func (m *Manager) WatchLifetimes(ctx context.Context) {
-	t := time.NewTicker(lifetimeEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		m.markBusy()
-		recs, err := m.store.ListSandboxes(ctx)
-		if err != nil {
-			continue
-		}
-		now := time.Now()
-		for _, rec := range recs {
-			if ctx.Err() != nil {
-				return
-			}
-			o := rec.Opts
-			switch {
-			case o.ExpiresAt != nil && now.After(*o.ExpiresAt) && (rec.State == store.StateRunning || rec.State == store.StateSleeping):
-				m.expire(ctx, rec.ID)
-			case o.IdleSleepMS > 0 && rec.State == store.StateRunning && m.idleFor(rec.ID, time.Duration(o.IdleSleepMS)*time.Millisecond):
-				m.sleepIdle(ctx, rec.ID)
-			}
-		}
-	}
-}
-
 // markBusy counts a sandbox with execs or transfers open, or held, as used
 // now: its idle time starts when they end, not when they began.
-func (m *Manager) markBusy() {
+func (t *Traffic) markBusy() {
 	now := time.Now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for id, sb := range m.live {
-		if m.holds[id] > 0 || sb.Guest().Active() > 0 {
-			m.lastUsed[id] = now
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, sb := range t.live {
+		if t.holds[id] > 0 || sb.Guest().Active() > 0 {
+			t.lastUsed[id] = now
 		}
 	}
 }
 
 // idleFor reports whether live sandbox id has been idle for d.
-func (m *Manager) idleFor(id string, d time.Duration) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sb := m.live[id]
-	if sb == nil || m.holds[id] > 0 || sb.Guest().Active() > 0 {
+func (t *Traffic) idleFor(id string, d time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sb := t.live[id]
+	if sb == nil || t.holds[id] > 0 || sb.Guest().Active() > 0 {
 		return false
 	}
-	return time.Since(m.lastUsed[id]) >= d
+	return time.Since(t.lastUsed[id]) >= d
 }
 
-// sleepIdle puts a sandbox that is still running and idle to sleep.
-func (m *Manager) sleepIdle(ctx context.Context, id string) {
-	snapper, err := m.snapshotter()
-	if err != nil {
-		return
+// idleLRU returns the live sandboxes with no request for idleAfter, least
+// recently used first.
+func (t *Traffic) idleLRU() []string {
+	now := time.Now()
+	t.mu.Lock()
+	type cand struct {
+		id   string
+		last time.Time
 	}
-	unlock := m.locks.lock(id)
-	defer unlock()
-	rec, err := m.store.GetSandbox(ctx, id)
-	if err != nil || rec.State != store.StateRunning || rec.Opts.IdleSleepMS <= 0 ||
-		!m.idleFor(id, time.Duration(rec.Opts.IdleSleepMS)*time.Millisecond) {
-		return
+	var cs []cand
+	for id, sb := range t.live {
+		last := t.lastUsed[id]
+		if now.Sub(last) < idleAfter || sb.Guest().Active() > 0 || t.holds[id] > 0 {
+			continue
+		}
+		cs = append(cs, cand{id, last})
 	}
-	if err := m.checkDisk("sleep"); err != nil {
-		m.log.Warn("idle sleep refused", "sandbox", id, "err", err)
-		return
+	t.mu.Unlock()
+	slices.SortFunc(cs, func(a, b cand) int { return a.last.Compare(b.last) })
+	ids := make([]string, len(cs))
+	for i, c := range cs {
+		ids[i] = c.id
 	}
-	if err := m.sleepLocked(context.WithoutCancel(ctx), snapper, &rec); err != nil {
-		m.log.Warn("idle sleep failed", "sandbox", id, "err", err)
-		return
-	}
-	m.counters.IdleSleeps.Add(1)
-	m.log.Info("idle sandbox put to sleep; it wakes on its next request", "sandbox", id, "idle_sleep", time.Duration(rec.Opts.IdleSleepMS)*time.Millisecond)
+	return ids
 }
 
-// expire applies a sandbox's timeout, if it has still passed.
-func (m *Manager) expire(ctx context.Context, id string) {
-	ctx = context.WithoutCancel(ctx)
-	rec, unlock, err := m.lockSandbox(ctx, id)
-	if err != nil {
-		return
-	}
-	defer unlock()
-	o := rec.Opts
-	if o.ExpiresAt == nil || time.Now().Before(*o.ExpiresAt) {
-		return // renewed meanwhile
-	}
-	switch o.OnTimeout {
-	case OnTimeoutSleep:
-		if rec.State == store.StateRunning {
-			snapper, err := m.snapshotter()
-			if err == nil {
-				err = m.checkDisk("sleep")
-			}
-			if err == nil {
-				err = m.sleepLocked(ctx, snapper, &rec)
-			}
-			if err != nil {
-				m.log.Warn("timeout: sleep failed; retrying", "sandbox", id, "err", err)
-				return
-			}
-		}
-		// The timeout is spent; a wake starts the next one.
-		o.ExpiresAt = nil
-		if err := m.store.SetOptions(ctx, id, o); err != nil {
-			m.log.Warn("timeout: record", "sandbox", id, "err", err)
-		}
-		m.counters.TimeoutSleeps.Add(1)
-		m.log.Info("sandbox timed out: asleep", "sandbox", id)
-	default:
-		if live := m.dropLive(id); live != nil {
-			live.Guest().Close(errdefs.New(errdefs.NotFound, "sandbox %s was removed: its timeout passed", id))
-		}
-		if err := m.destroyLocked(ctx, rec); err != nil {
-			m.log.Warn("timeout: remove failed", "sandbox", id, "err", err)
-			return
-		}
-		m.gcSnapshot(ctx, rec.Snapshot)
-		m.gcStaleRoot(ctx, rec.Image, rec.RootFS)
-		m.counters.TimeoutRemovals.Add(1)
-		m.log.Info("sandbox timed out: removed", "sandbox", id)
-	}
+// idleNow reports whether id has had no request for idleAfter and holds
+// no traffic (the pressure sleeper's second look, under id's lock).
+func (t *Traffic) idleNow(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return time.Since(t.lastUsed[id]) >= idleAfter && t.holds[id] == 0
 }

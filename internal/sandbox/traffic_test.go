@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -43,7 +44,7 @@ func TestConcurrentRequestsWakeOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := e.m.Guest(t.Context(), sb.ID)
+			_, err := e.m.GuestWaking(t.Context(), sb.ID)
 			errs <- err
 		}()
 	}
@@ -100,13 +101,13 @@ func TestIdleSleepAndHold(t *testing.T) {
 	held := e.createOpts(t, store.Options{IdleSleepMS: 300})
 	idle := e.createOpts(t, store.Options{IdleSleepMS: 300})
 	never := e.create(t, 128)
-	release := e.m.Hold(held.ID)
+	release := e.m.Traffic().Hold(held.ID)
 	// The watcher starts once the hold is in place: started before, it
 	// could put held to sleep while the creates after it took longer
 	// than its idle time (a loaded machine).
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	go e.m.WatchLifetimes(ctx)
+	go e.m.Lifetimes().WatchLifetimes(ctx)
 	e.waitState(t, idle.ID, store.StateSleeping, 5*time.Second)
 	if s := e.state(t, held.ID); s != store.StateRunning {
 		t.Fatalf("a held sandbox is %s, want running", s)
@@ -129,14 +130,14 @@ func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
 	// before, it could apply the first timeout while the create and the
 	// renewal took longer than it (a loaded machine).
 	renewed := e.createOpts(t, store.Options{TimeoutMS: 300})
-	if _, err := e.m.SetTimeout(t.Context(), renewed.ID, time.Hour, ""); err != nil {
+	if _, err := e.m.Lifetimes().SetTimeout(t.Context(), renewed.ID, time.Hour, ""); err != nil {
 		t.Fatal(err)
 	}
 	rm := e.createOpts(t, store.Options{TimeoutMS: 300})
 	sl := e.createOpts(t, store.Options{TimeoutMS: 300, OnTimeout: OnTimeoutSleep})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	go e.m.WatchLifetimes(ctx)
+	go e.m.Lifetimes().WatchLifetimes(ctx)
 	e.waitState(t, rm.ID, "gone", 5*time.Second)
 	e.waitState(t, sl.ID, store.StateSleeping, 5*time.Second)
 	if s := e.state(t, renewed.ID); s != store.StateRunning {
@@ -144,7 +145,7 @@ func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
 	}
 	// The state shows sleeping before the expiry is cleared, both under
 	// the sandbox's lock: take it to read what the timeout left.
-	rec, unlock, err := e.m.lockSandbox(t.Context(), sl.ID)
+	rec, unlock, err := e.m.locks.sandbox(t.Context(), sl.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,59 @@ func TestTimeoutRemoveSleepAndRenew(t *testing.T) {
 		t.Fatal("a woken sandbox has no new timeout")
 	}
 	e.waitState(t, sl.ID, store.StateSleeping, 5*time.Second)
-	if _, err := e.m.SetTimeout(t.Context(), renewed.ID, time.Second, "bogus"); err == nil {
+	if _, err := e.m.Lifetimes().SetTimeout(t.Context(), renewed.ID, time.Second, "bogus"); err == nil {
 		t.Fatal("on_timeout bogus accepted")
+	}
+}
+
+// TestReadsNeverWake checks that wakes are explicit: Guest, Traffic.Dial
+// and Traffic.Running refuse (or report) a sleeping sandbox and leave it
+// asleep; GuestWaking and DialWaking wake it.
+func TestReadsNeverWake(t *testing.T) {
+	e := newEnv(t, Config{})
+	sb := e.create(t, 128)
+	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	before := e.m.Counters().Wakes.Load()
+	if _, err := e.m.Guest(t.Context(), sb.ID); !errdefs.IsConflict(err) {
+		t.Errorf("Guest of a sleeping sandbox: %v, want a Conflict", err)
+	}
+	if _, err := e.m.Traffic().Dial(t.Context(), sb.ID, 8080); !errdefs.IsConflict(err) {
+		t.Errorf("Dial to a sleeping sandbox: %v, want a Conflict", err)
+	}
+	if e.m.Traffic().Running(sb.ID) {
+		t.Error("Running says a sleeping sandbox runs")
+	}
+	if st := e.state(t, sb.ID); st != store.StateSleeping {
+		t.Fatalf("after the reads the sandbox is %s, want sleeping", st)
+	}
+	if n := e.m.Counters().Wakes.Load() - before; n != 0 {
+		t.Fatalf("the reads woke the sandbox %d times, want 0", n)
+	}
+	// The fake agent refuses every port: the dial fails after its wake
+	// (held, as for a woken sandbox, until ctx ends).
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if _, err := e.m.Traffic().DialWaking(ctx, sb.ID, 8080); err == nil || errdefs.IsConflict(err) {
+		t.Errorf("DialWaking to a sleeping sandbox: %v, want it woken (and the port refused)", err)
+	}
+	if st := e.state(t, sb.ID); st != store.StateRunning {
+		t.Fatalf("after DialWaking the sandbox is %s, want running", st)
+	}
+	if !e.m.Traffic().Running(sb.ID) {
+		t.Error("Running says a woken sandbox does not run")
+	}
+	if _, err := e.m.Guest(t.Context(), sb.ID); err != nil {
+		t.Errorf("Guest of a running sandbox: %v", err)
+	}
+	if _, err := e.m.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.GuestWaking(t.Context(), sb.ID); err != nil {
+		t.Fatalf("GuestWaking of a sleeping sandbox: %v", err)
+	}
+	if n := e.m.Counters().Wakes.Load() - before; n != 2 {
+		t.Fatalf("DialWaking and GuestWaking woke the sandbox %d times, want 2", n)
 	}
 }

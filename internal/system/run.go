@@ -252,13 +252,13 @@ func Run(ctx context.Context, o Options) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		log.Error("reconcile finished with errors", "err", err)
 	}
-	if err := mgr.ReapBuilds(ctx); err != nil {
+	if err := mgr.Builds().Reap(ctx); err != nil {
 		log.Error("removing the sandboxes of unfinished builds", "err", err)
 	}
 	log.Info("reconciled", "took", time.Since(start).Round(time.Millisecond))
-	mgr.StartPool(ctx)
-	go mgr.WatchPressure(ctx)
-	go mgr.WatchLifetimes(ctx)
+	mgr.Pools().Start(ctx)
+	go mgr.Lifetimes().WatchPressure(ctx)
+	go mgr.Lifetimes().WatchLifetimes(ctx)
 	go watchStore(ctx, st, log)
 
 	reg := prometheus.NewRegistry()
@@ -426,16 +426,16 @@ func watchStore(ctx context.Context, st *store.Store, log *slog.Logger) {
 func registerCounters(reg *prometheus.Registry, c *sandbox.Counters, mgr *sandbox.Manager) {
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_pool_hits_total",
 		Help: "creates, fork children and wakes that found a prepared sandbox of their shape in the warm pool"},
-		func() float64 { h, _ := mgr.PoolStats(); return float64(h) }))
+		func() float64 { h, _ := mgr.Pools().WarmStats(); return float64(h) }))
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_pool_misses_total",
 		Help: "creates, fork children and wakes that found no prepared sandbox of their shape (the pool learns a shape at its second miss)"},
-		func() float64 { _, m := mgr.PoolStats(); return float64(m) }))
+		func() float64 { _, m := mgr.Pools().WarmStats(); return float64(m) }))
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_hot_pool_hits_total",
 		Help: "creates that claimed a started sandbox from the hot pool"},
-		func() float64 { h, _ := mgr.HotPoolStats(); return float64(h) }))
+		func() float64 { h, _ := mgr.Pools().HotStats(); return float64(h) }))
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "clade_hot_pool_misses_total",
 		Help: "creates that found no started sandbox of their shape in the hot pool"},
-		func() float64 { _, m := mgr.HotPoolStats(); return float64(m) }))
+		func() float64 { _, m := mgr.Pools().HotStats(); return float64(m) }))
 	for name, v := range map[string]interface{ Load() int64 }{
 		"clade_admission_refused_total":  &c.AdmissionRefused,
 		"clade_disk_floor_refused_total": &c.DiskRefused,

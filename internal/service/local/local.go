@@ -179,7 +179,7 @@ func (s *Service) SetTimeout(ctx context.Context, ref string, req api.TimeoutReq
 	if req.TimeoutMS < 0 || req.TimeoutMS > int64(366*24*time.Hour/time.Millisecond) {
 		return api.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "timeout_ms %d is out of range: give 0 to remove the timeout, or 1 ms to 366 days", req.TimeoutMS)
 	}
-	return s.one(s.mgr.SetTimeout(ctx, ref, time.Duration(req.TimeoutMS)*time.Millisecond, req.OnTimeout))
+	return s.one(s.mgr.Lifetimes().SetTimeout(ctx, ref, time.Duration(req.TimeoutMS)*time.Millisecond, req.OnTimeout))
 }
 
 // Snapshots.
@@ -247,19 +247,20 @@ func (s *Service) RemoveSnapshot(ctx context.Context, ref string) error {
 }
 
 // guest is the agent connection of ref's sandbox, woken first with wake;
-// without, a sandbox that is not running is a Conflict.
+// without, a sandbox that is not running is a Conflict (and one that a
+// sleep puts to sleep meanwhile is not woken).
 func (s *Service) guest(ctx context.Context, ref string, wake service.WakeMode) (*guest.Conn, error) {
-	if !wake {
-		sb, err := s.mgr.Get(ctx, ref)
-		if err != nil {
-			return nil, err
-		}
-		if sb.State != store.StateRunning {
-			return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running (wake it first)", sb.ID, sb.State)
-		}
-		ref = sb.ID
+	if wake {
+		return s.mgr.GuestWaking(ctx, ref)
 	}
-	return s.mgr.Guest(ctx, ref)
+	sb, err := s.mgr.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != store.StateRunning {
+		return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running (wake it first)", sb.ID, sb.State)
+	}
+	return s.mgr.Guest(ctx, sb.ID)
 }
 
 // Exec.
@@ -390,12 +391,13 @@ func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode,
 // Traffic.
 
 func (s *Service) Dial(ctx context.Context, ref string, wake service.WakeMode, port int) (net.Conn, error) {
-	if !wake {
-		if _, err := s.guest(ctx, ref, wake); err != nil {
-			return nil, err
-		}
+	if wake {
+		return s.mgr.Traffic().DialWaking(ctx, ref, port)
 	}
-	return s.mgr.Dial(ctx, ref, port)
+	if _, err := s.guest(ctx, ref, wake); err != nil {
+		return nil, err
+	}
+	return s.mgr.Traffic().Dial(ctx, ref, port)
 }
 
 func (s *Service) Ready(ctx context.Context, ref string, wake service.WakeMode) (any, error) {
@@ -406,9 +408,9 @@ func (s *Service) Ready(ctx context.Context, ref string, wake service.WakeMode) 
 	return g, nil
 }
 
-func (s *Service) Hold(id string) (release func()) { return s.mgr.Hold(id) }
+func (s *Service) Hold(id string) (release func()) { return s.mgr.Traffic().Hold(id) }
 
-func (s *Service) Running(id string) bool { return s.mgr.Running(id) }
+func (s *Service) Running(id string) bool { return s.mgr.Traffic().Running(id) }
 
 // Events.
 
@@ -598,7 +600,7 @@ func imageToAPI(img image.Image, users []string) api.Image {
 }
 
 func (s *Service) ListImages(ctx context.Context) ([]api.Image, error) {
-	imgs, err := s.mgr.ListImages(ctx)
+	imgs, err := s.mgr.Images().List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -610,7 +612,7 @@ func (s *Service) ListImages(ctx context.Context) ([]api.Image, error) {
 }
 
 func (s *Service) Image(ctx context.Context, ref string) (api.Image, error) {
-	img, users, err := s.mgr.Image(ctx, ref)
+	img, users, err := s.mgr.Images().Inspect(ctx, ref)
 	if err != nil {
 		return api.Image{}, err
 	}
@@ -618,7 +620,7 @@ func (s *Service) Image(ctx context.Context, ref string) (api.Image, error) {
 }
 
 func (s *Service) RemoveImage(ctx context.Context, ref string) error {
-	return s.mgr.RemoveImage(ctx, ref)
+	return s.mgr.Images().Remove(ctx, ref)
 }
 
 func progressOf(f func(api.ImageProgress)) func(image.Progress) {
@@ -635,7 +637,7 @@ func (s *Service) PullImage(ctx context.Context, req api.PullImageRequest, progr
 	if req.Ref == "" {
 		return api.Image{}, errdefs.New(errdefs.InvalidArgument, "ref is empty: name an image, e.g. python:3.12-slim")
 	}
-	img, err := s.mgr.PullImage(ctx, req.Ref, image.PullOptions{Name: req.Name, Platform: req.Platform, Insecure: req.Insecure, Progress: progressOf(progress)})
+	img, err := s.mgr.Images().Pull(ctx, req.Ref, image.PullOptions{Name: req.Name, Platform: req.Platform, Insecure: req.Insecure, Progress: progressOf(progress)})
 	if err != nil {
 		return api.Image{}, err
 	}
@@ -643,7 +645,7 @@ func (s *Service) PullImage(ctx context.Context, req api.PullImageRequest, progr
 }
 
 func (s *Service) ImportImage(ctx context.Context, path string, opts service.ImportImage, progress func(api.ImageProgress)) (api.Image, error) {
-	img, err := s.mgr.ImportImage(ctx, path, image.ImportOptions{Name: opts.Name, Source: opts.Source, Progress: progressOf(progress)})
+	img, err := s.mgr.Images().Import(ctx, path, image.ImportOptions{Name: opts.Name, Source: opts.Source, Progress: progressOf(progress)})
 	if err != nil {
 		return api.Image{}, err
 	}
@@ -655,13 +657,13 @@ func (s *Service) CheckDisk(op string) error { return s.mgr.CheckDisk(op) }
 // Builds.
 
 func (s *Service) CreateBuildSandbox(ctx context.Context, req api.BuildSandboxRequest) (api.Sandbox, error) {
-	return s.one(s.mgr.CreateBuildSandbox(ctx, sandbox.CreateRequest{Image: req.From, Env: req.Env}))
+	return s.one(s.mgr.Builds().CreateSandbox(ctx, sandbox.CreateRequest{Image: req.From, Env: req.Env}))
 }
 
-func (s *Service) EndBuild(ctx context.Context, id string) error { return s.mgr.EndBuild(ctx, id) }
+func (s *Service) EndBuild(ctx context.Context, id string) error { return s.mgr.Builds().End(ctx, id) }
 
 func (s *Service) Commit(ctx context.Context, ref string, req api.CommitRequest) (api.Image, error) {
-	img, err := s.mgr.Commit(ctx, ref, sandbox.CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir,
+	img, err := s.mgr.Builds().Commit(ctx, ref, sandbox.CommitRequest{Name: req.Name, Env: req.Env, Workdir: req.Workdir,
 		Start: req.Start, Ready: req.Ready, ReadyTimeout: time.Duration(req.ReadyTimeoutMS) * time.Millisecond, Volumes: volumeMountsFromAPI(req.Volumes)})
 	if err != nil {
 		return api.Image{}, err
@@ -837,7 +839,7 @@ func (s *Service) ChangeNetwork(ctx context.Context, ref string, req api.Network
 // Health.
 
 func (s *Service) Health(ctx context.Context) (api.Health, error) {
-	h := api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), Warm: s.mgr.Warm(), Hot: s.mgr.Hot(), Engines: s.cfg.Engines}
+	h := api.Health{Version: s.cfg.Version, Engine: s.mgr.Engine().Name(), Warm: s.mgr.Pools().Warm(), Hot: s.mgr.Pools().Hot(), Engines: s.cfg.Engines}
 	if s.cfg.EngineVersion != nil {
 		h.EngineVersion = s.cfg.EngineVersion()
 	}
