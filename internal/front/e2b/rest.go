@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"github.com/clade-sandbox/clade/internal/codeint"
 	"io"
 	"math"
@@ -382,28 +381,56 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
+	asc := false
+	switch o := q.Get("order"); o {
+	case "", "desc":
+	case "asc":
+		asc = true
+	default:
+		return errdefs.New(errdefs.InvalidArgument, "bad order %q: use asc or desc (by start time; desc, newest first, is the default)", o)
+	}
+	after, err := timeParam(q, "startedAfter")
+	if err != nil {
+		return err
+	}
+	before, err := timeParam(q, "startedBefore")
+	if err != nil {
+		return err
+	}
+	template := q.Get("template")
 	sbs, err := s.svc.List(r.Context())
 	if err != nil {
 		return err
 	}
-	// Newest first, ties by id: a stable order for the page tokens.
+	// By start time (newest first unless asc), ties by id: a stable
+	// order for the page tokens, across the whole list as on E2B.
 	slices.SortFunc(sbs, func(a, b api.Sandbox) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+		c := b.CreatedAt.Compare(a.CreatedAt)
+		if asc {
+			c = -c
+		}
+		if c != 0 {
 			return c
 		}
 		return strings.Compare(a.ID, b.ID)
 	})
 	out := []listedBody{}
-	after := q.Get("nextToken")
-	skipping := after != ""
+	token := q.Get("nextToken")
+	skipping := token != ""
 	for _, sb := range sbs {
 		if skipping {
-			if sb.ID == after {
+			if sb.ID == token {
 				skipping = false
 			}
 			continue
 		}
 		if !states[stateOf(sb)] || !hasAll(sb.Labels, want) {
+			continue
+		}
+		if !after.IsZero() && sb.CreatedAt.Before(after) || !before.IsZero() && sb.CreatedAt.After(before) {
+			continue
+		}
+		if template != "" && !s.isTemplate(sb, template) {
 			continue
 		}
 		if len(out) == limit {
@@ -414,6 +441,29 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// timeParam reads the RFC 3339 time of query parameter name (E2B's SDKs
+// send toISOString()), or the zero time when it is absent.
+func timeParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, errdefs.New(errdefs.InvalidArgument, "bad %s %q: give an RFC 3339 time, e.g. 2026-01-02T15:04:05Z", name, v)
+	}
+	return t, nil
+}
+
+// isTemplate tells whether sb was made from template t: the name E2B
+// reports for it (templateID), or the clade image or snapshot behind it.
+func (s *Server) isTemplate(sb api.Sandbox, t string) bool {
+	if s.templateOf(sb) == t {
+		return true
+	}
+	return sb.Image != "" && sb.Image == t || sb.Snapshot != "" && sb.Snapshot == t
 }
 
 func hasAll(labels, want map[string]string) bool {
@@ -458,6 +508,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.procs.forget(id)
+	s.forgetMetrics(id)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -717,27 +768,64 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// metrics reports the sandbox's CPU, memory and disk use as the sandbox
-// sees them (its /proc and its root file system), sampled now.
+// metrics returns the sandbox's samples from start to end (unix seconds,
+// either open): the host's readings every 5 s of the last hour
+// (metrics.go), with the disk use read inside the sandbox. A call reads
+// the sandbox from inside now (CPU over 200 ms, memory, disk, as the
+// sandbox sees itself), which refreshes the disk figure, and answers that
+// sample alone while the range reaching now has no history yet (a new
+// sandbox, or an engine that cannot read use from the host).
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	start, err := unixParam(q, "start")
+	if err != nil {
+		return err
+	}
+	end, err := unixParam(q, "end")
+	if err != nil {
+		return err
+	}
+	if !start.IsZero() && !end.IsZero() && end.Before(start) {
+		return errdefs.New(errdefs.InvalidArgument, "bad range: end %d is before start %d", end.Unix(), start.Unix())
+	}
 	id := r.PathValue("id")
 	sb, err := s.get(r.Context(), id)
 	if err != nil {
 		return err
 	}
-	if stateOf(sb) != "running" {
-		writeJSON(w, http.StatusOK, []any{})
-		return nil
-	}
-	m, err := s.sample(r.Context(), sb)
-	if err != nil {
-		if errors.Is(err, context.Canceled) {
+	now := time.Now()
+	var fresh *metric
+	if stateOf(sb) == "running" && (end.IsZero() || !end.Before(now.Add(-metricsEvery))) && (start.IsZero() || !start.After(now)) {
+		m, err := s.sample(r.Context(), sb)
+		if err != nil {
 			return err
 		}
-		return err
+		fresh = &m
 	}
-	writeJSON(w, http.StatusOK, []any{m})
+	// An end given in whole seconds covers the second it names.
+	if !end.IsZero() {
+		end = end.Add(time.Second - time.Nanosecond)
+	}
+	out, _ := s.history(id, fresh, start, end)
+	if len(out) == 0 && fresh != nil {
+		out = append(out, *fresh)
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// unixParam reads query parameter name as unix seconds (E2B's start and
+// end), or the zero time when it is absent.
+func unixParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > 1<<40 {
+		return time.Time{}, errdefs.New(errdefs.InvalidArgument, "bad %s %q: give a unix time in seconds", name, v)
+	}
+	return time.Unix(n, 0), nil
 }
 
 // clientGone reports whether the client of r went away (an SDK's request
