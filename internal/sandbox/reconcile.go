@@ -340,6 +340,11 @@ func (m *Manager) reconcileLocked(ctx context.Context, rec store.Sandbox, wait t
 			_ = m.eng.Destroy(ctx, rec.Engine())
 			return errors.Join(m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
+		if err := m.startFresh(ctx, sb, m.sleepDir(rec.ID)); err != nil {
+			// Restored but not started afresh: asleep again, as above.
+			_ = m.eng.Destroy(ctx, rec.Engine())
+			return errors.Join(err, m.afterStop(ctx, rec), m.moveLocked(ctx, &rec, store.StateSleeping, ""))
+		}
 		if err := m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			return err
 		}

@@ -43,8 +43,9 @@ const (
 	stateSuspending = "suspending"
 	stateSleeping   = "sleeping"
 
-	onTimeoutRemove = "rm"
-	onTimeoutSleep  = "sleep"
+	onTimeoutRemove     = "rm"
+	onTimeoutSleep      = "sleep"
+	onTimeoutSleepFiles = "sleep-files" // E2B's autoPauseMemory: false
 )
 
 func (s *Server) routes() {
@@ -92,6 +93,7 @@ type createBody struct {
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *struct {
 		AllowOut           []string `json:"allowOut"`
@@ -190,8 +192,12 @@ func (s *Server) listedBody(sb api.Sandbox) listedBody {
 		CPUCount: cpus, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.DiskMiB, Metadata: md, State: stateOf(sb), EnvdVersion: EnvdVersion, Domain: s.cfg.Domain}
 	if sb.TimeoutMS > 0 {
 		b.Lifecycle = &lifecycleBody{OnTimeout: "kill"}
-		if sb.OnTimeout == onTimeoutSleep {
+		switch sb.OnTimeout {
+		case onTimeoutSleep:
 			b.Lifecycle = &lifecycleBody{OnTimeout: "pause", AutoResume: true}
+		case onTimeoutSleepFiles:
+			// A pause without memory is resumed by connect only, on E2B.
+			b.Lifecycle = &lifecycleBody{OnTimeout: "pause"}
 		}
 	}
 	return b
@@ -237,6 +243,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	creq.OnTimeout = onTimeoutRemove
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.OnTimeout = onTimeoutSleep
+		if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+			creq.OnTimeout = onTimeoutSleepFiles
+		}
 	}
 	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
 		creq.Network = &api.Network{Mode: "none"}
@@ -557,6 +566,14 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, secs int64) error
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		// Memory false (the SDK's keepMemory: false) keeps the files but
+		// not the processes: the resume starts the sandbox afresh.
+		Memory *bool `json:"memory"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
 	id := r.PathValue("id")
 	sb, err := s.get(r.Context(), id)
 	if err != nil {
@@ -565,7 +582,11 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
 	if stateOf(sb) == "paused" {
 		return errdefs.New(errdefs.Conflict, "sandbox %s is already paused", id)
 	}
-	if _, err := s.svc.Sleep(r.Context(), id); err != nil {
+	sleep := s.svc.Sleep
+	if req.Memory != nil && !*req.Memory {
+		sleep = s.svc.SleepFiles
+	}
+	if _, err := sleep(r.Context(), id); err != nil {
 		return err
 	}
 	s.procs.forget(id)

@@ -100,6 +100,55 @@ try {
   err = await bg.wait().then(() => null, (e) => e)
   assert.ok(err instanceof TimeoutError && !(err instanceof CommandExitError), `background: ${err?.constructor?.name}: ${err?.message}`)
   ok('a command whose sandbox is killed ends with TimeoutError')
+
+  // Paused under a command: its stream ends with TimeoutError too; the
+  // process itself survives the pause (the whole sandbox is checkpointed).
+  const held = await a.commands.run('sleep 600', { background: true })
+  assert.ok(await a.pause())
+  err = await held.wait().then(() => null, (e) => e)
+  assert.ok(err instanceof TimeoutError && !(err instanceof CommandExitError), `paused: ${err?.constructor?.name}: ${err?.message}`)
+  await Sandbox.connect(a.sandboxId)
+  const r = await a.commands.run(`for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 600'`)
+  assert.equal(r.stdout.trim(), '1')
+  ok('a command whose sandbox is paused ends with TimeoutError; its process lives on')
+
+  // pause({keepMemory: false}): the files are kept, the processes are not;
+  // the resume starts the sandbox afresh on its files.
+  await a.files.write('/home/user/kept.txt', 'kept')
+  await a.commands.run('echo scratch > /tmp/scratch')
+  const before = await a.commands.run('sleep 700', { background: true })
+  assert.ok(await a.pause({ keepMemory: false }))
+  err = await before.wait().then(() => null, (e) => e)
+  assert.ok(err instanceof TimeoutError, `paused without memory: ${err?.constructor?.name}: ${err?.message}`)
+  assert.equal((await Sandbox.getInfo(a.sandboxId)).state, 'paused')
+  await Sandbox.connect(a.sandboxId)
+  assert.equal(await a.files.read('/home/user/kept.txt'), 'kept')
+  assert.equal((await a.commands.run('cat /tmp/scratch')).stdout, 'scratch\n')
+  const procs = await a.commands.run(`for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep ' || true`)
+  assert.equal(procs.stdout.trim(), '0', 'a process survived a pause without memory')
+  assert.deepEqual((await a.commands.list()).map((p) => p.cmd), [])
+  assert.equal((await a.commands.run('echo fresh')).stdout, 'fresh\n')
+  ok('pause({keepMemory: false}) keeps the files, not the processes')
+
+  // lifecycle.onTimeout {action: 'pause', keepMemory: false}
+  // (autoPauseMemory: false): the timeout pauses the same way.
+  const c = await Sandbox.create({ timeoutMs: 3_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
+  try {
+    await c.files.write('/home/user/c.txt', 'c')
+    await c.commands.run('sleep 800', { background: true })
+    const t1 = Date.now()
+    while ((await Sandbox.getInfo(c.sandboxId)).state !== 'paused') {
+      assert.ok(Date.now() - t1 < 60_000, 'not paused a minute after its timeout')
+      await new Promise((r) => setTimeout(r, 500))
+    }
+    await Sandbox.connect(c.sandboxId, { timeoutMs: 60_000 })
+    assert.equal(await c.files.read('/home/user/c.txt'), 'c')
+    const left = await c.commands.run(`for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 800' || true`)
+    assert.equal(left.stdout.trim(), '0', 'a process survived an auto-pause without memory')
+    ok('onTimeout pause with keepMemory: false keeps the files, not the processes')
+  } finally {
+    await c.kill()
+  }
 } finally {
   await a.kill()
   await b.kill()
