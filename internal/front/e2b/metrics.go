@@ -2,15 +2,19 @@ package e2b
 
 import (
 	"context"
+	"errors"
 	"io"
+	"maps"
 	"math"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/hostinfo"
 	"github.com/clade-sandbox/clade/internal/service"
 )
@@ -19,9 +23,9 @@ import (
 // one every metricsEvery for metricsKeep, so that getMetrics({start, end})
 // returns the samples in a range. It lives in the front, not the service:
 // the history is E2B's (clade's own API reads use now, `clade stats`),
-// and the front samples through service.ListStats, which reads every
-// sandbox of the node in one call, from the host (the engine's cgroup),
-// without waking one or counting as its use. Sampling from inside (an exec
+// and the front samples through service.Stats, which reads a sandbox from
+// the host (the engine's cgroup), without waking it or counting as its
+// use. Sampling from inside (an exec
 // each 5 s) would keep every sandbox busy: idle sleep and the pressure
 // relief's idle order would never see one idle.
 const (
@@ -71,41 +75,50 @@ type metricsRings struct {
 	rings map[string]*ring
 }
 
-// sampleAll takes one host sample of every running sandbox of the node
-// and drops the rings of sandboxes that are gone.
-func (s *Server) sampleAll(ctx context.Context) error {
-	sts, err := s.svc.ListStats(ctx, nil, nil)
-	if err != nil {
-		return err
-	}
-	var fresh []string
-	defer func() {
-		for _, id := range fresh {
-			go s.readDisk(id)
-		}
-	}()
+// watch starts sandbox id's ring, if it has none: the front samples the
+// sandboxes E2B clients made or asked about (create, connect, getInfo,
+// getMetrics...), not every sandbox of the node, since a host reading
+// costs the engine a look at the sandbox (gVisor: a runsc ps).
+func (s *Server) watch(id string) {
 	s.hist.mu.Lock()
 	defer s.hist.mu.Unlock()
-	seen := make(map[string]bool, len(sts))
-	for _, st := range sts {
-		seen[st.ID] = true
+	if s.hist.rings[id] == nil {
+		s.hist.rings[id] = &ring{}
+	}
+}
+
+// sampleAll takes one host sample of every watched sandbox that runs, and
+// drops the rings of sandboxes that are gone.
+func (s *Server) sampleAll(ctx context.Context) error {
+	s.hist.mu.Lock()
+	ids := slices.Collect(maps.Keys(s.hist.rings))
+	s.hist.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		st, err := s.svc.Stats(ctx, id)
+		if errdefs.IsNotFound(err) {
+			s.forgetMetrics(id)
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		if st.State != stateRunning {
 			continue
 		}
-		r := s.hist.rings[st.ID]
-		if r == nil {
-			r = &ring{}
-			s.hist.rings[st.ID] = r
-			fresh = append(fresh, st.ID)
+		s.hist.mu.Lock()
+		r := s.hist.rings[id]
+		fresh := r != nil && r.readAt.IsZero() && len(r.samples) == 0
+		if r != nil {
+			r.record(st)
 		}
-		r.record(st)
-	}
-	for id := range s.hist.rings {
-		if !seen[id] {
-			delete(s.hist.rings, id)
+		s.hist.mu.Unlock()
+		if fresh {
+			go s.readDisk(id)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // record adds a sample made of host reading st to the ring. The first

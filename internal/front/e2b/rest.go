@@ -276,6 +276,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	s.prepareUser(r.Context(), sb.ID)
+	s.watch(sb.ID)
 	if sb, err = s.timeoutFromNow(r.Context(), sb.ID, timeout); err != nil {
 		return err
 	}
@@ -496,6 +497,7 @@ func (s *Server) get(ctx context.Context, id string) (api.Sandbox, error) {
 	if stateOf(sb) == "" {
 		return sb, errdefs.New(errdefs.NotFound, "sandbox %q is %s", id, sb.State)
 	}
+	s.watch(sb.ID)
 	return sb, nil
 }
 
@@ -712,6 +714,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 			out = append(out, result{Error: &apiError{Code: st, Message: err.Error()}})
 			continue
 		}
+		s.watch(sb.ID)
 		b := s.sandboxBody(sb)
 		out = append(out, result{Sandbox: &b})
 	}
