@@ -452,8 +452,9 @@ func follow(ctx context.Context, p *proc, s *sub, every time.Duration, send func
 		case ev, ok := <-s.ch:
 			if !ok {
 				p.mu.Lock()
-				defer p.mu.Unlock()
-				return p.lost
+				lost := p.lost
+				p.mu.Unlock()
+				return lost
 			}
 			if err := send(ev); err != nil {
 				return err
