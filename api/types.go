@@ -45,7 +45,7 @@ type Sandbox struct {
 	// file transfer or ingress/port-forward traffic.
 	IdleSleepMS int64 `json:"idle_sleep_ms,omitempty"`
 	// TimeoutMS is the sandbox's renewable lifetime, ExpiresAt when the
-	// current one ends and OnTimeout ("rm" or "sleep") what happens then.
+	// current one ends and OnTimeout ("rm", "sleep" or "sleep-files": asleep keeping the files only) what happens then.
 	TimeoutMS int64      `json:"timeout_ms,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	OnTimeout string     `json:"on_timeout,omitempty"`
@@ -124,11 +124,19 @@ type SignedURL struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
+// SleepRequest is the optional body of POST /v1/sandboxes/{id}/sleep.
+type SleepRequest struct {
+	// Memory false keeps the sandbox's files but not its processes: its
+	// wake starts it afresh on its files (E2B's pause with memory: false).
+	// Absent or true: the sandbox wakes as it slept, processes and all.
+	Memory *bool `json:"memory,omitempty"`
+}
+
 // TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
 type TimeoutRequest struct {
 	// TimeoutMS is the new lifetime from now; 0 removes the timeout.
 	TimeoutMS int64 `json:"timeout_ms"`
-	// OnTimeout ("rm" or "sleep") replaces what happens at the timeout;
+	// OnTimeout ("rm", "sleep" or "sleep-files": asleep keeping the files only) replaces what happens at the timeout;
 	// empty keeps it (or, for a new timeout, means rm).
 	OnTimeout string `json:"on_timeout,omitempty"`
 }
@@ -167,7 +175,8 @@ type CreateSandboxRequest struct {
 	IdleSleepMS int64 `json:"idle_sleep_ms,omitempty"`
 	// TimeoutMS ends the sandbox's life this long after its creation
 	// (renewable: POST /v1/sandboxes/{id}/timeout); OnTimeout says how:
-	// "rm" (the default) removes it, "sleep" puts it to sleep.
+	// "rm" (the default) removes it, "sleep" puts it to sleep, "sleep-files" puts
+	// it to sleep keeping its files only (the wake starts it afresh).
 	TimeoutMS int64  `json:"timeout_ms,omitempty"`
 	OnTimeout string `json:"on_timeout,omitempty"`
 	// Volumes are named volumes to mount (see VolumeMount).

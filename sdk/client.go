@@ -383,7 +383,17 @@ func (c *Client) Sleep(ctx context.Context, ref string) (Sandbox, error) {
 	return sb, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/sleep", nil, &sb)
 }
 
-// Wake restores a sleeping sandbox in place: same id, files and processes.
+// SleepFiles puts a sandbox to sleep keeping its files but not its
+// processes: its wake starts it afresh on its files, as a new sandbox
+// starts (E2B's pause with memory: false).
+func (c *Client) SleepFiles(ctx context.Context, ref string) (Sandbox, error) {
+	var sb Sandbox
+	no := false
+	return sb, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/sleep", api.SleepRequest{Memory: &no}, &sb)
+}
+
+// Wake restores a sleeping sandbox in place: same id, files and processes
+// (only its files after SleepFiles).
 // Waking a running sandbox is a no-op.
 func (c *Client) Wake(ctx context.Context, ref string) (Sandbox, error) {
 	var sb Sandbox

@@ -33,7 +33,7 @@ func (c *Client) ListSandboxesLabeled(ctx context.Context, labels map[string]str
 }
 
 // SetTimeout renews a sandbox's timeout: it now ends d from now (0 removes
-// it). onTimeout, "rm" or "sleep", replaces what happens then; empty keeps
+// it). onTimeout, "rm", "sleep" or "sleep-files", replaces what happens then; empty keeps
 // it.
 func (c *Client) SetTimeout(ctx context.Context, ref string, d time.Duration, onTimeout string) (Sandbox, error) {
 	if d < 0 || d%time.Millisecond != 0 {

@@ -43,12 +43,16 @@ func newSleepCmd() *cobra.Command {
 		Use:   "sleep ID... | --all | --label K=V...",
 		Short: "Put sandboxes to sleep: to disk, at zero RAM",
 		Long: "Snapshots sandboxes to disk and stops them: each keeps its id and uses no\n" +
-			"memory until `clade wake`, the next exec or the next ingress request.",
-		Example:           "  clade sleep box\n  clade sleep --label team=ml\n  clade sleep --all",
+			"memory until `clade wake`, the next exec or the next ingress request.\n" +
+			"With --no-memory a sandbox keeps its files but not its processes: its wake\n" +
+			"starts it afresh on its files, as a new sandbox starts (E2B's pause with\n" +
+			"memory: false).",
+		Example:           "  clade sleep box\n  clade sleep --label team=ml\n  clade sleep --all\n  clade sleep --no-memory box",
 		Args:              cobra.ArbitraryArgs,
 		ValidArgsFunction: completeSandboxes,
 	}
 	all := cmd.Flags().Bool("all", false, "put every running sandbox to sleep")
+	noMemory := cmd.Flags().Bool("no-memory", false, "keep the files but not the processes: the wake starts the sandbox afresh")
 	var labels multi
 	cmd.Flags().Var(&labels, "label", "put the running sandboxes with label `K=V` to sleep (repeatable: all must match)")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, refs []string) error {
@@ -81,7 +85,11 @@ func newSleepCmd() *cobra.Command {
 		}
 		failed := false
 		for _, ref := range refs {
-			sb, err := c.Sleep(ctx, ref)
+			sleep := c.Sleep
+			if *noMemory {
+				sleep = c.SleepFiles
+			}
+			sb, err := sleep(ctx, ref)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "clade:", err)
 				failed = true
@@ -108,7 +116,7 @@ func newTimeoutCmd() *cobra.Command {
 		ValidArgsFunction: firstArg(completeSandboxes),
 	}
 	onTimeout := cmd.Flags().String("on-timeout", "", "what the timeout does: rm removes the sandbox, sleep puts it to sleep (default: as before, else rm)")
-	_ = cmd.RegisterFlagCompletionFunc("on-timeout", fixedValues("rm", "sleep"))
+	_ = cmd.RegisterFlagCompletionFunc("on-timeout", fixedValues("rm", "sleep", "sleep-files"))
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, pos []string) error {
 		d, err := time.ParseDuration(pos[1])
 		if err != nil || d < 0 {

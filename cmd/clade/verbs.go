@@ -53,7 +53,7 @@ func newCreateCmd() *cobra.Command {
 	fs.BoolVar(&req.Public, "public", false, "serve the sandbox's ports through the daemon's ingress without its traffic token (by default requests need header X-Clade-Traffic-Token, shown by clade inspect)")
 	idle := fs.Duration("idle-sleep", 0, "put the sandbox to sleep (zero RAM) after this long with no exec, file copy, ingress request or open ingress/port-forward connection, e.g. 5m; the next request wakes it (default: never)")
 	timeout := fs.Duration("timeout", 0, "end the sandbox this long after its creation, e.g. 1h; renewable with: clade timeout ID DUR (default: never)")
-	fs.StringVar(&req.OnTimeout, "on-timeout", "", "what --timeout does: rm removes the sandbox (default), sleep puts it to sleep (a wake starts a new --timeout)")
+	fs.StringVar(&req.OnTimeout, "on-timeout", "", "what --timeout does: rm removes the sandbox (default), sleep puts it to sleep (a wake starts a new --timeout), sleep-files to sleep keeping its files only (the wake starts it afresh)")
 	volumes := volumeFlags(fs)
 	secrets := secretFlags(fs)
 	_ = cmd.RegisterFlagCompletionFunc("image", completeImages)
@@ -65,7 +65,7 @@ func newCreateCmd() *cobra.Command {
 	_ = cmd.RegisterFlagCompletionFunc("from", completeSnapshots)
 	_ = cmd.RegisterFlagCompletionFunc("engine", fixedValues("gvisor", "qemu"))
 	_ = cmd.RegisterFlagCompletionFunc("network", fixedValues("internet", "none"))
-	_ = cmd.RegisterFlagCompletionFunc("on-timeout", fixedValues("rm", "sleep"))
+	_ = cmd.RegisterFlagCompletionFunc("on-timeout", fixedValues("rm", "sleep", "sleep-files"))
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		var err error
 		if req.Volumes, err = volumes(); err != nil {
@@ -342,10 +342,10 @@ func checkEnv(env []string) error {
 // checkOnTimeout refuses an --on-timeout the daemon would.
 func checkOnTimeout(v string) error {
 	switch v {
-	case "", "rm", "sleep":
+	case "", "rm", "sleep", "sleep-files":
 		return nil
 	}
-	return badArg("--on-timeout %q: use rm (remove the sandbox) or sleep (put it to sleep)", v)
+	return badArg("--on-timeout %q: use rm (remove the sandbox), sleep (put it to sleep) or sleep-files (to sleep keeping its files only: the wake starts it afresh)", v)
 }
 
 func dash(s string) string {

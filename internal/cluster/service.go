@@ -253,6 +253,14 @@ func (s *Service) Sleep(ctx context.Context, ref string) (api.Sandbox, error) {
 	return svc.Sleep(ctx, ref)
 }
 
+func (s *Service) SleepFiles(ctx context.Context, ref string) (api.Sandbox, error) {
+	svc, err := s.route(ctx, ref)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	return svc.SleepFiles(ctx, ref)
+}
+
 func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
 	svc, err := s.route(ctx, ref)
 	if err != nil {

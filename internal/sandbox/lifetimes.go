@@ -20,6 +20,8 @@ import (
 const (
 	OnTimeoutRemove = "rm"
 	OnTimeoutSleep  = "sleep"
+	// OnTimeoutSleepFiles sleeps keeping the files only (SleepFiles).
+	OnTimeoutSleepFiles = "sleep-files"
 )
 
 // newTrafficToken returns a fresh traffic token.
@@ -47,9 +49,9 @@ func validTimeout(ms int64, onTimeout *string) error {
 		if ms > 0 {
 			*onTimeout = OnTimeoutRemove
 		}
-	case OnTimeoutRemove, OnTimeoutSleep:
+	case OnTimeoutRemove, OnTimeoutSleep, OnTimeoutSleepFiles:
 	default:
-		return errdefs.New(errdefs.InvalidArgument, "on_timeout %q: use %q (remove the sandbox) or %q (put it to sleep)", *onTimeout, OnTimeoutRemove, OnTimeoutSleep)
+		return errdefs.New(errdefs.InvalidArgument, "on_timeout %q: use %q (remove the sandbox), %q (put it to sleep) or %q (to sleep keeping its files only)", *onTimeout, OnTimeoutRemove, OnTimeoutSleep, OnTimeoutSleepFiles)
 	}
 	return nil
 }
@@ -225,8 +227,11 @@ func (l *Lifetimes) expire(ctx context.Context, id string) {
 		return // renewed meanwhile
 	}
 	switch o.OnTimeout {
-	case OnTimeoutSleep:
+	case OnTimeoutSleep, OnTimeoutSleepFiles:
 		if rec.State == store.StateRunning {
+			if o.OnTimeout == OnTimeoutSleepFiles {
+				ctx = context.WithValue(ctx, filesOnlyKey{}, true)
+			}
 			snapper, err := snapshotterOf(l.eng)
 			if err == nil {
 				err = l.admission.checkDisk("sleep")

@@ -370,6 +370,11 @@ func (r *reconciler) reconcileLocked(ctx context.Context, rec store.Sandbox, wai
 			_ = r.eng.Destroy(ctx, rec.Engine())
 			return errors.Join(r.hooks.afterStop(ctx, rec), r.life.moveLocked(ctx, &rec, store.StateSleeping, ""))
 		}
+		if err := startFresh(ctx, sb, r.cfg.sleepDir(rec.ID)); err != nil {
+			// Restored but not started afresh: asleep again, as above.
+			_ = r.eng.Destroy(ctx, rec.Engine())
+			return errors.Join(err, r.hooks.afterStop(ctx, rec), r.life.moveLocked(ctx, &rec, store.StateSleeping, ""))
+		}
 		if err := r.life.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			return err
 		}

@@ -60,6 +60,9 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	// moment leaves it running or asleep, never gone with an unsealed image.
 	seal := func() error {
 		m.crash.hit("sleep-before-seal")
+		if err := markFresh(ctx, dir); err != nil {
+			return err
+		}
 		return sealImage(dir)
 	}
 	err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), dir, false)
@@ -204,7 +207,10 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 	})
 	t3 := time.Now()
 	if err == nil {
-		if err = m.moveLocked(ctx, rec, store.StateRunning, ""); err != nil {
+		m.crash.hit("wake-before-fresh")
+		if err = startFresh(ctx, sb, dir); err != nil {
+			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, *rec))
+		} else if err = m.moveLocked(ctx, rec, store.StateRunning, ""); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, *rec))
 		}
 	}

@@ -65,6 +65,10 @@ type Sandboxes interface {
 	RemoveAbandoned(ctx context.Context, why string, ids ...string)
 	// Sleep seals a running sandbox's state and stops it.
 	Sleep(ctx context.Context, ref string) (api.Sandbox, error)
+	// SleepFiles is Sleep keeping the files but not the processes: the
+	// wake starts the sandbox afresh on its files (E2B's pause with
+	// memory: false).
+	SleepFiles(ctx context.Context, ref string) (api.Sandbox, error)
 	// Wake starts a sleeping sandbox again from its sealed state.
 	Wake(ctx context.Context, ref string) (api.Sandbox, error)
 	// SetTimeout sets (0: removes) a sandbox's timeout.

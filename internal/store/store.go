@@ -95,7 +95,7 @@ type Options struct {
 	IdleSleepMS int64 `json:"idle_sleep_ms,omitempty"`
 	// TimeoutMS is the sandbox's lifetime from its creation, its last
 	// renewal or its wake after a timeout sleep (0: none); ExpiresAt is
-	// when the current one ends, and OnTimeout ("rm" or "sleep") what
+	// when the current one ends, and OnTimeout ("rm", "sleep" or "sleep-files") what
 	// happens then.
 	TimeoutMS int64      `json:"timeout_ms,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`

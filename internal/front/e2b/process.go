@@ -117,7 +117,11 @@ type proc struct {
 	mu   sync.Mutex
 	subs map[*sub]struct{}
 	end  *process.ProcessEvent_EndEvent // set once it ended
-	done chan struct{}                  // closed when it ended
+	// lost, set with end, is why the command's end is unknown: its
+	// sandbox was killed or paused under it. Its streams end with it
+	// instead of an end event (see sandboxLost).
+	lost error
+	done chan struct{} // closed when it ended
 }
 
 // sub is one stream's view of a command's events. Sends block while the
@@ -181,8 +185,11 @@ func (p *proc) pump(r io.Reader, stderr bool) {
 }
 
 // run pumps the command's output until it ends, then sends the end event
-// and drops the command from the table.
-func (p *proc) run(t *processes, id string) {
+// and drops the command from the table. A command whose end is unknown
+// because its sandbox went (killed, timed out, paused) sends no end
+// event: its streams end with the error sandboxLost says.
+func (p *proc) run(s *Server, id string) {
+	t := s.procs
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); p.pump(p.gp.Stdout(), false) }()
@@ -190,10 +197,16 @@ func (p *proc) run(t *processes, id string) {
 	wg.Wait()
 	exit, err := p.gp.Wait(context.Background())
 	end := endEvent(exit, err)
+	var lost error
+	if err != nil {
+		lost = s.sandboxLost(id)
+	}
 	p.mu.Lock()
-	p.end = end
+	p.end, p.lost = end, lost
 	p.mu.Unlock()
-	p.publish(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
+	if lost == nil {
+		p.publish(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
+	}
 	p.mu.Lock()
 	for s := range p.subs {
 		close(s.ch)
@@ -203,6 +216,31 @@ func (p *proc) run(t *processes, id string) {
 	close(p.done)
 	t.remove(id, p)
 	p.gp.Close()
+}
+
+// sandboxLost says why a command whose end is unknown has no end: its
+// sandbox is gone or no longer running (killed, timed out, paused). On
+// E2B the stream of such a command breaks and the SDK, finding the
+// sandbox gone, raises TimeoutError ("the sandbox was killed or reached
+// its end of life"); Connect's unavailable code is the same class in every
+// SDK, said without a broken connection. nil: the sandbox still runs (the
+// agent's connection broke under a live sandbox), and the command ends
+// with an error end event as before.
+func (s *Server) sandboxLost(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sb, err := s.svc.Get(ctx, id)
+	switch {
+	case errdefs.IsNotFound(err):
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("sandbox %s was killed while the command ran", id))
+	case err != nil:
+		return nil
+	case stateOf(sb) == "paused":
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("sandbox %s was paused while the command ran", id))
+	case stateOf(sb) != "running":
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("sandbox %s is %s: it was killed while the command ran", id, sb.State))
+	}
+	return nil
 }
 
 // endEvent says how a command ended the way envd does: exited with a code,
@@ -377,7 +415,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, user: user, subs: map[*sub]struct{}{}, done: make(chan struct{})}
 	s, _ := p.subscribe()
 	ps.s.procs.add(id, p)
-	go p.run(ps.s.procs, id)
+	go p.run(ps.s, id)
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
 	return follow(ctx, p, s, keepaliveInterval(req.Header()), send)
 }
@@ -413,7 +451,10 @@ func follow(ctx context.Context, p *proc, s *sub, every time.Duration, send func
 		select {
 		case ev, ok := <-s.ch:
 			if !ok {
-				return nil
+				p.mu.Lock()
+				lost := p.lost
+				p.mu.Unlock()
+				return lost
 			}
 			if err := send(ev); err != nil {
 				return err

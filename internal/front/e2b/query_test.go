@@ -24,6 +24,9 @@ func TestBadRequestsRefused(t *testing.T) {
 		{"GET", "/sandboxes?metadata=who%3De2b;x", "", "malformed query string"},
 		{"GET", "/snapshots?limit=%", "", "malformed query string"},
 		{"POST", "/sandboxes/x/fork", `{"count":0}`, "count 0: give the number of children, 1 or more"},
+		{"GET", "/v2/sandboxes?order=newest", "", `bad order "newest": use asc or desc`},
+		{"GET", "/v2/sandboxes?startedAfter=yesterday", "", `bad startedAfter "yesterday": give an RFC 3339 time`},
+		{"GET", "/v2/sandboxes?startedBefore=2026-13-01T00:00:00Z", "", `bad startedBefore "2026-13-01T00:00:00Z"`},
 	} {
 		req := httptest.NewRequest(tc.method, tc.target, strings.NewReader(tc.body))
 		req.Header.Set("X-API-Key", "k")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"github.com/clade-sandbox/clade/internal/codeint"
 	"io"
 	"math"
@@ -44,8 +43,9 @@ const (
 	stateSuspending = "suspending"
 	stateSleeping   = "sleeping"
 
-	onTimeoutRemove = "rm"
-	onTimeoutSleep  = "sleep"
+	onTimeoutRemove     = "rm"
+	onTimeoutSleep      = "sleep"
+	onTimeoutSleepFiles = "sleep-files" // E2B's autoPauseMemory: false
 )
 
 func (s *Server) routes() {
@@ -93,6 +93,7 @@ type createBody struct {
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *struct {
 		AllowOut           []string `json:"allowOut"`
@@ -191,8 +192,12 @@ func (s *Server) listedBody(sb api.Sandbox) listedBody {
 		CPUCount: cpus, MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.DiskMiB, Metadata: md, State: stateOf(sb), EnvdVersion: EnvdVersion, Domain: s.cfg.Domain}
 	if sb.TimeoutMS > 0 {
 		b.Lifecycle = &lifecycleBody{OnTimeout: "kill"}
-		if sb.OnTimeout == onTimeoutSleep {
+		switch sb.OnTimeout {
+		case onTimeoutSleep:
 			b.Lifecycle = &lifecycleBody{OnTimeout: "pause", AutoResume: true}
+		case onTimeoutSleepFiles:
+			// A pause without memory is resumed by connect only, on E2B.
+			b.Lifecycle = &lifecycleBody{OnTimeout: "pause"}
 		}
 	}
 	return b
@@ -238,6 +243,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	creq.OnTimeout = onTimeoutRemove
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.OnTimeout = onTimeoutSleep
+		if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+			creq.OnTimeout = onTimeoutSleepFiles
+		}
 	}
 	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
 		creq.Network = &api.Network{Mode: "none"}
@@ -268,6 +276,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	s.prepareUser(r.Context(), sb.ID)
+	s.watch(sb.ID)
 	if sb, err = s.timeoutFromNow(r.Context(), sb.ID, timeout); err != nil {
 		return err
 	}
@@ -382,28 +391,56 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
+	asc := false
+	switch o := q.Get("order"); o {
+	case "", "desc":
+	case "asc":
+		asc = true
+	default:
+		return errdefs.New(errdefs.InvalidArgument, "bad order %q: use asc or desc (by start time; desc, newest first, is the default)", o)
+	}
+	after, err := timeParam(q, "startedAfter")
+	if err != nil {
+		return err
+	}
+	before, err := timeParam(q, "startedBefore")
+	if err != nil {
+		return err
+	}
+	template := q.Get("template")
 	sbs, err := s.svc.List(r.Context())
 	if err != nil {
 		return err
 	}
-	// Newest first, ties by id: a stable order for the page tokens.
+	// By start time (newest first unless asc), ties by id: a stable
+	// order for the page tokens, across the whole list as on E2B.
 	slices.SortFunc(sbs, func(a, b api.Sandbox) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+		c := b.CreatedAt.Compare(a.CreatedAt)
+		if asc {
+			c = -c
+		}
+		if c != 0 {
 			return c
 		}
 		return strings.Compare(a.ID, b.ID)
 	})
 	out := []listedBody{}
-	after := q.Get("nextToken")
-	skipping := after != ""
+	token := q.Get("nextToken")
+	skipping := token != ""
 	for _, sb := range sbs {
 		if skipping {
-			if sb.ID == after {
+			if sb.ID == token {
 				skipping = false
 			}
 			continue
 		}
 		if !states[stateOf(sb)] || !hasAll(sb.Labels, want) {
+			continue
+		}
+		if !after.IsZero() && sb.CreatedAt.Before(after) || !before.IsZero() && sb.CreatedAt.After(before) {
+			continue
+		}
+		if template != "" && !s.isTemplate(sb, template) {
 			continue
 		}
 		if len(out) == limit {
@@ -414,6 +451,29 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// timeParam reads the RFC 3339 time of query parameter name (E2B's SDKs
+// send toISOString()), or the zero time when it is absent.
+func timeParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, errdefs.New(errdefs.InvalidArgument, "bad %s %q: give an RFC 3339 time, e.g. 2026-01-02T15:04:05Z", name, v)
+	}
+	return t, nil
+}
+
+// isTemplate tells whether sb was made from template t: the name E2B
+// reports for it (templateID), or the clade image or snapshot behind it.
+func (s *Server) isTemplate(sb api.Sandbox, t string) bool {
+	if s.templateOf(sb) == t {
+		return true
+	}
+	return sb.Image != "" && sb.Image == t || sb.Snapshot != "" && sb.Snapshot == t
 }
 
 func hasAll(labels, want map[string]string) bool {
@@ -437,6 +497,7 @@ func (s *Server) get(ctx context.Context, id string) (api.Sandbox, error) {
 	if stateOf(sb) == "" {
 		return sb, errdefs.New(errdefs.NotFound, "sandbox %q is %s", id, sb.State)
 	}
+	s.watch(sb.ID)
 	return sb, nil
 }
 
@@ -458,6 +519,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.procs.forget(id)
+	s.forgetMetrics(id)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -506,6 +568,14 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, secs int64) error
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		// Memory false (the SDK's keepMemory: false) keeps the files but
+		// not the processes: the resume starts the sandbox afresh.
+		Memory *bool `json:"memory"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
 	id := r.PathValue("id")
 	sb, err := s.get(r.Context(), id)
 	if err != nil {
@@ -514,7 +584,11 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
 	if stateOf(sb) == "paused" {
 		return errdefs.New(errdefs.Conflict, "sandbox %s is already paused", id)
 	}
-	if _, err := s.svc.Sleep(r.Context(), id); err != nil {
+	sleep := s.svc.Sleep
+	if req.Memory != nil && !*req.Memory {
+		sleep = s.svc.SleepFiles
+	}
+	if _, err := sleep(r.Context(), id); err != nil {
 		return err
 	}
 	s.procs.forget(id)
@@ -640,6 +714,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 			out = append(out, result{Error: &apiError{Code: st, Message: err.Error()}})
 			continue
 		}
+		s.watch(sb.ID)
 		b := s.sandboxBody(sb)
 		out = append(out, result{Sandbox: &b})
 	}
@@ -717,27 +792,64 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// metrics reports the sandbox's CPU, memory and disk use as the sandbox
-// sees them (its /proc and its root file system), sampled now.
+// metrics returns the sandbox's samples from start to end (unix seconds,
+// either open): the host's readings every 5 s of the last hour
+// (metrics.go), with the disk use read inside the sandbox. A call reads
+// the sandbox from inside now (CPU over 200 ms, memory, disk, as the
+// sandbox sees itself), which refreshes the disk figure, and answers that
+// sample alone while the range reaching now has no history yet (a new
+// sandbox, or an engine that cannot read use from the host).
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	start, err := unixParam(q, "start")
+	if err != nil {
+		return err
+	}
+	end, err := unixParam(q, "end")
+	if err != nil {
+		return err
+	}
+	if !start.IsZero() && !end.IsZero() && end.Before(start) {
+		return errdefs.New(errdefs.InvalidArgument, "bad range: end %d is before start %d", end.Unix(), start.Unix())
+	}
 	id := r.PathValue("id")
 	sb, err := s.get(r.Context(), id)
 	if err != nil {
 		return err
 	}
-	if stateOf(sb) != "running" {
-		writeJSON(w, http.StatusOK, []any{})
-		return nil
-	}
-	m, err := s.sample(r.Context(), sb)
-	if err != nil {
-		if errors.Is(err, context.Canceled) {
+	now := time.Now()
+	var fresh *metric
+	if stateOf(sb) == "running" && (end.IsZero() || !end.Before(now.Add(-metricsEvery))) && (start.IsZero() || !start.After(now)) {
+		m, err := s.sample(r.Context(), sb)
+		if err != nil {
 			return err
 		}
-		return err
+		fresh = &m
 	}
-	writeJSON(w, http.StatusOK, []any{m})
+	// An end given in whole seconds covers the second it names.
+	if !end.IsZero() {
+		end = end.Add(time.Second - time.Nanosecond)
+	}
+	out, _ := s.history(id, fresh, start, end)
+	if len(out) == 0 && fresh != nil {
+		out = append(out, *fresh)
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// unixParam reads query parameter name as unix seconds (E2B's start and
+// end), or the zero time when it is absent.
+func unixParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > 1<<40 {
+		return time.Time{}, errdefs.New(errdefs.InvalidArgument, "bad %s %q: give a unix time in seconds", name, v)
+	}
+	return time.Unix(n, 0), nil
 }
 
 // clientGone reports whether the client of r went away (an SDK's request

@@ -10,6 +10,7 @@
 package e2b
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -68,6 +69,10 @@ type Server struct {
 	rest  *http.ServeMux
 	envd  *http.ServeMux
 	procs *processes
+	// hist is E2B's metrics history (metrics.go), sampled until
+	// stopSampling is called.
+	hist         metricsRings
+	stopSampling context.CancelFunc
 }
 
 // New returns the E2B front over the node's service. It returns an
@@ -80,7 +85,13 @@ func New(cfg Config, svc service.Service) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, svc: svc, log: cfg.Log, rest: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses()}
+	s := &Server{cfg: cfg, svc: svc, log: cfg.Log, rest: http.NewServeMux(), envd: http.NewServeMux(), procs: newProcesses(),
+		hist: metricsRings{rings: map[string]*ring{}}, stopSampling: func() {}}
+	if svc != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopSampling = cancel
+		go s.sampleLoop(ctx)
+	}
 	s.routes()
 	ps := &processService{s: s}
 	path, h := processconnect.NewProcessHandler(ps, connectLimits...)
@@ -96,8 +107,11 @@ func New(cfg Config, svc service.Service) (*Server, error) {
 	return s, nil
 }
 
-// Close kills the processes the front still tracks.
-func (s *Server) Close() { s.procs.closeAll() }
+// Close kills the processes the front still tracks and stops sampling.
+func (s *Server) Close() {
+	s.stopSampling()
+	s.procs.closeAll()
+}
 
 // ServeHTTP authenticates and dispatches: envd traffic by the sandbox it
 // names, the rest to the REST API.

@@ -74,7 +74,17 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) sleep(w http.ResponseWriter, r *http.Request) error {
-	sb, err := s.svc.Sleep(r.Context(), r.PathValue("id"))
+	var req api.SleepRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, &req); err != nil {
+			return err
+		}
+	}
+	sleep := s.svc.Sleep
+	if req.Memory != nil && !*req.Memory {
+		sleep = s.svc.SleepFiles
+	}
+	sb, err := sleep(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}

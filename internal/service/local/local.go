@@ -171,6 +171,10 @@ func (s *Service) Sleep(ctx context.Context, ref string) (api.Sandbox, error) {
 	return s.one(s.mgr.Sleep(ctx, ref))
 }
 
+func (s *Service) SleepFiles(ctx context.Context, ref string) (api.Sandbox, error) {
+	return s.one(s.mgr.SleepFiles(ctx, ref))
+}
+
 func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
 	return s.one(s.mgr.Wake(ctx, ref))
 }

@@ -128,6 +128,10 @@ func (s *Service) Sleep(ctx context.Context, ref string) (api.Sandbox, error) {
 	return one(s.c.Sleep(ctx, ref))
 }
 
+func (s *Service) SleepFiles(ctx context.Context, ref string) (api.Sandbox, error) {
+	return one(s.c.SleepFiles(ctx, ref))
+}
+
 func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
 	return one(s.c.Wake(ctx, ref))
 }

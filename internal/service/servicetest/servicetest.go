@@ -52,6 +52,7 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		{"Watch", true, testWatch},
 		{"Dial", true, testDial},
 		{"ForkKeepsState", true, testForkKeepsState},
+		{"SleepFiles", true, testSleepFiles},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -311,6 +312,37 @@ func drain(p service.Process) (stdout, stderr string) {
 	_, _ = io.Copy(&o, p.Stdout())
 	<-done
 	return o.String(), e.String()
+}
+
+// testSleepFiles: a sleep without memory keeps the files but not the
+// processes; the sandbox wakes with its agent alone, and runs on.
+func testSleepFiles(t *testing.T, e Env) {
+	ctx := t.Context()
+	sb := create(t, e, "")
+	if _, st := run(t, e, sb.ID, "sh", "-c", "echo kept > /root/kept && setsid sleep 901 </dev/null >/dev/null 2>&1 &"); st.Code != 0 {
+		t.Fatalf("setup: %+v", st)
+	}
+	const count = `n=0; for d in /proc/[0-9]*; do c=$(tr '\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in "sleep 901"*) n=$((n+1));; esac; done; echo $n`
+	if out, _ := run(t, e, sb.ID, "sh", "-c", count); strings.TrimSpace(out) != "1" {
+		t.Fatalf("the process did not start: %q", out)
+	}
+	slept, err := e.Service.SleepFiles(ctx, sb.ID)
+	if err != nil || slept.State != "sleeping" {
+		t.Fatalf("SleepFiles: %+v, %v", slept, err)
+	}
+	woke, err := e.Service.Wake(ctx, sb.ID)
+	if err != nil || woke.State != "running" {
+		t.Fatalf("Wake: %+v, %v", woke, err)
+	}
+	if out, _ := run(t, e, sb.ID, "sh", "-c", count); strings.TrimSpace(out) != "0" {
+		t.Errorf("after a sleep without memory %q processes survived, want none", out)
+	}
+	if out, st := run(t, e, sb.ID, "cat", "/root/kept"); st.Code != 0 || out != "kept\n" {
+		t.Errorf("the file after a sleep without memory: %q %+v", out, st)
+	}
+	if _, err := e.Service.SleepFiles(ctx, "no-such-sandbox"); !errdefs.IsNotFound(err) {
+		t.Errorf("SleepFiles of a sandbox that does not exist: %v, want NotFound", err)
+	}
 }
 
 func run(t *testing.T, e Env, id string, argv ...string) (string, api.ExitStatus) {
