@@ -46,7 +46,7 @@ try {
   // The process is the terminal's session leader, as the user, in the
   // user's home, and sees a terminal on its standard streams.
   let t = await term(sbx, { cols: 132, rows: 43 })
-  await sbx.pty.sendInput(t.h.pid, enc('echo "<$(whoami) $PWD $([ -t 0 ] && [ -t 1 ] && echo tty) $(stty size) $(cut -d\' \' -f6 /proc/$$/stat)>"; exit 0\n'))
+  await sbx.pty.sendInput(t.h.pid, enc('echo "<$(whoami) $PWD $([ -t 0 ] && [ -t 2 ] && echo tty) $(stty size) $(cut -d\' \' -f6 /proc/$$/stat)>"; exit 0\n'))
   await t.h.wait()
   const m = t.out.match(/<(\S+) (\S+) tty (\d+ \d+) (\d+)>/)
   assert.ok(m, JSON.stringify(t.out))
