@@ -711,12 +711,15 @@ func (*RemoveResponse) Descriptor() ([]byte, []int) {
 }
 
 type WatchDirRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Recursive     bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
-	IncludeEntry  bool                   `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Path         string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive    bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	IncludeEntry bool                   `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
+	// envd 0.6.4: watch a network mount (NFS, CIFS, SMB, FUSE), which envd
+	// refuses otherwise; a clade sandbox has none of its own.
+	AllowNetworkMounts bool `protobuf:"varint,4,opt,name=allow_network_mounts,json=allowNetworkMounts,proto3" json:"allow_network_mounts,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *WatchDirRequest) Reset() {
@@ -766,6 +769,13 @@ func (x *WatchDirRequest) GetRecursive() bool {
 func (x *WatchDirRequest) GetIncludeEntry() bool {
 	if x != nil {
 		return x.IncludeEntry
+	}
+	return false
+}
+
+func (x *WatchDirRequest) GetAllowNetworkMounts() bool {
+	if x != nil {
+		return x.AllowNetworkMounts
 	}
 	return false
 }
@@ -929,12 +939,15 @@ func (*WatchDirResponse_Filesystem) isWatchDirResponse_Event() {}
 func (*WatchDirResponse_Keepalive) isWatchDirResponse_Event() {}
 
 type CreateWatcherRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Recursive     bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
-	IncludeEntry  bool                   `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Path         string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive    bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	IncludeEntry bool                   `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
+	// envd 0.6.4: watch a network mount (NFS, CIFS, SMB, FUSE), which envd
+	// refuses otherwise; a clade sandbox has none of its own.
+	AllowNetworkMounts bool `protobuf:"varint,4,opt,name=allow_network_mounts,json=allowNetworkMounts,proto3" json:"allow_network_mounts,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CreateWatcherRequest) Reset() {
@@ -984,6 +997,13 @@ func (x *CreateWatcherRequest) GetRecursive() bool {
 func (x *CreateWatcherRequest) GetIncludeEntry() bool {
 	if x != nil {
 		return x.IncludeEntry
+	}
+	return false
+}
+
+func (x *CreateWatcherRequest) GetAllowNetworkMounts() bool {
+	if x != nil {
+		return x.AllowNetworkMounts
 	}
 	return false
 }
@@ -1315,11 +1335,12 @@ const file_filesystem_filesystem_proto_rawDesc = "" +
 	"\aentries\x18\x01 \x03(\v2\x15.filesystem.EntryInfoR\aentries\"#\n" +
 	"\rRemoveRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\"\x10\n" +
-	"\x0eRemoveResponse\"h\n" +
+	"\x0eRemoveResponse\"\x9a\x01\n" +
 	"\x0fWatchDirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x02 \x01(\bR\trecursive\x12#\n" +
-	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\"\x8c\x01\n" +
+	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\x120\n" +
+	"\x14allow_network_mounts\x18\x04 \x01(\bR\x12allowNetworkMounts\"\x8c\x01\n" +
 	"\x0fFilesystemEvent\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x15.filesystem.EventTypeR\x04type\x120\n" +
@@ -1334,11 +1355,12 @@ const file_filesystem_filesystem_proto_rawDesc = "" +
 	"\n" +
 	"StartEvent\x1a\v\n" +
 	"\tKeepAliveB\a\n" +
-	"\x05event\"m\n" +
+	"\x05event\"\x9f\x01\n" +
 	"\x14CreateWatcherRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x02 \x01(\bR\trecursive\x12#\n" +
-	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\"6\n" +
+	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\x120\n" +
+	"\x14allow_network_mounts\x18\x04 \x01(\bR\x12allowNetworkMounts\"6\n" +
 	"\x15CreateWatcherResponse\x12\x1d\n" +
 	"\n" +
 	"watcher_id\x18\x01 \x01(\tR\twatcherId\"8\n" +

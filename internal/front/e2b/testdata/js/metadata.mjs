@@ -47,6 +47,24 @@ try {
   assert.deepEqual(moved.metadata, { k: 'v', extra: 'x' })
   ok('metadata set in the sandbox shows; rename keeps it')
 
+  // The watch's 0.6.x options: includeEntry gives each event the entry
+  // (metadata included); allowNetworkMounts is taken (a clade sandbox has
+  // no network mounts of its own to refuse).
+  const events = []
+  const w = await sbx.files.watchDir('/home/user/md', (ev) => { events.push(ev) }, { includeEntry: true, allowNetworkMounts: true })
+  await sbx.files.write('/home/user/md/w.txt', 'watched', { metadata: { seen: 'yes' } })
+  const end = Date.now() + 30_000
+  while (!events.some((ev) => ev.name === 'w.txt' && ev.entry?.metadata?.seen === 'yes') && Date.now() < end) {
+    await new Promise((res) => setTimeout(res, 100))
+  }
+  await w.stop()
+  const ev = events.find((e) => e.name === 'w.txt' && e.entry?.metadata?.seen === 'yes')
+  assert.ok(ev, JSON.stringify(events))
+  assert.equal(ev.entry.path, '/home/user/md/w.txt')
+  assert.equal(ev.entry.type, 'file')
+  assert.equal(ev.entry.owner, 'user')
+  ok('watchDir with includeEntry (the entry and its metadata) and allowNetworkMounts')
+
   // The SDK refuses what envd would; clade refuses it too (checked in Go).
   await assert.rejects(sbx.files.write('/home/user/md/x.txt', 'x', { metadata: { 'bad key': 'v' } }), InvalidArgumentError)
 } finally {
