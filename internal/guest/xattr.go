@@ -18,7 +18,8 @@ func errNoXattr() error {
 // user. namespace) of each of paths (absolute, clean), not following a
 // final symlink: one KEY -> value map per path, nil where the path has
 // none, is missing, or holds more than wire.MaxXattrBytes of them. An
-// agent without them (an older clade's) is an InvalidArgument error.
+// agent without them (an older clade's) is an InvalidArgument error; with
+// no paths, Xattrs only checks the agent keeps them.
 func (c *Conn) Xattrs(ctx context.Context, prefix string, paths []string) ([]map[string]string, error) {
 	if _, err := c.session(ctx); err != nil {
 		return nil, err

@@ -144,7 +144,8 @@ type Files interface {
 	// the user. namespace, e.g. "user.e2b.") of each of paths, not
 	// following a final symlink: one KEY -> value map per path, nil where
 	// it has none or is missing. A sandbox whose agent keeps no
-	// attributes (an older clade's) is InvalidArgument.
+	// attributes (an older clade's) is InvalidArgument; with no paths,
+	// Xattrs only checks that.
 	Xattrs(ctx context.Context, ref string, wake WakeMode, prefix string, paths []string) ([]map[string]string, error)
 	// SetXattrs replaces path's extended attributes named prefix+KEY with
 	// attrs (KEY -> value; those not in it are removed), not following a

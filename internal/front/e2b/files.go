@@ -105,6 +105,14 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if len(md) > 0 {
+		// Refused before anything is written by a sandbox that cannot keep
+		// it (an older agent's, another node's): asking for no path only
+		// checks that.
+		if _, err := s.svc.Xattrs(r.Context(), id, service.Wake, metadataXattr, nil); err != nil {
+			return err
+		}
+	}
 	limit, why := s.uploadLimit(sb)
 	var body io.Reader = r.Body
 	size := r.ContentLength // of the file, for an octet-stream body
