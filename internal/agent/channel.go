@@ -75,6 +75,10 @@ func (ch *channel) run(ctx context.Context) {
 		exit = ch.dial()
 	case wire.OpWatch:
 		exit = ch.watch()
+	case wire.OpXattrGet:
+		exit = ch.xattrGet()
+	case wire.OpXattrSet:
+		exit = ch.xattrSet()
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}

@@ -317,6 +317,22 @@ func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode,
 	return svc.CopyIn(ctx, ref, wake, path, user, r)
 }
 
+func (s *Service) Xattrs(ctx context.Context, ref string, wake service.WakeMode, prefix string, paths []string) ([]map[string]string, error) {
+	svc, err := s.route(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return svc.Xattrs(ctx, ref, wake, prefix, paths)
+}
+
+func (s *Service) SetXattrs(ctx context.Context, ref string, wake service.WakeMode, path, prefix string, attrs map[string]string) error {
+	svc, err := s.route(ctx, ref)
+	if err != nil {
+		return err
+	}
+	return svc.SetXattrs(ctx, ref, wake, path, prefix, attrs)
+}
+
 func (s *Service) Dial(ctx context.Context, ref string, wake service.WakeMode, port int) (net.Conn, error) {
 	svc, err := s.route(ctx, ref)
 	if err != nil {

@@ -144,6 +144,17 @@ type Files interface {
 	// recursive), by inotify inside the sandbox; it returns once the watch
 	// is armed. A missing directory is NotFound.
 	Watch(ctx context.Context, ref string, wake WakeMode, path string, recursive bool) (Watcher, error)
+	// Xattrs reads the extended attributes named prefix+KEY (prefix in
+	// the user. namespace, e.g. "user.e2b.") of each of paths, not
+	// following a final symlink: one KEY -> value map per path, nil where
+	// it has none or is missing. A sandbox whose agent keeps no
+	// attributes (an older clade's) is InvalidArgument; with no paths,
+	// Xattrs only checks that.
+	Xattrs(ctx context.Context, ref string, wake WakeMode, prefix string, paths []string) ([]map[string]string, error)
+	// SetXattrs replaces path's extended attributes named prefix+KEY with
+	// attrs (KEY -> value; those not in it are removed), not following a
+	// final symlink. A missing path is NotFound.
+	SetXattrs(ctx context.Context, ref string, wake WakeMode, path, prefix string, attrs map[string]string) error
 }
 
 // WatchEvent is a change under a watched directory: Op is "create",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"strings"
 
@@ -87,4 +88,45 @@ func (il *ingressListener) port() string {
 		return fmt.Sprintf(":%d", ta.Port)
 	}
 	return ""
+}
+
+// serveIngressDNS serves the ingress's names over DNS on o.IngressDNS
+// (UDP and TCP), answering with the ingress's address, or with the DNS
+// listener's own when the ingress listens on every address.
+func serveIngressDNS(o Options, iln *ingressListener, log *slog.Logger) (stop func(), err error) {
+	pc, err := net.ListenPacket("udp", o.IngressDNS)
+	if err != nil {
+		return nil, fmt.Errorf("--ingress-dns: listen on %s: %w", o.IngressDNS, err)
+	}
+	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		pc.Close()
+		return nil, fmt.Errorf("--ingress-dns: listen on TCP %s: %w", pc.LocalAddr(), err)
+	}
+	closeBoth := func() { pc.Close(); ln.Close() }
+	answer := addrOf(iln.Addr())
+	if !answer.IsValid() || answer.IsUnspecified() {
+		answer = addrOf(pc.LocalAddr())
+	}
+	if !answer.IsValid() || answer.IsUnspecified() {
+		closeBoth()
+		return nil, fmt.Errorf("--ingress-dns: the ingress listens on every address (%s), so its names have no one address to resolve to: give --ingress or --ingress-dns a specific address", iln.Addr())
+	}
+	s, err := ingress.NewDNS(ingress.DNSConfig{Domain: o.IngressDomain, Addrs: []netip.Addr{answer}, Log: log})
+	if err != nil {
+		closeBoth()
+		return nil, err
+	}
+	s.Serve(pc, ln)
+	log.Info("serving the ingress's names over DNS", "addr", pc.LocalAddr().String(), "domain", o.IngressDomain, "answer", answer)
+	return s.Close, nil
+}
+
+// addrOf is a listener's IP address (zero for anything else).
+func addrOf(a net.Addr) netip.Addr {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
 }

@@ -54,6 +54,10 @@ type Options struct {
 	// (ingress.LoadCA). A cert and key turn TLS on by themselves.
 	IngressTLS                    bool
 	IngressTLSCert, IngressTLSKey string
+	// IngressDNS, when set, serves DNS on this address (UDP and TCP):
+	// IngressDomain and every name under it resolve to the ingress's
+	// address; every other name is refused (ingress.DNS).
+	IngressDNS string
 	// IngressLimits are the ingress proxy's time and connection limits
 	// (its Domain and Log are set from the fields above).
 	IngressLimits ingress.Config
@@ -349,6 +353,15 @@ func Run(ctx context.Context, o Options) error {
 		}
 		defer ihs.Close()
 		log.Info("serving the ingress", "addr", iln.Addr().String(), "domain", o.IngressDomain, "scheme", iln.scheme())
+		if o.IngressDNS != "" {
+			stop, err := serveIngressDNS(o, iln, log)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
+	} else if o.IngressDNS != "" {
+		return errors.New("--ingress-dns needs --ingress: it answers the ingress's names with the ingress's address")
 	}
 	// The socket last: a client that finds it answering finds every other
 	// listener (TCP, E2B, ingress) bound too.

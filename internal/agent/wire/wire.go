@@ -253,6 +253,17 @@ const FeatureUser = "user"
 // FeatureWatch: the agent serves OpWatch.
 const FeatureWatch = "watch"
 
+// FeatureXattr: the agent serves OpXattrGet and OpXattrSet.
+const FeatureXattr = "xattr"
+
+// Bounds of OpXattrGet and OpXattrSet: paths per request, and the bytes of
+// one path's attributes (names, with the prefix, and values), as E2B's
+// envd bounds a file's metadata to stay in an inode's xattr space.
+const (
+	MaxXattrPaths = 64
+	MaxXattrBytes = 4096
+)
+
 // Op names what a channel does.
 type Op string
 
@@ -278,6 +289,17 @@ const (
 	// the event queue overflowed, too many directories). Only for an agent
 	// with FeatureWatch.
 	OpWatch Op = "watch"
+	// OpXattrGet reads the extended attributes named XattrPrefix+KEY
+	// (XattrPrefix in the user. namespace) of each of Paths, not
+	// following a final symlink: the Exit's Info is a JSON list with one
+	// KEY -> value object per path, null where it has none, is missing,
+	// or holds more than MaxXattrBytes of them. Only for an agent with
+	// FeatureXattr.
+	OpXattrGet Op = "xattr-get"
+	// OpXattrSet replaces the extended attributes named XattrPrefix+KEY
+	// of Path (not following a final symlink) with Xattrs: those not in
+	// it are removed. Only for an agent with FeatureXattr.
+	OpXattrSet Op = "xattr-set"
 )
 
 // WatchEvent is one change an OpWatch reports: Op is "create", "write",
@@ -340,6 +362,13 @@ type Request struct {
 	User string `json:"user,omitempty"`
 	// Recursive makes an OpWatch follow the directories below Path too.
 	Recursive bool `json:"recursive,omitempty"`
+	// Paths are what an OpXattrGet reads (at most MaxXattrPaths).
+	Paths []string `json:"paths,omitempty"`
+	// XattrPrefix is the attribute names OpXattrGet and OpXattrSet
+	// handle (e.g. "user.e2b."); Xattrs what OpXattrSet sets, KEY ->
+	// value, the prefix left out.
+	XattrPrefix string            `json:"xattr_prefix,omitempty"`
+	Xattrs      map[string]string `json:"xattrs,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

@@ -71,9 +71,10 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 
 // writtenEntry is envd's answer for one written file.
 type writtenEntry struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // postFiles answers envd's POST /files: multipart with one part per file
@@ -99,6 +100,18 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 	user, err := s.execUser(r.Context(), id, named)
 	if err != nil {
 		return err
+	}
+	md, err := uploadMetadata(r.Header)
+	if err != nil {
+		return err
+	}
+	if len(md) > 0 {
+		// Refused before anything is written by a sandbox that cannot keep
+		// it (an older agent's, another node's): asking for no path only
+		// checks that.
+		if _, err := s.svc.Xattrs(r.Context(), id, service.Wake, metadataXattr, nil); err != nil {
+			return err
+		}
 	}
 	limit, why := s.uploadLimit(sb)
 	var body io.Reader = r.Body
@@ -149,6 +162,9 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 			}
 			e, err := s.writeFile(w, r.Context(), id, user, resolve(target), part, -1, capped)
 			part.Close()
+			if err == nil {
+				e.Metadata, err = md, s.setMetadata(r.Context(), id, e.Path, md)
+			}
 			if err != nil {
 				return err
 			}
@@ -162,6 +178,9 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) error {
 			return capped.errFor(size)
 		}
 		e, err := s.writeFile(w, r.Context(), id, user, resolve(qpath), capped, size, capped)
+		if err == nil {
+			e.Metadata, err = md, s.setMetadata(r.Context(), id, e.Path, md)
+		}
 		if err != nil {
 			return err
 		}

@@ -53,6 +53,9 @@ func (f *filesystemService) entries(ctx context.Context, id, p string, args ...s
 		}
 		list = append(list, e)
 	}
+	if err := f.s.fillMetadata(ctx, id, list); err != nil {
+		return nil, connectErr(err)
+	}
 	return list, nil
 }
 

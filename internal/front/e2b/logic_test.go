@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/clade-sandbox/clade/api"
@@ -104,5 +105,38 @@ func TestStatusOf(t *testing.T) {
 func TestNewNeedsAKey(t *testing.T) {
 	if _, err := New(Config{}, nil); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("New without a key: %v, want invalid argument", err)
+	}
+}
+
+// TestUploadMetadata reads X-Metadata-* headers as envd does: keys lower
+// cased, the first of repeated headers, printable US-ASCII only, bounded.
+func TestUploadMetadata(t *testing.T) {
+	h := func(kv ...string) map[string][]string {
+		m := map[string][]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = append(m[kv[i]], kv[i+1])
+		}
+		return m
+	}
+	// A header named just X-Metadata- names no key: it is not metadata.
+	md, err := uploadMetadata(h("X-Metadata-Owner", "alice", "X-Metadata-Owner", "bob", "x-metadata-Build-Id", "42", "Content-Type", "x", "X-Metadata-", "no key"))
+	if err != nil || len(md) != 2 || md["owner"] != "alice" || md["build-id"] != "42" {
+		t.Fatalf("got %v, %v", md, err)
+	}
+	if md, err := uploadMetadata(h("Content-Type", "x")); err != nil || md != nil {
+		t.Fatalf("no metadata: %v, %v", md, err)
+	}
+	for name, hdr := range map[string]map[string][]string{
+		"control char": h("X-Metadata-K", "a\tb"),
+		"non-ASCII":    h("X-Metadata-K", "é"),
+		"long key":     h("X-Metadata-"+strings.Repeat("k", maxMetadataKey+1), "v"),
+		"too much":     h("X-Metadata-A", strings.Repeat("v", 3000), "X-Metadata-B", strings.Repeat("v", 1100)),
+	} {
+		if _, err := uploadMetadata(hdr); errdefs.ClassOf(err) != errdefs.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if _, err := uploadMetadata(h("X-Metadata-"+strings.Repeat("k", maxMetadataKey), "v")); err != nil {
+		t.Errorf("a key at the bound: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"path"
 	"slices"
 	"strconv"
@@ -107,12 +108,9 @@ type proc struct {
 	tag    *string
 	config *process.ProcessConfig
 	gp     service.Process
-	// tty: the command runs on a pseudo-terminal (see ptyArgv); its
+	// tty: the command runs on a pseudo-terminal of the agent's; its
 	// output is pty data and its input pty input.
 	tty bool
-	// user it runs as ("": root): its terminal is resized as it, since
-	// root in the sandbox may not look into another user's /proc/PID/fd.
-	user string
 
 	mu   sync.Mutex
 	subs map[*sub]struct{}
@@ -386,15 +384,20 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	// envd keeps stdin open unless the client says stdin:false.
 	stdin := m.Stdin == nil || m.GetStdin()
 	argv := append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
+	er := api.ExecRequest{Cmd: argv, Env: env, Workdir: dir, TimeoutMS: timeout.Milliseconds(), Stdin: stdin, User: user}
 	tty := m.GetPty() != nil
 	if tty {
-		argv = ptyArgv(argv, m.GetPty().GetSize())
-		stdin = true
+		// The agent's own terminal: the process is its session leader,
+		// its input is what is typed (always open, as envd's).
+		rows, cols, err := ptySize(m.GetPty().GetSize())
+		if err != nil {
+			return err
+		}
+		er.TTY, er.Rows, er.Cols, er.Stdin = true, rows, cols, true
 	}
 	// The process must not end with this request: the stream may go away
 	// and the command live on (background commands).
-	gp, err := ps.s.svc.Exec(context.WithoutCancel(ctx), id, service.Wake, api.ExecRequest{Cmd: argv, Env: env, Workdir: dir,
-		TimeoutMS: timeout.Milliseconds(), Stdin: stdin, User: user})
+	gp, err := ps.s.svc.Exec(context.WithoutCancel(ctx), id, service.Wake, er)
 	if err != nil {
 		return connectErr(err)
 	}
@@ -412,7 +415,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 		return stream.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}}})
 	}
-	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, user: user, subs: map[*sub]struct{}{}, done: make(chan struct{})}
+	p := &proc{pid: uint32(pid), tag: m.Tag, config: cfg, gp: gp, tty: tty, subs: map[*sub]struct{}{}, done: make(chan struct{})}
 	s, _ := p.subscribe()
 	ps.s.procs.add(id, p)
 	go p.run(ps.s, id)
@@ -578,43 +581,34 @@ func (ps *processService) Update(ctx context.Context, req *connect.Request[proce
 		if !p.tty {
 			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no PTY to resize", p.pid))
 		}
-		id := sandboxID(req.Header())
-		if _, _, err := ps.s.runAs(ctx, id, p.user, "/bin/sh", "-c", resizeScript, "sh", strconv.Itoa(int(p.pid)),
-			strconv.Itoa(int(sz.GetCols())), strconv.Itoa(int(sz.GetRows()))); err != nil {
+		rows, cols, err := ptySize(sz)
+		if err != nil {
+			return nil, err
+		}
+		// The resize goes to the agent on the process's own channel,
+		// after its start: the terminal is there before the pid is known.
+		if err := p.gp.Resize(rows, cols); err != nil {
 			return nil, connectErr(fmt.Errorf("resize the PTY of process %d: %w", p.pid, err))
 		}
 	}
 	return connect.NewResponse(&process.UpdateResponse{}), nil
 }
 
-// ptyArgv runs argv on a pseudo-terminal in the sandbox, sized as asked:
-// util-linux's script(1) (in every Debian image) opens the terminal, and
-// its stdin and output become the terminal's. This stands in until
-// clade's agent serves terminals itself.
-func ptyArgv(argv []string, size *process.PTY_Size) []string {
-	cols, rows := size.GetCols(), size.GetRows()
-	if cols == 0 {
-		cols = 80
+// ptySize checks a terminal size from a client: a side left 0 is the
+// default's (24 rows, 80 columns), and each must fit a terminal's.
+func ptySize(sz *process.PTY_Size) (rows, cols uint16, err error) {
+	r, c := sz.GetRows(), sz.GetCols()
+	if r == 0 {
+		r = 24
 	}
-	if rows == 0 {
-		rows = 24
+	if c == 0 {
+		c = 80
 	}
-	q := make([]string, len(argv))
-	for i, a := range argv {
-		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	if r > math.MaxUint16 || c > math.MaxUint16 {
+		return 0, 0, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("terminal size %dx%d: at most %d rows and columns", r, c, math.MaxUint16))
 	}
-	inner := fmt.Sprintf("stty cols %d rows %d 2>/dev/null; exec %s", cols, rows, strings.Join(q, " "))
-	return []string{"script", "-qfec", inner, "/dev/null"}
+	return uint16(r), uint16(c), nil
 }
-
-// resizeScript resizes the terminal of the script(1) whose pid is $1 to
-// $2 columns and $3 rows: it finds script's child and sets the size of its
-// terminal, which signals SIGWINCH to the terminal's foreground group.
-const resizeScript = `for d in /proc/[0-9]*; do
-  read -r _ _ _ ppid _ < "$d/stat" 2>/dev/null || continue
-  if [ "$ppid" = "$1" ]; then tty=$(readlink "$d/fd/0") && exec stty -F "$tty" cols "$2" rows "$3"; fi
-done
-echo "no terminal found for process $1" >&2; exit 1`
 
 // run runs argv in sandbox id to its end and returns its output. A
 // non-zero exit is an error classed by what the command said on stderr.

@@ -30,10 +30,14 @@ import (
 )
 
 // EnvdVersion is the envd version clade reports. The SDKs gate features on
-// it; every feature gated at or below it is implemented: stdin control
-// (0.3.0), no default user (0.4.0), closeStdin (0.5.2), octet-stream and
-// gzip uploads (0.5.7). File metadata (0.6.2) is not, so it stays below.
-const EnvdVersion = "0.5.7"
+// it; every feature gated at or below it is implemented (docs/e2b.md lists
+// the gates of the pinned clients): recursive watches (0.1.4), metrics
+// (0.1.5, 0.2.4), stdin control (0.3.0), no default user (0.4.0),
+// closeStdin (0.5.2), octet-stream and gzip uploads (0.5.7), file metadata
+// on upload (0.6.2, metadata.go), the watch's includeEntry (0.6.3) and
+// allowNetworkMounts (0.6.4: taken; a clade sandbox has no network mounts
+// of its own to refuse). 0.6.4 is the last version the clients gate on.
+const EnvdVersion = "0.6.4"
 
 // Home is the home directory of the user E2B code assumes; relative paths
 // resolve from it.

@@ -361,6 +361,22 @@ func (s *Service) Watch(ctx context.Context, ref string, wake service.WakeMode, 
 	return watcher{w}, nil
 }
 
+func (s *Service) Xattrs(ctx context.Context, ref string, wake service.WakeMode, prefix string, paths []string) ([]map[string]string, error) {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return nil, err
+	}
+	return g.Xattrs(ctx, prefix, paths)
+}
+
+func (s *Service) SetXattrs(ctx context.Context, ref string, wake service.WakeMode, p, prefix string, attrs map[string]string) error {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return err
+	}
+	return g.SetXattrs(ctx, p, prefix, attrs)
+}
+
 type watcher struct{ w *guest.Watch }
 
 func (w watcher) Next() (service.WatchEvent, error) {

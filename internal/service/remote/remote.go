@@ -338,6 +338,16 @@ func (s *Service) Watch(ctx context.Context, ref string, wake service.WakeMode, 
 	return nil, errdefs.New(errdefs.InvalidArgument, "watching a directory is not supported on a sandbox of another node (the HTTP API has no watch)")
 }
 
+// Xattrs is not supported over the API, which has no file attributes.
+func (s *Service) Xattrs(ctx context.Context, ref string, wake service.WakeMode, prefix string, paths []string) ([]map[string]string, error) {
+	return nil, errdefs.New(errdefs.InvalidArgument, "file attributes are not supported on a sandbox of another node (the HTTP API has none)")
+}
+
+// SetXattrs is not supported over the API, which has no file attributes.
+func (s *Service) SetXattrs(ctx context.Context, ref string, wake service.WakeMode, p, prefix string, attrs map[string]string) error {
+	return errdefs.New(errdefs.InvalidArgument, "file attributes are not supported on a sandbox of another node (the HTTP API has none)")
+}
+
 func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode, p, user string, r io.Reader) error {
 	id, err := s.running(ctx, ref, wake)
 	if err != nil {
