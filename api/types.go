@@ -174,6 +174,10 @@ type CreateSandboxRequest struct {
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// Secrets are secrets the sandbox takes (see SecretRef).
 	Secrets []SecretRef `json:"secrets,omitempty"`
+	// Node, in a cluster, is the node to create the sandbox on; empty,
+	// placement picks one (the node with the most memory free after
+	// admission that runs the engine and has the image).
+	Node string `json:"node,omitempty"`
 }
 
 // Snapshot is a sandbox's state frozen on disk: memory, processes, files.

@@ -28,6 +28,8 @@ type Service struct {
 
 	mu      sync.Mutex
 	remotes map[string]*remote.Service // by address; guarded by mu
+
+	pending pending
 }
 
 var (
@@ -119,9 +121,83 @@ func (s *Service) resync(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Create checks the name cluster-wide, makes the sandbox on this node and
-// writes its record before it answers: any node finds it from then on.
+// Create places the sandbox (see create), or makes it on the node the
+// request names.
 func (s *Service) Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	switch {
+	case req.Node == s.c.cfg.Node:
+		req.Node = ""
+		return s.createHere(ctx, req)
+	case req.Node != "":
+		n, live, err := s.c.node(ctx, req.Node)
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		if !live {
+			return api.Sandbox{}, errdefs.New(errdefs.NotFound, "node %q is not in the cluster (clade node ls lists the live nodes)", req.Node)
+		}
+		return s.createOn(ctx, n, req)
+	case req.FromSnapshot != "" || len(req.Volumes) > 0 || len(req.Secrets) > 0:
+		// Snapshots, volumes and secrets are still each node's own: the
+		// create stays where they are.
+		return s.createHere(ctx, req)
+	}
+	return s.place(ctx, req)
+}
+
+// place sends the create to the best of K candidates by memory free after
+// admission, among the live nodes that are not draining, run its engine
+// and hold its image; a node that refuses for memory (its capacity moved
+// since its last refresh) passes it to the next. A cluster where every
+// candidate refuses answers the best one's refusal: the retryable 503 of one
+// node.
+func (s *Service) place(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	nodes, err := s.c.Nodes(ctx)
+	if err != nil {
+		return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "cluster: cannot place the sandbox: %v", err)
+	}
+	cs := rank(nodes, req, func(n api.Node) int64 { return s.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	if len(cs) == 0 {
+		return api.Sandbox{}, errdefs.New(errdefs.Unavailable,
+			"no node of the cluster can take this sandbox now: none of the %d live nodes is both not draining and running engine %q (clade node ls); try again later", len(nodes), cmpOr(req.Engine, "(default)"))
+	}
+	var first error
+	for _, c := range cs {
+		sb, err := s.createOn(ctx, c.node, req)
+		if err == nil || !errdefs.IsUnavailable(err) {
+			return sb, err
+		}
+		s.c.cfg.Log.Info("cluster: a node refused a placed create", "node", c.node.Name, "free_mib", c.free, "err", err)
+		if first == nil {
+			first = err // the best candidate's refusal says most
+		}
+	}
+	return api.Sandbox{}, first
+}
+
+// createOn makes the sandbox on node n: here, or through n's API (where it
+// is made on n itself).
+func (s *Service) createOn(ctx context.Context, n api.Node, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	done := s.pending.add(n.Name, cmpInt(int64(req.MemoryMiB), n.Capacity.DefaultMemoryMiB))
+	var sb api.Sandbox
+	var err error
+	if n.Name == s.c.cfg.Node {
+		req.Node = ""
+		sb, err = s.createHere(ctx, req)
+	} else {
+		var r *remote.Service
+		if r, err = s.remote(n); err == nil {
+			req.Node = n.Name
+			sb, err = r.Create(ctx, req)
+		}
+	}
+	done(err == nil)
+	return sb, err
+}
+
+// createHere checks the name cluster-wide, makes the sandbox on this node
+// and writes its record before it answers: any node finds it from then on.
+func (s *Service) createHere(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
 	if req.Name != "" {
 		release, err := s.c.ReserveName(ctx, req.Name)
 		if err != nil {
@@ -133,10 +209,25 @@ func (s *Service) Create(ctx context.Context, req api.CreateSandboxRequest) (api
 	if err != nil {
 		return sb, err
 	}
+	sb.Node = s.c.cfg.Node
 	if err := s.c.Publish(ctx, sb); err != nil {
 		s.c.cfg.Log.Warn("cluster: write a new sandbox's record", "sandbox", sb.ID, "err", err)
 	}
 	return sb, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func cmpInt(a, b int64) int64 {
+	if a > 0 {
+		return a
+	}
+	return max(b, 512)
 }
 
 // List is the node's sandboxes and, from the directory, the other live

@@ -1,0 +1,174 @@
+package cluster_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// memTotalMiB reads the host's MemTotal.
+func memTotalMiB(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, _ := strconv.Atoi(f[1])
+			return kb / 1024
+		}
+	}
+	t.Fatal("no MemTotal in /proc/meminfo")
+	return 0
+}
+
+// waitFor polls cond (a cluster's state as its nodes see it: leases
+// lapsing, records changing) until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s (%s)", what, timeout, state)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		case <-time.After(200 * time.Millisecond): // polling the cluster's state
+		}
+	}
+}
+
+func nodeNames(t *testing.T, c *sdk.Client) (bool, string) {
+	ns, err := c.ListNodes(t.Context())
+	if err != nil {
+		return false, err.Error()
+	}
+	var names []string
+	for _, n := range ns {
+		names = append(names, n.Name)
+	}
+	return true, strings.Join(names, ",")
+}
+
+// TestNetCluster runs three daemons, each in a network namespace of its
+// own with its own address, forming one 3-member etcd with
+// --cluster-peers. Placement spreads creates through one node by memory
+// and never picks the node whose --memory-floor leaves it no room; a
+// create no node can admit is the retryable 503; exec and ls work through
+// a node that does not hold the sandbox; with one etcd member (and its
+// node) SIGKILLed, the other two go on creating and proxying.
+func TestNetCluster(t *testing.T) {
+	floor := memTotalMiB(t) // no MemAvailable is above it: n3 admits nothing
+	c := testenv.StartNetCluster(t, 3, []string{"--memory-overcommit", "0.1", "--pressure-floor", "-1"}, func(i int) []string {
+		if i == 2 {
+			return []string{"--memory-floor", strconv.Itoa(floor)}
+		}
+		return nil
+	})
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	t.Logf("three nodes up")
+	for _, nd := range c.Nodes {
+		if ok, got := nodeNames(t, nd.Client); !ok || got != "n1,n2,n3" {
+			t.Fatalf("node ls on %s: %s, want n1,n2,n3", nd.Name, got)
+		}
+	}
+	ns, err := n1.Client.ListNodes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		if n.Addr != c.Nodes[slices.IndexFunc(c.Nodes, func(x *testenv.NetNode) bool { return x.Name == n.Name })].API {
+			t.Errorf("node %s advertises %s", n.Name, n.Addr)
+		}
+		if n.Capacity.MemoryLimitMiB == 0 || n.Capacity.DefaultMemoryMiB != 512 {
+			t.Errorf("node %s capacity %+v: no overcommit cap or default memory", n.Name, n.Capacity)
+		}
+	}
+	if ns[2].Capacity.MemoryFloorMiB != int64(floor) {
+		t.Fatalf("n3's floor %d, want %d", ns[2].Capacity.MemoryFloorMiB, floor)
+	}
+
+	// Placement: four creates through n1 spread over n1 and n2 by memory
+	// (each admits 0.1 x RAM of limits); n3's floor keeps it out.
+	placed := map[string][]string{}
+	for i := range 4 {
+		sb, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: fmt.Sprintf("p%d", i)})
+		if err != nil {
+			t.Fatalf("create %d through n1: %v", i, err)
+		}
+		placed[sb.Node] = append(placed[sb.Node], sb.ID)
+	}
+	t.Logf("placed: %v", placed)
+	if len(placed["n1"]) != 2 || len(placed["n2"]) != 2 || len(placed["n3"]) != 0 {
+		t.Fatalf("placed %v: want two on n1, two on n2, none on n3 (its floor)", placed)
+	}
+	// Each is where the create said, as any node sees it.
+	for node, ids := range placed {
+		for _, id := range ids {
+			sb, err := n3.Client.GetSandbox(t.Context(), id)
+			if err != nil || sb.Node != node || sb.State != "running" {
+				t.Fatalf("%s through n3: %+v %v, want running on %s", id, sb, err, node)
+			}
+		}
+	}
+	// A create no node admits: the retryable 503 of one node.
+	if _, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{MemoryMiB: 8 * floor / 10}); !sdk.IsUnavailable(err) {
+		t.Fatalf("a create above every node's room: %v, want unavailable", err)
+	} else {
+		t.Logf("full: %v", err)
+	}
+	// A create that names a node goes there, floor or not... and n3's
+	// own admission refuses it.
+	if _, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n3"}); !sdk.IsUnavailable(err) {
+		t.Fatalf("a create on n3 (no room above its floor): %v, want unavailable", err)
+	}
+
+	// exec and ls through n3, which holds none of them.
+	held := placed["n1"][0]
+	var out bytes.Buffer
+	st, err := n3.Client.Exec(t.Context(), held, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo hi"}, Stdout: &out})
+	if err != nil || st.Code != 0 || out.String() != "hi\n" {
+		t.Fatalf("exec through n3: %+v %v %q", st, err, out.String())
+	}
+	list, err := n3.Client.ListSandboxes(t.Context())
+	if err != nil || len(list) != 4 {
+		t.Fatalf("ls through n3: %d sandboxes, %v", len(list), err)
+	}
+
+	// One etcd member down (n3's, with its daemon): 2 of 3 serve.
+	c.Kill(2)
+	waitFor(t, 30*time.Second, "n3's lease lapses", func() (bool, string) {
+		ok, got := nodeNames(t, n1.Client)
+		return ok && got == "n1,n2", got
+	})
+	sb, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "after"})
+	if err != nil {
+		t.Fatalf("create with 2 of 3 etcd members: %v", err)
+	}
+	out.Reset()
+	if st, err := n2.Client.Exec(t.Context(), held, sdk.ExecRequest{Cmd: []string{"true"}}); err != nil || st.Code != 0 {
+		t.Fatalf("exec through n2 with 2 of 3 etcd members: %+v %v", st, err)
+	}
+	if err := n1.Client.DeleteSandbox(t.Context(), "after"); err != nil {
+		t.Fatalf("remove %s (on %s) through n1: %v", sb.ID, sb.Node, err)
+	}
+	c.Restart(2)
+	waitFor(t, 30*time.Second, "n3 back", func() (bool, string) {
+		ok, got := nodeNames(t, n1.Client)
+		return ok && got == "n1,n2,n3", got
+	})
+}
