@@ -72,8 +72,14 @@ type Cluster struct {
 	cli    *clientv3.Client
 	joined time.Time
 
-	mu    sync.Mutex
-	lease clientv3.LeaseID // guarded by mu
+	mu       sync.Mutex
+	lease    clientv3.LeaseID // guarded by mu
+	draining bool             // guarded by mu
+	epochs   map[string]int64 // the epoch this node last wrote, by sandbox; guarded by mu
+
+	// rejoined is signalled when the node registered again after its
+	// lease lapsed: what it holds must be checked against the directory.
+	rejoined chan struct{}
 
 	stop chan struct{}
 	done chan struct{}
@@ -110,7 +116,8 @@ func Join(ctx context.Context, cli *clientv3.Client, cfg Config) (*Cluster, erro
 	if cfg.Capacity == nil {
 		cfg.Capacity = func(context.Context) (api.NodeCapacity, error) { return api.NodeCapacity{}, nil }
 	}
-	c := &Cluster{cfg: cfg, cli: cli, joined: time.Now().UTC(), stop: make(chan struct{}), done: make(chan struct{})}
+	c := &Cluster{cfg: cfg, cli: cli, joined: time.Now().UTC(), stop: make(chan struct{}), done: make(chan struct{}),
+		epochs: map[string]int64{}, rejoined: make(chan struct{}, 1)}
 	// A lease of this node's last life: its key goes now, not in TTL.
 	if b, err := os.ReadFile(cfg.LeaseFile); err == nil && cfg.LeaseFile != "" {
 		if id, err := strconv.ParseInt(strings.TrimSpace(string(b)), 16, 64); err == nil {
@@ -176,8 +183,11 @@ func (c *Cluster) value(ctx context.Context) (string, error) {
 	if err != nil {
 		c.cfg.Log.Debug("cluster: read capacity", "err", err)
 	}
+	c.mu.Lock()
+	draining := c.draining
+	c.mu.Unlock()
 	b, err := json.Marshal(api.Node{Name: c.cfg.Node, Addr: c.cfg.Addr, Version: c.cfg.Version, Capacity: capy,
-		JoinedAt: c.joined, RefreshedAt: time.Now().UTC()})
+		JoinedAt: c.joined, RefreshedAt: time.Now().UTC(), Draining: draining})
 	return string(b), err
 }
 
@@ -201,6 +211,11 @@ func (c *Cluster) run() {
 				c.cfg.Log.Warn("cluster: this node's lease lapsed; joining again", "node", c.cfg.Node)
 				if err := c.register(ctx); err != nil {
 					c.cfg.Log.Error("cluster: join again", "err", err)
+					continue
+				}
+				select {
+				case c.rejoined <- struct{}{}:
+				default:
 				}
 				continue
 			}
@@ -249,11 +264,37 @@ func (c *Cluster) Close() {
 	}
 }
 
+// opTimeout bounds every etcd call a request makes: an etcd out of reach
+// is a retryable error that says so, never a call that hangs.
+const opTimeout = 5 * time.Second
+
+func (c *Cluster) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, opTimeout)
+}
+
+func (c *Cluster) epoch(id string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epochs[id]
+}
+
+func (c *Cluster) setEpoch(id string, e int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e == 0 {
+		delete(c.epochs, id)
+	} else {
+		c.epochs[id] = e
+	}
+}
+
 // Name is this node's name.
 func (c *Cluster) Name() string { return c.cfg.Node }
 
 // Nodes reads the live nodes, by name.
 func (c *Cluster) Nodes(ctx context.Context) ([]api.Node, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
 	r, err := c.cli.Get(ctx, nodesPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, unavailable("read the nodes", err)
@@ -276,6 +317,8 @@ func (c *Cluster) Nodes(ctx context.Context) ([]api.Node, error) {
 
 // node reads one live node.
 func (c *Cluster) node(ctx context.Context, name string) (api.Node, bool, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
 	r, err := c.cli.Get(ctx, nodeKey(name))
 	if err != nil {
 		return api.Node{}, false, unavailable("read node "+name, err)

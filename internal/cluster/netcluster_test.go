@@ -172,3 +172,91 @@ func TestNetCluster(t *testing.T) {
 		return ok && got == "n1,n2,n3", got
 	})
 }
+
+// TestNetClusterPartition cuts one node's link. Cut off, it keeps serving
+// exec on the sandbox it holds, and a create through it is the retryable
+// 503 that says etcd does not answer. The others mark that sandbox lost
+// (with the reason) once the node's lease lapses, and answer calls on it
+// so; when the link is back, the node finds its hold fenced and stops and
+// removes the sandbox: it runs nowhere, and its lost record stays until
+// it is removed.
+func TestNetClusterPartition(t *testing.T) {
+	c := testenv.StartNetCluster(t, 3, nil, nil)
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	a, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "cut", Node: "n3"})
+	if err != nil || a.Node != "n3" {
+		t.Fatalf("create on n3: %+v %v", a, err)
+	}
+	b, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(testenv.ProcessesMentioning(a.ID)) == 0 {
+		t.Fatalf("no process mentions %s: the check that it stops would be void", a.ID)
+	}
+
+	c.Partition(2)
+	t.Logf("n3 cut off")
+	// Cut off, n3 serves what it holds...
+	var out bytes.Buffer
+	if st, err := n3.Client.Exec(t.Context(), a.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "echo still"}, Stdout: &out}); err != nil || st.Code != 0 || out.String() != "still\n" {
+		t.Fatalf("exec on n3 while it is cut off: %+v %v %q", st, err, out.String())
+	}
+	// ...and refuses creates, retryably, saying why.
+	start := time.Now()
+	_, err = n3.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{})
+	if !sdk.IsUnavailable(err) || !strings.Contains(err.Error(), "etcd") {
+		t.Fatalf("create through n3 while it is cut off: %v, want unavailable naming etcd", err)
+	}
+	t.Logf("create through n3 cut off (%s): %v", time.Since(start).Round(time.Millisecond), err)
+
+	// The others see it lost once n3's lease lapses.
+	waitFor(t, 30*time.Second, "n3's sandbox lost on n1", func() (bool, string) {
+		sb, err := n1.Client.GetSandbox(t.Context(), "cut")
+		return err == nil && sb.State == "lost" && strings.Contains(sb.Error, "n3"), fmt.Sprintf("%+v %v", sb.State, err)
+	})
+	list, err := n2.Client.ListSandboxes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		if want := map[string]string{a.ID: "lost", b.ID: "running"}[sb.ID]; sb.State != want {
+			t.Fatalf("ls on n2: %s is %s, want %s", sb.ID, sb.State, want)
+		}
+	}
+	if _, err := n2.Client.Exec(t.Context(), a.ID, sdk.ExecRequest{Cmd: []string{"true"}}); !sdk.IsConflict(err) || !strings.Contains(err.Error(), "lost") {
+		t.Fatalf("exec through n2 on the lost sandbox: %v, want a conflict saying lost", err)
+	}
+	// The name stays the lost sandbox's.
+	if _, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "cut"}); !sdk.IsConflict(err) {
+		t.Fatalf("a create of the lost sandbox's name: %v", err)
+	}
+
+	// Back: n3 rejoins, finds its hold fenced, and stops the sandbox.
+	c.Heal(2)
+	t.Logf("n3 back")
+	waitFor(t, 60*time.Second, "n3 stops the fenced sandbox", func() (bool, string) {
+		left := testenv.ProcessesMentioning(a.ID)
+		sb, err := n3.Client.GetSandbox(t.Context(), a.ID)
+		return len(left) == 0 && err == nil && sb.State == "lost", fmt.Sprintf("%d processes, %s %v", len(left), sb.State, err)
+	})
+	waitFor(t, 30*time.Second, "n3 back in node ls", func() (bool, string) {
+		ok, got := nodeNames(t, n1.Client)
+		return ok && got == "n1,n2,n3", got
+	})
+	if sb, err := n1.Client.GetSandbox(t.Context(), b.ID); err != nil || sb.State != "running" {
+		t.Fatalf("n1's sandbox after the partition: %+v %v", sb, err)
+	}
+	// Removing the lost sandbox drops its record and frees its name.
+	if err := n2.Client.DeleteSandbox(t.Context(), "cut"); err != nil {
+		t.Fatalf("remove the lost sandbox: %v", err)
+	}
+	if _, err := n1.Client.GetSandbox(t.Context(), a.ID); !sdk.IsNotFound(err) {
+		t.Fatalf("the lost sandbox after its removal: %v", err)
+	}
+	sb, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "cut"})
+	if err != nil {
+		t.Fatalf("the name after the lost sandbox's removal: %v", err)
+	}
+	t.Logf("cut again, on %s", sb.Node)
+}

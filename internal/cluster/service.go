@@ -60,12 +60,27 @@ func (s *Service) Sync(ctx context.Context) error {
 	// A full pass now and then mends what a write etcd refused missed.
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
+	// Sandboxes of nodes that left are marked lost by whichever node
+	// looks first.
+	lost := time.NewTicker(time.Second)
+	defer lost.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-sub.Done():
 			return sub.Err()
+		case <-lost.C:
+			if _, err := s.c.MarkLost(ctx); err != nil {
+				s.c.cfg.Log.Debug("cluster: mark lost sandboxes", "err", err)
+			}
+		case <-s.c.rejoined:
+			// Back after its lease lapsed: what the cluster took from
+			// it meanwhile is stopped and cleaned now.
+			s.c.cfg.Log.Warn("cluster: rejoined after the lease lapsed; checking what this node holds against the directory")
+			if err := s.resync(ctx); err != nil {
+				s.c.cfg.Log.Warn("cluster: write the directory", "err", err)
+			}
 		case <-t.C:
 			if err := s.resync(ctx); err != nil {
 				s.c.cfg.Log.Warn("cluster: write the directory", "err", err)
@@ -88,12 +103,27 @@ func (s *Service) Sync(ctx context.Context) error {
 func (s *Service) publishID(ctx context.Context, id string) error {
 	sb, err := s.Service.Get(ctx, id)
 	if errdefs.IsNotFound(err) {
-		return s.c.Unpublish(ctx, id)
+		return s.c.Unpublish(ctx, id, false)
 	}
 	if err != nil {
 		return err
 	}
-	return s.c.Publish(ctx, sb)
+	return s.publish(ctx, sb)
+}
+
+// publish writes sb's record; a record the cluster took from this node
+// (fenced) makes the node stop and remove the sandbox: it must not run
+// what the cluster says is lost or elsewhere.
+func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
+	err := s.c.Publish(ctx, sb)
+	if !errors.Is(err, errFenced) {
+		return err
+	}
+	s.c.cfg.Log.Warn("cluster: fenced: stopping and removing a sandbox the cluster no longer gives this node", "sandbox", sb.ID, "err", err)
+	if rerr := s.Service.Remove(context.WithoutCancel(ctx), sb.ID); rerr != nil && !errdefs.IsNotFound(rerr) {
+		return errors.Join(err, rerr)
+	}
+	return nil
 }
 
 func (s *Service) resync(ctx context.Context) error {
@@ -109,13 +139,13 @@ func (s *Service) resync(ctx context.Context) error {
 	have := map[string]bool{}
 	for _, sb := range sbs {
 		have[sb.ID] = true
-		if err := s.c.Publish(ctx, sb); err != nil {
+		if err := s.publish(ctx, sb); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	for _, r := range recs {
 		if r.Node == s.c.cfg.Node && !have[r.ID] {
-			errs = append(errs, s.c.Unpublish(ctx, r.ID))
+			errs = append(errs, s.c.Unpublish(ctx, r.ID, false))
 		}
 	}
 	return errors.Join(errs...)
@@ -210,7 +240,7 @@ func (s *Service) createHere(ctx context.Context, req api.CreateSandboxRequest) 
 		return sb, err
 	}
 	sb.Node = s.c.cfg.Node
-	if err := s.c.Publish(ctx, sb); err != nil {
+	if err := s.publish(ctx, sb); err != nil {
 		s.c.cfg.Log.Warn("cluster: write a new sandbox's record", "sandbox", sb.ID, "err", err)
 	}
 	return sb, nil
@@ -245,8 +275,12 @@ func (s *Service) List(ctx context.Context) ([]api.Sandbox, error) {
 		s.c.cfg.Log.Warn("cluster: list without the other nodes", "err", err)
 		return own, nil
 	}
+	have := map[string]bool{}
+	for _, sb := range own {
+		have[sb.ID] = true
+	}
 	for _, r := range recs {
-		if r.Node != s.c.cfg.Node {
+		if r.Node != s.c.cfg.Node || r.State == StateLost && !have[r.ID] {
 			sb := r.Sandbox
 			sb.ID, sb.Node, sb.State, sb.Name = r.ID, r.Node, r.State, r.Name
 			own = append(own, sb)
@@ -268,6 +302,9 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	rec, ok, err := s.c.Lookup(ctx, ref)
 	if err != nil {
 		return nil, err
+	}
+	if ok && rec.State == StateLost {
+		return nil, lostError(rec)
 	}
 	if !ok || rec.Node == s.c.cfg.Node {
 		return s.Service, nil // the node's own NotFound
@@ -301,8 +338,22 @@ func (s *Service) remote(n api.Node) (*remote.Service, error) {
 	return r, nil
 }
 
+// lostRecord is the record of ref when the directory says it is lost.
+func (s *Service) lostRecord(ctx context.Context, ref string) (Record, bool) {
+	rec, ok, err := s.c.Lookup(ctx, ref)
+	return rec, err == nil && ok && rec.State == StateLost
+}
+
+// Get answers a lost sandbox with its record: state lost and the reason.
 func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	svc, err := s.route(ctx, ref)
+	if errdefs.Is(err, errdefs.Conflict) {
+		if rec, lost := s.lostRecord(ctx, ref); lost {
+			sb := rec.Sandbox
+			sb.ID, sb.Node, sb.State, sb.Name, sb.Error = rec.ID, rec.Node, rec.State, rec.Name, rec.Reason
+			return sb, nil
+		}
+	}
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -317,6 +368,13 @@ func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 // one it held at once (the holder of another does).
 func (s *Service) Remove(ctx context.Context, ref string) error {
 	svc, err := s.route(ctx, ref)
+	if errdefs.Is(err, errdefs.Conflict) {
+		// A lost sandbox: its record goes (its node, should it come
+		// back, has cleaned or will clean what it had).
+		if rec, lost := s.lostRecord(ctx, ref); lost {
+			return s.c.Unpublish(ctx, rec.ID, true)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -330,7 +388,7 @@ func (s *Service) Remove(ctx context.Context, ref string) error {
 	if err := s.Service.Remove(ctx, ref); err != nil {
 		return err
 	}
-	if err := s.c.Unpublish(ctx, sb.ID); err != nil {
+	if err := s.c.Unpublish(ctx, sb.ID, true); err != nil {
 		s.c.cfg.Log.Warn("cluster: remove a sandbox's record", "sandbox", sb.ID, "err", err)
 	}
 	return nil
