@@ -164,6 +164,13 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox) error {
 			rec.Name = ""
 		}
 	}
+	if len(then) == 0 && sameRecord(old, rec) {
+		// Nothing the cluster sees changed (an event that moved no
+		// state): no write, so that etcd is written per create and per
+		// state change, never per exec or event.
+		c.setEpoch(sb.ID, rec.Epoch)
+		return nil
+	}
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -271,4 +278,12 @@ func (c *Cluster) Records(ctx context.Context) ([]Record, error) {
 		out = append(out, rec)
 	}
 	return out, nil
+}
+
+// sameRecord is whether a and b differ at most in their write time.
+func sameRecord(a, b Record) bool {
+	a.UpdatedAt, b.UpdatedAt = time.Time{}, time.Time{}
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(ja) == string(jb)
 }

@@ -28,6 +28,7 @@ type Service struct {
 
 	mu      sync.Mutex
 	remotes map[string]*remote.Service // by address; guarded by mu
+	routes  map[string]route           // by sandbox id; guarded by mu
 
 	pending pending
 }
@@ -39,7 +40,7 @@ var (
 
 // NewService wraps local, the node's own service, for the cluster c.
 func NewService(c *Cluster, local service.Service) *Service {
-	return &Service{Service: local, c: c, remotes: map[string]*remote.Service{}}
+	return &Service{Service: local, c: c, remotes: map[string]*remote.Service{}, routes: map[string]route{}}
 }
 
 // Nodes reads the cluster's live nodes.
@@ -108,8 +109,17 @@ func (s *Service) publishID(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	if transitional[sb.State] {
+		// The record changes at stable states only: a create writes
+		// once (running), a sleep once (sleeping).
+		return nil
+	}
 	return s.publish(ctx, sb)
 }
+
+// transitional are the states a sandbox passes through; its record is
+// written at the state it reaches (a create, killed midway, leaves none).
+var transitional = map[string]bool{"creating": true, "suspending": true, "waking": true, "destroying": true}
 
 // publish writes sb's record; a record the cluster took from this node
 // (fenced) makes the node stop and remove the sandbox: it must not run
@@ -299,6 +309,9 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if _, err := s.Service.Get(ctx, ref); err == nil || !errdefs.IsNotFound(err) {
 		return s.Service, nil // here, or an error of this node's to tell
 	}
+	if n, ok := s.cachedRoute(ref); ok {
+		return s.remote(n)
+	}
 	rec, ok, err := s.c.Lookup(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -316,7 +329,46 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if !live {
 		return nil, errdefs.New(errdefs.Unavailable, "sandbox %s is on node %s, which is not in the cluster now (its lease lapsed): try again when it is back", rec.ID, rec.Node)
 	}
+	if rec.ID == ref {
+		s.cacheRoute(ref, n)
+	}
 	return s.remote(n)
+}
+
+// routeTTL is how long a call on a sandbox of another node reuses the
+// directory's answer: a burst of execs reads etcd once. Sandboxes do not
+// move between nodes yet; a node that left is noticed within it.
+const routeTTL = 2 * time.Second
+
+type route struct {
+	node api.Node
+	at   time.Time
+}
+
+func (s *Service) cachedRoute(id string) (api.Node, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.routes[id]
+	if !ok || time.Since(r.at) > routeTTL {
+		delete(s.routes, id)
+		return api.Node{}, false
+	}
+	return r.node, true
+}
+
+func (s *Service) cacheRoute(id string, n api.Node) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.routes) > 10000 {
+		clear(s.routes)
+	}
+	s.routes[id] = route{node: n, at: time.Now()}
+}
+
+func (s *Service) forgetRoute(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.routes, id)
 }
 
 func (s *Service) remote(n api.Node) (*remote.Service, error) {
@@ -379,6 +431,7 @@ func (s *Service) Remove(ctx context.Context, ref string) error {
 		return err
 	}
 	if svc != s.Service {
+		s.forgetRoute(ref)
 		return svc.Remove(ctx, ref)
 	}
 	sb, err := s.Service.Get(ctx, ref)
