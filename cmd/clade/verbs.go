@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -297,6 +298,7 @@ func newListCmd() *cobra.Command {
 	quiet := fs.BoolP("quiet", "q", false, "print only the ids, one a line")
 	var labels multi
 	fs.Var(&labels, "label", "list only sandboxes with label `K=V` (repeatable: all must match)")
+	node := fs.String("node", "", "in a cluster, list only the sandboxes node `NAME` holds")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		want, err := parseLabels(labels)
 		if err != nil {
@@ -309,6 +311,9 @@ func newListCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
+		if *node != "" {
+			sbs = slices.DeleteFunc(sbs, func(sb sdk.Sandbox) bool { return sb.Node != *node })
+		}
 		if *asJSON {
 			return printJSON(sbs)
 		}
@@ -319,8 +324,19 @@ func newListCmd() *cobra.Command {
 			return nil
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
+		// A cluster's list says where each sandbox is.
+		cluster := slices.ContainsFunc(sbs, func(sb sdk.Sandbox) bool { return sb.Node != "" && sb.Node != "local" })
+		if cluster {
+			fmt.Fprintln(tw, "ID\tNAME\tNODE\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
+		} else {
+			fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
+		}
 		for _, sb := range sbs {
+			if cluster {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%dMiB\t%g\t%s ago\n", sb.ID, dash(sb.Name), sb.Node, sb.Image, sb.State, sb.MemoryMiB, sb.CPUs,
+					time.Since(sb.CreatedAt).Round(time.Second))
+				continue
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%dMiB\t%g\t%s ago\n", sb.ID, dash(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs,
 				time.Since(sb.CreatedAt).Round(time.Second))
 		}

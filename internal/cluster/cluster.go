@@ -36,6 +36,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 )
 
 const keyPrefix = "/clade/"
@@ -45,6 +46,8 @@ func sandboxKey(id string) string { return keyPrefix + "sandboxes/" + id }
 func nameKey(name string) string  { return keyPrefix + "names/" + name }
 func nodesPrefix() string         { return keyPrefix + "nodes/" }
 func sandboxesPrefix() string     { return keyPrefix + "sandboxes/" }
+func drainKey(name string) string { return keyPrefix + "drain/" + name }
+func drainPrefix() string         { return keyPrefix + "drain/" }
 
 // Config is a node's part in a cluster.
 type Config struct {
@@ -72,10 +75,9 @@ type Cluster struct {
 	cli    *clientv3.Client
 	joined time.Time
 
-	mu       sync.Mutex
-	lease    clientv3.LeaseID // guarded by mu
-	draining bool             // guarded by mu
-	epochs   map[string]int64 // the epoch this node last wrote, by sandbox; guarded by mu
+	mu     sync.Mutex
+	lease  clientv3.LeaseID // guarded by mu
+	epochs map[string]int64 // the epoch this node last wrote, by sandbox; guarded by mu
 
 	// rejoined is signalled when the node registered again after its
 	// lease lapsed: what it holds must be checked against the directory.
@@ -183,11 +185,8 @@ func (c *Cluster) value(ctx context.Context) (string, error) {
 	if err != nil {
 		c.cfg.Log.Debug("cluster: read capacity", "err", err)
 	}
-	c.mu.Lock()
-	draining := c.draining
-	c.mu.Unlock()
 	b, err := json.Marshal(api.Node{Name: c.cfg.Node, Addr: c.cfg.Addr, Version: c.cfg.Version, Capacity: capy,
-		JoinedAt: c.joined, RefreshedAt: time.Now().UTC(), Draining: draining})
+		JoinedAt: c.joined, RefreshedAt: time.Now().UTC()})
 	return string(b), err
 }
 
@@ -295,19 +294,25 @@ func (c *Cluster) Name() string { return c.cfg.Node }
 func (c *Cluster) Nodes(ctx context.Context) ([]api.Node, error) {
 	ctx, cancel := c.opCtx(ctx)
 	defer cancel()
-	r, err := c.cli.Get(ctx, nodesPrefix(), clientv3.WithPrefix())
+	r, err := c.cli.Txn(ctx).Then(clientv3.OpGet(nodesPrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(drainPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
 		return nil, unavailable("read the nodes", err)
 	}
+	draining := map[string]bool{}
+	for _, kv := range r.Responses[1].GetResponseRange().Kvs {
+		draining[string(kv.Key[len(drainPrefix()):])] = true
+	}
 	now := time.Now()
 	var out []api.Node
-	for _, kv := range r.Kvs {
+	for _, kv := range r.Responses[0].GetResponseRange().Kvs {
 		var n api.Node
 		if err := json.Unmarshal(kv.Value, &n); err != nil {
 			c.cfg.Log.Warn("cluster: a node key that does not parse", "key", string(kv.Key), "err", err)
 			continue
 		}
 		n.Self = n.Name == c.cfg.Node
+		n.Draining = draining[n.Name]
 		n.LeaseAgeMS = max(0, now.Sub(n.RefreshedAt).Milliseconds())
 		out = append(out, n)
 	}
@@ -329,4 +334,38 @@ func (c *Cluster) node(ctx context.Context, name string) (api.Node, bool, error)
 	var n api.Node
 	err = json.Unmarshal(r.Kvs[0].Value, &n)
 	return n, err == nil, err
+}
+
+// Drain marks (on) or unmarks the named live node as draining: placement
+// picks it no more. The mark (drain/NAME, without a lease) outlives the
+// node's restarts until it is taken off.
+func (c *Cluster) Drain(ctx context.Context, name string, on bool) (api.Node, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	nk := nodeKey(name)
+	op := clientv3.OpDelete(drainKey(name))
+	if on {
+		op = clientv3.OpPut(drainKey(name), time.Now().UTC().Format(time.RFC3339))
+	}
+	// Only for a live node: a typo must not drain nothing silently.
+	r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(nk), ">", 0)).Then(op, clientv3.OpGet(nk)).Commit()
+	if err != nil {
+		return api.Node{}, unavailable("drain node "+name, err)
+	}
+	if !r.Succeeded {
+		return api.Node{}, errdefs.New(errdefs.NotFound, "no live node %q in the cluster (clade node ls lists them)", name)
+	}
+	var n api.Node
+	if kvs := r.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		if err := json.Unmarshal(kvs[0].Value, &n); err != nil {
+			return api.Node{}, err
+		}
+	}
+	n.Self, n.Draining = n.Name == c.cfg.Node, on
+	if on {
+		c.cfg.Log.Info("cluster: node drained", "node", name)
+	} else {
+		c.cfg.Log.Info("cluster: node undrained", "node", name)
+	}
+	return n, nil
 }

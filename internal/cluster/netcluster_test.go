@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,6 +139,45 @@ func TestNetCluster(t *testing.T) {
 		t.Fatalf("a create on n3 (no room above its floor): %v, want unavailable", err)
 	}
 
+	// Drained (through the CLI), n1 takes no new sandboxes: they go to
+	// n2; with n2 drained too, no node may take one.
+	clade := func(nd *testenv.NetNode, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(nd.Bin, append([]string{"--host", nd.Socket}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("clade %v on %s: %v\n%s", args, nd.Name, err, out)
+		}
+		return string(out)
+	}
+	t.Logf("%s", clade(n3, "node", "drain", "n1"))
+	if out := clade(n2, "node", "ls"); !regexp.MustCompile(`(?m)^n1\s+draining\s`).MatchString(out) || !regexp.MustCompile(`(?m)^n2 \*\s+ready\s`).MatchString(out) {
+		t.Fatalf("node ls on n2 after n1's drain:\n%s", out)
+	}
+	for i := range 2 {
+		sb, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{})
+		if err != nil || sb.Node != "n2" {
+			t.Fatalf("create %d through drained n1: on %q, %v; want n2", i, sb.Node, err)
+		}
+		placed["n2"] = append(placed["n2"], sb.ID)
+	}
+	if _, err := n1.Client.DrainNode(t.Context(), "n2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n3.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{}); !sdk.IsUnavailable(err) {
+		t.Fatalf("a create with n1 and n2 drained (n3 without room): %v, want unavailable", err)
+	}
+	if _, err := n1.Client.DrainNode(t.Context(), "n9"); !sdk.IsNotFound(err) {
+		t.Fatalf("drain of a node that is not there: %v, want not_found", err)
+	}
+	clade(n1, "node", "drain", "n1", "--undo")
+	clade(n1, "node", "undrain", "n2")
+	if ns, err := n3.Client.ListNodes(t.Context()); err != nil || ns[0].Draining || ns[1].Draining {
+		t.Fatalf("after undrain: %+v %v", ns, err)
+	}
+	if got := strings.Fields(clade(n3, "ls", "-q", "--node", "n2")); len(got) != 4 || !sameSet(got, placed["n2"]) {
+		t.Fatalf("ls --node n2 through n3: %v, want %v", got, placed["n2"])
+	}
+
 	// exec and ls through n3, which holds none of them.
 	held := placed["n1"][0]
 	var out bytes.Buffer
@@ -145,7 +186,7 @@ func TestNetCluster(t *testing.T) {
 		t.Fatalf("exec through n3: %+v %v %q", st, err, out.String())
 	}
 	list, err := n3.Client.ListSandboxes(t.Context())
-	if err != nil || len(list) != 4 {
+	if err != nil || len(list) != 6 {
 		t.Fatalf("ls through n3: %d sandboxes, %v", len(list), err)
 	}
 
@@ -259,4 +300,11 @@ func TestNetClusterPartition(t *testing.T) {
 		t.Fatalf("the name after the lost sandbox's removal: %v", err)
 	}
 	t.Logf("cut again, on %s", sb.Node)
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }

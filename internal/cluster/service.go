@@ -46,6 +46,11 @@ func NewService(c *Cluster, local service.Service) *Service {
 // Nodes reads the cluster's live nodes.
 func (s *Service) Nodes(ctx context.Context) ([]api.Node, error) { return s.c.Nodes(ctx) }
 
+// Drain marks or unmarks a node as draining (no new placements).
+func (s *Service) Drain(ctx context.Context, node string, on bool) (api.Node, error) {
+	return s.c.Drain(ctx, node, on)
+}
+
 // Sync writes the records of every sandbox the node holds, drops the
 // records that name this node for sandboxes it no longer has, and then
 // follows the node's events, writing each change, until ctx ends.

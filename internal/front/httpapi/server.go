@@ -95,6 +95,8 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.route("GET /v1/sandboxes/{id}/stats", "sandbox_stats", s.getStats)
 	s.route("GET /v1/stats", "stats_list", s.listStats)
 	s.route("GET /v1/nodes", "node_list", s.listNodes)
+	s.route("POST /v1/nodes/{name}/drain", "node_drain", s.drainNode)
+	s.route("DELETE /v1/nodes/{name}/drain", "node_undrain", s.drainNode)
 	s.routeVolumes()
 	s.routeSecrets()
 	s.routeCode()
