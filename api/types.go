@@ -411,6 +411,8 @@ type Event struct {
 	Seq  uint64    `json:"seq,omitempty"`
 	Time time.Time `json:"time,omitempty,omitzero"`
 	Type string    `json:"type,omitempty"`
+	// Node, in a cluster, is the node the event happened on.
+	Node string `json:"node,omitempty"`
 	// Sandbox is the sandbox's id; Name and Labels are as they were then.
 	Sandbox string            `json:"sandbox,omitempty"`
 	Name    string            `json:"name,omitempty"`

@@ -2,7 +2,11 @@ package cluster_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -176,6 +180,37 @@ func TestNetCluster(t *testing.T) {
 	}
 	if got := strings.Fields(clade(n3, "ls", "-q", "--node", "n2")); len(got) != 4 || !sameSet(got, placed["n2"]) {
 		t.Fatalf("ls --node n2 through n3: %v, want %v", got, placed["n2"])
+	}
+
+	// n2's events and n1's metrics say their node.
+	evs, err := n2.Client.Events(t.Context(), sdk.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nev := 0
+	for ev, err := range evs {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Node != "n2" {
+			t.Fatalf("an event of n2 says node %q: %+v", ev.Node, ev)
+		}
+		nev++
+	}
+	if nev == 0 {
+		t.Fatal("no events kept on n2")
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", n1.Socket)
+	}}}
+	resp, err := hc.Get("http://clade/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`(?m)^clade_wakes_total\{node="n1"\} `).Match(metrics) {
+		t.Fatalf("n1's metrics without node=\"n1\":\n%.2000s", metrics)
 	}
 
 	// exec and ls through n3, which holds none of them.

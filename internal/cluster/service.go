@@ -555,3 +555,58 @@ func (s *Service) ChangeNetwork(ctx context.Context, ref string, ch api.NetworkC
 	}
 	return svc.ChangeNetwork(ctx, ref, ch)
 }
+
+// SubscribeEvents follows this node's events, each saying the node (the
+// events of other nodes are theirs to serve).
+func (s *Service) SubscribeEvents(ctx context.Context, since uint64, hasSince bool, f service.EventFilter) (service.Subscription, error) {
+	sub, err := s.Service.SubscribeEvents(ctx, since, hasSince, f)
+	if err != nil {
+		return nil, err
+	}
+	ns := &nodeSub{Subscription: sub, node: s.c.cfg.Node, c: make(chan api.Event)}
+	go ns.run()
+	return ns, nil
+}
+
+// nodeSub is a subscription whose events carry the node.
+type nodeSub struct {
+	service.Subscription
+	node string
+	c    chan api.Event
+}
+
+func (s *nodeSub) Backlog() []api.Event {
+	b := s.Subscription.Backlog()
+	for i := range b {
+		b[i].Node = s.node
+	}
+	return b
+}
+
+func (s *nodeSub) C() <-chan api.Event { return s.c }
+
+func (s *nodeSub) run() {
+	for {
+		select {
+		case ev := <-s.Subscription.C():
+			ev.Node = s.node
+			select {
+			case s.c <- ev:
+			case <-s.Subscription.Done():
+				return
+			}
+		case <-s.Subscription.Done():
+			return
+		}
+	}
+}
+
+// EventsSince is this node's kept events after since, each saying the
+// node.
+func (s *Service) EventsSince(ctx context.Context, since uint64, f service.EventFilter) ([]api.Event, error) {
+	evs, err := s.Service.EventsSince(ctx, since, f)
+	for i := range evs {
+		evs[i].Node = s.c.cfg.Node
+	}
+	return evs, err
+}
