@@ -49,6 +49,7 @@ func newCreateCmd() *cobra.Command {
 	fs.StringVar(&req.Name, "name", "", "unique name, usable wherever an id is")
 	fs.StringVar(&req.Engine, "engine", "", "engine to run the sandbox in: gvisor or qemu (a microVM; default: the daemon's)")
 	fs.StringVar(&req.FromSnapshot, "from", "", "restore from this `snapshot` instead of booting the image")
+	fs.StringVar(&req.Node, "node", "", "in a cluster, the node `NAME` to create the sandbox on (default: placement picks the node with the most memory free)")
 	mode := fs.String("network", "", "internet (own address, egress under the policy) or none (loopback only); default: the daemon's --default-network")
 	pol := policyFlags(fs)
 	fs.BoolVar(&req.Public, "public", false, "serve the sandbox's ports through the daemon's ingress without its traffic token (by default requests need header X-Clade-Traffic-Token, shown by clade inspect)")

@@ -78,6 +78,10 @@ type Cluster struct {
 	mu     sync.Mutex
 	lease  clientv3.LeaseID // guarded by mu
 	epochs map[string]int64 // the epoch this node last wrote, by sandbox; guarded by mu
+	// lostNodes and lostPass are the live nodes at MarkLost's last pass
+	// over the directory, and when; guarded by mu.
+	lostNodes string
+	lostPass  time.Time
 
 	// rejoined is signalled when the node registered again after its
 	// lease lapsed: what it holds must be checked against the directory.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -23,9 +24,37 @@ const StateLost = "lost"
 // Each record changes in a transaction that holds only while its node's
 // key is still absent, so a node that rejoined in the meantime keeps its
 // sandboxes. Any node may run it; the compare-and-swap makes one win.
+//
+// The directory is read only when the set of live nodes changed since the
+// last pass, or 10 s went by: a pass every second is one keys-only read.
 func (c *Cluster) MarkLost(ctx context.Context) (int, error) {
 	ctx, cancel := c.opCtx(ctx)
 	defer cancel()
+	nr, err := c.cli.Get(ctx, nodesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, unavailable("read the nodes", err)
+	}
+	var names []string
+	for _, kv := range nr.Kvs {
+		names = append(names, string(kv.Key))
+	}
+	set := strings.Join(names, ",")
+	c.mu.Lock()
+	skip := set == c.lostNodes && time.Since(c.lostPass) < 10*time.Second
+	c.mu.Unlock()
+	if skip {
+		return 0, nil
+	}
+	n, err := c.markLost(ctx)
+	if err == nil {
+		c.mu.Lock()
+		c.lostNodes, c.lostPass = set, time.Now()
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+func (c *Cluster) markLost(ctx context.Context) (int, error) {
 	r, err := c.cli.Txn(ctx).Then(clientv3.OpGet(nodesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(sandboxesPrefix(), clientv3.WithPrefix())).Commit()
 	if err != nil {

@@ -92,6 +92,11 @@ func (s *Service) Sync(ctx context.Context) error {
 				s.c.cfg.Log.Warn("cluster: write the directory", "err", err)
 			}
 		case ev := <-sub.C():
+			if !recordEvents[ev.Type] {
+				// An exec, a snapshot, a refused admission: nothing the
+				// directory holds changed (and etcd is not even read).
+				continue
+			}
 			ids := ev.Children
 			if ev.Sandbox != "" {
 				ids = append(ids, ev.Sandbox)
@@ -121,6 +126,10 @@ func (s *Service) publishID(ctx context.Context, id string) error {
 	}
 	return s.publish(ctx, sb)
 }
+
+// recordEvents are the events that may change a sandbox's record.
+var recordEvents = map[string]bool{api.EventCreated: true, api.EventStarted: true, api.EventForked: true, api.EventSlept: true,
+	api.EventWoken: true, api.EventStopped: true, api.EventRemoved: true}
 
 // transitional are the states a sandbox passes through; its record is
 // written at the state it reaches (a create, killed midway, leaves none).
@@ -154,6 +163,15 @@ func (s *Service) resync(ctx context.Context) error {
 	have := map[string]bool{}
 	for _, sb := range sbs {
 		have[sb.ID] = true
+		if transitional[sb.State] {
+			continue
+		}
+		// The record holds Get's view (List's is shorter): the same
+		// view as every other write, so an unchanged sandbox is not
+		// written again.
+		if got, err := s.Service.Get(ctx, sb.ID); err == nil {
+			sb = got
+		}
 		if err := s.publish(ctx, sb); err != nil {
 			errs = append(errs, err)
 		}
@@ -255,7 +273,14 @@ func (s *Service) createHere(ctx context.Context, req api.CreateSandboxRequest) 
 		return sb, err
 	}
 	sb.Node = s.c.cfg.Node
-	if err := s.publish(ctx, sb); err != nil {
+	// The record holds the node's view as Get gives it, as the events'
+	// writes do: the same sandbox is never written twice for a view that
+	// differs only in what a create's answer adds.
+	view := sb
+	if got, err := s.Service.Get(ctx, sb.ID); err == nil {
+		view = got
+	}
+	if err := s.publish(ctx, view); err != nil {
 		s.c.cfg.Log.Warn("cluster: write a new sandbox's record", "sandbox", sb.ID, "err", err)
 	}
 	return sb, nil
