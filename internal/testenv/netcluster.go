@@ -196,6 +196,12 @@ func (c *NetCluster) removeNet() {
 		if l, err := netlink.LinkByName(nd.hostLink); err == nil {
 			_ = netlink.LinkDel(l)
 		}
+		// The IPv4 forwarding registry its daemon kept for its namespace
+		// (see internal/network's registryDir).
+		var st unix.Stat_t
+		if unix.Stat(nd.NS, &st) == nil {
+			_ = os.RemoveAll(fmt.Sprintf("/run/clade-network/netns-%d", st.Ino))
+		}
 		_ = unix.Unmount(nd.NS, unix.MNT_DETACH)
 		_ = os.Remove(nd.NS)
 	}
