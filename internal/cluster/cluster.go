@@ -185,12 +185,16 @@ func (c *Cluster) register(ctx context.Context) error {
 func (c *Cluster) value(ctx context.Context) (string, error) {
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.Refresh)
 	defer cancel()
+	// The time before the capacity is read: placement counts a create
+	// that answered after it against the node until a later refresh (a
+	// time taken after the read would drop one the read missed).
+	at := time.Now().UTC()
 	capy, err := c.cfg.Capacity(cctx)
 	if err != nil {
 		c.cfg.Log.Debug("cluster: read capacity", "err", err)
 	}
 	b, err := json.Marshal(api.Node{Name: c.cfg.Node, Addr: c.cfg.Addr, Version: c.cfg.Version, Capacity: capy,
-		JoinedAt: c.joined, RefreshedAt: time.Now().UTC()})
+		JoinedAt: c.joined, RefreshedAt: at})
 	return string(b), err
 }
 

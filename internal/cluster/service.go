@@ -184,7 +184,7 @@ func (s *Service) resync(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Create places the sandbox (see create), or makes it on the node the
+// Create places the sandbox (see place), or makes it on the node the
 // request names.
 func (s *Service) Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
 	switch {
