@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 RUNSC_VERSION := $(shell awk '$$1 == "gvisor.dev/gvisor" {print $$2}' tools/runsc/go.mod)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: deps-weed help deps deps-test deps-qemu build demo test test-qemu soak bench gobench lint fmt generate clean
+.PHONY: deps-weed help deps deps-test deps-qemu build demo demo-cluster test test-qemu soak bench gobench lint fmt generate clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ build: ## build bin/clade and bin/clade-agent (static)
 
 demo: deps build ## start a daemon, run Python in a sandbox, copy files in and out, clean up
 	@BIN=$(BIN) DATA_DIR=$(DATA_DIR) IMAGES_DIR=$(IMAGES_DIR) ./scripts/demo.sh
+
+demo-cluster: deps build ## three nodes in network namespaces, a 3-member etcd among them: placement, proxied exec, drain, a node killed (root)
+	@BIN=$(BIN) IMAGES_DIR=$(IMAGES_DIR) ./scripts/demo-cluster.sh
 
 E2B_JS := internal/front/e2b/testdata/js
 

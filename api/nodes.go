@@ -18,6 +18,9 @@ type Node struct {
 	// LeaseAgeMS is how long ago, by the answering node's clock, the
 	// node last refreshed; its key goes when its lease lapses.
 	LeaseAgeMS int64 `json:"lease_age_ms"`
+	// Draining is true while the node takes no new placements (clade
+	// node drain).
+	Draining bool `json:"draining,omitempty"`
 }
 
 // NodeCapacity is what a node has for placement.
@@ -28,6 +31,13 @@ type NodeCapacity struct {
 	MemoryTotalMiB    int64 `json:"memory_total_mib"`
 	MemAvailableMiB   int64 `json:"mem_available_mib"`
 	MemoryAdmittedMiB int64 `json:"memory_admitted_mib"`
+	// MemoryFloorMiB is the MemAvailable its creates must leave free
+	// (--memory-floor); MemoryLimitMiB what the admitted limits may add
+	// up to (--memory-overcommit x total; 0: no cap); DefaultMemoryMiB
+	// the limit of a sandbox that asks for none.
+	MemoryFloorMiB   int64 `json:"memory_floor_mib,omitempty"`
+	MemoryLimitMiB   int64 `json:"memory_limit_mib,omitempty"`
+	DefaultMemoryMiB int64 `json:"default_memory_mib,omitempty"`
 	// Sandboxes counts the sandboxes it holds, Running those running.
 	Sandboxes int `json:"sandboxes"`
 	Running   int `json:"running"`

@@ -183,6 +183,10 @@ type CreateSandboxRequest struct {
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// Secrets are secrets the sandbox takes (see SecretRef).
 	Secrets []SecretRef `json:"secrets,omitempty"`
+	// Node, in a cluster, is the node to create the sandbox on; empty,
+	// placement picks one (the node with the most memory free after
+	// admission that runs the engine and has the image).
+	Node string `json:"node,omitempty"`
 }
 
 // Snapshot is a sandbox's state frozen on disk: memory, processes, files.
@@ -416,6 +420,8 @@ type Event struct {
 	Seq  uint64    `json:"seq,omitempty"`
 	Time time.Time `json:"time,omitempty,omitzero"`
 	Type string    `json:"type,omitempty"`
+	// Node, in a cluster, is the node the event happened on.
+	Node string `json:"node,omitempty"`
 	// Sandbox is the sandbox's id; Name and Labels are as they were then.
 	Sandbox string            `json:"sandbox,omitempty"`
 	Name    string            `json:"name,omitempty"`

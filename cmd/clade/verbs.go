@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,6 +49,7 @@ func newCreateCmd() *cobra.Command {
 	fs.StringVar(&req.Name, "name", "", "unique name, usable wherever an id is")
 	fs.StringVar(&req.Engine, "engine", "", "engine to run the sandbox in: gvisor or qemu (a microVM; default: the daemon's)")
 	fs.StringVar(&req.FromSnapshot, "from", "", "restore from this `snapshot` instead of booting the image")
+	fs.StringVar(&req.Node, "node", "", "in a cluster, the node `NAME` to create the sandbox on (default: placement picks the node with the most memory free)")
 	mode := fs.String("network", "", "internet (own address, egress under the policy) or none (loopback only); default: the daemon's --default-network")
 	pol := policyFlags(fs)
 	fs.BoolVar(&req.Public, "public", false, "serve the sandbox's ports through the daemon's ingress without its traffic token (by default requests need header X-Clade-Traffic-Token, shown by clade inspect)")
@@ -297,6 +299,7 @@ func newListCmd() *cobra.Command {
 	quiet := fs.BoolP("quiet", "q", false, "print only the ids, one a line")
 	var labels multi
 	fs.Var(&labels, "label", "list only sandboxes with label `K=V` (repeatable: all must match)")
+	node := fs.String("node", "", "in a cluster, list only the sandboxes node `NAME` holds")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		want, err := parseLabels(labels)
 		if err != nil {
@@ -309,6 +312,9 @@ func newListCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
+		if *node != "" {
+			sbs = slices.DeleteFunc(sbs, func(sb sdk.Sandbox) bool { return sb.Node != *node })
+		}
 		if *asJSON {
 			return printJSON(sbs)
 		}
@@ -319,8 +325,19 @@ func newListCmd() *cobra.Command {
 			return nil
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
+		// A cluster's list says where each sandbox is.
+		cluster := slices.ContainsFunc(sbs, func(sb sdk.Sandbox) bool { return sb.Node != "" && sb.Node != "local" })
+		if cluster {
+			fmt.Fprintln(tw, "ID\tNAME\tNODE\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
+		} else {
+			fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tMEMORY\tCPUS\tCREATED")
+		}
 		for _, sb := range sbs {
+			if cluster {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%dMiB\t%g\t%s ago\n", sb.ID, dash(sb.Name), sb.Node, sb.Image, sb.State, sb.MemoryMiB, sb.CPUs,
+					time.Since(sb.CreatedAt).Round(time.Second))
+				continue
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%dMiB\t%g\t%s ago\n", sb.ID, dash(sb.Name), sb.Image, sb.State, sb.MemoryMiB, sb.CPUs,
 				time.Since(sb.CreatedAt).Round(time.Second))
 		}

@@ -36,6 +36,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
 )
 
 const keyPrefix = "/clade/"
@@ -45,6 +46,8 @@ func sandboxKey(id string) string { return keyPrefix + "sandboxes/" + id }
 func nameKey(name string) string  { return keyPrefix + "names/" + name }
 func nodesPrefix() string         { return keyPrefix + "nodes/" }
 func sandboxesPrefix() string     { return keyPrefix + "sandboxes/" }
+func drainKey(name string) string { return keyPrefix + "drain/" + name }
+func drainPrefix() string         { return keyPrefix + "drain/" }
 
 // Config is a node's part in a cluster.
 type Config struct {
@@ -72,8 +75,17 @@ type Cluster struct {
 	cli    *clientv3.Client
 	joined time.Time
 
-	mu    sync.Mutex
-	lease clientv3.LeaseID // guarded by mu
+	mu     sync.Mutex
+	lease  clientv3.LeaseID // guarded by mu
+	epochs map[string]int64 // the epoch this node last wrote, by sandbox; guarded by mu
+	// lostNodes and lostPass are the live nodes at MarkLost's last pass
+	// over the directory, and when; guarded by mu.
+	lostNodes string
+	lostPass  time.Time
+
+	// rejoined is signalled when the node registered again after its
+	// lease lapsed: what it holds must be checked against the directory.
+	rejoined chan struct{}
 
 	stop chan struct{}
 	done chan struct{}
@@ -110,7 +122,8 @@ func Join(ctx context.Context, cli *clientv3.Client, cfg Config) (*Cluster, erro
 	if cfg.Capacity == nil {
 		cfg.Capacity = func(context.Context) (api.NodeCapacity, error) { return api.NodeCapacity{}, nil }
 	}
-	c := &Cluster{cfg: cfg, cli: cli, joined: time.Now().UTC(), stop: make(chan struct{}), done: make(chan struct{})}
+	c := &Cluster{cfg: cfg, cli: cli, joined: time.Now().UTC(), stop: make(chan struct{}), done: make(chan struct{}),
+		epochs: map[string]int64{}, rejoined: make(chan struct{}, 1)}
 	// A lease of this node's last life: its key goes now, not in TTL.
 	if b, err := os.ReadFile(cfg.LeaseFile); err == nil && cfg.LeaseFile != "" {
 		if id, err := strconv.ParseInt(strings.TrimSpace(string(b)), 16, 64); err == nil {
@@ -172,12 +185,16 @@ func (c *Cluster) register(ctx context.Context) error {
 func (c *Cluster) value(ctx context.Context) (string, error) {
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.Refresh)
 	defer cancel()
+	// The time before the capacity is read: placement counts a create
+	// that answered after it against the node until a later refresh (a
+	// time taken after the read would drop one the read missed).
+	at := time.Now().UTC()
 	capy, err := c.cfg.Capacity(cctx)
 	if err != nil {
 		c.cfg.Log.Debug("cluster: read capacity", "err", err)
 	}
 	b, err := json.Marshal(api.Node{Name: c.cfg.Node, Addr: c.cfg.Addr, Version: c.cfg.Version, Capacity: capy,
-		JoinedAt: c.joined, RefreshedAt: time.Now().UTC()})
+		JoinedAt: c.joined, RefreshedAt: at})
 	return string(b), err
 }
 
@@ -201,6 +218,11 @@ func (c *Cluster) run() {
 				c.cfg.Log.Warn("cluster: this node's lease lapsed; joining again", "node", c.cfg.Node)
 				if err := c.register(ctx); err != nil {
 					c.cfg.Log.Error("cluster: join again", "err", err)
+					continue
+				}
+				select {
+				case c.rejoined <- struct{}{}:
+				default:
 				}
 				continue
 			}
@@ -249,24 +271,56 @@ func (c *Cluster) Close() {
 	}
 }
 
+// opTimeout bounds every etcd call a request makes: an etcd out of reach
+// is a retryable error that says so, never a call that hangs.
+const opTimeout = 5 * time.Second
+
+func (c *Cluster) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, opTimeout)
+}
+
+func (c *Cluster) epoch(id string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epochs[id]
+}
+
+func (c *Cluster) setEpoch(id string, e int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e == 0 {
+		delete(c.epochs, id)
+	} else {
+		c.epochs[id] = e
+	}
+}
+
 // Name is this node's name.
 func (c *Cluster) Name() string { return c.cfg.Node }
 
 // Nodes reads the live nodes, by name.
 func (c *Cluster) Nodes(ctx context.Context) ([]api.Node, error) {
-	r, err := c.cli.Get(ctx, nodesPrefix(), clientv3.WithPrefix())
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	r, err := c.cli.Txn(ctx).Then(clientv3.OpGet(nodesPrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(drainPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
 		return nil, unavailable("read the nodes", err)
 	}
+	draining := map[string]bool{}
+	for _, kv := range r.Responses[1].GetResponseRange().Kvs {
+		draining[string(kv.Key[len(drainPrefix()):])] = true
+	}
 	now := time.Now()
 	var out []api.Node
-	for _, kv := range r.Kvs {
+	for _, kv := range r.Responses[0].GetResponseRange().Kvs {
 		var n api.Node
 		if err := json.Unmarshal(kv.Value, &n); err != nil {
 			c.cfg.Log.Warn("cluster: a node key that does not parse", "key", string(kv.Key), "err", err)
 			continue
 		}
 		n.Self = n.Name == c.cfg.Node
+		n.Draining = draining[n.Name]
 		n.LeaseAgeMS = max(0, now.Sub(n.RefreshedAt).Milliseconds())
 		out = append(out, n)
 	}
@@ -276,6 +330,8 @@ func (c *Cluster) Nodes(ctx context.Context) ([]api.Node, error) {
 
 // node reads one live node.
 func (c *Cluster) node(ctx context.Context, name string) (api.Node, bool, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
 	r, err := c.cli.Get(ctx, nodeKey(name))
 	if err != nil {
 		return api.Node{}, false, unavailable("read node "+name, err)
@@ -286,4 +342,38 @@ func (c *Cluster) node(ctx context.Context, name string) (api.Node, bool, error)
 	var n api.Node
 	err = json.Unmarshal(r.Kvs[0].Value, &n)
 	return n, err == nil, err
+}
+
+// Drain marks (on) or unmarks the named live node as draining: placement
+// picks it no more. The mark (drain/NAME, without a lease) outlives the
+// node's restarts until it is taken off.
+func (c *Cluster) Drain(ctx context.Context, name string, on bool) (api.Node, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	nk := nodeKey(name)
+	op := clientv3.OpDelete(drainKey(name))
+	if on {
+		op = clientv3.OpPut(drainKey(name), time.Now().UTC().Format(time.RFC3339))
+	}
+	// Only for a live node: a typo must not drain nothing silently.
+	r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(nk), ">", 0)).Then(op, clientv3.OpGet(nk)).Commit()
+	if err != nil {
+		return api.Node{}, unavailable("drain node "+name, err)
+	}
+	if !r.Succeeded {
+		return api.Node{}, errdefs.New(errdefs.NotFound, "no live node %q in the cluster (clade node ls lists them)", name)
+	}
+	var n api.Node
+	if kvs := r.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		if err := json.Unmarshal(kvs[0].Value, &n); err != nil {
+			return api.Node{}, err
+		}
+	}
+	n.Self, n.Draining = n.Name == c.cfg.Node, on
+	if on {
+		c.cfg.Log.Info("cluster: node drained", "node", name)
+	} else {
+		c.cfg.Log.Info("cluster: node undrained", "node", name)
+	}
+	return n, nil
 }

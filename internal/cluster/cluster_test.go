@@ -204,7 +204,7 @@ func TestDirectory(t *testing.T) {
 	if err := b.Publish(ctx, api.Sandbox{ID: "sb1", State: "sleeping"}); !errors.Is(err, errNotHolder) {
 		t.Fatalf("b wrote over a's record: %v", err)
 	}
-	if err := b.Unpublish(ctx, "sb1"); !errors.Is(err, errNotHolder) {
+	if err := b.Unpublish(ctx, "sb1", false); !errors.Is(err, errNotHolder) {
 		t.Fatalf("b removed a's record: %v", err)
 	}
 	// A state change by the holder.
@@ -230,7 +230,7 @@ func TestDirectory(t *testing.T) {
 		t.Fatalf("records %+v %v", recs, err)
 	}
 	// Removed: the name is free again.
-	if err := a.Unpublish(ctx, "sb1"); err != nil {
+	if err := a.Unpublish(ctx, "sb1", true); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, _ := b.Lookup(ctx, "web"); ok {

@@ -67,7 +67,7 @@ func TestTwoDaemons(t *testing.T) {
 		t.Fatalf("node a: %+v", ns[0])
 	}
 
-	sb, err := a.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "web"})
+	sb, err := a.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "web", Node: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,8 @@ type Record struct {
 	// record still names it at the epoch it knows.
 	Epoch     int64     `json:"epoch"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Reason says why a lost sandbox is lost.
+	Reason string `json:"reason,omitempty"`
 	// Sandbox is the holder's view for the cluster's list, without what
 	// stays on the node (environment, traffic token).
 	Sandbox api.Sandbox `json:"sandbox"`
@@ -54,6 +56,8 @@ func summary(sb api.Sandbox, node string) api.Sandbox {
 // Publish turns it into the sandbox's, or release drops it. A name another
 // sandbox or create holds is AlreadyExists.
 func (c *Cluster) ReserveName(ctx context.Context, name string) (release func(), err error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
 	c.mu.Lock()
 	lease := c.lease
 	c.mu.Unlock()
@@ -87,11 +91,18 @@ func (c *Cluster) ReserveName(ctx context.Context, name string) (release func(),
 // node holds.
 var errNotHolder = errors.New("another node holds the record")
 
+// errFenced is Publish's refusal of a record the cluster took from this
+// node (lost while its lease had lapsed, or at an epoch past the one this
+// node knows): the node must stop and clean the sandbox, never write it.
+var errFenced = errors.New("the cluster no longer gives this node the sandbox")
+
 // Publish writes the directory record of a sandbox this node holds, and
 // its name, with compare-and-swap on their revisions (retried on a race).
 // A record another node holds is never written over (errNotHolder); a
 // name another sandbox has is left to it (the record then has no name).
 func (c *Cluster) Publish(ctx context.Context, sb api.Sandbox) error {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
 	for try := 0; ; try++ {
 		err := c.publish(ctx, sb)
 		if !errors.Is(err, errRace) || try == 4 {
@@ -119,6 +130,9 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox) error {
 	if kvs := cur.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if err := json.Unmarshal(kvs[0].Value, &old); err == nil && old.Node != c.cfg.Node {
 			return fmt.Errorf("sandbox %s: node %s holds its record at epoch %d: %w", sb.ID, old.Node, old.Epoch, errNotHolder)
+		}
+		if known := c.epoch(sb.ID); old.State == StateLost || known > 0 && old.Epoch > known {
+			return fmt.Errorf("sandbox %s: its record is at epoch %d (%s), this node knew %d: %w", sb.ID, old.Epoch, old.State, known, errFenced)
 		}
 		rec.Epoch = max(old.Epoch, 1)
 		conds = append(conds, clientv3.Compare(clientv3.ModRevision(sk), "=", kvs[0].ModRevision))
@@ -150,6 +164,13 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox) error {
 			rec.Name = ""
 		}
 	}
+	if len(then) == 0 && sameRecord(old, rec) {
+		// Nothing the cluster sees changed (an event that moved no
+		// state): no write, so that etcd is written per create and per
+		// state change, never per exec or event.
+		c.setEpoch(sb.ID, rec.Epoch)
+		return nil
+	}
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -162,12 +183,19 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox) error {
 	if !r.Succeeded {
 		return errRace
 	}
+	c.setEpoch(sb.ID, rec.Epoch)
 	return nil
 }
 
 // Unpublish removes the record of a sandbox this node held, and its name.
 // A record that is gone is nil; one another node holds is errNotHolder.
-func (c *Cluster) Unpublish(ctx context.Context, id string) error {
+// A lost record stays unless force (a remove of the lost sandbox): a
+// fenced node cleaning up must leave the user the record of what was
+// lost.
+func (c *Cluster) Unpublish(ctx context.Context, id string, force bool) error {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	c.setEpoch(id, 0)
 	for try := 0; ; try++ {
 		sk := sandboxKey(id)
 		cur, err := c.cli.Get(ctx, sk)
@@ -178,13 +206,17 @@ func (c *Cluster) Unpublish(ctx context.Context, id string) error {
 			return nil
 		}
 		var rec Record
-		if err := json.Unmarshal(cur.Kvs[0].Value, &rec); err == nil && rec.Node != c.cfg.Node {
+		err = json.Unmarshal(cur.Kvs[0].Value, &rec)
+		switch {
+		case err == nil && rec.State == StateLost && !force:
+			return nil
+		case err == nil && rec.Node != c.cfg.Node && !(force && rec.State == StateLost):
 			return fmt.Errorf("sandbox %s: node %s holds its record: %w", id, rec.Node, errNotHolder)
 		}
 		then := []clientv3.Op{clientv3.OpDelete(sk)}
 		if rec.Name != "" {
 			nk := nameKey(rec.Name)
-			v, _ := json.Marshal(nameValue{ID: id, Node: c.cfg.Node})
+			v, _ := json.Marshal(nameValue{ID: id, Node: rec.Node})
 			then = append(then, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(nk), "=", string(v))}, []clientv3.Op{clientv3.OpDelete(nk)}, nil))
 		}
 		r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sk), "=", cur.Kvs[0].ModRevision)).Then(then...).Commit()
@@ -200,6 +232,8 @@ func (c *Cluster) Unpublish(ctx context.Context, id string) error {
 // Lookup finds a sandbox's record by id or name; ok is false when the
 // directory has none.
 func (c *Cluster) Lookup(ctx context.Context, ref string) (rec Record, ok bool, err error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
 	r, err := c.cli.Txn(ctx).Then(clientv3.OpGet(sandboxKey(ref)), clientv3.OpGet(nameKey(ref))).Commit()
 	if err != nil {
 		return Record{}, false, unavailable("look up "+ref, err)
@@ -228,6 +262,8 @@ func (c *Cluster) Lookup(ctx context.Context, ref string) (rec Record, ok bool, 
 
 // Records reads the whole directory.
 func (c *Cluster) Records(ctx context.Context) ([]Record, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
 	r, err := c.cli.Get(ctx, sandboxesPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, unavailable("read the directory", err)
@@ -242,4 +278,12 @@ func (c *Cluster) Records(ctx context.Context) ([]Record, error) {
 		out = append(out, rec)
 	}
 	return out, nil
+}
+
+// sameRecord is whether a and b differ at most in their write time.
+func sameRecord(a, b Record) bool {
+	a.UpdatedAt, b.UpdatedAt = time.Time{}, time.Time{}
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(ja) == string(jb)
 }

@@ -28,6 +28,9 @@ type Service struct {
 
 	mu      sync.Mutex
 	remotes map[string]*remote.Service // by address; guarded by mu
+	routes  map[string]route           // by sandbox id; guarded by mu
+
+	pending pending
 }
 
 var (
@@ -37,11 +40,16 @@ var (
 
 // NewService wraps local, the node's own service, for the cluster c.
 func NewService(c *Cluster, local service.Service) *Service {
-	return &Service{Service: local, c: c, remotes: map[string]*remote.Service{}}
+	return &Service{Service: local, c: c, remotes: map[string]*remote.Service{}, routes: map[string]route{}}
 }
 
 // Nodes reads the cluster's live nodes.
 func (s *Service) Nodes(ctx context.Context) ([]api.Node, error) { return s.c.Nodes(ctx) }
+
+// Drain marks or unmarks a node as draining (no new placements).
+func (s *Service) Drain(ctx context.Context, node string, on bool) (api.Node, error) {
+	return s.c.Drain(ctx, node, on)
+}
 
 // Sync writes the records of every sandbox the node holds, drops the
 // records that name this node for sandboxes it no longer has, and then
@@ -58,17 +66,37 @@ func (s *Service) Sync(ctx context.Context) error {
 	// A full pass now and then mends what a write etcd refused missed.
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
+	// Sandboxes of nodes that left are marked lost by whichever node
+	// looks first.
+	lost := time.NewTicker(time.Second)
+	defer lost.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-sub.Done():
 			return sub.Err()
+		case <-lost.C:
+			if _, err := s.c.MarkLost(ctx); err != nil {
+				s.c.cfg.Log.Debug("cluster: mark lost sandboxes", "err", err)
+			}
+		case <-s.c.rejoined:
+			// Back after its lease lapsed: what the cluster took from
+			// it meanwhile is stopped and cleaned now.
+			s.c.cfg.Log.Warn("cluster: rejoined after the lease lapsed; checking what this node holds against the directory")
+			if err := s.resync(ctx); err != nil {
+				s.c.cfg.Log.Warn("cluster: write the directory", "err", err)
+			}
 		case <-t.C:
 			if err := s.resync(ctx); err != nil {
 				s.c.cfg.Log.Warn("cluster: write the directory", "err", err)
 			}
 		case ev := <-sub.C():
+			if !recordEvents[ev.Type] {
+				// An exec, a snapshot, a refused admission: nothing the
+				// directory holds changed (and etcd is not even read).
+				continue
+			}
 			ids := ev.Children
 			if ev.Sandbox != "" {
 				ids = append(ids, ev.Sandbox)
@@ -86,12 +114,40 @@ func (s *Service) Sync(ctx context.Context) error {
 func (s *Service) publishID(ctx context.Context, id string) error {
 	sb, err := s.Service.Get(ctx, id)
 	if errdefs.IsNotFound(err) {
-		return s.c.Unpublish(ctx, id)
+		return s.c.Unpublish(ctx, id, false)
 	}
 	if err != nil {
 		return err
 	}
-	return s.c.Publish(ctx, sb)
+	if transitional[sb.State] {
+		// The record changes at stable states only: a create writes
+		// once (running), a sleep once (sleeping).
+		return nil
+	}
+	return s.publish(ctx, sb)
+}
+
+// recordEvents are the events that may change a sandbox's record.
+var recordEvents = map[string]bool{api.EventCreated: true, api.EventStarted: true, api.EventForked: true, api.EventSlept: true,
+	api.EventWoken: true, api.EventStopped: true, api.EventRemoved: true}
+
+// transitional are the states a sandbox passes through; its record is
+// written at the state it reaches (a create, killed midway, leaves none).
+var transitional = map[string]bool{"creating": true, "suspending": true, "waking": true, "destroying": true}
+
+// publish writes sb's record; a record the cluster took from this node
+// (fenced) makes the node stop and remove the sandbox: it must not run
+// what the cluster says is lost or elsewhere.
+func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
+	err := s.c.Publish(ctx, sb)
+	if !errors.Is(err, errFenced) {
+		return err
+	}
+	s.c.cfg.Log.Warn("cluster: fenced: stopping and removing a sandbox the cluster no longer gives this node", "sandbox", sb.ID, "err", err)
+	if rerr := s.Service.Remove(context.WithoutCancel(ctx), sb.ID); rerr != nil && !errdefs.IsNotFound(rerr) {
+		return errors.Join(err, rerr)
+	}
+	return nil
 }
 
 func (s *Service) resync(ctx context.Context) error {
@@ -107,21 +163,104 @@ func (s *Service) resync(ctx context.Context) error {
 	have := map[string]bool{}
 	for _, sb := range sbs {
 		have[sb.ID] = true
-		if err := s.c.Publish(ctx, sb); err != nil {
+		if transitional[sb.State] {
+			continue
+		}
+		// The record holds Get's view (List's is shorter): the same
+		// view as every other write, so an unchanged sandbox is not
+		// written again.
+		if got, err := s.Service.Get(ctx, sb.ID); err == nil {
+			sb = got
+		}
+		if err := s.publish(ctx, sb); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	for _, r := range recs {
 		if r.Node == s.c.cfg.Node && !have[r.ID] {
-			errs = append(errs, s.c.Unpublish(ctx, r.ID))
+			errs = append(errs, s.c.Unpublish(ctx, r.ID, false))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// Create checks the name cluster-wide, makes the sandbox on this node and
-// writes its record before it answers: any node finds it from then on.
+// Create places the sandbox (see place), or makes it on the node the
+// request names.
 func (s *Service) Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	switch {
+	case req.Node == s.c.cfg.Node:
+		req.Node = ""
+		return s.createHere(ctx, req)
+	case req.Node != "":
+		n, live, err := s.c.node(ctx, req.Node)
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		if !live {
+			return api.Sandbox{}, errdefs.New(errdefs.NotFound, "node %q is not in the cluster (clade node ls lists the live nodes)", req.Node)
+		}
+		return s.createOn(ctx, n, req)
+	case req.FromSnapshot != "" || len(req.Volumes) > 0 || len(req.Secrets) > 0:
+		// Snapshots, volumes and secrets are still each node's own: the
+		// create stays where they are.
+		return s.createHere(ctx, req)
+	}
+	return s.place(ctx, req)
+}
+
+// place sends the create to the best of K candidates by memory free after
+// admission, among the live nodes that are not draining, run its engine
+// and hold its image; a node that refuses for memory (its capacity moved
+// since its last refresh) passes it to the next. A cluster where every
+// candidate refuses answers the best one's refusal: the retryable 503 of one
+// node.
+func (s *Service) place(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	nodes, err := s.c.Nodes(ctx)
+	if err != nil {
+		return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "cluster: cannot place the sandbox: %v", err)
+	}
+	cs := rank(nodes, req, func(n api.Node) int64 { return s.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	if len(cs) == 0 {
+		return api.Sandbox{}, errdefs.New(errdefs.Unavailable,
+			"no node of the cluster can take this sandbox now: none of the %d live nodes is both not draining and running engine %q (clade node ls); try again later", len(nodes), cmpOr(req.Engine, "(default)"))
+	}
+	var first error
+	for _, c := range cs {
+		sb, err := s.createOn(ctx, c.node, req)
+		if err == nil || !errdefs.IsUnavailable(err) {
+			return sb, err
+		}
+		s.c.cfg.Log.Info("cluster: a node refused a placed create", "node", c.node.Name, "free_mib", c.free, "err", err)
+		if first == nil {
+			first = err // the best candidate's refusal says most
+		}
+	}
+	return api.Sandbox{}, first
+}
+
+// createOn makes the sandbox on node n: here, or through n's API (where it
+// is made on n itself).
+func (s *Service) createOn(ctx context.Context, n api.Node, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	done := s.pending.add(n.Name, cmpInt(int64(req.MemoryMiB), n.Capacity.DefaultMemoryMiB))
+	var sb api.Sandbox
+	var err error
+	if n.Name == s.c.cfg.Node {
+		req.Node = ""
+		sb, err = s.createHere(ctx, req)
+	} else {
+		var r *remote.Service
+		if r, err = s.remote(n); err == nil {
+			req.Node = n.Name
+			sb, err = r.Create(ctx, req)
+		}
+	}
+	done(err == nil)
+	return sb, err
+}
+
+// createHere checks the name cluster-wide, makes the sandbox on this node
+// and writes its record before it answers: any node finds it from then on.
+func (s *Service) createHere(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
 	if req.Name != "" {
 		release, err := s.c.ReserveName(ctx, req.Name)
 		if err != nil {
@@ -133,10 +272,32 @@ func (s *Service) Create(ctx context.Context, req api.CreateSandboxRequest) (api
 	if err != nil {
 		return sb, err
 	}
-	if err := s.c.Publish(ctx, sb); err != nil {
+	sb.Node = s.c.cfg.Node
+	// The record holds the node's view as Get gives it, as the events'
+	// writes do: the same sandbox is never written twice for a view that
+	// differs only in what a create's answer adds.
+	view := sb
+	if got, err := s.Service.Get(ctx, sb.ID); err == nil {
+		view = got
+	}
+	if err := s.publish(ctx, view); err != nil {
 		s.c.cfg.Log.Warn("cluster: write a new sandbox's record", "sandbox", sb.ID, "err", err)
 	}
 	return sb, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func cmpInt(a, b int64) int64 {
+	if a > 0 {
+		return a
+	}
+	return max(b, 512)
 }
 
 // List is the node's sandboxes and, from the directory, the other live
@@ -154,8 +315,12 @@ func (s *Service) List(ctx context.Context) ([]api.Sandbox, error) {
 		s.c.cfg.Log.Warn("cluster: list without the other nodes", "err", err)
 		return own, nil
 	}
+	have := map[string]bool{}
+	for _, sb := range own {
+		have[sb.ID] = true
+	}
 	for _, r := range recs {
-		if r.Node != s.c.cfg.Node {
+		if r.Node != s.c.cfg.Node || r.State == StateLost && !have[r.ID] {
 			sb := r.Sandbox
 			sb.ID, sb.Node, sb.State, sb.Name = r.ID, r.Node, r.State, r.Name
 			own = append(own, sb)
@@ -174,9 +339,15 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if _, err := s.Service.Get(ctx, ref); err == nil || !errdefs.IsNotFound(err) {
 		return s.Service, nil // here, or an error of this node's to tell
 	}
+	if n, ok := s.cachedRoute(ref); ok {
+		return s.remote(n)
+	}
 	rec, ok, err := s.c.Lookup(ctx, ref)
 	if err != nil {
 		return nil, err
+	}
+	if ok && rec.State == StateLost {
+		return nil, lostError(rec)
 	}
 	if !ok || rec.Node == s.c.cfg.Node {
 		return s.Service, nil // the node's own NotFound
@@ -188,7 +359,46 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if !live {
 		return nil, errdefs.New(errdefs.Unavailable, "sandbox %s is on node %s, which is not in the cluster now (its lease lapsed): try again when it is back", rec.ID, rec.Node)
 	}
+	if rec.ID == ref {
+		s.cacheRoute(ref, n)
+	}
 	return s.remote(n)
+}
+
+// routeTTL is how long a call on a sandbox of another node reuses the
+// directory's answer: a burst of execs reads etcd once. Sandboxes do not
+// move between nodes yet; a node that left is noticed within it.
+const routeTTL = 2 * time.Second
+
+type route struct {
+	node api.Node
+	at   time.Time
+}
+
+func (s *Service) cachedRoute(id string) (api.Node, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.routes[id]
+	if !ok || time.Since(r.at) > routeTTL {
+		delete(s.routes, id)
+		return api.Node{}, false
+	}
+	return r.node, true
+}
+
+func (s *Service) cacheRoute(id string, n api.Node) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.routes) > 10000 {
+		clear(s.routes)
+	}
+	s.routes[id] = route{node: n, at: time.Now()}
+}
+
+func (s *Service) forgetRoute(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.routes, id)
 }
 
 func (s *Service) remote(n api.Node) (*remote.Service, error) {
@@ -210,8 +420,22 @@ func (s *Service) remote(n api.Node) (*remote.Service, error) {
 	return r, nil
 }
 
+// lostRecord is the record of ref when the directory says it is lost.
+func (s *Service) lostRecord(ctx context.Context, ref string) (Record, bool) {
+	rec, ok, err := s.c.Lookup(ctx, ref)
+	return rec, err == nil && ok && rec.State == StateLost
+}
+
+// Get answers a lost sandbox with its record: state lost and the reason.
 func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	svc, err := s.route(ctx, ref)
+	if errdefs.Is(err, errdefs.Conflict) {
+		if rec, lost := s.lostRecord(ctx, ref); lost {
+			sb := rec.Sandbox
+			sb.ID, sb.Node, sb.State, sb.Name, sb.Error = rec.ID, rec.Node, rec.State, rec.Name, rec.Reason
+			return sb, nil
+		}
+	}
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -226,10 +450,18 @@ func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 // one it held at once (the holder of another does).
 func (s *Service) Remove(ctx context.Context, ref string) error {
 	svc, err := s.route(ctx, ref)
+	if errdefs.Is(err, errdefs.Conflict) {
+		// A lost sandbox: its record goes (its node, should it come
+		// back, has cleaned or will clean what it had).
+		if rec, lost := s.lostRecord(ctx, ref); lost {
+			return s.c.Unpublish(ctx, rec.ID, true)
+		}
+	}
 	if err != nil {
 		return err
 	}
 	if svc != s.Service {
+		s.forgetRoute(ref)
 		return svc.Remove(ctx, ref)
 	}
 	sb, err := s.Service.Get(ctx, ref)
@@ -239,7 +471,7 @@ func (s *Service) Remove(ctx context.Context, ref string) error {
 	if err := s.Service.Remove(ctx, ref); err != nil {
 		return err
 	}
-	if err := s.c.Unpublish(ctx, sb.ID); err != nil {
+	if err := s.c.Unpublish(ctx, sb.ID, true); err != nil {
 		s.c.cfg.Log.Warn("cluster: remove a sandbox's record", "sandbox", sb.ID, "err", err)
 	}
 	return nil
@@ -371,4 +603,59 @@ func (s *Service) ChangeNetwork(ctx context.Context, ref string, ch api.NetworkC
 		return api.Sandbox{}, err
 	}
 	return svc.ChangeNetwork(ctx, ref, ch)
+}
+
+// SubscribeEvents follows this node's events, each saying the node (the
+// events of other nodes are theirs to serve).
+func (s *Service) SubscribeEvents(ctx context.Context, since uint64, hasSince bool, f service.EventFilter) (service.Subscription, error) {
+	sub, err := s.Service.SubscribeEvents(ctx, since, hasSince, f)
+	if err != nil {
+		return nil, err
+	}
+	ns := &nodeSub{Subscription: sub, node: s.c.cfg.Node, c: make(chan api.Event)}
+	go ns.run()
+	return ns, nil
+}
+
+// nodeSub is a subscription whose events carry the node.
+type nodeSub struct {
+	service.Subscription
+	node string
+	c    chan api.Event
+}
+
+func (s *nodeSub) Backlog() []api.Event {
+	b := s.Subscription.Backlog()
+	for i := range b {
+		b[i].Node = s.node
+	}
+	return b
+}
+
+func (s *nodeSub) C() <-chan api.Event { return s.c }
+
+func (s *nodeSub) run() {
+	for {
+		select {
+		case ev := <-s.Subscription.C():
+			ev.Node = s.node
+			select {
+			case s.c <- ev:
+			case <-s.Subscription.Done():
+				return
+			}
+		case <-s.Subscription.Done():
+			return
+		}
+	}
+}
+
+// EventsSince is this node's kept events after since, each saying the
+// node.
+func (s *Service) EventsSince(ctx context.Context, since uint64, f service.EventFilter) ([]api.Event, error) {
+	evs, err := s.Service.EventsSince(ctx, since, f)
+	for i := range evs {
+		evs[i].Node = s.c.cfg.Node
+	}
+	return evs, err
 }

@@ -29,12 +29,32 @@ var forwardDir = "/run/clade-network"
 
 var forwardSysctl = "/proc/sys/net/ipv4/ip_forward"
 
+// registryDir is the registry of the daemon's network namespace: the
+// switch is one per namespace, so a daemon run in a namespace of its own
+// (a cluster test's node) keeps a registry of its own, under
+// forwardDir/netns-INODE, and neither counts nor restores the host's.
+func registryDir() string {
+	self, err := os.Stat("/proc/thread-self/ns/net")
+	if err != nil {
+		return forwardDir
+	}
+	initNS, err := os.Stat("/proc/1/ns/net")
+	if err != nil || os.SameFile(self, initNS) {
+		return forwardDir
+	}
+	st, ok := self.Sys().(*syscall.Stat_t)
+	if !ok {
+		return forwardDir
+	}
+	return filepath.Join(forwardDir, fmt.Sprintf("netns-%d", st.Ino))
+}
+
 // lockForward takes the registry's lock.
 func lockForward() (unlock func(), err error) {
-	if err := os.MkdirAll(filepath.Join(forwardDir, "users"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(registryDir(), "users"), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(forwardDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(filepath.Join(registryDir(), "lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +73,7 @@ func enableForwarding(prefix string) error {
 		return fmt.Errorf("ip forwarding registry: %w", err)
 	}
 	defer unlock()
-	orig := filepath.Join(forwardDir, "ip_forward.orig")
+	orig := filepath.Join(registryDir(), "ip_forward.orig")
 	if _, err := os.Stat(orig); errors.Is(err, os.ErrNotExist) {
 		cur, err := os.ReadFile(forwardSysctl)
 		if err != nil {
@@ -63,7 +83,7 @@ func enableForwarding(prefix string) error {
 			return err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(forwardDir, "users", prefix), nil, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(registryDir(), "users", prefix), nil, 0o600); err != nil {
 		return err
 	}
 	if err := os.WriteFile(forwardSysctl, []byte("1"), 0o644); err != nil {
@@ -80,7 +100,7 @@ func releaseForwarding(prefix string) error {
 		return fmt.Errorf("ip forwarding registry: %w", err)
 	}
 	defer unlock()
-	users := filepath.Join(forwardDir, "users")
+	users := filepath.Join(registryDir(), "users")
 	if err := os.Remove(filepath.Join(users, prefix)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -94,7 +114,7 @@ func releaseForwarding(prefix string) error {
 		}
 		_ = os.Remove(filepath.Join(users, e.Name()))
 	}
-	orig := filepath.Join(forwardDir, "ip_forward.orig")
+	orig := filepath.Join(registryDir(), "ip_forward.orig")
 	b, err := os.ReadFile(orig)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -299,4 +299,7 @@ type Health interface {
 // Service has no Nodes.
 type Nodes interface {
 	Nodes(ctx context.Context) ([]api.Node, error)
+	// Drain (on) stops placing creates on the named live node, until
+	// Drain (off); it answers the node as it is now.
+	Drain(ctx context.Context, node string, on bool) (api.Node, error)
 }

@@ -1,6 +1,7 @@
 package system
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/cluster"
 	"github.com/clade-sandbox/clade/internal/engine/multi"
 	"github.com/clade-sandbox/clade/internal/hostinfo"
+	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/service"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -69,7 +71,7 @@ func joinCluster(ctx context.Context, o Options, local service.Service, st *stor
 		return nil, nil, err
 	}
 	stops = append(stops, func() { cli.Close() })
-	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, local, st, eng) }
+	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, o, local, st, eng) }
 	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: o.Token,
 		Version: o.Version, LeaseTTL: co.LeaseTTL, LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
 	if err != nil {
@@ -98,12 +100,20 @@ func cmpOr(a, b string) string {
 }
 
 // nodeCapacity is what the node tells the cluster it has.
-func nodeCapacity(ctx context.Context, local service.Service, st *store.Store, eng *multi.Engine) (api.NodeCapacity, error) {
+func nodeCapacity(ctx context.Context, o Options, local service.Service, st *store.Store, eng *multi.Engine) (api.NodeCapacity, error) {
 	c := api.NodeCapacity{Cores: runtime.NumCPU()}
 	var errs []error
 	var err error
 	if c.MemoryTotalMiB, err = hostinfo.MemTotalMiB(); err != nil {
 		errs = append(errs, err)
+	}
+	// What admission holds creates to (sandbox.Manager's rules), so that
+	// placement picks a node that admits.
+	def := sandbox.DefaultConfig()
+	c.MemoryFloorMiB = int64(cmp.Or(o.Sandbox.MemoryFloorMiB, def.MemoryFloorMiB))
+	c.DefaultMemoryMiB = int64(cmp.Or(o.Sandbox.DefaultMemoryMiB, def.DefaultMemoryMiB))
+	if o.Sandbox.MemoryOvercommit > 0 {
+		c.MemoryLimitMiB = int64(o.Sandbox.MemoryOvercommit * float64(c.MemoryTotalMiB))
 	}
 	if c.MemAvailableMiB, err = hostinfo.MemAvailableMiB(); err != nil {
 		errs = append(errs, err)

@@ -292,6 +292,9 @@ func Run(ctx context.Context, o Options) error {
 	code := codeint.NewProxy(svc)
 	defer code.Close()
 	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code}
+	if o.Cluster.Etcd != "" {
+		apiCfg.Node = o.Cluster.Node
+	}
 	if o.Ingress != "" {
 		if iln, err = listenIngress(o, log); err != nil {
 			return err

@@ -202,12 +202,25 @@ type Daemon struct {
 	cmd     *exec.Cmd
 	logPath string
 	waitErr chan error
+	// Wrap, when set, is put before the daemon's command line (e.g.
+	// nsenter --net=NS to run it in a network namespace of the test's).
+	Wrap []string
 }
 
 // StartDaemon starts `clade daemon` on a fresh data dir. At the end of the
 // test it removes every sandbox, stops the daemon and fails the test if
 // anything leaked (runsc processes, mounts, files).
 func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
+	t.Helper()
+	d := NewDaemon(t, extraArgs...)
+	d.Start(nil)
+	return d
+}
+
+// NewDaemon is StartDaemon without the start: the test sets Wrap, then
+// Start, or Launch and WaitReady (to start several daemons at once, such
+// as the members of one etcd, which answer only together).
+func NewDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	t.Helper()
 	runsc := Runsc(t)
 	images := ImagesDir(t)
@@ -228,7 +241,6 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 		t.Fatal(err)
 	}
 	d.Client = c
-	d.Start(nil)
 	t.Cleanup(d.cleanup)
 	return d
 }
@@ -237,32 +249,50 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 // waits until it answers.
 func (d *Daemon) Start(env []string) {
 	d.t.Helper()
+	if err := d.Launch(env); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := d.WaitReady(60 * time.Second); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// Launch starts the daemon process and returns without waiting for it
+// to answer (WaitReady does). Neither calls t.Fatal: they may run on
+// goroutines of the test's.
+func (d *Daemon) Launch(env []string) error {
 	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		d.t.Fatal(err)
+		return err
 	}
 	defer logf.Close()
 	d.env = env
-	d.cmd = exec.Command(d.Bin, d.args...)
+	argv := append(append([]string{}, d.Wrap...), d.Bin)
+	d.cmd = exec.Command(argv[0], append(argv[1:], d.args...)...)
 	d.cmd.Env = append(os.Environ(), env...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	if err := d.cmd.Start(); err != nil {
-		d.t.Fatal(err)
+		return err
 	}
 	d.waitErr = make(chan error, 1)
 	go func(cmd *exec.Cmd, ch chan error) { ch <- cmd.Wait() }(d.cmd, d.waitErr)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return nil
+}
+
+// WaitReady waits until the launched daemon answers, or says why not.
+func (d *Daemon) WaitReady(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	for {
 		if _, err := d.Client.Health(ctx); err == nil {
-			return
+			return nil
 		}
 		select {
 		case err := <-d.waitErr:
 			d.waitErr <- err
-			d.t.Fatalf("daemon exited at start: %v\n%s", err, d.Log())
+			return fmt.Errorf("daemon exited at start: %v\n%s", err, d.Log())
 		case <-ctx.Done():
-			d.t.Fatalf("daemon did not answer within 60s\n%s", d.Log())
+			return fmt.Errorf("daemon did not answer within %s\n%s", timeout, d.Log())
 		case <-time.After(20 * time.Millisecond): // polling the socket until it answers
 		}
 	}
@@ -310,7 +340,7 @@ func (d *Daemon) Log() string {
 func (d *Daemon) Exited() bool { return d.cmd.ProcessState != nil }
 
 func (d *Daemon) cleanup() {
-	if d.cmd.ProcessState == nil {
+	if d.cmd != nil && d.cmd.ProcessState == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if sbs, err := d.Client.ListSandboxes(ctx); err == nil {

@@ -38,6 +38,8 @@ type Config struct {
 	// IngressCA is the PEM certificate of the CA of the ingress's TLS
 	// certificate when the daemon made it (GET /v1/ingress/ca).
 	IngressCA []byte
+	// Node, in a cluster, labels every metric of GET /metrics node=NAME.
+	Node string
 }
 
 // CodeProxy sends a request to the code interpreter server of a sandbox.
@@ -95,10 +97,16 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.route("GET /v1/sandboxes/{id}/stats", "sandbox_stats", s.getStats)
 	s.route("GET /v1/stats", "stats_list", s.listStats)
 	s.route("GET /v1/nodes", "node_list", s.listNodes)
+	s.route("POST /v1/nodes/{name}/drain", "node_drain", s.drainNode)
+	s.route("DELETE /v1/nodes/{name}/drain", "node_undrain", s.drainNode)
 	s.routeVolumes()
 	s.routeSecrets()
 	s.routeCode()
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	var g prometheus.Gatherer = reg
+	if cfg.Node != "" {
+		g = nodeGatherer{g: reg, node: cfg.Node}
+	}
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))
 	})

@@ -134,6 +134,9 @@ func (s *Service) one(sb store.Sandbox, err error) (api.Sandbox, error) {
 // Sandboxes.
 
 func (s *Service) Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	if req.Node != "" {
+		return api.Sandbox{}, errdefs.New(errdefs.InvalidArgument, "node %q: this daemon is not a node of a cluster (start it with --cluster)", req.Node)
+	}
 	creq := sandbox.CreateRequest{Name: req.Name, Image: req.Image, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, FromSnapshot: req.FromSnapshot,
 		Opts: store.Options{DiskMiB: req.DiskMiB, Engine: req.Engine, Labels: req.Labels,
 			Public: req.Public, HostMask: req.HostMask, IdleSleepMS: req.IdleSleepMS, TimeoutMS: req.TimeoutMS, OnTimeout: req.OnTimeout,

@@ -175,15 +175,20 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 		return nil, errdefs.New(errdefs.InvalidArgument, "rows and cols are a terminal's size: set tty too, or leave them out")
 	}
 	// A sandbox that is not there is refused here, not by Wait: the
-	// local service does the same.
-	sb, err := s.c.GetSandbox(ctx, ref)
-	if err != nil {
-		return nil, classify(err)
+	// local service does the same. Without wake, its state is checked
+	// first; with wake, Exec waits for the command's start (or the
+	// refusal) instead, saving a round trip to the node.
+	id := ref
+	if !wake {
+		sb, err := s.c.GetSandbox(ctx, ref)
+		if err != nil {
+			return nil, classify(err)
+		}
+		if sb.State != "running" {
+			return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running (wake it first)", sb.ID, sb.State)
+		}
+		id = sb.ID
 	}
-	if !wake && sb.State != "running" {
-		return nil, errdefs.New(errdefs.Conflict, "sandbox %s is %s, not running (wake it first)", sb.ID, sb.State)
-	}
-	id := sb.ID
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p := &process{cancel: cancel, done: make(chan struct{}), started: make(chan struct{}), signals: make(chan os.Signal, 4)}
 	outR, outW := io.Pipe()
@@ -212,6 +217,18 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 		}
 		close(p.done)
 	}()
+	if wake {
+		select {
+		case <-p.started:
+		case <-p.done:
+			if p.err != nil {
+				return nil, p.err
+			}
+		case <-ctx.Done():
+			p.cancel()
+			return nil, ctx.Err()
+		}
+	}
 	return p, nil
 }
 

@@ -1,0 +1,98 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// StateLost is the state of a sandbox whose node left the cluster (its
+// lease lapsed) while the sandbox was not asleep. The cluster never
+// recreates it; its record stays, with the reason, until it is removed.
+const StateLost = "lost"
+
+// MarkLost turns the records of sandboxes on nodes that are no longer in
+// the cluster into lost ones, at the next epoch: the node, should it come
+// back, finds its hold fenced and cleans the sandbox. Sleeping sandboxes
+// keep their record (their image is on their node, which may return).
+// Each record changes in a transaction that holds only while its node's
+// key is still absent, so a node that rejoined in the meantime keeps its
+// sandboxes. Any node may run it; the compare-and-swap makes one win.
+//
+// The directory is read only when the set of live nodes changed since the
+// last pass, or 10 s went by: a pass every second is one keys-only read.
+func (c *Cluster) MarkLost(ctx context.Context) (int, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	nr, err := c.cli.Get(ctx, nodesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, unavailable("read the nodes", err)
+	}
+	var names []string
+	for _, kv := range nr.Kvs {
+		names = append(names, string(kv.Key))
+	}
+	set := strings.Join(names, ",")
+	c.mu.Lock()
+	skip := set == c.lostNodes && time.Since(c.lostPass) < 10*time.Second
+	c.mu.Unlock()
+	if skip {
+		return 0, nil
+	}
+	n, err := c.markLost(ctx)
+	if err == nil {
+		c.mu.Lock()
+		c.lostNodes, c.lostPass = set, time.Now()
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+func (c *Cluster) markLost(ctx context.Context) (int, error) {
+	r, err := c.cli.Txn(ctx).Then(clientv3.OpGet(nodesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(sandboxesPrefix(), clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return 0, unavailable("read the nodes and the directory", err)
+	}
+	live := map[string]bool{}
+	for _, kv := range r.Responses[0].GetResponseRange().Kvs {
+		live[string(kv.Key[len(nodesPrefix()):])] = true
+	}
+	n := 0
+	for _, kv := range r.Responses[1].GetResponseRange().Kvs {
+		var rec Record
+		if json.Unmarshal(kv.Value, &rec) != nil || live[rec.Node] || rec.State == StateLost || rec.State == "sleeping" {
+			continue
+		}
+		now := time.Now().UTC()
+		rec.Reason = fmt.Sprintf("node %s left the cluster (its lease lapsed) while the sandbox was %s; clade does not recreate it: remove it and create another", rec.Node, rec.State)
+		rec.State, rec.Epoch, rec.UpdatedAt = StateLost, rec.Epoch+1, now
+		rec.Sandbox.State, rec.Sandbox.Error = StateLost, rec.Reason
+		b, err := json.Marshal(rec)
+		if err != nil {
+			return n, err
+		}
+		t, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision),
+			clientv3.Compare(clientv3.CreateRevision(nodeKey(rec.Node)), "=", 0)).
+			Then(clientv3.OpPut(string(kv.Key), string(b))).Commit()
+		if err != nil {
+			return n, unavailable("mark "+rec.ID+" lost", err)
+		}
+		if t.Succeeded {
+			n++
+			c.cfg.Log.Warn("cluster: sandbox lost with its node", "sandbox", rec.ID, "node", rec.Node, "epoch", rec.Epoch)
+		}
+	}
+	return n, nil
+}
+
+// lostError is the answer to a call on a lost sandbox.
+func lostError(rec Record) error {
+	return errdefs.New(errdefs.Conflict, "sandbox %s is lost: %s", rec.ID, rec.Reason)
+}
