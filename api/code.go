@@ -10,7 +10,9 @@ type RunCodeRequest struct {
 	Language string            `json:"language,omitempty"`
 	Context  string            `json:"context,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
-	// TimeoutMS interrupts the run after this long (the context lives on).
+	// TimeoutMS interrupts the run after this long (the context lives on,
+	// unless its kernel is not back within 5 s of the interrupt: then it
+	// is restarted and its state lost).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 

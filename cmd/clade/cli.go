@@ -161,7 +161,7 @@ func newRoot() *cobra.Command {
 		{groupSandbox, newCreateCmd()}, {groupSandbox, newExecCmd()}, {groupSandbox, newListCmd()},
 		{groupSandbox, newInspectCmd()}, {groupSandbox, newRemoveCmd()}, {groupSandbox, newCopyCmd()},
 		{groupSandbox, newNetworkCmd()}, {groupSandbox, newTimeoutCmd()}, {groupSandbox, newPortForwardCmd()},
-		{groupSandbox, newURLCmd()}, {groupSandbox, newRunCodeCmd()}, {groupSandbox, newCACmd()},
+		{groupSandbox, newURLCmd()}, {groupSandbox, newRunCodeCmd()}, {groupSandbox, newCodeContextCmd()}, {groupSandbox, newCACmd()},
 		{groupState, newSnapshotCmd()}, {groupState, newForkCmd()}, {groupState, newSleepCmd()}, {groupState, newWakeCmd()},
 		{groupStore, newImageCmd()}, {groupStore, newVolumeCmd()}, {groupStore, newSecretCmd()},
 		{groupOps, newDaemonCmd()}, {groupOps, newInfoCmd()}, {groupOps, newEventsCmd()}, {groupOps, newNodeCmd()}, {groupOps, newStatsCmd()}, {groupOps, newTUICmd()},

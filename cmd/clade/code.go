@@ -21,7 +21,8 @@ func newRunCodeCmd() *cobra.Command {
 			"a Jupyter cell: variables, imports and loaded data stay for the next run in the same\n" +
 			"context. stdout and stderr stream as they are printed; the value of the last expression\n" +
 			"is printed after them; images (a matplotlib figure) are saved with --save-images.\n" +
-			"Exits 1 if the code raised (the traceback goes to stderr). A sleeping sandbox is woken.",
+			"Exits 1 if the code raised (the traceback goes to stderr). A sleeping sandbox is woken.\n" +
+			"Contexts (a kernel each) are listed, created, restarted and removed with clade code-context.",
 		Example: "  clade create --image code-interpreter --name nb\n" +
 			"  clade run-code nb -c 'import pandas as pd; df = pd.DataFrame({\"x\": range(5)}); df.x.sum()'\n" +
 			"  clade run-code nb -c 'len(df)'                      # state is kept\n" +
@@ -32,11 +33,12 @@ func newRunCodeCmd() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	lang := fs.String("lang", "", "the `language`: python (default), bash or js")
-	ctxID := fs.String("context", "", "run in this context `ID` (see the API's /code/contexts) instead of the language's default one")
+	ctxID := fs.String("context", "", "run in this context `ID` (see clade code-context) instead of the language's default one")
 	code := fs.StringP("code", "c", "", "the `CODE` to run (instead of a FILE or -)")
 	var env multi
 	fs.Var(&env, "env", "environment variable `K=V` for this run only (repeatable)")
-	timeout := fs.Duration("timeout", 0, "interrupt the run after this long, e.g. 30s (the context keeps its state)")
+	timeout := fs.Duration("timeout", 0, "interrupt the run after this long, e.g. 30s: the context keeps its state, unless its kernel\n"+
+		"ignores the interrupt for 5s more (then it is restarted, its state lost)")
 	images := fs.String("save-images", "", "save the run's images (PNG, JPEG, SVG) into this `DIR`")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ref := args[0]

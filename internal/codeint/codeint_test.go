@@ -142,13 +142,45 @@ func TestInterpreterHostile(t *testing.T) {
 	d, id := start(t)
 	c := d.Client
 	ctx := context.Background()
-	_, err := c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "1", Language: "r"}, nil)
-	if err == nil || !strings.Contains(err.Error(), "python, bash and js") {
-		t.Fatalf("R: %v", err)
+	for _, lang := range []string{"r", "java"} {
+		_, err := c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "1", Language: lang}, nil)
+		if !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "python, bash and js") {
+			t.Fatalf("%s: %v", lang, err)
+		}
+		if _, err := c.CreateCodeContext(ctx, id, sdk.CreateCodeContextRequest{Language: lang}); !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "python, bash and js") {
+			t.Fatalf("a %s context: %v", lang, err)
+		}
 	}
-	_, err = c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "1", Context: "not-a-context"}, nil)
+	_, err := c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "1", Context: "not-a-context"}, nil)
 	if !sdk.IsNotFound(err) {
 		t.Fatalf("bad context: %v", err)
+	}
+	// A context of another sandbox is not found here, and nothing of it
+	// is said.
+	other, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{Image: codeint.Image, MemoryMiB: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := c.CreateCodeContext(ctx, other.ID, sdk.CreateCodeContextRequest{Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, c, other.ID, sdk.RunCodeRequest{Code: "secret = 'of the other sandbox'", Context: foreign.ID})
+	_, err = c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "secret", Context: foreign.ID}, nil)
+	if !sdk.IsNotFound(err) || strings.Contains(err.Error(), other.ID) || strings.Contains(err.Error(), "of the other") {
+		t.Fatalf("a context of another sandbox: %v", err)
+	}
+	if err := c.RestartCodeContext(ctx, id, foreign.ID); !sdk.IsNotFound(err) {
+		t.Fatalf("restart of another sandbox's context: %v", err)
+	}
+	if err := c.RemoveCodeContext(ctx, id, foreign.ID); !sdk.IsNotFound(err) {
+		t.Fatalf("removal of another sandbox's context: %v", err)
+	}
+	if ex := run(t, c, other.ID, sdk.RunCodeRequest{Code: "secret", Context: foreign.ID}); ex.Text() != "'of the other sandbox'" {
+		t.Fatalf("the other sandbox's context: %q %+v", ex.Text(), ex.Error)
+	}
+	if list, err := c.CodeContexts(ctx, id); err != nil || len(list) != 1 || list[0].ID != "python" {
+		t.Fatalf("contexts: %+v %v", list, err)
 	}
 	// Huge output is bounded.
 	ex := run(t, c, id, sdk.RunCodeRequest{Code: "for _ in range(40): print('a' * (1 << 20))"})
@@ -160,15 +192,22 @@ func TestInterpreterHostile(t *testing.T) {
 		t.Fatalf("huge output: %d bytes, stderr %q", n, ex.Stderr)
 	}
 	// A kernel that dies: a clear error, then restartable.
-	ex = run(t, c, id, sdk.RunCodeRequest{Code: "import os; os._exit(3)"})
-	if ex.Error == nil || ex.Error.Name != "KernelDied" {
-		t.Fatalf("dead kernel: %+v", ex.Error)
-	}
-	if err := c.RestartCodeContext(ctx, id, "python"); err != nil {
-		t.Fatal(err)
-	}
-	if ex := run(t, c, id, sdk.RunCodeRequest{Code: "1+1"}); ex.Text() != "2" {
-		t.Fatalf("after restart: %+v", ex)
+	for _, die := range []string{"import os; os._exit(3)", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"} {
+		ex = run(t, c, id, sdk.RunCodeRequest{Code: die})
+		if ex.Error == nil || ex.Error.Name != "KernelDied" || !strings.Contains(ex.Error.Value, "code-context restart") {
+			t.Fatalf("%s: %+v", die, ex.Error)
+		}
+		// Running in the dead context says how to recover.
+		ex = run(t, c, id, sdk.RunCodeRequest{Code: "1"})
+		if ex.Error == nil || ex.Error.Name != "KernelDied" || !strings.Contains(ex.Error.Value, "is dead") || !strings.Contains(ex.Error.Value, "restart") {
+			t.Fatalf("a run in a dead context: %+v", ex.Error)
+		}
+		if err := c.RestartCodeContext(ctx, id, "python"); err != nil {
+			t.Fatal(err)
+		}
+		if ex := run(t, c, id, sdk.RunCodeRequest{Code: "1+1"}); ex.Text() != "2" {
+			t.Fatalf("after restart: %+v", ex)
+		}
 	}
 	// A run that never ends is cut by the client going away; the context
 	// answers the next run.
@@ -181,6 +220,13 @@ func TestInterpreterHostile(t *testing.T) {
 	if ex := run(t, c, id, sdk.RunCodeRequest{Code: "2+2"}); ex.Text() != "4" {
 		t.Fatalf("after abandoned run: %+v", ex)
 	}
+	// A run that never ends ends at its timeout.
+	ex = run(t, c, id, sdk.RunCodeRequest{Code: "while True: pass", TimeoutMS: 1000})
+	if ex.Error == nil || ex.Error.Name != "TimeoutError" {
+		t.Fatalf("endless run with a timeout: %+v", ex.Error)
+	}
+	// After all that, only the server and the default Python kernel run.
+	checkNothingLeft(t, c, id, 1)
 	// A sandbox without the interpreter says so.
 	plain, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{})
 	if err != nil {

@@ -17,13 +17,20 @@ import (
 )
 
 // startScript starts the server in a sandbox unless it runs, and waits
-// until its port listens (the default Python kernel is up by then). It
-// exits 3 when the image has no server.
+// until its port listens (the default Python kernel is up by then). The
+// server it starts is the one it reads on stdin (the daemon's,
+// ServerSource), installed at RunServerPath; with nothing on stdin, the
+// image's. It exits 3 when the image has no server (is not the
+// code-interpreter image). A server that runs already is left running,
+// with its kernels' state.
 var startScript = `test -x ` + ServerPath + ` || exit 3
 mkdir -p /run/clade-codeint
 pid=$(cat /run/clade-codeint/server.pid 2>/dev/null)
 if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
-  setsid nohup /usr/bin/python3 ` + ServerPath + ` >/run/clade-codeint/server.log 2>&1 </dev/null &
+  cat >` + RunServerPath + `.new
+  if [ -s ` + RunServerPath + `.new ]; then mv -f ` + RunServerPath + `.new ` + RunServerPath + `
+  else rm -f ` + RunServerPath + `.new; cp ` + ServerPath + ` ` + RunServerPath + `; fi
+  setsid nohup /usr/bin/python3 ` + RunServerPath + ` >/run/clade-codeint/server.log 2>&1 </dev/null &
   echo $! >/run/clade-codeint/server.pid
 fi
 i=0
@@ -36,7 +43,8 @@ done
 `
 
 // StartCommand is the shell command that starts the server in a sandbox
-// (what a hot pool of the code-interpreter image runs ahead).
+// (what a hot pool of the code-interpreter image runs ahead); give it
+// ServerSource on stdin.
 func StartCommand() string { return startScript }
 
 // Proxy carries requests to the interpreter servers of sandboxes, over
@@ -98,11 +106,18 @@ func (p *Proxy) Close() { p.tr.CloseIdleConnections() }
 
 // Ensure starts the server in sandbox id if it does not run.
 func (p *Proxy) Ensure(ctx context.Context, id string) error {
-	proc, err := p.svc.Exec(ctx, id, service.Wake, api.ExecRequest{Cmd: []string{"/bin/sh", "-c", startScript}, TimeoutMS: 130_000})
+	proc, err := p.svc.Exec(ctx, id, service.Wake, api.ExecRequest{Cmd: []string{"/bin/sh", "-c", startScript}, TimeoutMS: 130_000, Stdin: true})
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
+	if in := proc.Stdin(); in != nil {
+		go func() {
+			// A script that finds a server running reads none of it.
+			_, _ = in.Write(serverSource)
+			_ = in.Close()
+		}()
+	}
 	go io.Copy(io.Discard, proc.Stderr())
 	out, _ := io.ReadAll(io.LimitReader(proc.Stdout(), 4096))
 	exit, err := proc.Wait(ctx)

@@ -4,7 +4,7 @@
 // sandboxes on port Port, speaking the wire of E2B's code interpreter
 // (POST /execute answering newline-delimited JSON, /contexts). The server
 // is a process of the sandbox, so a sandbox's kernels sleep, wake and fork
-// with it. See docs/code-interpreter.md.
+// with it. See docs/codeint.md.
 package codeint
 
 import (
@@ -23,11 +23,22 @@ const Image = "code-interpreter"
 // (E2B's).
 const Port = 49999
 
-// ServerPath is where the image holds the server.
+// ServerPath is where the image holds the server it was built with: the
+// mark of an image that can run the interpreter, and the server started
+// when none is delivered. The server that runs is the daemon's own
+// (ServerSource), which the start script (StartCommand) reads on its
+// stdin and installs at RunServerPath, so a server fixed in clade reaches
+// sandboxes of an image built (and cached) before.
 const ServerPath = "/opt/clade/codeint/server.py"
+
+// RunServerPath is where the start script installs the server it starts.
+const RunServerPath = "/run/clade-codeint/server.py"
 
 //go:embed server.py
 var serverSource []byte
+
+// ServerSource returns the server this daemon delivers (embedded).
+func ServerSource() []byte { return serverSource }
 
 // Packages are what the image holds beyond debootstrap's minbase: the
 // kernels and what a data-analysis agent expects to import, plus the
@@ -43,9 +54,9 @@ var Packages = []string{
 
 func init() {
 	image.RegisterRecipe(image.Recipe{Name: Image, About: "bookworm + Python kernels (ipykernel), numpy, pandas, matplotlib, scipy, Node.js", Include: Packages, Post: post,
-		// Hot-pool sandboxes run the server and its default Python kernel
-		// before a create claims one.
-		Warm: startScript})
+		// Hot-pool sandboxes run the server (this daemon's, on stdin) and
+		// its default Python kernel before a create claims one.
+		Warm: startScript, WarmStdin: serverSource})
 }
 
 // post installs the server into the image.

@@ -18,10 +18,16 @@ Each context is one kernel: Python is an ipykernel kernel driven through
 jupyter_client (ipc transport: unix sockets, which a sandbox's checkpoint,
 restore and fork keep), bash a persistent bash process, JavaScript a
 persistent Node process running a small driver of this file. Everything a
-client sends is treated as hostile: bodies are bounded, output is bounded,
-a context id names only this server's contexts.
+client sends is treated as hostile: bodies are bounded, output is bounded
+(MAX_STREAM, MAX_RESULT: past them a marker says what was dropped), a
+context id names only this server's contexts, and a run ends at its
+timeout or when its client goes away: the kernel is interrupted, and one
+that does not come back within INTERRUPT_GRACE is killed (with every
+process it started) and restarted, its state lost.
 """
 
+import codecs
+import hashlib
 import json
 import os
 import queue
@@ -43,6 +49,13 @@ MAX_BODY = 8 << 20  # a request body (the code) at most
 MAX_STREAM = 8 << 20  # stdout+stderr bytes of one execution at most
 MAX_RESULT = 32 << 20  # rich result bytes of one execution at most
 MAX_CONTEXTS = 64
+# How long a kernel has to come back after an interrupt (a timeout, a
+# client gone) before it is killed and restarted.
+INTERRUPT_GRACE = float(os.environ.get("CLADE_CODEINT_GRACE", "5"))
+# How often a run that streams output checks whether its client is gone.
+GONE_EVERY = 0.1
+# A client that takes none of a run's output for this long is gone.
+WRITE_TIMEOUT = 60.0
 LANGUAGES = ("python", "bash", "js")
 ALIASES = {"python": "python", "python3": "python", "py": "python",
            "bash": "bash", "sh": "bash", "shell": "bash",
@@ -132,8 +145,84 @@ def now():
     return int(time.time() * 1e6)
 
 
-class Interrupted(Exception):
+class KernelDied(Exception):
     pass
+
+
+class Stuck(Exception):
+    """A kernel did not come back within INTERRUPT_GRACE of an interrupt."""
+
+    def __init__(self, why):
+        super().__init__(why)
+        self.why = why
+
+
+class Watch:
+    """Ends a run: interrupts its kernel at its deadline or when its client
+    is gone, and raises Stuck when the kernel does not come back within
+    INTERRUPT_GRACE. check() is called on every turn of a run's loop,
+    whether output flows or not."""
+
+    def __init__(self, kernel, em, deadline, gone):
+        self.kernel = kernel
+        self.em = em
+        self.deadline = deadline
+        self.gone = gone
+        self.interrupted = None
+        self.at = 0.0
+        self.next_gone = 0.0
+
+    def check(self):
+        t = time.monotonic()
+        if self.interrupted is not None:
+            if t > self.at + INTERRUPT_GRACE:
+                raise Stuck(self.interrupted)
+            return
+        why = None
+        if self.deadline is not None and t > self.deadline:
+            why = "timeout"
+        elif self.em.broken:
+            why = "client"
+        elif t >= self.next_gone:
+            self.next_gone = t + GONE_EVERY
+            if self.gone():
+                why = "client"
+        if why is not None:
+            self.interrupted, self.at = why, t
+            self.kernel.interrupt()
+
+
+def kill_tree(pid):
+    """SIGKILLs process pid, its process group and every process below
+    it (children that left the group: setsid, a daemon's first fork)."""
+    if not pid:
+        return
+    for _ in range(2):
+        children = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d, "rb") as f:
+                    st = f.read()
+                ppid = int(st[st.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+        todo, seen = [pid], []
+        while todo:
+            p = todo.pop()
+            seen.append(p)
+            todo.extend(children.get(p, []))
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for p in seen:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 class PythonKernel:
@@ -156,6 +245,10 @@ class PythonKernel:
     def alive(self):
         return self.km.is_alive()
 
+    def pid(self):
+        proc = getattr(getattr(self.km, "provisioner", None), "process", None) or getattr(self.km, "kernel", None)
+        return getattr(proc, "pid", None)
+
     def interrupt(self):
         try:
             self.km.interrupt_kernel()
@@ -163,10 +256,12 @@ class PythonKernel:
             pass
 
     def shutdown(self):
+        pid = self.pid()
         try:
             self.kc.stop_channels()
         except Exception:
             pass
+        kill_tree(pid)
         try:
             self.km.shutdown_kernel(now=True)
         except Exception:
@@ -196,10 +291,14 @@ class PythonKernel:
         if env:
             self._quiet("import os as _clade_os\n_clade_env_saved = {k: _clade_os.environ.get(k) for k in %r}\n"
                         "_clade_os.environ.update(%r)\ndel _clade_os" % (list(env), env))
+        restore = True
         try:
             return self._run(code, em, deadline, gone)
+        except (Stuck, KernelDied):
+            restore = False
+            raise
         finally:
-            if env and self.alive():
+            if env and restore and self.alive():
                 self._quiet("import os as _clade_os\nfor _k, _v in _clade_env_saved.items():\n"
                             "    _clade_os.environ.pop(_k, None) if _v is None else _clade_os.environ.__setitem__(_k, _v)\n"
                             "del _clade_os, _clade_env_saved, _k, _v")
@@ -207,20 +306,14 @@ class PythonKernel:
     def _run(self, code, em, deadline, gone):
         mid = self.kc.execute(code)
         count = None
-        interrupted = None
+        w = Watch(self, em, deadline, gone)
         while True:
+            w.check()
             try:
                 m = self.kc.get_iopub_msg(timeout=0.25)
             except queue.Empty:
                 if not self.alive():
                     raise KernelDied("the python kernel died")
-                if interrupted is None:
-                    if gone():
-                        interrupted = "client"
-                        self.interrupt()
-                    elif deadline and time.time() > deadline:
-                        interrupted = "timeout"
-                        self.interrupt()
                 continue
             if m["parent_header"].get("msg_id") != mid:
                 continue
@@ -234,16 +327,12 @@ class PythonKernel:
             elif t == "display_data":
                 em.result(c.get("data", {}), False)
             elif t == "error":
-                if interrupted == "timeout" and c.get("ename") == "KeyboardInterrupt":
+                if w.interrupted == "timeout" and c.get("ename") == "KeyboardInterrupt":
                     continue
                 em.error(c.get("ename", "Error"), c.get("evalue", ""), "\n".join(c.get("traceback", [])))
             elif t == "status" and c.get("execution_state") == "idle":
                 break
-        return count, interrupted
-
-
-class KernelDied(Exception):
-    pass
+        return count, w.interrupted
 
 
 class StreamKernel:
@@ -253,7 +342,9 @@ class StreamKernel:
     def __init__(self, cwd):
         self.cwd = cwd
         self.count = 0
-        self.q = queue.Queue()
+        # Bounded: a process that prints without pause is held back by its
+        # pipe rather than filling the server's memory.
+        self.q = queue.Queue(maxsize=64)
         self.proc = None
         self.start()
 
@@ -285,14 +376,24 @@ class StreamKernel:
             pass
 
     def shutdown(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_tree(self.proc.pid)
         try:
             self.proc.wait(5)
         except Exception:
             pass
+        # The pumps end at their pipes' EOF; take what they still hold so
+        # that they are not left blocked on the bounded queue.
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        ends, until = 0, time.monotonic() + 30
+        while ends < 2 and time.monotonic() < until:
+            try:
+                _, b = self.q.get(timeout=1)
+            except queue.Empty:
+                continue
+            if not b:
+                ends += 1
 
     def run(self, code, env, em, deadline, gone):
         self.count += 1
@@ -300,28 +401,25 @@ class StreamKernel:
         self.send(code, env, marker)
         bufs = {"stdout": b"", "stderr": b""}
         done = {"stdout": False, "stderr": False}
+        # Output is sent as it comes, a character split across reads
+        # whole with its second part.
+        dec = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in bufs}
         status = None
-        interrupted = None
+        w = Watch(self, em, deadline, gone)
         mk = marker.encode()
         while not (done["stdout"] and done["stderr"]):
+            w.check()
             try:
                 name, b = self.q.get(timeout=0.25)
             except queue.Empty:
                 if not self.alive():
                     raise KernelDied("the %s kernel died (exit status %s)" % (self.language, self.proc.returncode))
-                if interrupted is None:
-                    if gone():
-                        interrupted = "client"
-                        self.interrupt()
-                    elif deadline and time.time() > deadline:
-                        interrupted = "timeout"
-                        self.interrupt()
                 continue
             if not b:
                 done[name] = True
                 if not self.alive() or self.proc.wait(1) is not None:
                     for n, rest in bufs.items():
-                        em.stream(n, rest.decode("utf-8", "replace"))
+                        em.stream(n, dec[n].decode(rest, final=True))
                     raise KernelDied("the %s kernel died (exit status %s)" % (self.language, self.proc.returncode))
                 continue
             if done[name]:
@@ -335,19 +433,23 @@ class StreamKernel:
                 if name == "stdout":
                     line = tail.split(b"\n", 1)[0]
                     status = line.decode("utf-8", "replace").strip()
-                em.stream(name, buf.decode("utf-8", "replace"))
+                em.stream(name, dec[name].decode(buf, final=True))
                 bufs[name] = b""
                 continue
             # Hold back what could be the start of a marker split across
-            # reads; send the rest as it comes, on whole UTF-8 characters.
-            keep = len(mk) - 1
-            cut = max(0, len(buf) - keep)
-            while cut > 0 and cut < len(buf) and (buf[cut] & 0xC0) == 0x80:
-                cut -= 1
-            em.stream(name, buf[:cut].decode("utf-8", "replace"))
+            # reads (a tail from a NUL on that the marker begins with);
+            # send the rest as it comes, on whole UTF-8 characters.
+            cut = len(buf)
+            i = buf.find(b"\x00", max(0, len(buf) - len(mk) + 1))
+            while i >= 0:
+                if mk.startswith(buf[i:]):
+                    cut = i
+                    break
+                i = buf.find(b"\x00", i + 1)
+            em.stream(name, dec[name].decode(buf[:cut]))
             bufs[name] = buf[cut:]
-        self.finish(status, em, interrupted)
-        return self.count, interrupted
+        self.finish(status, em, w.interrupted)
+        return self.count, w.interrupted
 
     def finish(self, status, em, interrupted):
         pass
@@ -487,6 +589,25 @@ class NodeKernel(StreamKernel):
 KERNELS = {"python": PythonKernel, "bash": BashKernel, "js": NodeKernel}
 
 
+class DeadKernel:
+    """What a context holds when its kernel could not start again."""
+
+    def alive(self):
+        return False
+
+    def interrupt(self):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+def recovery(cid):
+    return ("restart the context for a new kernel (its state is lost): `clade code-context restart SANDBOX %s`, "
+            "the API's POST /v1/sandboxes/SANDBOX/code/contexts/%s/restart, the SDK's RestartCodeContext, "
+            "or E2B's restartCodeContext" % (cid, cid))
+
+
 class Context:
     def __init__(self, language, cwd, cid=None):
         self.id = cid or str(uuid.uuid4())
@@ -497,6 +618,13 @@ class Context:
 
     def body(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    def restart(self):
+        """Kills the kernel (and what it started) and starts a new one;
+        the caller holds self.lock."""
+        old, self.kernel = self.kernel, DeadKernel()
+        old.shutdown()
+        self.kernel = KERNELS[self.language](self.cwd)
 
 
 class Contexts:
@@ -571,12 +699,19 @@ class Contexts:
 
 CONTEXTS = Contexts()
 
+try:
+    with open(os.path.abspath(__file__), "rb") as _f:
+        SERVER_SHA256 = hashlib.sha256(_f.read()).hexdigest()
+except OSError:
+    SERVER_SHA256 = ""
+
 
 # ---------------------------------------------------------------- http
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "clade-codeint/1"
+    deadline = None
 
     def log_message(self, *args):
         pass
@@ -612,7 +747,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         try:
             if method == "GET" and path == "/health":
-                return self.reply(200, {"ok": True, "languages": list(LANGUAGES)})
+                return self.reply(200, {"ok": True, "languages": list(LANGUAGES), "server": SERVER_SHA256})
             if method == "POST" and path == "/execute":
                 return self.execute()
             if path == "/contexts":
@@ -629,9 +764,16 @@ class Handler(BaseHTTPRequestHandler):
                     return self.reply(204, None)
                 if len(parts) == 4 and parts[3] == "restart" and method == "POST":
                     c = CONTEXTS.get(cid)
-                    with c.lock:
+                    if not c.lock.acquire(timeout=0.5):
+                        # A run holds the context (one without a timeout,
+                        # whose kernel ignores interrupts): its kernel is
+                        # killed, which ends that run.
                         c.kernel.shutdown()
-                        c.kernel = KERNELS[c.language](c.cwd)
+                        c.lock.acquire()
+                    try:
+                        c.restart()
+                    finally:
+                        c.lock.release()
                     return self.reply(204, None)
             raise ClientError(404, "no route %s %s" % (method, path[:200]))
         except ClientError as e:
@@ -650,6 +792,13 @@ class Handler(BaseHTTPRequestHandler):
         self.route("DELETE")
 
     def chunk(self, b):
+        # A client that stops reading must not hold the run past its
+        # deadline (or forever): a write it does not take within that
+        # counts it gone.
+        t = WRITE_TIMEOUT
+        if self.deadline is not None:
+            t = min(t, max(1.0, self.deadline - time.monotonic()))
+        self.connection.settimeout(t)
         self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
         self.wfile.flush()
 
@@ -681,8 +830,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/x-ndjson")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        deadline = time.monotonic() + timeout if timeout else None
+        self.deadline = deadline
         em = Emitter(self.chunk)
-        deadline = time.time() + timeout if timeout else None
         with c.lock:
             try:
                 if not c.kernel.alive():
@@ -693,8 +843,35 @@ class Handler(BaseHTTPRequestHandler):
                 if count is not None:
                     em.send({"type": "number_of_executions", "execution_count": count})
             except KernelDied as e:
-                em.error("KernelDied", "%s; restart the context (POST /contexts/%s/restart)" % (e, c.id), "")
+                # What the dead kernel left (its process group, children)
+                # goes too; the context stays dead until restarted.
+                c.kernel.shutdown()
+                em.error("KernelDied", "%s (it exited or was killed: its state is lost); %s" % (e, recovery(c.id)), "")
+            except Stuck as e:
+                try:
+                    c.restart()
+                    state = "the context was restarted: its kernel is new and its state (variables, imports) is lost"
+                except Exception as err:
+                    state = "its kernel was killed and did not start again (%s); %s" % (err, recovery(c.id))
+                if e.why == "timeout":
+                    em.error("TimeoutError", "execution timed out after %gs and the kernel did not stop within %gs of an interrupt "
+                             "(the code ignores SIGINT or is stuck in native code): %s" % (timeout, INTERRUPT_GRACE, state), "")
+                else:
+                    em.error("Interrupted", "the client went away and the kernel did not stop within %gs of an interrupt: %s" % (INTERRUPT_GRACE, state), "")
+            except Exception as e:
+                # The answer has begun: an error goes in it, not as a
+                # status. A kernel killed under the run (a restart or a
+                # removal of its context) ends up here too.
+                if not c.kernel.alive():
+                    c.kernel.shutdown()
+                    em.error("KernelDied", "the %s kernel of context %s was stopped during the run; %s" % (c.language, c.id, recovery(c.id)), "")
+                else:
+                    traceback.print_exc()
+                    em.error("InternalError", "the interpreter failed: %s" % e, "")
         em.send({"type": "end_of_execution"})
+        if em.broken:
+            self.close_connection = True
+            return
         try:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()

@@ -40,12 +40,22 @@ type Recipe struct {
 	// interpreter's server and its Python kernel). A sandbox whose warm
 	// step fails is destroyed, never handed out.
 	Warm string
+	// WarmStdin, if set, is written to the warm step's stdin (then
+	// closed): what the daemon delivers into the sandbox, such as the
+	// code interpreter's server of this clade, newer than the image's.
+	WarmStdin []byte
 }
 
 // WarmCommand returns the warm step of the built-in image name (Recipe.Warm),
 // or "" when it has none.
 func WarmCommand(name string) string {
 	return recipes[name].Warm
+}
+
+// WarmStdin returns what the warm step of the built-in image name reads on
+// its stdin (Recipe.WarmStdin), or nil.
+func WarmStdin(name string) []byte {
+	return recipes[name].WarmStdin
 }
 
 // Source is what the image records as where it came from.

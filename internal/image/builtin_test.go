@@ -84,3 +84,30 @@ func TestEnsureBuiltin(t *testing.T) {
 		t.Fatalf("unknown recipe: %v", err)
 	}
 }
+
+// TestStoreLeavesUnknownBuiltinBuilds: a store opened by a binary that does
+// not register a built-in image (a test binary without its package) leaves
+// that image's build alone while it goes on, and still removes what a
+// killed layered build left.
+func TestStoreLeavesUnknownBuiltinBuilds(t *testing.T) {
+	dir := t.TempDir()
+	building := filepath.Join(dir, buildPrefix+"not-registered-here")
+	left := filepath.Join(dir, buildPrefix+"some-image-0123abcd")
+	for _, d := range []string{filepath.Join(building, "rootfs"), left} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, ".not-registered-here.lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewStore(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(building, "rootfs")); err != nil {
+		t.Fatalf("a built-in image's build in progress was removed: %v", err)
+	}
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Fatalf("a killed layered build's directory is still there: %v", err)
+	}
+}

@@ -55,8 +55,11 @@ func (s *Store) cleanup() {
 		switch {
 		case strings.HasPrefix(e.Name(), rmPrefix):
 			_ = os.RemoveAll(p)
-		case strings.HasPrefix(e.Name(), buildPrefix) && !isBuiltinBuild(e.Name()):
-			// EnsureBuiltin's builds have their own lock and cleanup.
+		case strings.HasPrefix(e.Name(), buildPrefix) && !isBuiltinBuild(e.Name()) && !builtinLockExists(s.dir, e.Name()):
+			// EnsureBuiltin's builds have their own lock and cleanup,
+			// also those of recipes this binary does not register (a
+			// test binary without the code interpreter's package): the
+			// lock file beside the images tells them.
 			if f, err := os.Open(p); err == nil {
 				if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
 					_ = os.RemoveAll(p)
@@ -65,6 +68,15 @@ func (s *Store) cleanup() {
 			}
 		}
 	}
+}
+
+// builtinLockExists reports whether build (a .build-NAME entry) has the
+// lock file of EnsureBuiltin's builds of NAME beside it: a built-in
+// image's build, maybe of a recipe this binary does not know, which only
+// EnsureBuiltin (under that lock) may remove.
+func builtinLockExists(dir, build string) bool {
+	_, err := os.Lstat(filepath.Join(dir, "."+strings.TrimPrefix(build, buildPrefix)+".lock"))
+	return err == nil
 }
 
 // build is a directory an image is assembled in before it is renamed into

@@ -136,11 +136,20 @@ func (p *Pools) warmHot(ctx context.Context, imageName string, sb engine.Sandbox
 	ctx, cancel := context.WithTimeout(ctx, warmTimeout+10*time.Second)
 	defer cancel()
 	start := time.Now()
-	proc, err := sb.Guest().Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Timeout: warmTimeout})
+	stdin := image.WarmStdin(imageName)
+	proc, err := sb.Guest().Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Timeout: warmTimeout, Stdin: stdin != nil})
 	if err != nil {
 		return fmt.Errorf("hot pool: warm step of the %s image: %w", imageName, err)
 	}
 	defer proc.Close()
+	if stdin != nil {
+		go func() {
+			// The step may not read it all (it exits early): a failed
+			// write is its exit's to explain.
+			_, _ = proc.Stdin.Write(stdin)
+			_ = proc.Stdin.Close()
+		}()
+	}
 	var out tailBuffer
 	done := make(chan struct{})
 	go func() { _, _ = io.Copy(&out, proc.Stderr); close(done) }()

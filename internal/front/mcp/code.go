@@ -18,7 +18,7 @@ type RunCodeInput struct {
 	Language       string            `json:"language,omitempty" jsonschema:"python (default), bash or js"`
 	Context        string            `json:"context,omitempty" jsonschema:"a context id, instead of the language's default context"`
 	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables for this run only"`
-	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"interrupt the run after this many seconds (the context keeps its state); default 120, at most 3600"`
+	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"interrupt the run after this many seconds (the context keeps its state, unless its kernel ignores the interrupt for 5 s more: then it is restarted and its state lost); default 120, at most 3600"`
 }
 
 type RunCodeOutput struct {
