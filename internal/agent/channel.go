@@ -41,6 +41,9 @@ type channel struct {
 	pty     *os.File  // a TTY exec's terminal (master side), until it ends
 	aborted bool
 	done    chan struct{}
+	// kept and att: the kept command the channel follows (see kept.go).
+	kept *keptCmd
+	att  *attachment
 }
 
 func newChannel(s *session, id uint32, req wire.Request) *channel {
@@ -75,6 +78,10 @@ func (ch *channel) run(ctx context.Context) {
 		exit = ch.dial()
 	case wire.OpWatch:
 		exit = ch.watch()
+	case wire.OpAttach:
+		exit = ch.attachKept()
+	case wire.OpKept:
+		exit = ch.listKept()
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}
@@ -94,8 +101,11 @@ func errExit(err error) wire.ExitMsg {
 
 func (ch *channel) signal(sig syscall.Signal) {
 	ch.mu.Lock()
-	p := ch.proc
+	p, k := ch.proc, ch.kept
 	ch.mu.Unlock()
+	if p == nil && k != nil {
+		p = k.running() // an attach's command
+	}
 	if p != nil {
 		_ = p.Signal(sig)
 	}
@@ -104,6 +114,10 @@ func (ch *channel) signal(sig syscall.Signal) {
 // detach lets the channel's process run on with nobody listening: its
 // output is drained and dropped, its stdin closed.
 func (ch *channel) detach() {
+	if ch.keptChannel() {
+		ch.detachKept() // its output is kept for the next attach
+		return
+	}
 	err := errors.New("detached for a snapshot")
 	ch.mu.Lock()
 	sock := ch.sock
@@ -119,7 +133,17 @@ func (ch *channel) detach() {
 }
 
 // abort kills the channel's process group and unblocks its streams.
+//
+// A channel following a kept command detaches from it instead: the
+// command runs on (its host went away, or closed the channel).
 func (ch *channel) abort() {
+	if ch.keptChannel() {
+		ch.mu.Lock()
+		ch.aborted = true
+		ch.mu.Unlock()
+		ch.detachKept()
+		return
+	}
 	ch.mu.Lock()
 	ch.aborted = true
 	p := ch.proc
@@ -202,8 +226,27 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	if user != nil {
 		cmd.SysProcAttr.Credential = user.cred()
 	}
+	var reserved bool
 	if ch.req.TTY {
+		if ch.req.Keep {
+			return errExit(errdefs.New(errdefs.InvalidArgument, "a command on a terminal cannot be kept: run it without keep"))
+		}
 		return ch.execTTY(cmd)
+	}
+	if ch.req.Keep {
+		if len(ch.req.Tag) > wire.MaxTag {
+			return errExit(errdefs.New(errdefs.InvalidArgument, "tag of %d bytes: at most %d", len(ch.req.Tag), wire.MaxTag))
+		}
+		if err := ch.s.a.reserveKept(); err != nil {
+			return errExit(err)
+		}
+		// Released here unless the command runs (execKept registers it).
+		reserved = true
+		defer func() {
+			if reserved {
+				ch.s.a.addKept(nil)
+			}
+		}()
 	}
 
 	outR, outW, err := os.Pipe()
@@ -251,11 +294,15 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	aborted := ch.aborted
 	ch.mu.Unlock()
 	pid := cmd.Process.Pid
-	if aborted {
+	if aborted && !ch.req.Keep {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}
 	started, _ := json.Marshal(wire.StartedMsg{PID: pid})
 	_ = ch.s.conn.Write(wire.Started, ch.id, started)
+	if ch.req.Keep {
+		reserved = false
+		return ch.execKept(cmd.Process, wait, outR, errR, inW)
+	}
 
 	if inW != nil {
 		go func() {

@@ -340,6 +340,13 @@ type Request struct {
 	User string `json:"user,omitempty"`
 	// Recursive makes an OpWatch follow the directories below Path too.
 	Recursive bool `json:"recursive,omitempty"`
+	// Keep makes an OpExec (not a TTY one) a kept command that outlives
+	// its channel, and Tag is the host's label for it (at most MaxTag
+	// bytes); PID names the kept command of an OpAttach. See kept.go.
+	// Only for an agent with FeatureKeep.
+	Keep bool   `json:"keep,omitempty"`
+	Tag  string `json:"tag,omitempty"`
+	PID  int    `json:"pid,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.
