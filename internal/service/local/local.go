@@ -297,7 +297,7 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 		return nil, err
 	}
 	p, err := g.Exec(ctx, guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin,
-		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User})
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User, Keep: req.Keep, Tag: req.Tag})
 	if err != nil {
 		return nil, err
 	}
@@ -310,6 +310,40 @@ func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.Wak
 		return false, err
 	}
 	return g.SupportsUser(ctx), nil
+}
+
+func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) ([]api.KeptCommand, error) {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return nil, err
+	}
+	kept, err := g.Kept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.KeptCommand, 0, len(kept))
+	for _, k := range kept {
+		c := api.KeptCommand{PID: k.PID, Cmd: k.Argv, Tag: k.Tag, Started: time.UnixMilli(k.StartedMS).UTC(),
+			Stdin: k.Stdin, Attached: k.Attached}
+		if k.Ended && k.Exit != nil {
+			e := k.Exit
+			c.Exit = &api.ExitStatus{Code: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, Error: e.Error, ErrorClass: e.ErrorClass}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (s *Service) Attach(ctx context.Context, ref string, wake service.WakeMode, pid int, stdin bool) (service.Process, error) {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return nil, err
+	}
+	p, err := g.Attach(ctx, pid, stdin)
+	if err != nil {
+		return nil, err
+	}
+	return process{p}, nil
 }
 
 type process struct{ p *guest.Process }

@@ -225,6 +225,21 @@ func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.Wak
 	return true, nil
 }
 
+// errKeptRemote refuses what the HTTP API does not serve yet.
+func errKeptRemote(what string) error {
+	return errdefs.New(errdefs.InvalidArgument, "%s of kept commands is not served over clade's HTTP API yet: run the front on the daemon's node (local service)", what)
+}
+
+// Kept is not served over the HTTP API (InvalidArgument).
+func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) ([]api.KeptCommand, error) {
+	return nil, errKeptRemote("listing")
+}
+
+// Attach is not served over the HTTP API (InvalidArgument).
+func (s *Service) Attach(ctx context.Context, ref string, wake service.WakeMode, pid int, stdin bool) (service.Process, error) {
+	return nil, errKeptRemote("attaching to")
+}
+
 type process struct {
 	cancel  context.CancelFunc
 	stdin   *io.PipeWriter
