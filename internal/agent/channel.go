@@ -44,6 +44,9 @@ type channel struct {
 	// kept and att: the kept command the channel follows (see kept.go).
 	kept *keptCmd
 	att  *attachment
+	// quiesced: detached for a snapshot; the channel ends without an Exit
+	// (the host is told by the quiesce, which an Exit must not race).
+	quiesced bool
 }
 
 func newChannel(s *session, id uint32, req wire.Request) *channel {
@@ -91,6 +94,12 @@ func (ch *channel) run(ctx context.Context) {
 	if ch.stdin != nil {
 		ch.stdin.CloseWithError(io.EOF)
 	}
+	ch.mu.Lock()
+	quiesced := ch.quiesced
+	ch.mu.Unlock()
+	if quiesced {
+		return
+	}
 	b, _ := json.Marshal(exit)
 	_ = ch.s.conn.Write(wire.Exit, ch.id, b)
 }
@@ -115,6 +124,9 @@ func (ch *channel) signal(sig syscall.Signal) {
 // output is drained and dropped, its stdin closed.
 func (ch *channel) detach() {
 	if ch.keptChannel() {
+		ch.mu.Lock()
+		ch.quiesced = true
+		ch.mu.Unlock()
 		ch.detachKept() // its output is kept for the next attach
 		return
 	}
@@ -294,15 +306,18 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	aborted := ch.aborted
 	ch.mu.Unlock()
 	pid := cmd.Process.Pid
-	if aborted && !ch.req.Keep {
+	if ch.req.Keep {
+		reserved = false
+		k, att := ch.newKept(cmd.Process, inW)
+		started, _ := json.Marshal(wire.StartedMsg{PID: pid})
+		_ = ch.s.conn.Write(wire.Started, ch.id, started)
+		return ch.execKept(k, att, wait, outR, errR)
+	}
+	if aborted {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}
 	started, _ := json.Marshal(wire.StartedMsg{PID: pid})
 	_ = ch.s.conn.Write(wire.Started, ch.id, started)
-	if ch.req.Keep {
-		reserved = false
-		return ch.execKept(cmd.Process, wait, outR, errR, inW)
-	}
 
 	if inW != nil {
 		go func() {

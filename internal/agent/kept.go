@@ -62,7 +62,11 @@ type keptChunk struct {
 // attachment is one channel following a kept command.
 type attachment struct {
 	ch   *channel
-	gone bool // detached or taken over
+	gone bool // detached or taken over (under the command's mu)
+	// writing is held while the channel sends output, so that a detach
+	// returns only once nothing more goes out on it: a quiesce's own frame
+	// must follow the last output the host gets.
+	writing sync.Mutex
 }
 
 // keptWriter is one output stream of a kept command, for its pump.
@@ -232,34 +236,44 @@ func (ch *channel) attachKept() wire.ExitMsg {
 	if k == nil {
 		return errExit(errdefs.New(errdefs.NotFound, "no kept command with pid %d (never kept, or its exit was collected or forgotten)", ch.req.PID))
 	}
-	started, _ := json.Marshal(wire.StartedMsg{PID: k.info.PID})
-	_ = ch.s.conn.Write(wire.Started, ch.id, started)
-	return ch.follow(k)
-}
-
-// follow attaches the channel to k and forwards its output until it ends
-// (then its exit, which is collected) or the channel is detached.
-func (ch *channel) follow(k *keptCmd) wire.ExitMsg {
 	att := &attachment{ch: ch}
+	ch.mu.Lock()
+	if ch.aborted {
+		ch.mu.Unlock()
+		return errExit(errDetached)
+	}
+	ch.kept, ch.att = k, att
+	ch.mu.Unlock()
+	// Taken over only now: a detach meanwhile (detachKept) marked att gone.
 	k.mu.Lock()
 	old := k.att
-	if old != nil {
-		old.gone = true
+	if att.gone {
+		old = nil
+	} else {
+		if old != nil {
+			old.gone = true
+		}
+		k.att = att
 	}
-	k.att = att
-	stdin := k.stdin
 	k.cond.Broadcast()
 	k.mu.Unlock()
 	if old != nil {
 		old.ch.detachStreams(errTakenOver)
+		old.writing.Lock() // its last output went out before ours
+		old.writing.Unlock()
 	}
-	ch.mu.Lock()
-	ch.kept, ch.att = k, att
-	aborted := ch.aborted
-	ch.mu.Unlock()
-	if aborted {
-		ch.detachKept() // closed by the host before it was attached
-	}
+	started, _ := json.Marshal(wire.StartedMsg{PID: k.info.PID})
+	_ = ch.s.conn.Write(wire.Started, ch.id, started)
+	return ch.follow(k, att)
+}
+
+// follow forwards k's output on the channel, attached to it as att,
+// until it ends (then its exit, which is collected) or the channel is
+// detached.
+func (ch *channel) follow(k *keptCmd, att *attachment) wire.ExitMsg {
+	k.mu.Lock()
+	stdin := k.stdin
+	k.mu.Unlock()
 	if ch.stdin != nil {
 		go func() {
 			if stdin == nil {
@@ -290,7 +304,10 @@ func (ch *channel) follow(k *keptCmd) wire.ExitMsg {
 			k.dropped = 0
 			k.mu.Unlock()
 			note := fmt.Sprintf("[clade: %d bytes of this command's output were dropped while no client was attached]\n", n)
-			if _, err := ch.stderr.Write([]byte(note)); err != nil {
+			att.writing.Lock()
+			_, err := ch.stderr.Write([]byte(note))
+			att.writing.Unlock()
+			if err != nil {
 				k.mu.Lock()
 				k.dropped += n
 				k.mu.Unlock()
@@ -306,7 +323,10 @@ func (ch *channel) follow(k *keptCmd) wire.ExitMsg {
 			if c.stream == wire.Stderr {
 				w = ch.stderr
 			}
-			if n, err := w.Write(c.data); err != nil {
+			att.writing.Lock()
+			n, err := w.Write(c.data)
+			att.writing.Unlock()
+			if err != nil {
 				// Not sent: it goes back first in line for the next attach.
 				k.mu.Lock()
 				k.chunks = append([]keptChunk{{c.stream, c.data[n:]}}, k.chunks...)
@@ -365,6 +385,10 @@ func (ch *channel) detachKept() {
 		k.mu.Unlock()
 	}
 	ch.detachStreams(errDetached)
+	if att != nil {
+		att.writing.Lock() // what it was sending has gone out (or failed)
+		att.writing.Unlock()
+	}
 }
 
 // detachStreams fails the channel's streams: its forwarder stops, its
@@ -386,12 +410,8 @@ func (ch *channel) keptChannel() bool {
 // execKept runs the started process cmd of a Keep exec as a kept
 // command: its output pumps write into the command's buffer, the channel
 // follows it.
-func (ch *channel) execKept(proc *os.Process, wait <-chan syscall.WaitStatus, outR, errR, inW *os.File) wire.ExitMsg {
-	pid := proc.Pid
-	k := &keptCmd{a: ch.s.a, proc: proc, stdin: inW, info: wire.KeptCommand{PID: pid, Argv: ch.req.Argv, Tag: ch.req.Tag,
-		StartedMS: time.Now().UnixMilli()}}
-	k.cond = sync.NewCond(&k.mu)
-	ch.s.a.addKept(k)
+func (ch *channel) execKept(k *keptCmd, att *attachment, wait <-chan syscall.WaitStatus, outR, errR *os.File) wire.ExitMsg {
+	pid := k.info.PID
 	var pumps sync.WaitGroup
 	pumps.Add(2)
 	out, errp := newOutPump(keptWriter{k, wire.Stdout}, outR), newOutPump(keptWriter{k, wire.Stderr}, errR)
@@ -404,5 +424,25 @@ func (ch *channel) execKept(proc *os.Process, wait <-chan syscall.WaitStatus, ou
 		})
 		k.ended(exit)
 	}()
-	return ch.follow(k)
+	return ch.follow(k, att)
+}
+
+// newKept registers the started process of a Keep exec as a kept command
+// followed by the channel (before the host learns it started, so that it
+// is listed and attachable at once).
+func (ch *channel) newKept(proc *os.Process, inW *os.File) (*keptCmd, *attachment) {
+	k := &keptCmd{a: ch.s.a, proc: proc, stdin: inW, info: wire.KeptCommand{PID: proc.Pid, Argv: ch.req.Argv, Tag: ch.req.Tag,
+		StartedMS: time.Now().UnixMilli()}}
+	k.cond = sync.NewCond(&k.mu)
+	att := &attachment{ch: ch}
+	ch.mu.Lock()
+	ch.kept, ch.att = k, att
+	if ch.aborted {
+		att.gone = true // closed by the host already: detached from the start
+	} else {
+		k.att = att
+	}
+	ch.mu.Unlock()
+	ch.s.a.addKept(k)
+	return k, att
 }
