@@ -381,8 +381,12 @@ func (ch *channel) detachKept() {
 		if k.att == att {
 			k.att = nil
 		}
+		ended := k.exit != nil && k.att == nil
 		k.cond.Broadcast()
 		k.mu.Unlock()
+		if ended {
+			k.a.evictKept() // one more ended command nobody follows
+		}
 	}
 	ch.detachStreams(errDetached)
 	if att != nil {

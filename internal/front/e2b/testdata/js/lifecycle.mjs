@@ -118,11 +118,11 @@ try {
   // it: its output continues exactly where the first handle's stopped,
   // and its exit code arrives.
   const script = `sh -c 'for i in $(seq 1 40); do echo $i; sleep 0.2; done; exit 7'`
-  let before = ''
-  const counter = await a.commands.run(script, { background: true, timeoutMs: 0, envs: { COUNTER: 'yes' }, onStdout: (d) => { before += d } })
+  let early = ''
+  const counter = await a.commands.run(script, { background: true, timeoutMs: 0, envs: { COUNTER: 'yes' }, onStdout: (d) => { early += d } })
   const t2 = Date.now()
-  while (before.split('\n').length < 4) {
-    assert.ok(Date.now() - t2 < 60_000, `no output from the counter: ${JSON.stringify(before)}`)
+  while (early.split('\n').length < 4) {
+    assert.ok(Date.now() - t2 < 60_000, `no output from the counter: ${JSON.stringify(early)}`)
     await new Promise((r) => setTimeout(r, 50))
   }
   assert.ok(await a.pause())
@@ -135,14 +135,14 @@ try {
   assert.equal(mine[0].cmd, '/bin/bash')
   assert.deepEqual(mine[0].args, ['-l', '-c', script])
   assert.deepEqual(mine[0].envs, { COUNTER: 'yes' })
-  let after = ''
-  const again = await a.commands.connect(counter.pid, { timeoutMs: 0, onStdout: (d) => { after += d } })
+  let late = ''
+  const again = await a.commands.connect(counter.pid, { timeoutMs: 0, onStdout: (d) => { late += d } })
   assert.equal(again.pid, counter.pid)
   err = await again.wait().then(() => null, (e) => e)
   assert.ok(err instanceof CommandExitError && err.exitCode === 7, `counter's end: ${err?.constructor?.name}: ${err?.message}`)
-  assert.equal(err.stdout, after)
-  assert.deepEqual((before + after).split('\n').filter(Boolean), Array.from({ length: 40 }, (_, i) => String(i + 1)),
-    `output across the pause: before ${JSON.stringify(before)}, after ${JSON.stringify(after)}`)
+  assert.equal(err.stdout, late)
+  assert.deepEqual((early + late).split('\n').filter(Boolean), Array.from({ length: 40 }, (_, i) => String(i + 1)),
+    `output across the pause: before ${JSON.stringify(early)}, after ${JSON.stringify(late)}`)
   assert.deepEqual((await a.commands.list()).filter((p) => p.pid === counter.pid), [])
   ok('a command started before a pause is listed after the resume; connect(pid) continues its output and gets its exit')
 
