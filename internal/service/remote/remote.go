@@ -171,6 +171,9 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 	if req.TimeoutMS < 0 {
 		return nil, errdefs.New(errdefs.InvalidArgument, "timeout_ms %d is negative", req.TimeoutMS)
 	}
+	if req.Keep || req.Tag != "" {
+		return nil, errKeptRemote("starting")
+	}
 	if !req.TTY && (req.Rows != 0 || req.Cols != 0) {
 		return nil, errdefs.New(errdefs.InvalidArgument, "rows and cols are a terminal's size: set tty too, or leave them out")
 	}
