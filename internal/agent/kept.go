@@ -304,14 +304,14 @@ func (ch *channel) follow(k *keptCmd, att *attachment) wire.ExitMsg {
 			k.dropped = 0
 			k.mu.Unlock()
 			note := fmt.Sprintf("[clade: %d bytes of this command's output were dropped while no client was attached]\n", n)
+			// Requeued under writing too: a newer attach waits for it.
 			att.writing.Lock()
-			_, err := ch.stderr.Write([]byte(note))
-			att.writing.Unlock()
-			if err != nil {
+			if _, err := ch.stderr.Write([]byte(note)); err != nil {
 				k.mu.Lock()
 				k.dropped += n
 				k.mu.Unlock()
 			}
+			att.writing.Unlock()
 		case len(k.chunks) > 0:
 			c := k.chunks[0]
 			k.chunks[0] = keptChunk{}
@@ -324,15 +324,15 @@ func (ch *channel) follow(k *keptCmd, att *attachment) wire.ExitMsg {
 				w = ch.stderr
 			}
 			att.writing.Lock()
-			n, err := w.Write(c.data)
-			att.writing.Unlock()
-			if err != nil {
-				// Not sent: it goes back first in line for the next attach.
+			if n, err := w.Write(c.data); err != nil {
+				// Not sent: it goes back first in line for the next
+				// attach, which waits for writing before it forwards.
 				k.mu.Lock()
 				k.chunks = append([]keptChunk{{c.stream, c.data[n:]}}, k.chunks...)
 				k.size += len(c.data) - n
 				k.mu.Unlock()
 			}
+			att.writing.Unlock()
 		default: // ended, and all its output forwarded: the exit is collected
 			exit := *k.exit
 			k.att = nil
