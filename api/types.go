@@ -255,6 +255,33 @@ type ExecRequest struct {
 	// the user's groups, HOME, USER, LOGNAME and SHELL, in the user's home
 	// unless Workdir is set. Empty: the image's user (root by default).
 	User string `json:"user,omitempty"`
+	// Keep makes the command outlive the call that started it (not with
+	// TTY): when the caller goes away, or the sandbox sleeps and wakes
+	// with its memory, it runs on, its newest output (256 KiB) and its
+	// exit kept inside the sandbox until someone attaches to it by pid.
+	// Tag is the caller's label for it (at most 16 KiB), listed with it.
+	// A sandbox made by an older clade runs it as an ordinary command.
+	// Served to the daemon's own fronts (E2B) only: the HTTP API refuses
+	// it (400) until it has routes to list and attach.
+	Keep bool   `json:"keep,omitempty"`
+	Tag  string `json:"tag,omitempty"`
+}
+
+// KeptCommand is a command started with ExecRequest.Keep that its
+// sandbox still holds: running, or ended with its exit not yet collected
+// by an attach.
+type KeptCommand struct {
+	PID int      `json:"pid"`
+	Cmd []string `json:"cmd"`
+	Tag string   `json:"tag,omitempty"`
+	// Started is when it started, by the sandbox's clock.
+	Started time.Time `json:"started"`
+	// Stdin: its stdin is open (an attach may write to it).
+	Stdin bool `json:"stdin,omitempty"`
+	// Exit is set once it ended.
+	Exit *ExitStatus `json:"exit,omitempty"`
+	// Attached: a caller follows it now.
+	Attached bool `json:"attached,omitempty"`
 }
 
 // Started is the payload of an exec stream's Started frame: the

@@ -73,6 +73,9 @@ type Agent struct {
 	// goroutine touches it.
 	key []byte
 
+	// kept is the commands that outlive their channels (kept.go).
+	kept keptTable
+
 	mu sync.Mutex
 	// secretEnv is merged into every exec's environment (wire.Request's
 	// SecretEnv). Memory only: it lives on in a checkpoint of the sandbox,
@@ -200,7 +203,7 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	defer s.closeAll()
 	defer nc.Close()
 	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: os.Getpid(), Boot: a.boot,
-		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv, wire.FeatureAuth, wire.FeatureUser, wire.FeatureWatch, wire.FeatureXattr}, Key: a.key})
+		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv, wire.FeatureAuth, wire.FeatureUser, wire.FeatureWatch, wire.FeatureXattr, wire.FeatureKeep}, Key: a.key})
 	if err := s.conn.Write(wire.Hello, 0, hello); err != nil {
 		return err
 	}

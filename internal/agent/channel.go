@@ -41,6 +41,12 @@ type channel struct {
 	pty     *os.File  // a TTY exec's terminal (master side), until it ends
 	aborted bool
 	done    chan struct{}
+	// kept and att: the kept command the channel follows (see kept.go).
+	kept *keptCmd
+	att  *attachment
+	// quiesced: detached for a snapshot; the channel ends without an Exit
+	// (the host is told by the quiesce, which an Exit must not race).
+	quiesced bool
 }
 
 func newChannel(s *session, id uint32, req wire.Request) *channel {
@@ -79,6 +85,10 @@ func (ch *channel) run(ctx context.Context) {
 		exit = ch.xattrGet()
 	case wire.OpXattrSet:
 		exit = ch.xattrSet()
+	case wire.OpAttach:
+		exit = ch.attachKept()
+	case wire.OpKept:
+		exit = ch.listKept()
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}
@@ -87,6 +97,12 @@ func (ch *channel) run(ctx context.Context) {
 	ch.stderr.MarkClosed()
 	if ch.stdin != nil {
 		ch.stdin.CloseWithError(io.EOF)
+	}
+	ch.mu.Lock()
+	quiesced := ch.quiesced
+	ch.mu.Unlock()
+	if quiesced {
+		return
 	}
 	b, _ := json.Marshal(exit)
 	_ = ch.s.conn.Write(wire.Exit, ch.id, b)
@@ -98,8 +114,11 @@ func errExit(err error) wire.ExitMsg {
 
 func (ch *channel) signal(sig syscall.Signal) {
 	ch.mu.Lock()
-	p := ch.proc
+	p, k := ch.proc, ch.kept
 	ch.mu.Unlock()
+	if p == nil && k != nil {
+		p = k.running() // an attach's command
+	}
 	if p != nil {
 		_ = p.Signal(sig)
 	}
@@ -108,6 +127,13 @@ func (ch *channel) signal(sig syscall.Signal) {
 // detach lets the channel's process run on with nobody listening: its
 // output is drained and dropped, its stdin closed.
 func (ch *channel) detach() {
+	if ch.keptChannel() {
+		ch.mu.Lock()
+		ch.quiesced = true
+		ch.mu.Unlock()
+		ch.detachKept() // its output is kept for the next attach
+		return
+	}
 	err := errors.New("detached for a snapshot")
 	ch.mu.Lock()
 	sock := ch.sock
@@ -123,7 +149,17 @@ func (ch *channel) detach() {
 }
 
 // abort kills the channel's process group and unblocks its streams.
+//
+// A channel following a kept command detaches from it instead: the
+// command runs on (its host went away, or closed the channel).
 func (ch *channel) abort() {
+	if ch.keptChannel() {
+		ch.mu.Lock()
+		ch.aborted = true
+		ch.mu.Unlock()
+		ch.detachKept()
+		return
+	}
 	ch.mu.Lock()
 	ch.aborted = true
 	p := ch.proc
@@ -206,8 +242,27 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	if user != nil {
 		cmd.SysProcAttr.Credential = user.cred()
 	}
+	var reserved bool
 	if ch.req.TTY {
+		if ch.req.Keep {
+			return errExit(errdefs.New(errdefs.InvalidArgument, "a command on a terminal cannot be kept: run it without keep"))
+		}
 		return ch.execTTY(cmd)
+	}
+	if ch.req.Keep {
+		if len(ch.req.Tag) > wire.MaxTag {
+			return errExit(errdefs.New(errdefs.InvalidArgument, "tag of %d bytes: at most %d", len(ch.req.Tag), wire.MaxTag))
+		}
+		if err := ch.s.a.reserveKept(); err != nil {
+			return errExit(err)
+		}
+		// Released here unless the command runs (execKept registers it).
+		reserved = true
+		defer func() {
+			if reserved {
+				ch.s.a.addKept(nil)
+			}
+		}()
 	}
 
 	outR, outW, err := os.Pipe()
@@ -255,6 +310,13 @@ func (ch *channel) exec(ctx context.Context) wire.ExitMsg {
 	aborted := ch.aborted
 	ch.mu.Unlock()
 	pid := cmd.Process.Pid
+	if ch.req.Keep {
+		reserved = false
+		k, att := ch.newKept(cmd.Process, inW)
+		started, _ := json.Marshal(wire.StartedMsg{PID: pid})
+		_ = ch.s.conn.Write(wire.Started, ch.id, started)
+		return ch.execKept(k, att, wait, outR, errR)
+	}
 	if aborted {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}

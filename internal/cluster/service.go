@@ -525,6 +525,22 @@ func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.Wak
 	return svc.SupportsUser(ctx, ref, wake)
 }
 
+func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) ([]api.KeptCommand, error) {
+	svc, err := s.route(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return svc.Kept(ctx, ref, wake)
+}
+
+func (s *Service) Attach(ctx context.Context, ref string, wake service.WakeMode, pid int, stdin bool) (service.Process, error) {
+	svc, err := s.route(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return svc.Attach(ctx, ref, wake, pid, stdin)
+}
+
 func (s *Service) Stat(ctx context.Context, ref string, wake service.WakeMode, path string) (service.FileInfo, error) {
 	svc, err := s.route(ctx, ref)
 	if err != nil {

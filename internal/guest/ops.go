@@ -44,6 +44,16 @@ type ExecRequest struct {
 	// LOGNAME, SHELL, under Env), in its home unless Dir is set. Empty: the
 	// image's user.
 	User string
+	// Keep makes the process a kept command (not with TTY): it outlives
+	// the Process. Close detaches it instead of killing it, and so does
+	// the connection's end (a sleep, a daemon restart): it runs on, its
+	// further output kept (the newest wire.KeptBuffer bytes) with its
+	// exit, until Attach. Tag is the caller's label for it (at most
+	// wire.MaxTag bytes), which Kept lists. An agent without
+	// wire.FeatureKeep (an older clade's, inside an old snapshot) runs it
+	// as an ordinary process.
+	Keep bool
+	Tag  string
 }
 
 // ExitStatus is how a process ended.
@@ -139,8 +149,13 @@ func (c *Conn) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 			return nil, errdefs.New(errdefs.InvalidArgument, "this sandbox's agent predates terminals (it was made by an older clade, or restored from a snapshot of one): run without a TTY, or recreate the sandbox")
 		}
 	}
+	keep, tag, err := c.checkKeep(ctx, req)
+	if err != nil {
+		return nil, err
+	}
 	ch, err := c.open(ctx, wire.Request{Op: wire.OpExec, Argv: req.Argv, Env: req.Env, Dir: req.Dir,
-		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User})
+		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User,
+		Keep: keep, Tag: tag})
 	if err != nil {
 		return nil, err
 	}
@@ -269,8 +284,9 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 	return ExitStatus{Code: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, Error: e.Error, ErrorClass: errdefs.Class(e.ErrorClass)}, nil
 }
 
-// Close kills the process group and forgets the process. It is safe to call
-// more than once and after the process exited.
+// Close kills the process group and forgets the process (a kept one is
+// detached instead, and runs on). It is safe to call more than once and
+// after the process exited.
 func (p *Process) Close() { p.ch.close() }
 
 // CopyIn extracts the tar archive read from r at path inside the sandbox

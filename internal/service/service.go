@@ -101,6 +101,13 @@ type Exec interface {
 	// false for an agent of an older clade (inside an old snapshot), which
 	// runs everything as root and refuses a request that names a user.
 	SupportsUser(ctx context.Context, ref string, wake WakeMode) (bool, error)
+	// Kept lists the sandbox's kept commands (ExecRequest.Keep), by pid.
+	Kept(ctx context.Context, ref string, wake WakeMode) ([]api.KeptCommand, error)
+	// Attach follows the kept command pid: its output kept while nobody
+	// followed it, then the rest, then its exit (collected: a later
+	// Attach is NotFound). Close detaches again. stdin makes Stdin write
+	// to the command's stdin.
+	Attach(ctx context.Context, ref string, wake WakeMode, pid int, stdin bool) (Process, error)
 }
 
 // Process is a process started by Exec. Stdout and Stderr must be read

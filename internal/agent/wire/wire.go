@@ -369,6 +369,13 @@ type Request struct {
 	// value, the prefix left out.
 	XattrPrefix string            `json:"xattr_prefix,omitempty"`
 	Xattrs      map[string]string `json:"xattrs,omitempty"`
+	// Keep makes an OpExec (not a TTY one) a kept command that outlives
+	// its channel, and Tag is the host's label for it (at most MaxTag
+	// bytes); PID names the kept command of an OpAttach. See kept.go.
+	// Only for an agent with FeatureKeep.
+	Keep bool   `json:"keep,omitempty"`
+	Tag  string `json:"tag,omitempty"`
+	PID  int    `json:"pid,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

@@ -29,6 +29,8 @@ import (
 type processes struct {
 	mu    sync.Mutex
 	procs map[string]map[uint32]*proc // sandbox id -> pid -> command
+	// adopt is held while a kept command is attached to (kept.go).
+	adopt sync.Mutex
 }
 
 func newProcesses() *processes { return &processes{procs: map[string]map[uint32]*proc{}} }
@@ -396,7 +398,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		er.TTY, er.Rows, er.Cols, er.Stdin = true, rows, cols, true
 	}
 	// The process must not end with this request: the stream may go away
-	// and the command live on (background commands).
+	// and the command live on (background commands), across a pause too
+	// (kept.go; not a PTY's).
+	if !tty {
+		er.Keep, er.Tag = true, keptTag(m.Tag, cfg, user)
+	}
 	gp, err := ps.s.svc.Exec(context.WithoutCancel(ctx), id, service.Wake, er)
 	if err != nil {
 		return connectErr(err)
@@ -424,13 +430,9 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 }
 
 func (ps *processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
-	p, err := ps.s.procs.find(sandboxID(req.Header()), req.Msg.GetProcess())
+	p, s, err := ps.s.findProc(ctx, sandboxID(req.Header()), req.Msg.GetProcess(), true)
 	if err != nil {
 		return err
-	}
-	s, ok := p.subscribe()
-	if !ok {
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("process with pid %d has ended", p.pid))
 	}
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.ConnectResponse{Event: ev}) }
 	return follow(ctx, p, s, keepaliveInterval(req.Header()), send)
@@ -475,15 +477,11 @@ func follow(ctx context.Context, p *proc, s *sub, every time.Duration, send func
 }
 
 func (ps *processService) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
-	out := &process.ListResponse{}
-	for _, p := range ps.s.procs.list(sandboxID(req.Header())) {
-		out.Processes = append(out.Processes, &process.ProcessInfo{Config: p.config, Pid: p.pid, Tag: p.tag})
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&process.ListResponse{Processes: ps.s.listProcs(ctx, sandboxID(req.Header()))}), nil
 }
 
 func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
-	p, err := ps.s.procs.find(sandboxID(req.Header()), req.Msg.GetProcess())
+	p, _, err := ps.s.findProc(ctx, sandboxID(req.Header()), req.Msg.GetProcess(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -503,7 +501,7 @@ func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[p
 }
 
 func (ps *processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
-	p, err := ps.s.procs.find(sandboxID(req.Header()), req.Msg.GetProcess())
+	p, _, err := ps.s.findProc(ctx, sandboxID(req.Header()), req.Msg.GetProcess(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -537,7 +535,7 @@ func (ps *processService) StreamInput(ctx context.Context, stream *connect.Clien
 	for stream.Receive() {
 		switch ev := stream.Msg().GetEvent().(type) {
 		case *process.StreamInputRequest_Start:
-			found, err := ps.s.procs.find(sandboxID(stream.RequestHeader()), ev.Start.GetProcess())
+			found, _, err := ps.s.findProc(ctx, sandboxID(stream.RequestHeader()), ev.Start.GetProcess(), false)
 			if err != nil {
 				return nil, err
 			}
@@ -558,7 +556,7 @@ func (ps *processService) StreamInput(ctx context.Context, stream *connect.Clien
 }
 
 func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
-	p, err := ps.s.procs.find(sandboxID(req.Header()), req.Msg.GetProcess())
+	p, _, err := ps.s.findProc(ctx, sandboxID(req.Header()), req.Msg.GetProcess(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -573,7 +571,7 @@ func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[p
 }
 
 func (ps *processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
-	p, err := ps.s.procs.find(sandboxID(req.Header()), req.Msg.GetProcess())
+	p, _, err := ps.s.findProc(ctx, sandboxID(req.Header()), req.Msg.GetProcess(), false)
 	if err != nil {
 		return nil, err
 	}

@@ -268,6 +268,8 @@ func TestAPIErrors(t *testing.T) {
 		{"POST", "/v1/sandboxes", `{"env": ["NOEQUALS"]}`, 400},
 		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd": []}`, 400},
 		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd": ["cat"], "stdin": true}`, 400},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd": ["true"], "keep": true}`, 400},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd": ["true"], "tag": "x"}`, 400},
 		{"GET", "/v1/sandboxes/" + strings.Repeat("x", 300), "", 404},
 		{"GET", "/v2/nothing", "", 404},
 	} {

@@ -50,12 +50,16 @@ type Config struct {
 type Service struct {
 	cfg Config
 	mgr *sandbox.Manager
+	// stores serves the volumes and secrets (stores.go).
+	stores
 }
 
 var _ service.Service = (*Service)(nil)
 
 // New returns the service over mgr.
-func New(cfg Config, mgr *sandbox.Manager) *Service { return &Service{cfg: cfg, mgr: mgr} }
+func New(cfg Config, mgr *sandbox.Manager) *Service {
+	return &Service{cfg: cfg, mgr: mgr, stores: stores{cfg: cfg}}
+}
 
 // statsParallel bounds the engine readings of one ListStats taken at once
 // (a reading may start a process, e.g. `runsc ps`).
@@ -300,7 +304,7 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 		return nil, err
 	}
 	p, err := g.Exec(ctx, guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin,
-		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User})
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User, Keep: req.Keep, Tag: req.Tag})
 	if err != nil {
 		return nil, err
 	}
@@ -313,6 +317,40 @@ func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.Wak
 		return false, err
 	}
 	return g.SupportsUser(ctx), nil
+}
+
+func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) ([]api.KeptCommand, error) {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return nil, err
+	}
+	kept, err := g.Kept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.KeptCommand, 0, len(kept))
+	for _, k := range kept {
+		c := api.KeptCommand{PID: k.PID, Cmd: k.Argv, Tag: k.Tag, Started: time.UnixMilli(k.StartedMS).UTC(),
+			Stdin: k.Stdin, Attached: k.Attached}
+		if k.Ended && k.Exit != nil {
+			e := k.Exit
+			c.Exit = &api.ExitStatus{Code: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, Error: e.Error, ErrorClass: e.ErrorClass}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (s *Service) Attach(ctx context.Context, ref string, wake service.WakeMode, pid int, stdin bool) (service.Process, error) {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return nil, err
+	}
+	p, err := g.Attach(ctx, pid, stdin)
+	if err != nil {
+		return nil, err
+	}
+	return process{p}, nil
 }
 
 type process struct{ p *guest.Process }
@@ -692,157 +730,6 @@ func (s *Service) Commit(ctx context.Context, ref string, req api.CommitRequest)
 		return api.Image{}, err
 	}
 	return imageToAPI(img, nil), nil
-}
-
-// Volumes.
-
-func (s *Service) volumes() (*volume.Manager, error) {
-	if s.cfg.Volumes == nil {
-		return nil, errdefs.New(errdefs.InvalidArgument, "this daemon has no volumes")
-	}
-	return s.cfg.Volumes, nil
-}
-
-func volumeToAPI(in volume.Info) api.Volume {
-	return api.Volume{ID: in.ID, Name: in.Name, SizeBytes: in.SizeBytes, UsedBytes: in.UsedBytes, CreatedAt: in.CreatedAt.UTC(),
-		UsedBy: in.Users, Mounted: in.Mounted, Encrypted: in.Encrypted()}
-}
-
-func (s *Service) made(ctx context.Context, vols *volume.Manager, v store.Volume, err error) (api.Volume, error) {
-	if err != nil {
-		return api.Volume{}, err
-	}
-	in, err := vols.Get(ctx, v.ID)
-	if err != nil {
-		return api.Volume{}, err
-	}
-	return volumeToAPI(in), nil
-}
-
-func (s *Service) CreateVolume(ctx context.Context, req api.CreateVolumeRequest) (api.Volume, error) {
-	vols, err := s.volumes()
-	if err != nil {
-		return api.Volume{}, err
-	}
-	if req.Key != "" {
-		if !req.Encrypt {
-			return api.Volume{}, errdefs.New(errdefs.InvalidArgument, "a volume key needs encrypt: true (clade volume create --encrypt --key-file FILE)")
-		}
-		v, err := vols.CreateWithKey(ctx, req.Name, req.SizeBytes, req.Key)
-		return s.made(ctx, vols, v, err)
-	}
-	v, err := vols.Create(ctx, req.Name, req.SizeBytes, req.Encrypt)
-	return s.made(ctx, vols, v, err)
-}
-
-func (s *Service) ListVolumes(ctx context.Context) ([]api.Volume, error) {
-	vols, err := s.volumes()
-	if err != nil {
-		return nil, err
-	}
-	list, err := vols.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]api.Volume, 0, len(list))
-	for _, in := range list {
-		out = append(out, volumeToAPI(in))
-	}
-	return out, nil
-}
-
-func (s *Service) GetVolume(ctx context.Context, ref string) (api.Volume, error) {
-	vols, err := s.volumes()
-	if err != nil {
-		return api.Volume{}, err
-	}
-	in, err := vols.Get(ctx, ref)
-	if err != nil {
-		return api.Volume{}, err
-	}
-	return volumeToAPI(in), nil
-}
-
-func (s *Service) RemoveVolume(ctx context.Context, ref string) error {
-	vols, err := s.volumes()
-	if err != nil {
-		return err
-	}
-	return vols.Remove(ctx, ref)
-}
-
-func (s *Service) VolumeKey(ctx context.Context, ref string) (string, error) {
-	vols, err := s.volumes()
-	if err != nil {
-		return "", err
-	}
-	return vols.Key(ctx, ref)
-}
-
-func (s *Service) ExportVolume(ctx context.Context, ref string, w io.Writer) error {
-	vols, err := s.volumes()
-	if err != nil {
-		return err
-	}
-	return vols.Export(ctx, ref, w)
-}
-
-func (s *Service) ImportVolume(ctx context.Context, name string, r io.Reader, key string) (api.Volume, error) {
-	vols, err := s.volumes()
-	if err != nil {
-		return api.Volume{}, err
-	}
-	v, err := vols.Import(ctx, name, r, key)
-	return s.made(ctx, vols, v, err)
-}
-
-// Secrets.
-
-func (s *Service) secrets() (*secret.Manager, error) {
-	if s.cfg.Secrets == nil {
-		return nil, errdefs.New(errdefs.InvalidArgument, "this daemon has no secrets")
-	}
-	return s.cfg.Secrets, nil
-}
-
-func secretToAPI(sc store.Secret, users []string) api.Secret {
-	return api.Secret{Name: sc.Name, Version: sc.Version, CreatedAt: sc.CreatedAt.UTC(), UpdatedAt: sc.UpdatedAt.UTC(), UsedBy: users}
-}
-
-func (s *Service) SetSecret(ctx context.Context, name string, value []byte) (api.Secret, error) {
-	secrets, err := s.secrets()
-	if err != nil {
-		return api.Secret{}, err
-	}
-	sc, err := secrets.Set(ctx, name, value)
-	if err != nil {
-		return api.Secret{}, err
-	}
-	return secretToAPI(sc, nil), nil
-}
-
-func (s *Service) ListSecrets(ctx context.Context) ([]api.Secret, error) {
-	secrets, err := s.secrets()
-	if err != nil {
-		return nil, err
-	}
-	list, err := secrets.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]api.Secret, 0, len(list))
-	for _, in := range list {
-		out = append(out, secretToAPI(in.Secret, in.Users))
-	}
-	return out, nil
-}
-
-func (s *Service) RemoveSecret(ctx context.Context, name string) error {
-	secrets, err := s.secrets()
-	if err != nil {
-		return err
-	}
-	return secrets.Remove(ctx, name)
 }
 
 // Networks.

@@ -171,6 +171,9 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 	if req.TimeoutMS < 0 {
 		return nil, errdefs.New(errdefs.InvalidArgument, "timeout_ms %d is negative", req.TimeoutMS)
 	}
+	if req.Keep || req.Tag != "" {
+		return nil, errKeptRemote("starting")
+	}
 	if !req.TTY && (req.Rows != 0 || req.Cols != 0) {
 		return nil, errdefs.New(errdefs.InvalidArgument, "rows and cols are a terminal's size: set tty too, or leave them out")
 	}
@@ -240,6 +243,21 @@ func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.Wak
 		return false, err
 	}
 	return true, nil
+}
+
+// errKeptRemote refuses what the HTTP API does not serve yet.
+func errKeptRemote(what string) error {
+	return errdefs.New(errdefs.InvalidArgument, "%s of kept commands is not served over clade's HTTP API yet: run the front on the daemon's node (local service)", what)
+}
+
+// Kept is not served over the HTTP API (InvalidArgument).
+func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) ([]api.KeptCommand, error) {
+	return nil, errKeptRemote("listing")
+}
+
+// Attach is not served over the HTTP API (InvalidArgument).
+func (s *Service) Attach(ctx context.Context, ref string, wake service.WakeMode, pid int, stdin bool) (service.Process, error) {
+	return nil, errKeptRemote("attaching to")
 }
 
 type process struct {

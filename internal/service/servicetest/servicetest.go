@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"slices"
 	"strconv"
@@ -53,6 +54,7 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		{"Dial", true, testDial},
 		{"ForkKeepsState", true, testForkKeepsState},
 		{"SleepFiles", true, testSleepFiles},
+		{"KeptAcrossSleep", true, testKeptAcrossSleep},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -342,6 +344,91 @@ func testSleepFiles(t *testing.T, e Env) {
 	}
 	if _, err := e.Service.SleepFiles(ctx, "no-such-sandbox"); !errdefs.IsNotFound(err) {
 		t.Errorf("SleepFiles of a sandbox that does not exist: %v, want NotFound", err)
+	}
+}
+
+// testKeptAcrossSleep: a kept command (ExecRequest.Keep) outlives a sleep
+// with memory: after the wake it is listed with its tag, and an attach
+// gets the output that follows what the first caller read, then its exit.
+// An implementation that does not serve Kept says so (InvalidArgument).
+func testKeptAcrossSleep(t *testing.T, e Env) {
+	ctx := t.Context()
+	sb := create(t, e, "")
+	const n = 30
+	script := fmt.Sprintf("for i in $(seq 1 %d); do echo $i; sleep 0.1; done; exit 4", n)
+	p, err := e.Service.Exec(ctx, sb.ID, service.Wake, api.ExecRequest{Cmd: []string{"sh", "-c", script}, Keep: true, Tag: "counter"})
+	if errdefs.IsInvalidArgument(err) {
+		// The HTTP API (remote) refuses keep: check that it also says
+		// so for the calls it lacks.
+		if _, kerr := e.Service.Kept(ctx, sb.ID, service.NoWake); !errdefs.IsInvalidArgument(kerr) {
+			t.Fatalf("Exec refused keep (%v) but Kept answered %v", err, kerr)
+		}
+		if _, aerr := e.Service.Attach(ctx, sb.ID, service.NoWake, 1, false); !errdefs.IsInvalidArgument(aerr) {
+			t.Fatalf("Exec refused keep (%v) but Attach answered %v", err, aerr)
+		}
+		t.Logf("not served by this implementation: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := e.Service.Kept(ctx, sb.ID, service.NoWake); errdefs.IsInvalidArgument(err) {
+		t.Logf("not served by this implementation: %v", err)
+		return
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	pid := p.PID()
+	var got []string
+	sc := bufio.NewScanner(p.Stdout())
+	for len(got) < 3 && sc.Scan() {
+		got = append(got, sc.Text())
+	}
+	if _, err := e.Service.Sleep(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	for sc.Scan() {
+		got = append(got, sc.Text())
+	}
+	if _, err := p.Wait(ctx); err == nil {
+		t.Fatal("the exec slept under ended with an exit, want its end unknown")
+	}
+	if _, err := e.Service.Kept(ctx, sb.ID, service.NoWake); !errdefs.IsConflict(err) {
+		t.Errorf("a NoWake Kept of a sleeping sandbox: %v, want Conflict", err)
+	}
+	kept, err := e.Service.Kept(ctx, sb.ID, service.Wake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k *api.KeptCommand
+	for i := range kept {
+		if kept[i].PID == pid {
+			k = &kept[i]
+		}
+	}
+	if k == nil || k.Tag != "counter" || strings.Join(k.Cmd, " ") != "sh -c "+script || k.Started.IsZero() {
+		t.Fatalf("pid %d after the wake: %+v (of %+v)", pid, k, kept)
+	}
+	a, err := e.Service.Attach(ctx, sb.ID, service.NoWake, pid, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	out, _ := drain(a)
+	got = append(got, strings.Fields(out)...)
+	want := make([]string, n)
+	for i := range want {
+		want[i] = strconv.Itoa(i + 1)
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("output across the sleep: %q, want 1..%d once each, in order", got, n)
+	}
+	if st, err := a.Wait(ctx); err != nil || st.Code != 4 {
+		t.Fatalf("exit after the wake: %+v, %v, want 4", st, err)
+	}
+	if _, err := e.Service.Attach(ctx, sb.ID, service.NoWake, pid, false); !errdefs.IsNotFound(err) {
+		t.Errorf("attach after the exit was collected: %v, want NotFound", err)
 	}
 }
 

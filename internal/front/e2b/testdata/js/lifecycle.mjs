@@ -1,7 +1,8 @@
 // Drives the real, unmodified E2B SDK through the lifecycle details E2B
 // code relies on: Sandbox.list's order, template and startedAfter filters
 // (and E2B's 400 for a bad value), getMetrics over a range of the history,
-// and a command running when its sandbox is killed. Usage as compat.mjs;
+// a command running when its sandbox is killed or paused, and one started
+// before a pause, listed and connected to after the resume. Usage as compat.mjs;
 // run by internal/front/e2b's TestRealSDKLifecycle.
 import assert from 'node:assert/strict'
 
@@ -111,6 +112,39 @@ try {
   const r = await a.commands.run(`for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 600'`)
   assert.equal(r.stdout.trim(), '1')
   ok('a command whose sandbox is paused ends with TimeoutError; its process lives on')
+
+  // A command started before a pause is listed after the resume (as E2B
+  // reports it: cmd, args, envs), and commands.connect(pid) attaches to
+  // it: its output continues exactly where the first handle's stopped,
+  // and its exit code arrives.
+  const script = `sh -c 'for i in $(seq 1 40); do echo $i; sleep 0.2; done; exit 7'`
+  let early = ''
+  const counter = await a.commands.run(script, { background: true, timeoutMs: 0, envs: { COUNTER: 'yes' }, onStdout: (d) => { early += d } })
+  const t2 = Date.now()
+  while (early.split('\n').length < 4) {
+    assert.ok(Date.now() - t2 < 60_000, `no output from the counter: ${JSON.stringify(early)}`)
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  assert.ok(await a.pause())
+  err = await counter.wait().then(() => null, (e) => e)
+  assert.ok(err instanceof TimeoutError, `counter paused: ${err?.constructor?.name}: ${err?.message}`)
+  await Sandbox.connect(a.sandboxId)
+  const listed = await a.commands.list()
+  const mine = listed.filter((p) => p.pid === counter.pid)
+  assert.equal(mine.length, 1, `pid ${counter.pid} not listed after the resume: ${JSON.stringify(listed)}`)
+  assert.equal(mine[0].cmd, '/bin/bash')
+  assert.deepEqual(mine[0].args, ['-l', '-c', script])
+  assert.deepEqual(mine[0].envs, { COUNTER: 'yes' })
+  let late = ''
+  const again = await a.commands.connect(counter.pid, { timeoutMs: 0, onStdout: (d) => { late += d } })
+  assert.equal(again.pid, counter.pid)
+  err = await again.wait().then(() => null, (e) => e)
+  assert.ok(err instanceof CommandExitError && err.exitCode === 7, `counter's end: ${err?.constructor?.name}: ${err?.message}`)
+  assert.equal(err.stdout, late)
+  assert.deepEqual((early + late).split('\n').filter(Boolean), Array.from({ length: 40 }, (_, i) => String(i + 1)),
+    `output across the pause: before ${JSON.stringify(early)}, after ${JSON.stringify(late)}`)
+  assert.deepEqual((await a.commands.list()).filter((p) => p.pid === counter.pid), [])
+  ok('a command started before a pause is listed after the resume; connect(pid) continues its output and gets its exit')
 
   // pause({keepMemory: false}): the files are kept, the processes are not;
   // the resume starts the sandbox afresh on its files.
