@@ -416,12 +416,19 @@ class StreamKernel:
                     raise KernelDied("the %s kernel died (exit status %s)" % (self.language, self.proc.returncode))
                 continue
             if not b:
+                # The end of one of its pipes: the kernel exited, or it
+                # closed its stdout or stderr (exec >&-), after which it can
+                # no longer mark a run's end: either way it is done.
                 done[name] = True
-                if not self.alive() or self.proc.wait(1) is not None:
-                    for n, rest in bufs.items():
-                        em.stream(n, dec[n].decode(rest, final=True))
-                    raise KernelDied("the %s kernel died (exit status %s)" % (self.language, self.proc.returncode))
-                continue
+                try:
+                    self.proc.wait(1)
+                except subprocess.TimeoutExpired:
+                    pass
+                for n, rest in bufs.items():
+                    em.stream(n, dec[n].decode(rest, final=True))
+                if self.alive():
+                    raise KernelDied("the %s kernel closed its %s, so it can no longer report its runs" % (self.language, name))
+                raise KernelDied("the %s kernel died (exit status %s)" % (self.language, self.proc.returncode))
             if done[name]:
                 continue
             buf = bufs[name] + b
@@ -632,6 +639,7 @@ class Contexts:
         self.mu = threading.Lock()
         self.by_id = {}
         self.defaults = {}
+        self.starting = 0  # contexts being created, counted in the limit
 
     def resolve_language(self, lang):
         if lang is None or lang == "":
@@ -651,10 +659,17 @@ class Contexts:
             raise ClientError(400, "cwd must be an absolute path")
         if not os.path.isdir(cwd):
             raise ClientError(400, "cwd %s is not a directory" % cwd[:256])
+        # A slot is taken before the kernel starts (which takes seconds),
+        # so that concurrent creates cannot pass the limit together.
         with self.mu:
-            if len(self.by_id) >= MAX_CONTEXTS:
+            if len(self.by_id) + self.starting >= MAX_CONTEXTS:
                 raise ClientError(429, "too many contexts (%d): remove some first" % MAX_CONTEXTS)
-        c = Context(language, cwd)
+            self.starting += 1
+        try:
+            c = Context(language, cwd)
+        finally:
+            with self.mu:
+                self.starting -= 1
         with self.mu:
             self.by_id[c.id] = c
         return c
@@ -833,7 +848,18 @@ class Handler(BaseHTTPRequestHandler):
         deadline = time.monotonic() + timeout if timeout else None
         self.deadline = deadline
         em = Emitter(self.chunk)
-        with c.lock:
+        # A run waits for the one before it in the context; its timeout
+        # counts from its request, and a client gone while it waits takes
+        # its code away: code whose client gave up never runs.
+        while not c.lock.acquire(timeout=GONE_EVERY):
+            if deadline is not None and time.monotonic() > deadline:
+                em.error("TimeoutError", "execution timed out after %gs waiting for the run before it in context %s to end: "
+                         "the code did not run" % (timeout, c.id), "")
+                return self.end(em)
+            if em.broken or self.gone():
+                self.close_connection = True
+                return
+        try:
             try:
                 if not c.kernel.alive():
                     raise KernelDied("the %s kernel of context %s is dead" % (c.language, c.id))
@@ -868,6 +894,11 @@ class Handler(BaseHTTPRequestHandler):
                 else:
                     traceback.print_exc()
                     em.error("InternalError", "the interpreter failed: %s" % e, "")
+        finally:
+            c.lock.release()
+        self.end(em)
+
+    def end(self, em):
         em.send({"type": "end_of_execution"})
         if em.broken:
             self.close_connection = True
