@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import select
 import signal
 import socket
@@ -57,6 +58,7 @@ GONE_EVERY = 0.1
 # A client that takes none of a run's output for this long is gone.
 WRITE_TIMEOUT = 60.0
 LANGUAGES = ("python", "bash", "js")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALIASES = {"python": "python", "python3": "python", "py": "python",
            "bash": "bash", "sh": "bash", "shell": "bash",
            "js": "js", "javascript": "js", "node": "js", "nodejs": "js",
@@ -835,8 +837,11 @@ class Handler(BaseHTTPRequestHandler):
         if cid and lang:
             raise ClientError(400, "give context_id or language, not both")
         env = b.get("env_vars") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k.isidentifier() for k, v in env.items()):
-            raise ClientError(400, "env_vars must map variable names to strings")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and ENV_NAME.fullmatch(k) and "\0" not in v for k, v in env.items()):
+            # Names a shell takes (ASCII: bash refuses others and ran the
+            # code without them); values without NUL (no process's
+            # environment holds one: Python refused it silently).
+            raise ClientError(400, "env_vars must map variable names ([A-Za-z_][A-Za-z0-9_]*) to strings without NUL")
         timeout = b.get("timeout")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ClientError(400, "timeout must be a positive number of seconds")
