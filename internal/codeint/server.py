@@ -57,6 +57,7 @@ INTERRUPT_GRACE = float(os.environ.get("CLADE_CODEINT_GRACE", "5"))
 GONE_EVERY = 0.1
 # A client that takes none of a run's output for this long is gone.
 WRITE_TIMEOUT = 60.0
+WRITE_MIN = 10.0
 LANGUAGES = ("python", "bash", "js")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALIASES = {"python": "python", "python3": "python", "py": "python",
@@ -812,9 +813,12 @@ class Handler(BaseHTTPRequestHandler):
         # A client that stops reading must not hold the run past its
         # deadline (or forever): a write it does not take within that
         # counts it gone.
+        # Never less than WRITE_MIN: a client slow for a moment (a loaded
+        # host) near the deadline is not gone, and a write cut by the
+        # timeout leaves a partial event line behind.
         t = WRITE_TIMEOUT
         if self.deadline is not None:
-            t = min(t, max(1.0, self.deadline - time.monotonic()))
+            t = min(t, max(WRITE_MIN, self.deadline - time.monotonic()))
         self.connection.settimeout(t)
         self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
         self.wfile.flush()
