@@ -29,7 +29,19 @@ type Execution struct {
 	// died).
 	Error          *CodeEvent
 	ExecutionCount int
+	// Truncated says that output or results past what RunCode keeps
+	// (MaxKeptOutput, MaxKeptResults) were dropped: a server of clade's
+	// sends less, one that is not (what answers on the port is the
+	// sandbox's) must not fill the caller's memory. onEvent saw them all.
+	Truncated bool
 }
+
+// What RunCode keeps of a run: twice what clade's server sends at most
+// (8 MiB of stdout and stderr, 32 MiB of results).
+const (
+	MaxKeptOutput  = 16 << 20
+	MaxKeptResults = 64 << 20
+)
 
 // Text is the text of the main result, "" if none.
 func (e *Execution) Text() string {
@@ -63,18 +75,27 @@ func (c *Client) RunCode(ctx context.Context, ref string, req RunCodeRequest, on
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 128<<20)
 	ended := false
+	kept, keptResults := 0, 0
 	for sc.Scan() {
 		var ev CodeEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return ex, fmt.Errorf("code interpreter: bad event line: %w", err)
 		}
 		switch ev.Type {
-		case "stdout":
-			ex.Stdout = append(ex.Stdout, ev.Text)
-		case "stderr":
-			ex.Stderr = append(ex.Stderr, ev.Text)
+		case "stdout", "stderr":
+			if kept += len(ev.Text); kept > MaxKeptOutput {
+				ex.Truncated = true
+			} else if ev.Type == "stdout" {
+				ex.Stdout = append(ex.Stdout, ev.Text)
+			} else {
+				ex.Stderr = append(ex.Stderr, ev.Text)
+			}
 		case "result":
-			ex.Results = append(ex.Results, ev)
+			if keptResults += len(sc.Bytes()); keptResults > MaxKeptResults {
+				ex.Truncated = true
+			} else {
+				ex.Results = append(ex.Results, ev)
+			}
 		case "error":
 			e := ev
 			ex.Error = &e

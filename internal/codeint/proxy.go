@@ -68,6 +68,18 @@ type Proxy struct {
 	started map[string]any // guarded by mu
 }
 
+// AnswerWait bounds how long the server may take to begin its answer to
+// any request: the longest a server of clade's takes is a kernel's start
+// (at most 120 s) after an interrupt's grace (5 s).
+const AnswerWait = 150 * time.Second
+
+// RunBound is how long past its timeout a run may take in all: the server
+// ends a run at its timeout, kills a kernel that is not back within 5 s of
+// the interrupt and starts a new one (at most 120 s) before it answers.
+// Past it, the daemon stops waiting for a server that does not end its
+// runs (wedged, or replaced by the sandbox's user).
+func RunBound(timeout time.Duration) time.Duration { return timeout + AnswerWait }
+
 // probeDial bounds the first dial to a sandbox not known to run a server.
 const probeDial = time.Second
 
@@ -97,6 +109,10 @@ func NewProxy(svc service.Service) *Proxy {
 		// the same.
 		DisableKeepAlives:  true,
 		DisableCompression: true,
+		// What answers on the port is the sandbox's, and may be anything
+		// (a wedged server, one its user replaced): at most this much of
+		// an answer's headers (and they must come within AnswerWait, send).
+		MaxResponseHeaderBytes: 64 << 10,
 	}
 	return p
 }
@@ -150,7 +166,7 @@ func (p *Proxy) Do(ctx context.Context, id, method, path string, body []byte) (*
 		sctx = context.WithValue(ctx, probeKey{}, true)
 	}
 	resp, err := p.send(sctx, id, method, path, body)
-	if err != nil && ctx.Err() == nil && noServer(err) {
+	if err != nil && ctx.Err() == nil && noServer(err) && !errors.Is(err, errNoAnswer) {
 		// No server (never started, a restarted sandbox, one that
 		// died): start it and try once more. Only requests that reached
 		// no server are retried.
@@ -196,5 +212,39 @@ func (p *Proxy) send(ctx context.Context, id, method, path string, body []byte) 
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	return p.tr.RoundTrip(req)
+	// The answer must begin within AnswerWait (the server sends a run's
+	// headers before its code runs); what follows is the run's, as long
+	// as it takes, until the caller closes the body.
+	hctx, cancel := context.WithCancelCause(ctx)
+	timer := time.AfterFunc(AnswerWait, func() { cancel(errNoAnswer) })
+	resp, err := p.tr.RoundTrip(req.WithContext(hctx))
+	if !timer.Stop() && err == nil {
+		resp.Body.Close()
+		err = errNoAnswer
+	}
+	if err != nil {
+		if context.Cause(hctx) == errNoAnswer {
+			err = errNoAnswer
+		}
+		cancel(nil)
+		return nil, err
+	}
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// errNoAnswer is a server that took a request and did not begin its
+// answer within AnswerWait.
+var errNoAnswer = errdefs.New(errdefs.Unavailable, "the code interpreter took the request but did not answer within %s", AnswerWait)
+
+// cancelBody ends its request's context when closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import select
 import signal
 import socket
@@ -56,7 +57,9 @@ INTERRUPT_GRACE = float(os.environ.get("CLADE_CODEINT_GRACE", "5"))
 GONE_EVERY = 0.1
 # A client that takes none of a run's output for this long is gone.
 WRITE_TIMEOUT = 60.0
+WRITE_MIN = 10.0
 LANGUAGES = ("python", "bash", "js")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALIASES = {"python": "python", "python3": "python", "py": "python",
            "bash": "bash", "sh": "bash", "shell": "bash",
            "js": "js", "javascript": "js", "node": "js", "nodejs": "js",
@@ -416,12 +419,19 @@ class StreamKernel:
                     raise KernelDied("the %s kernel died (exit status %s)" % (self.language, self.proc.returncode))
                 continue
             if not b:
+                # The end of one of its pipes: the kernel exited, or it
+                # closed its stdout or stderr (exec >&-), after which it can
+                # no longer mark a run's end: either way it is done.
                 done[name] = True
-                if not self.alive() or self.proc.wait(1) is not None:
-                    for n, rest in bufs.items():
-                        em.stream(n, dec[n].decode(rest, final=True))
-                    raise KernelDied("the %s kernel died (exit status %s)" % (self.language, self.proc.returncode))
-                continue
+                try:
+                    self.proc.wait(1)
+                except subprocess.TimeoutExpired:
+                    pass
+                for n, rest in bufs.items():
+                    em.stream(n, dec[n].decode(rest, final=True))
+                if self.alive():
+                    raise KernelDied("the %s kernel closed its %s, so it can no longer report its runs" % (self.language, name))
+                raise KernelDied("the %s kernel died (exit status %s)" % (self.language, self.proc.returncode))
             if done[name]:
                 continue
             buf = bufs[name] + b
@@ -632,6 +642,7 @@ class Contexts:
         self.mu = threading.Lock()
         self.by_id = {}
         self.defaults = {}
+        self.starting = 0  # contexts being created, counted in the limit
 
     def resolve_language(self, lang):
         if lang is None or lang == "":
@@ -651,10 +662,17 @@ class Contexts:
             raise ClientError(400, "cwd must be an absolute path")
         if not os.path.isdir(cwd):
             raise ClientError(400, "cwd %s is not a directory" % cwd[:256])
+        # A slot is taken before the kernel starts (which takes seconds),
+        # so that concurrent creates cannot pass the limit together.
         with self.mu:
-            if len(self.by_id) >= MAX_CONTEXTS:
+            if len(self.by_id) + self.starting >= MAX_CONTEXTS:
                 raise ClientError(429, "too many contexts (%d): remove some first" % MAX_CONTEXTS)
-        c = Context(language, cwd)
+            self.starting += 1
+        try:
+            c = Context(language, cwd)
+        finally:
+            with self.mu:
+                self.starting -= 1
         with self.mu:
             self.by_id[c.id] = c
         return c
@@ -795,9 +813,12 @@ class Handler(BaseHTTPRequestHandler):
         # A client that stops reading must not hold the run past its
         # deadline (or forever): a write it does not take within that
         # counts it gone.
+        # Never less than WRITE_MIN: a client slow for a moment (a loaded
+        # host) near the deadline is not gone, and a write cut by the
+        # timeout leaves a partial event line behind.
         t = WRITE_TIMEOUT
         if self.deadline is not None:
-            t = min(t, max(1.0, self.deadline - time.monotonic()))
+            t = min(t, max(WRITE_MIN, self.deadline - time.monotonic()))
         self.connection.settimeout(t)
         self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
         self.wfile.flush()
@@ -820,8 +841,11 @@ class Handler(BaseHTTPRequestHandler):
         if cid and lang:
             raise ClientError(400, "give context_id or language, not both")
         env = b.get("env_vars") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k.isidentifier() for k, v in env.items()):
-            raise ClientError(400, "env_vars must map variable names to strings")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and ENV_NAME.fullmatch(k) and "\0" not in v for k, v in env.items()):
+            # Names a shell takes (ASCII: bash refuses others and ran the
+            # code without them); values without NUL (no process's
+            # environment holds one: Python refused it silently).
+            raise ClientError(400, "env_vars must map variable names ([A-Za-z_][A-Za-z0-9_]*) to strings without NUL")
         timeout = b.get("timeout")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ClientError(400, "timeout must be a positive number of seconds")
@@ -833,7 +857,18 @@ class Handler(BaseHTTPRequestHandler):
         deadline = time.monotonic() + timeout if timeout else None
         self.deadline = deadline
         em = Emitter(self.chunk)
-        with c.lock:
+        # A run waits for the one before it in the context; its timeout
+        # counts from its request, and a client gone while it waits takes
+        # its code away: code whose client gave up never runs.
+        while not c.lock.acquire(timeout=GONE_EVERY):
+            if deadline is not None and time.monotonic() > deadline:
+                em.error("TimeoutError", "execution timed out after %gs waiting for the run before it in context %s to end: "
+                         "the code did not run" % (timeout, c.id), "")
+                return self.end(em)
+            if em.broken or self.gone():
+                self.close_connection = True
+                return
+        try:
             try:
                 if not c.kernel.alive():
                     raise KernelDied("the %s kernel of context %s is dead" % (c.language, c.id))
@@ -868,6 +903,11 @@ class Handler(BaseHTTPRequestHandler):
                 else:
                     traceback.print_exc()
                     em.error("InternalError", "the interpreter failed: %s" % e, "")
+        finally:
+            c.lock.release()
+        self.end(em)
+
+    def end(self, em):
         em.send({"type": "end_of_execution"})
         if em.broken:
             self.close_connection = True

@@ -1,12 +1,15 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 )
 
@@ -41,9 +44,18 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.TimeoutMS > 0 {
 		body["timeout"] = float64(req.TimeoutMS) / 1000
+		// The server ends the run at its timeout; the daemon does not
+		// wait without end for one that does not (wedged, or not clade's).
+		bound := codeint.RunBound(time.Duration(req.TimeoutMS) * time.Millisecond)
+		ctx, cancel := context.WithTimeoutCause(r.Context(), bound, errRunBound)
+		defer cancel()
+		r = r.WithContext(ctx)
 	}
 	return s.codeCall(w, r, http.MethodPost, "/execute", body)
 }
+
+// errRunBound ends a run the interpreter server did not end in time.
+var errRunBound = errdefs.New(errdefs.Unavailable, "the code interpreter did not end the run within its timeout and %s: its server is not answering", codeint.AnswerWait)
 
 func (s *Server) codeContexts(w http.ResponseWriter, r *http.Request) error {
 	return s.codeCall(w, r, http.MethodGet, "/contexts", nil)
@@ -89,6 +101,9 @@ func (s *Server) codeCall(w http.ResponseWriter, r *http.Request, method, path s
 	}
 	resp, err := s.cfg.Code.Do(r.Context(), rec.ID, method, path, b)
 	if err != nil {
+		if c := context.Cause(r.Context()); c == errRunBound {
+			return c
+		}
 		return err
 	}
 	defer resp.Body.Close()
@@ -117,15 +132,25 @@ func (s *Server) codeCall(w http.ResponseWriter, r *http.Request, method, path s
 	w.WriteHeader(resp.StatusCode)
 	fl := http.NewResponseController(w)
 	buf := make([]byte, 32<<10)
+	atLine := true
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return nil
 			}
+			atLine = buf[n-1] == '\n'
 			_ = fl.Flush()
 		}
 		if rerr != nil {
+			// A run cut at its bound ends with an error saying so (when
+			// the answer stopped between two events).
+			if context.Cause(r.Context()) == errRunBound && atLine {
+				ev, _ := json.Marshal(api.CodeEvent{Type: "error", Name: "TimeoutError", Value: errRunBound.Error()})
+				_, _ = w.Write(append(ev, '\n'))
+				_, _ = w.Write([]byte(`{"type":"end_of_execution"}` + "\n"))
+				_ = fl.Flush()
+			}
 			return nil
 		}
 	}
