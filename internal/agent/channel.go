@@ -79,6 +79,8 @@ func (ch *channel) run(ctx context.Context) {
 		exit = ch.xattrGet()
 	case wire.OpXattrSet:
 		exit = ch.xattrSet()
+	case wire.OpKillAll:
+		exit = killAll(ctx)
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}
