@@ -153,6 +153,7 @@ func TestSleepWithoutMemoryNoShell(t *testing.T) {
 	ctx := t.Context()
 	for _, tc := range []struct{ name, sh string }{
 		{"removed", "rm -f /bin/sh /usr/bin/sh"},
+		{"spawner", "setsid sh -c 'while :; do setsid sleep 900 </dev/null >/dev/null 2>&1 & sleep 0.05; done' </dev/null >/dev/null 2>&1 &"},
 		{"replaced", "rm -f /bin/sh /usr/bin/sh && printf '#!/root/sh\\nexit 0\\n' > /usr/bin/sh && chmod +x /usr/bin/sh && ln -sf /usr/bin/sh /bin/sh 2>/dev/null; true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
