@@ -850,10 +850,17 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	}
 	now := time.Now()
 	var fresh *metric
+	host := false
 	if stateOf(sb) == "running" && (end.IsZero() || !end.Before(now.Add(-metricsEvery))) && (start.IsZero() || !start.After(now)) {
 		m, err := s.sample(r.Context(), sb)
 		if err != nil {
-			return err
+			// The sample runs /bin/sh inside: a sandbox without one (its
+			// user removed it, or an image without a shell) still has
+			// what the host reads.
+			if m, err = s.hostSample(r.Context(), sb, err); err != nil {
+				return err
+			}
+			host = true
 		}
 		fresh = &m
 	}
@@ -861,7 +868,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	if !end.IsZero() {
 		end = end.Add(time.Second - time.Nanosecond)
 	}
-	out, _ := s.history(id, fresh, start, end)
+	disk := fresh
+	if host {
+		disk = nil // no disk reading: the ring keeps its last
+	}
+	out, _ := s.history(id, disk, start, end)
 	if len(out) == 0 && fresh != nil {
 		out = append(out, *fresh)
 	}
