@@ -89,6 +89,8 @@ func (ch *channel) run(ctx context.Context) {
 		exit = ch.attachKept()
 	case wire.OpKept:
 		exit = ch.listKept()
+	case wire.OpKillAll:
+		exit = killAll(ctx)
 	default:
 		exit = errExit(errdefs.New(errdefs.InvalidArgument, "unknown op %q", ch.req.Op))
 	}

@@ -86,3 +86,22 @@ func (c *Conn) run(ctx context.Context, req wire.Request) (wire.ExitMsg, error) 
 	}
 	return exit, nil
 }
+
+// SupportsKillAll reports whether the agent serves KillAll. It waits for
+// the agent's session as a request would; false when there is none.
+func (c *Conn) SupportsKillAll(ctx context.Context) bool {
+	if _, err := c.session(ctx); err != nil {
+		return false
+	}
+	return c.hasFeature(wire.FeatureKillAll)
+}
+
+// KillAll has the agent kill every process of the sandbox but itself,
+// until none is left (wire.OpKillAll).
+func (c *Conn) KillAll(ctx context.Context) error {
+	if !c.SupportsKillAll(ctx) {
+		return errdefs.New(errdefs.InvalidArgument, "the sandbox's agent cannot kill its processes (it predates that)")
+	}
+	_, err := c.run(ctx, wire.Request{Op: wire.OpKillAll})
+	return err
+}

@@ -91,6 +91,15 @@ func startFresh(ctx context.Context, sb engine.Sandbox, dir string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	g := sb.Guest()
+	if g.SupportsKillAll(ctx) {
+		// The agent kills them itself: no program of the sandbox's runs
+		// (its /bin/sh may be gone, or replaced by one that exits at once).
+		if err := g.KillAll(ctx); err != nil {
+			return errdefs.New(errdefs.Internal, "start sandbox %s afresh after a sleep without memory: %v", sb.ID(), err)
+		}
+		return nil
+	}
+	// An older agent (a sandbox made by an older clade): a shell does it.
 	req := guest.ExecRequest{Argv: []string{"/bin/sh", "-c", freshStartScript}}
 	if g.SupportsUser(ctx) {
 		req.User = "0"

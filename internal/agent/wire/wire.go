@@ -256,6 +256,9 @@ const FeatureWatch = "watch"
 // FeatureXattr: the agent serves OpXattrGet and OpXattrSet.
 const FeatureXattr = "xattr"
 
+// FeatureKillAll: the agent serves OpKillAll.
+const FeatureKillAll = "kill-all"
+
 // Bounds of OpXattrGet and OpXattrSet: paths per request, and the bytes of
 // one path's attributes (names, with the prefix, and values), as E2B's
 // envd bounds a file's metadata to stay in an inode's xattr space.
@@ -300,6 +303,12 @@ const (
 	// of Path (not following a final symlink) with Xattrs: those not in
 	// it are removed. Only for an agent with FeatureXattr.
 	OpXattrSet Op = "xattr-set"
+	// OpKillAll kills every process of the sandbox but the agent (PID 1)
+	// until none is left, itself, with no program of the sandbox's (a
+	// sandbox whose /bin/sh is gone or replaced is still emptied): the
+	// wake of a sleep without memory. Only for an agent with
+	// FeatureKillAll.
+	OpKillAll Op = "kill-all"
 )
 
 // WatchEvent is one change an OpWatch reports: Op is "create", "write",

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
 )
 
 // newSandbox creates an E2B sandbox and returns its envd headers.
@@ -354,5 +355,28 @@ func TestUploadNotSpooledInPlaintext(t *testing.T) {
 	}
 	for m, where := range testenv.FindMarkers(d.DataDir, plain, []string{marker}) {
 		t.Errorf("after the upload, marker %s is in plaintext on disk: %v", m, where)
+	}
+}
+
+// TestUploadOntoDirectory: an upload to the path of a directory is a 400
+// and the directory keeps its files (the archive the upload writes
+// replaced the directory, every file under it lost), small or streamed.
+func TestUploadOntoDirectory(t *testing.T) {
+	d, url, key := startE2B(t)
+	h := newSandbox(t, url, key)
+	id := h["E2b-Sandbox-Id"]
+	if st, err := d.Client.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"sh", "-c", "mkdir -p /home/user/d/sub && echo keep > /home/user/d/sub/f && echo keep > /home/user/d/g"}}); err != nil || st.Code != 0 {
+		t.Fatalf("setup: %+v %v", st, err)
+	}
+	for _, body := range []string{"hi", strings.Repeat("z", 100000)} {
+		st, got := envdDo(t, h, "POST", url+"/files?path=/home/user/d", strings.NewReader(body), -1, map[string]string{"Content-Type": "application/octet-stream", "X-Metadata-Owner": "alice"})
+		if st != http.StatusBadRequest || !strings.Contains(string(got), "is a directory") {
+			t.Errorf("an upload of %d bytes onto a directory: %d %s, want a 400", len(body), st, got)
+		}
+		for _, p := range []string{"/home/user/d/g", "/home/user/d/sub/f"} {
+			if st, got := envdDo(t, h, "GET", url+"/files?path="+p, nil, -1, nil); st != 200 || string(got) != "keep\n" {
+				t.Fatalf("after an upload of %d bytes onto its directory, %s: %d %q", len(body), p, st, got)
+			}
+		}
 	}
 }

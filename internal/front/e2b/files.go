@@ -277,6 +277,13 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, user,
 		return writtenEntry{}, err
 	case !fi.IsDir:
 		return writtenEntry{}, errdefs.New(errdefs.InvalidArgument, "write %s: %s is not a directory", p, dir)
+	default:
+		// A directory at p is refused as envd does: the archive written
+		// below replaces what is at p, and took a directory with every
+		// file under it.
+		if fi, err := s.svc.Stat(ctx, id, service.Wake, p); err == nil && fi.IsDir {
+			return writtenEntry{}, errdefs.New(errdefs.InvalidArgument, "write %s: it is a directory", p)
+		}
 	}
 	src := &bodyReader{r: r}
 	r = src

@@ -228,3 +228,36 @@ func parseDisk(line string, m *metric) {
 		m.DiskTotal, m.DiskUsed = total<<10, used<<10
 	}
 }
+
+// hostSample is a sample of sb from the host's reading (memory, CPUs; the
+// disk as last read inside), for a sandbox whose own sample failed with
+// why; why itself when the host has no reading either.
+func (s *Server) hostSample(ctx context.Context, sb api.Sandbox, why error) (metric, error) {
+	if errdefs.IsNotFound(why) || ctx.Err() != nil {
+		return metric{}, why
+	}
+	st, err := s.svc.Stats(ctx, sb.ID)
+	if err != nil || st.State != stateRunning || st.ReadAt.IsZero() {
+		return metric{}, why
+	}
+	cpus := st.CPUs
+	if cpus <= 0 {
+		cpus = float64(runtime.NumCPU())
+	}
+	m := metric{Timestamp: st.ReadAt.UTC(), CPUCount: int(math.Ceil(cpus)), MemUsed: int64(st.MemoryBytes), MemTotal: int64(st.MemoryLimitBytes)}
+	if m.MemTotal == 0 {
+		if mib, err := hostinfo.MemTotalMiB(); err == nil {
+			m.MemTotal = mib << 20
+		}
+	}
+	s.hist.mu.Lock()
+	if r := s.hist.rings[sb.ID]; r != nil {
+		m.DiskUsed, m.DiskTotal = r.diskUsed, r.diskTotal
+	}
+	s.hist.mu.Unlock()
+	if sb.DiskMiB > 0 {
+		m.DiskTotal = int64(sb.DiskMiB) << 20
+	}
+	s.log.Debug("e2b: getMetrics answers the host's reading: the sample inside failed", "sandbox", sb.ID, "err", why)
+	return m, nil
+}

@@ -614,6 +614,10 @@ func (s *Server) run(ctx context.Context, id string, argv ...string) (stdout, st
 	return s.runAs(ctx, id, "", argv...)
 }
 
+// runOutputMax bounds the output of a command run for the front (a
+// ListDir's find of a directory of many files is the largest).
+const runOutputMax = 64 << 20
+
 // runAs is run as user (a name or UID[:GID] of the sandbox; empty: root
 // with E2B's home).
 func (s *Server) runAs(ctx context.Context, id, user string, argv ...string) (stdout, stderr string, err error) {
@@ -634,7 +638,12 @@ func (s *Server) runAs(ctx context.Context, id, user string, argv ...string) (st
 		_, _ = io.Copy(&eb, io.LimitReader(p.Stderr(), 1<<20))
 		_, _ = io.Copy(io.Discard, p.Stderr())
 	}()
-	_, _ = io.Copy(&ob, p.Stdout())
+	// The sandbox's programs may be anything (its user may replace them):
+	// what the daemon holds of their output is bounded.
+	if n, _ := io.Copy(&ob, io.LimitReader(p.Stdout(), runOutputMax+1)); n > runOutputMax {
+		p.Close()
+		return "", "", errdefs.New(errdefs.ResourceExhausted, "%s printed more than %d MiB: a sandbox's answer is bounded", argv[0], runOutputMax>>20)
+	}
 	wg.Wait()
 	exit, err := p.Wait(ctx)
 	if err != nil {

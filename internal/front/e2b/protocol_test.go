@@ -327,7 +327,27 @@ func TestListPaging(t *testing.T) {
 	if st, _ := rest(t, "GET", url+"/sandboxes?metadata=group%3Dpaging", key, nil, &v1); st != http.StatusOK || len(v1) != 3 {
 		t.Fatalf("GET /sandboxes: %d, %d sandboxes", st, len(v1))
 	}
+	// A client that kills what each page lists: the next page still
+	// starts after the last one's place (the token named a sandbox, and
+	// once it was gone the next page was empty, the rest never listed).
+	var first []created
+	st, h := rest(t, "GET", url+"/v2/sandboxes?limit=2&order=asc&metadata=group%3Dpaging", key, nil, &first)
+	if st != http.StatusOK || len(first) != 2 || h.Get("X-Next-Token") == "" {
+		t.Fatalf("first page: %d %+v %q", st, first, h.Get("X-Next-Token"))
+	}
+	for _, sb := range first {
+		if st, _ := rest(t, "DELETE", url+"/sandboxes/"+sb.SandboxID, key, nil, nil); st != http.StatusNoContent {
+			t.Fatalf("kill %s: %d", sb.SandboxID, st)
+		}
+	}
+	var rest2 []created
+	if st, _ := rest(t, "GET", url+"/v2/sandboxes?limit=2&order=asc&metadata=group%3Dpaging&nextToken="+h.Get("X-Next-Token"), key, nil, &rest2); st != http.StatusOK || len(rest2) != 1 || rest2[0].SandboxID == first[0].SandboxID || rest2[0].SandboxID == first[1].SandboxID {
+		t.Fatalf("the page after killing the first page's sandboxes: %d %+v, want the third sandbox", st, rest2)
+	}
 	var e apiErr
+	if st, _ := rest(t, "GET", url+"/v2/sandboxes?nextToken=nonsense", key, nil, &e); st != http.StatusBadRequest || !strings.Contains(e.Message, "nextToken") {
+		t.Fatalf("a bad nextToken: %d %+v", st, e)
+	}
 	if st, _ := rest(t, "GET", url+"/v2/sandboxes?state=dead", key, nil, &e); st != http.StatusBadRequest || e.Code != 400 {
 		t.Fatalf("a bad state filter: %d %+v", st, e)
 	}

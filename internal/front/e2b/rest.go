@@ -414,24 +414,32 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	}
 	// By start time (newest first unless asc), ties by id: a stable
 	// order for the page tokens, across the whole list as on E2B.
-	slices.SortFunc(sbs, func(a, b api.Sandbox) int {
-		c := b.CreatedAt.Compare(a.CreatedAt)
+	order := func(aAt time.Time, aID string, bAt time.Time, bID string) int {
+		c := bAt.Compare(aAt)
 		if asc {
 			c = -c
 		}
 		if c != 0 {
 			return c
 		}
-		return strings.Compare(a.ID, b.ID)
-	})
+		return strings.Compare(aID, bID)
+	}
+	slices.SortFunc(sbs, func(a, b api.Sandbox) int { return order(a.CreatedAt, a.ID, b.CreatedAt, b.ID) })
+	// The token is the place of the page's last sandbox in that order
+	// (its start time and id), not the sandbox: the next page starts
+	// after that place even once the sandbox is gone (a client that kills
+	// what each page lists).
+	var fromAt time.Time
+	fromID := ""
+	if tok := q.Get("nextToken"); tok != "" {
+		if fromAt, fromID, err = parsePageToken(tok, sbs); err != nil {
+			return err
+		}
+	}
 	out := []listedBody{}
-	token := q.Get("nextToken")
-	skipping := token != ""
+	var last api.Sandbox
 	for _, sb := range sbs {
-		if skipping {
-			if sb.ID == token {
-				skipping = false
-			}
+		if fromID != "" && order(sb.CreatedAt, sb.ID, fromAt, fromID) <= 0 {
 			continue
 		}
 		if !states[stateOf(sb)] || !hasAll(sb.Labels, want) {
@@ -444,13 +452,36 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		if len(out) == limit {
-			w.Header().Set("X-Next-Token", out[len(out)-1].SandboxID)
+			w.Header().Set("X-Next-Token", pageToken(last))
 			break
 		}
 		out = append(out, s.listedBody(sb))
+		last = sb
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// pageToken is the X-Next-Token after sb: its start time (unix
+// nanoseconds) and id.
+func pageToken(sb api.Sandbox) string {
+	return strconv.FormatInt(sb.CreatedAt.UnixNano(), 10) + "." + sb.ID
+}
+
+// parsePageToken reads a nextToken: a pageToken, or the bare id of a
+// listed sandbox (the tokens of an older clade).
+func parsePageToken(tok string, sbs []api.Sandbox) (time.Time, string, error) {
+	if ns, id, ok := strings.Cut(tok, "."); ok && id != "" {
+		if n, err := strconv.ParseInt(ns, 10, 64); err == nil {
+			return time.Unix(0, n), id, nil
+		}
+	}
+	for _, sb := range sbs {
+		if sb.ID == tok {
+			return sb.CreatedAt, sb.ID, nil
+		}
+	}
+	return time.Time{}, "", errdefs.New(errdefs.InvalidArgument, "bad nextToken %.64q: give the X-Next-Token of the previous page", tok)
 }
 
 // timeParam reads the RFC 3339 time of query parameter name (E2B's SDKs
@@ -819,10 +850,17 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	}
 	now := time.Now()
 	var fresh *metric
+	host := false
 	if stateOf(sb) == "running" && (end.IsZero() || !end.Before(now.Add(-metricsEvery))) && (start.IsZero() || !start.After(now)) {
 		m, err := s.sample(r.Context(), sb)
 		if err != nil {
-			return err
+			// The sample runs /bin/sh inside: a sandbox without one (its
+			// user removed it, or an image without a shell) still has
+			// what the host reads.
+			if m, err = s.hostSample(r.Context(), sb, err); err != nil {
+				return err
+			}
+			host = true
 		}
 		fresh = &m
 	}
@@ -830,7 +868,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	if !end.IsZero() {
 		end = end.Add(time.Second - time.Nanosecond)
 	}
-	out, _ := s.history(id, fresh, start, end)
+	disk := fresh
+	if host {
+		disk = nil // no disk reading: the ring keeps its last
+	}
+	out, _ := s.history(id, disk, start, end)
 	if len(out) == 0 && fresh != nil {
 		out = append(out, *fresh)
 	}

@@ -142,3 +142,39 @@ func TestSleepWithoutMemory(t *testing.T) {
 		t.Fatalf("left after removing a sandbox asleep without memory:\n  %s", strings.Join(leaks, "\n  "))
 	}
 }
+
+// TestSleepWithoutMemoryNoShell: the wake of a sleep without memory
+// empties a sandbox whose /bin/sh the user removed (it woke with an error
+// on every try, the files out of reach) or replaced with one that exits at
+// once (the processes survived).
+func TestSleepWithoutMemoryNoShell(t *testing.T) {
+	d := testenv.StartDaemon(t)
+	c := d.Client
+	ctx := t.Context()
+	for _, tc := range []struct{ name, sh string }{
+		{"removed", "rm -f /bin/sh /usr/bin/sh"},
+		{"spawner", "setsid sh -c 'while :; do setsid sleep 900 </dev/null >/dev/null 2>&1 & sleep 0.05; done' </dev/null >/dev/null 2>&1 &"},
+		{"replaced", "rm -f /bin/sh /usr/bin/sh && printf '#!/root/sh\\nexit 0\\n' > /usr/bin/sh && chmod +x /usr/bin/sh && ln -sf /usr/bin/sh /bin/sh 2>/dev/null; true"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sb := newSandbox(t, c, sdk.CreateSandboxRequest{})
+			startSleeper(t, c, sb.ID, "/root/a")
+			if r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cp \"$(readlink -f /bin/sh)\" /root/sh && " + tc.sh}}); r.err != nil || r.st.Code != 0 {
+				t.Fatalf("change /bin/sh: %+v %v %s", r.st, r.err, r.stderr)
+			}
+			if _, err := c.SleepFiles(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := c.Wake(ctx, sb.ID); err != nil || got.State != "running" {
+				t.Fatalf("wake with /bin/sh %s: %+v %v", tc.name, got, err)
+			}
+			r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"/root/sh", "-c", countSleepers}})
+			if r.err != nil || r.st.Code != 0 || strings.TrimSpace(r.stdout) != "0" {
+				t.Fatalf("after a sleep without memory: %q processes (%+v %v %s), want none", r.stdout, r.st, r.err, r.stderr)
+			}
+			if got := catFile(t, c, sb.ID, "/root/a"); got != "kept" {
+				t.Fatalf("the file: %q", got)
+			}
+		})
+	}
+}
