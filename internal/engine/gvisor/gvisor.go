@@ -1080,8 +1080,12 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	// on, unowned, after its directory was gone), still names the id under
 	// this engine's runsc root, or the sandbox's directory, on its command
 	// line: no process outlives it (orphans.go).
-	if _, err := e.endProcesses(id); err != nil {
+	n, err := e.endProcesses(id)
+	if err != nil {
 		return errors.Join(derr, err)
+	}
+	if n > 0 && derr == nil {
+		e.cfg.Log.Warn("destroy: ended processes of the sandbox that runsc did not (a runsc call orphaned by a killed daemon)", "sandbox", id, "processes", n)
 	}
 	if derr != nil {
 		e.cfg.Log.Warn("runsc delete failed; the sandbox's processes were killed instead", "sandbox", id, "err", derr)
