@@ -46,7 +46,9 @@ func TestInterpreterQueuedAndClosed(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		ex, _ := c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "import time\nopen('/tmp/long','w').close()\ntime.sleep(20)"}, nil)
+		// Until the test releases it: long enough, and no longer.
+		ex, _ := c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "import os, time\nopen('/tmp/long','w').close()\n" +
+			"while not os.path.exists('/tmp/release'): time.sleep(0.05)"}, nil)
 		long <- ex
 	}()
 	if out, code := execOut(t, c, id, "while [ ! -e /tmp/long ]; do sleep 0.05; done"); code != 0 {
@@ -62,6 +64,9 @@ func TestInterpreterQueuedAndClosed(t *testing.T) {
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a queued run given up: %v", err)
+	}
+	if out, code := execOut(t, c, id, "touch /tmp/release"); code != 0 {
+		t.Fatalf("%q %d", out, code)
 	}
 	if ex := <-long; ex == nil || ex.Error != nil {
 		t.Fatalf("the long run: %+v", ex)
