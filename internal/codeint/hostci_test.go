@@ -17,6 +17,7 @@ import (
 // (not an internal error, nor a context whose next runs hang); concurrent
 // context creates do not pass the limit.
 func TestInterpreterQueuedAndClosed(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	run(t, c, id, sdk.RunCodeRequest{Code: "1"})
