@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 RUNSC_VERSION := $(shell awk '$$1 == "gvisor.dev/gvisor" {print $$2}' tools/runsc/go.mod)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: deps-weed help deps deps-test deps-qemu build demo demo-cluster test test-qemu soak bench gobench lint fmt generate clean
+.PHONY: deps-weed help deps deps-test deps-qemu build demo demo-cluster test test-bin test-slow test-qemu soak bench gobench lint fmt generate clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -49,22 +49,42 @@ deps-weed: ## SeaweedFS's weed (its S3 gateway is the object store of the snapst
 	@if [ ! -x $(BIN)/weed ] || [ tools/weed/go.mod -nt $(BIN)/weed ]; then echo "building weed (several minutes on 2 cores)"; \
 		CGO_ENABLED=0 $(GO) build -C tools/weed -o ../../$(BIN)/weed github.com/seaweedfs/seaweedfs/weed; fi
 
-deps-test: deps deps-weed ## what the tests need beyond `deps`: weed, the pinned E2B JS clients (npm ci, again only when the lockfile changed)
+deps-test: deps deps-weed ## what the tests need beyond `deps`: weed, procps (pgrep), the pinned E2B JS clients (npm ci, again only when the lockfile changed)
+	@command -v pgrep >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps)
 	@command -v npm >/dev/null || (echo "npm not found: the E2B tests drive the real JS clients; install Node.js 20 and npm (apt-get install nodejs npm)"; exit 1)
 	@if [ ! -f $(E2B_JS)/node_modules/.package-lock.json ] || [ $(E2B_JS)/package-lock.json -nt $(E2B_JS)/node_modules/.package-lock.json ]; then \
 		npm ci --prefix $(E2B_JS) --no-audit --no-fund; fi
 
-test: deps-test ## run the whole test suite (needs root: real runsc); installs what it needs first
+# The test processes share one build of clade and clade-agent ($CLADE_TEST_BIN,
+# see testenv.Binaries) instead of each package's linking its own.
+TEST_BIN := $(BIN)/test
+
+test-bin:
+	CGO_ENABLED=0 $(GO) build -o $(TEST_BIN)/clade ./cmd/clade
+	CGO_ENABLED=0 $(GO) build -o $(TEST_BIN)/clade-agent ./cmd/clade-agent
+
+test: deps-test ## run the whole test suite (needs root: real runsc) but the long tests of test-slow; installs what it needs first
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
-	$(GO) test -count=1 -timeout 45m ./...
+	@$(MAKE) --no-print-directory test-bin
+	CLADE_TEST_BIN=$(abspath $(TEST_BIN)) $(GO) test -count=1 -timeout 45m ./...
+
+# Tests too long for `make test` (they call testenv.Slow): a soak, a kill
+# loop, a sweep. CI runs them too; testenv's TestSlowTestsListed keeps these
+# lists true.
+SLOW_TESTS := TestSoak|TestVolumeSnapshotKilledAnywhere|TestViewFullDisk
+SLOW_PKGS := ./internal/soak/ ./internal/volume/ ./internal/engine/gvisor/
+
+test-slow: deps-test ## the long tests `make test` leaves out (CI runs both)
+	@$(MAKE) --no-print-directory test-bin
+	CLADE_TEST_BIN=$(abspath $(TEST_BIN)) CLADE_TEST_SLOW=1 $(GO) test -count=1 -timeout 45m -run '^($(SLOW_TESTS))$$' $(SLOW_PKGS)
 
 test-qemu: deps deps-qemu ## the qemu engine's tests (real microVMs; slow under TCG, so not in `make test`)
 	$(GO) vet -tags qemu ./internal/engine/qemu/
 	$(GO) test -tags qemu -count=1 -p 1 -timeout 30m -v ./internal/engine/qemu/
 
 soak: deps ## chaos soak: CLADE_SOAK_OPS (500) random operations under daemon kills and a full disk; CLADE_SOAK_SEED repeats a run
-	CLADE_SOAK_OPS=$${CLADE_SOAK_OPS:-500} $(GO) test -count=1 -v -run TestSoak -timeout 4h ./internal/soak/
+	CLADE_TEST_SLOW=1 CLADE_SOAK_OPS=$${CLADE_SOAK_OPS:-500} $(GO) test -count=1 -v -run '^TestSoak$$' -timeout 4h ./internal/soak/
 
 bench: deps build ## quick `clade bench --baseline` run on a scratch daemon (JSON in bench.json)
 	@BIN=$(BIN) IMAGES_DIR=$(IMAGES_DIR) ./scripts/bench.sh

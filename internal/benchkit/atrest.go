@@ -10,8 +10,13 @@ import (
 	"github.com/clade-sandbox/clade/sdk"
 )
 
-// AtRestFanout is the width of the atrest phase's fork.
+// AtRestFanout is the width of the atrest phase's fork, unless
+// Config.AtRestFanout says otherwise.
 const AtRestFanout = 16
+
+// atRestMiB is the atrest phase's volume write, unless Config.AtRestMiB
+// says otherwise.
+const atRestMiB = 512
 
 // AtRest is the atrest phase's volume throughput: MiB written (and
 // fsynced) and read back per second inside a sandbox, into a volume of
@@ -83,16 +88,20 @@ func (r *runner) phaseAtrest(ctx context.Context, ph *Phase) {
 		}
 		snaps[i] = snap
 	}
+	fanout := AtRestFanout
+	if r.cfg.AtRestFanout > 0 {
+		fanout = r.cfg.AtRestFanout
+	}
 	fork := func(t *cladeTarget, snap string) sampleFunc {
 		return func(ctx context.Context) ([]time.Duration, error) {
 			s := time.Now()
-			ids, err := t.fork(ctx, snap, AtRestFanout)
+			ids, err := t.fork(ctx, snap, fanout)
 			d := time.Since(s)
 			rerr := parallel(ids, 4, func(id string) error { return t.remove(ctx, id) })
 			return []time.Duration{d}, errors.Join(err, rerr)
 		}
 	}
-	series, errs = r.measure(ctx, "atrest fork", []string{fmt.Sprintf("fork %d, encrypted (baseline: plain)", AtRestFanout)},
+	series, errs = r.measure(ctx, "atrest fork", []string{fmt.Sprintf("fork %d, encrypted (baseline: plain)", fanout)},
 		[2]sampleFunc{fork(enc, snaps[0]), fork(plain, snaps[1])})
 	ph.Latency = append(ph.Latency, series...)
 	ph.record(errs)
@@ -100,7 +109,10 @@ func (r *runner) phaseAtrest(ctx context.Context, ph *Phase) {
 	// a sleep and wake (the volume's host mount is dropped with the sleep,
 	// so the read comes through the loop device, and on the encrypted
 	// side through gocryptfs).
-	const mib = 512
+	mib := atRestMiB
+	if r.cfg.AtRestMiB > 0 {
+		mib = r.cfg.AtRestMiB
+	}
 	// The third: an encrypted volume (a key of its own) on the plain
 	// daemon.
 	var writers [3]string
@@ -122,7 +134,7 @@ func (r *runner) phaseAtrest(ctx context.Context, ph *Phase) {
 	}()
 	for i, t := range owners {
 		vol := t.name()
-		if _, err := t.c.CreateVolume(ctx, sdk.CreateVolumeRequest{Name: vol, SizeBytes: 2 * mib << 20, Encrypt: i == 2}); err != nil {
+		if _, err := t.c.CreateVolume(ctx, sdk.CreateVolumeRequest{Name: vol, SizeBytes: int64(2*mib) << 20, Encrypt: i == 2}); err != nil {
 			ph.Error = joinMsg(ph.Error, fmt.Sprintf("atrest: create volume: %v", err))
 			return
 		}

@@ -63,6 +63,10 @@ type Config struct {
 	// files follow it.
 	FilesMiB   int `json:"files_mib"`
 	FilesSmall int `json:"files_small"`
+	// AtRestMiB is the atrest phase's volume write and read (0: 512);
+	// AtRestFanout its fork's width (0: 16). Tests make them small.
+	AtRestMiB    int `json:"atrest_mib,omitempty"`
+	AtRestFanout int `json:"atrest_fanout,omitempty"`
 	// EncryptedHost addresses a second daemon, started with
 	// --encrypt-at-rest, for the atrest phase (a socket path or URL).
 	EncryptedHost string `json:"encrypted_host,omitempty"`

@@ -14,6 +14,7 @@ import (
 // figure saved with --save-images, code from stdin, an exception's exit
 // code and traceback, and refused usage.
 func TestRunCodeCLI(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	clade := func(stdin string, args ...string) (string, string, int) {
 		t.Helper()

@@ -22,6 +22,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// start starts a daemon and a code interpreter sandbox of the test's own.
+// The tests that call it run in parallel (t.Parallel: two at a time, go
+// test's -parallel on two cores): one's waits (the wedged server's
+// codeint.AnswerWait, 150 s; run timeouts) overlap another's work.
 func start(t *testing.T) (*testenv.Daemon, string) {
 	t.Helper()
 	testenv.BuiltinImage(t, codeint.Image)
@@ -51,6 +55,7 @@ func run(t *testing.T, c *sdk.Client, id string, req sdk.RunCodeRequest) *sdk.Ex
 }
 
 func TestInterpreter(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	ctx := context.Background()
@@ -139,6 +144,7 @@ func TestInterpreter(t *testing.T) {
 }
 
 func TestInterpreterHostile(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	ctx := context.Background()
@@ -238,6 +244,7 @@ func TestInterpreterHostile(t *testing.T) {
 }
 
 func TestInterpreterForkAndSleep(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

@@ -17,6 +17,7 @@ import (
 // (not an internal error, nor a context whose next runs hang); concurrent
 // context creates do not pass the limit.
 func TestInterpreterQueuedAndClosed(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	run(t, c, id, sdk.RunCodeRequest{Code: "1"})
@@ -46,7 +47,9 @@ func TestInterpreterQueuedAndClosed(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		ex, _ := c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "import time\nopen('/tmp/long','w').close()\ntime.sleep(20)"}, nil)
+		// Until the test releases it: long enough, and no longer.
+		ex, _ := c.RunCode(ctx, id, sdk.RunCodeRequest{Code: "import os, time\nopen('/tmp/long','w').close()\n" +
+			"while not os.path.exists('/tmp/release'): time.sleep(0.05)"}, nil)
 		long <- ex
 	}()
 	if out, code := execOut(t, c, id, "while [ ! -e /tmp/long ]; do sleep 0.05; done"); code != 0 {
@@ -62,6 +65,9 @@ func TestInterpreterQueuedAndClosed(t *testing.T) {
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a queued run given up: %v", err)
+	}
+	if out, code := execOut(t, c, id, "touch /tmp/release"); code != 0 {
+		t.Fatalf("%q %d", out, code)
 	}
 	if ex := <-long; ex == nil || ex.Error != nil {
 		t.Fatalf("the long run: %+v", ex)

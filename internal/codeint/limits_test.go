@@ -50,6 +50,7 @@ func checkNothingLeft(t *testing.T, c *sdk.Client, id string, wantKernels int) {
 // output never pauses, and when its client goes away; what the killed
 // kernel started is gone too.
 func TestInterpreterRunsEnd(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	run(t, c, id, sdk.RunCodeRequest{Code: "x = 5"})

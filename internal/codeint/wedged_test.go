@@ -16,6 +16,7 @@ import (
 // bound: a run past its timeout and codeint.AnswerWait, another request
 // past AnswerWait.
 func TestInterpreterWedgedServer(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	run(t, c, id, sdk.RunCodeRequest{Code: "1"})
@@ -70,6 +71,7 @@ while ! awk '$2 ~ /:C34F$/ && $4 == "0A" {f=1} END {exit !f}' /proc/net/tcp /pro
 // sdk.RunCode's caller's memory: past its bounds it keeps nothing more and
 // says so.
 func TestInterpreterFloodingServer(t *testing.T) {
+	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	run(t, c, id, sdk.RunCodeRequest{Code: "1"})

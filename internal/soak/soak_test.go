@@ -6,7 +6,7 @@
 // everything is removed, that nothing leaked. See docs/reliability.md.
 //
 // CLADE_SOAK_OPS sets the number of operations (default 60, the short run
-// of `make test`; `make soak` runs more), CLADE_SOAK_SEED the seed (printed
+// of `make test-slow`, which CI runs; `make soak` runs more), CLADE_SOAK_SEED the seed (printed
 // at the start) and CLADE_SOAK_CLIENTS the number of clients (3).
 package soak_test
 
@@ -113,6 +113,7 @@ type soak struct {
 }
 
 func TestSoak(t *testing.T) {
+	testenv.Slow(t)
 	testenv.RequireRoot(t)
 	seed := envInt(t, "CLADE_SOAK_SEED", time.Now().UnixNano()%1_000_000_007)
 	total := envInt(t, "CLADE_SOAK_OPS", 60)
@@ -723,7 +724,7 @@ func TestSoakCleansUpAfterAFailure(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestSoak$", "-test.count", "1", "-test.v")
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "CLADE_SOAK_OPS=40", "CLADE_SOAK_FAIL_AFTER=6", "CLADE_SOAK_SEED=1")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "CLADE_TEST_SLOW=1", "CLADE_SOAK_OPS=40", "CLADE_SOAK_FAIL_AFTER=6", "CLADE_SOAK_SEED=1")
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "failing on purpose") || !strings.Contains(string(out), "daemon exited at start") {
 		t.Fatalf("the child soak: %v, want it failed on purpose:\n%s", err, out)

@@ -59,6 +59,13 @@ func ReserveNet(t testing.TB) NetPlan {
 			f.Close()
 			continue
 		}
+		if inUse, _ := filepath.Glob(filepath.Join(network.NetNSDir, fmt.Sprintf("ct%d-*", i))); len(inUse) > 0 {
+			// A daemon whose test died without it (another tree's,
+			// perhaps) still holds the share: a daemon given it would
+			// refuse to start.
+			f.Close()
+			continue
+		}
 		t.Cleanup(func() { f.Close() })
 		return NetPlan{Prefix: fmt.Sprintf("ct%d", i), Range: netip.MustParsePrefix(fmt.Sprintf("10.201.%d.0/24", i)),
 			HostNet:    netip.MustParsePrefix(fmt.Sprintf("198.18.%d.0/29", i)),

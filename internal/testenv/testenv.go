@@ -43,6 +43,17 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
+// Slow marks a test too long for `make test` (a soak, a kill loop, a
+// sweep): it runs only with $CLADE_TEST_SLOW set, which `make test-slow`
+// sets, and CI runs that too. The Makefile's SLOW_TESTS must name it
+// (TestSlowTestsListed checks).
+func Slow(t testing.TB) {
+	t.Helper()
+	if os.Getenv("CLADE_TEST_SLOW") == "" {
+		t.Skip("a long test: `make test-slow` runs it (CI does), or set CLADE_TEST_SLOW=1")
+	}
+}
+
 // ModuleRoot returns the repository root.
 func ModuleRoot() string {
 	dir, _ := os.Getwd()
@@ -79,9 +90,20 @@ var (
 )
 
 // Binaries builds clade and clade-agent once per test process and returns
-// their paths.
+// their paths. $CLADE_TEST_BIN names a directory holding both, built from
+// this tree already: `make test` builds them once for every package's
+// test process rather than each linking its own (seconds of CPU each).
 func Binaries(t testing.TB) (clade, agent string) {
 	t.Helper()
+	if dir := os.Getenv("CLADE_TEST_BIN"); dir != "" {
+		clade, agent = filepath.Join(dir, "clade"), filepath.Join(dir, "clade-agent")
+		for _, p := range []string{clade, agent} {
+			if _, err := os.Stat(p); err != nil {
+				t.Fatalf("$CLADE_TEST_BIN: %v (unset it to build the binaries here)", err)
+			}
+		}
+		return clade, agent
+	}
 	buildOnce.Do(func() {
 		binDir, buildErr = os.MkdirTemp("", "clade-test-bin")
 		if buildErr != nil {

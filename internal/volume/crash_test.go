@@ -178,6 +178,7 @@ func TestVolumeSnapshotDaemonKill(t *testing.T) {
 // restart the sandbox is running again, the same process in it, its
 // volume intact and writable.
 func TestVolumeSnapshotKilledAnywhere(t *testing.T) {
+	testenv.Slow(t)
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "db", SizeBytes: 64 << 20}); err != nil {

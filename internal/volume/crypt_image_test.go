@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/testenv"
 )
 
 // TestCheckImageRefusesUncheckedJournal: an imported image that e2fsck -n
@@ -80,12 +81,12 @@ func TestFsckDeadline(t *testing.T) {
 	// Nothing of the check is left running.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		out, _ := exec.Command("pgrep", "-f", marker).Output()
-		if len(strings.TrimSpace(string(out))) == 0 {
+		left := testenv.ProcessesMentioning(marker)
+		if len(left) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the killed check's processes are still there: %s", out)
+			t.Fatalf("the killed check's processes are still there: %v", left)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

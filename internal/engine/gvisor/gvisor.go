@@ -443,6 +443,12 @@ func (e *Engine) layout(ctx context.Context, spec engine.Spec) (_ *sandbox, err 
 		return nil, errdefs.New(errdefs.InvalidArgument, "bad sandbox id %q", spec.ID)
 	}
 	dir := e.dir(spec.ID)
+	if !fileExists(dir) {
+		// No sandbox of the id: what runs of it is orphaned (orphans.go).
+		if err := e.endOrphans(spec.ID); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if os.IsExist(err) {
 			return nil, errdefs.New(errdefs.AlreadyExists, "sandbox %s already exists", spec.ID)
@@ -1052,8 +1058,8 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 	}
 	dir := e.dir(id)
 	if !fileExists(dir) {
-		e.killProcesses(dir + "/")
-		return errors.Join(e.removeStateFiles(id), e.removeUpper(id))
+		_, err := e.endProcesses(id)
+		return errors.Join(err, e.removeStateFiles(id), e.removeUpper(id))
 	}
 	// One call: delete --force kills with SIGKILL. Only when it fails is
 	// it worth asking whether there was anything to delete (each runsc call
@@ -1068,15 +1074,20 @@ func (e *Engine) Destroy(ctx context.Context, id string) error {
 			derr = nil
 		}
 	}
-	// Whatever runsc lost track of (a create killed half way), or failed to
-	// delete (seen under load: the sandbox then ran on, unowned, after its
-	// directory was gone), still names the sandbox's directory on its
-	// command line: no process outlives it.
-	e.killProcesses(dir + "/")
+	// Whatever runsc lost track of (a create killed half way, a restore
+	// orphaned by a killed daemon and still starting the sandbox's
+	// processes), or failed to delete (seen under load: the sandbox then ran
+	// on, unowned, after its directory was gone), still names the id under
+	// this engine's runsc root, or the sandbox's directory, on its command
+	// line: no process outlives it (orphans.go).
+	n, err := e.endProcesses(id)
+	if err != nil {
+		return errors.Join(derr, err)
+	}
+	if n > 0 && derr == nil {
+		e.cfg.Log.Warn("destroy: ended processes of the sandbox that runsc did not (a runsc call orphaned by a killed daemon)", "sandbox", id, "processes", n)
+	}
 	if derr != nil {
-		if left := e.processes(dir + "/"); len(left) > 0 {
-			return fmt.Errorf("%w (%d processes left)", derr, len(left))
-		}
 		e.cfg.Log.Warn("runsc delete failed; the sandbox's processes were killed instead", "sandbox", id, "err", derr)
 	}
 	// A start cut short may have left the root view mounted: removing
@@ -1100,7 +1111,11 @@ func (e *Engine) removeUpper(id string) error {
 }
 
 // removeStateFiles removes runsc's state and lock files of container id
-// ("<id>_sandbox:<sandbox>.state" and its ".lock"s).
+// ("<id>_sandbox:<sandbox>.state" and its ".lock"s) and its sandbox's
+// control socket (runsc-<id>.sock): a sandbox killed before runsc could
+// record it (an orphaned restore) leaves the socket bound to nobody, and
+// the next sandbox of the id would bind its own elsewhere (runsc falls back
+// to /var/run) while the engine dials this one.
 func (e *Engine) removeStateFiles(id string) error {
 	ents, err := os.ReadDir(e.runRoot)
 	if err != nil {
@@ -1108,7 +1123,7 @@ func (e *Engine) removeStateFiles(id string) error {
 	}
 	var errs []error
 	for _, d := range ents {
-		if strings.HasPrefix(d.Name(), id+"_sandbox:") {
+		if strings.HasPrefix(d.Name(), id+"_sandbox:") || d.Name() == filepath.Base(e.controlSocket(id)) {
 			if err := os.Remove(filepath.Join(e.runRoot, d.Name())); err != nil && !os.IsNotExist(err) {
 				errs = append(errs, err)
 			}
@@ -1188,22 +1203,6 @@ func stateFileID(name string) (string, bool) {
 		return "", false
 	}
 	return id, true
-}
-
-// killProcesses SIGKILLs every process whose command line contains s and
-// waits (up to 5 s each, through a pidfd) until it is gone.
-func (e *Engine) killProcesses(s string) {
-	for _, p := range e.processes(s) {
-		fd, err := unix.PidfdOpen(p.pid, 0)
-		if err != nil {
-			continue // already gone
-		}
-		if unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
-			_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 5000)
-		}
-		unix.Close(fd)
-		e.cfg.Log.Debug("killed a leftover sandbox process", "pid", p.pid)
-	}
 }
 
 type proc struct {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/engine/enginetest"
@@ -15,6 +16,14 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(gvisor.FakeProcessEnv) != "" {
+		// A stand-in for a runsc process (orphans_internal_test.go): it
+		// only has to live, with the command line it was given, until
+		// it is killed.
+		for {
+			time.Sleep(time.Hour)
+		}
+	}
 	code := m.Run()
 	testenv.Cleanup()
 	os.Exit(code)

@@ -22,6 +22,7 @@ import (
 // fails leaving no host mount and no directory, and the image root is
 // never written.
 func TestViewFullDisk(t *testing.T) {
+	testenv.Slow(t)
 	runsc := testenv.Runsc(t)
 	_, agent := testenv.Binaries(t)
 	dir := testenv.TempDir(t)
