@@ -55,6 +55,7 @@ type Service struct {
 }
 
 var _ service.Service = (*Service)(nil)
+var _ service.ThroughWriter = (*Service)(nil)
 
 // New returns the service over mgr.
 func New(cfg Config, mgr *sandbox.Manager) *Service {
@@ -447,6 +448,14 @@ func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode,
 		return err
 	}
 	return g.CopyInAs(ctx, p, user, r)
+}
+
+func (s *Service) WriteThrough(ctx context.Context, ref string, wake service.WakeMode, dir, user string, r io.Reader) error {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return err
+	}
+	return g.CopyInThrough(ctx, dir, user, r)
 }
 
 // Traffic.
