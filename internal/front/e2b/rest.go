@@ -225,9 +225,20 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		creq.Env = append(creq.Env, k+"="+v)
 	}
 	slices.Sort(creq.Env)
-	root, err := s.resolveTemplate(r.Context(), req.TemplateID, &creq)
-	if err != nil {
-		return err
+	base := req.TemplateID == "" || req.TemplateID == DefaultTemplate
+	var rootc <-chan string
+	if base {
+		if img := s.baseImage(); img != DefaultImage {
+			creq.Image = img
+		}
+	} else {
+		root, err := s.resolveTemplate(r.Context(), req.TemplateID, &creq)
+		if err != nil {
+			return err
+		}
+		c := make(chan string, 1)
+		c <- root
+		rootc = c
 	}
 	st.mark("resolve")
 	timeout := defaultTimeout
@@ -238,18 +249,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		}
 		timeout = d
 	}
-	// A root known to hold the account already (accounts.go) needs no
-	// setup: the sandbox is ready once created, and its clock starts
-	// there. Otherwise the clock runs from when the setup is done (as
-	// E2B's does from when the sandbox is ready), so it is set again after
-	// it; until then the sandbox holds at least setupGrace, so that a
-	// short timeout on a loaded host cannot end it (or put it to sleep) in
-	// the middle of its setup.
-	ready := s.accounts.ready(root)
-	creq.TimeoutMS = timeout.Milliseconds()
-	if !ready {
-		creq.TimeoutMS = max(timeout, setupGrace).Milliseconds()
-	}
+	// The clock runs from when the sandbox is ready, as E2B's does: a
+	// root known to hold the account already (accounts.go) needs no setup
+	// and is ready once created; otherwise the timeout is set again once
+	// the setup is done, and until then the sandbox holds at least
+	// setupGrace, so that a short timeout on a loaded host cannot end it
+	// (or put it to sleep) in the middle of its setup.
+	creq.TimeoutMS = max(timeout, setupGrace).Milliseconds()
 	creq.OnTimeout = onTimeoutRemove
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.OnTimeout = onTimeoutSleep
@@ -278,8 +284,18 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 			creq.HostMask = *n.MaskRequestHost
 		}
 	}
+	if base {
+		// The base template's image is looked up (for the key of its
+		// root, accounts.go) beside the create, not before it: the lookup
+		// (the image's record and its users) costs as much as a hot claim.
+		rootc = s.baseRoot(r.Context())
+	}
 	sb, err := s.svc.Create(r.Context(), creq)
+	root := <-rootc
 	if err != nil {
+		if base && errdefs.IsNotFound(err) && creq.Image != "" {
+			return errdefs.New(errdefs.NotFound, "the %q template runs on the image %s, which this daemon does not have: pull or import it, or start the daemon with --e2b-base-image default", DefaultTemplate, creq.Image)
+		}
 		return err
 	}
 	st.mark("create")
@@ -287,9 +303,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	s.watch(sb.ID)
+	ready := s.accounts.ready(root)
 	if !ready {
 		s.prepareUser(r.Context(), sb.ID, root)
 		st.mark("user")
+	}
+	if !ready || timeout < setupGrace {
 		if sb, err = s.timeoutFromNow(r.Context(), sb.ID, timeout); err != nil {
 			return err
 		}
@@ -309,31 +328,31 @@ func (s *Server) baseImage() string {
 	return s.cfg.BaseImage
 }
 
-// resolveTemplate maps an E2B template onto a clade image (by name; "base"
-// is Config.BaseImage) or a snapshot (by id or name), and returns the key
-// of the root it names (accounts.go), "" for none known.
-func (s *Server) resolveTemplate(ctx context.Context, t string, creq *api.CreateSandboxRequest) (string, error) {
-	if t == "" || t == DefaultTemplate {
-		base := s.baseImage()
-		// A built-in base not built yet answers Unavailable (the
-		// daemon builds it; retry) rather than a stand-in image.
-		img, err := s.svc.Image(ctx, base)
+// baseRoot looks up the key of the root of the base template's image
+// (accounts.go), "" when it cannot tell, on a goroutine of its own: it
+// runs beside the create. The image can be replaced between the lookup
+// and the create's own (the create holds the image's use, not the
+// lookup): a sandbox made then on a root without E2B's account, under the
+// key of one with it, runs commands as the user only after an account is
+// made, as one whose setup failed. It takes an image replaced within the
+// millisecond of a create of it.
+func (s *Server) baseRoot(ctx context.Context) <-chan string {
+	c := make(chan string, 1)
+	go func() {
+		img, err := s.svc.Image(ctx, s.baseImage())
 		if err != nil {
-			if errdefs.IsNotFound(err) {
-				if base == DefaultImage {
-					// Not built yet (or not at all, --build-default-image=false):
-					// the create says which.
-					return "", nil
-				}
-				return "", errdefs.New(errdefs.NotFound, "the %q template runs on the image %s, which this daemon does not have: pull or import it, or start the daemon with --e2b-base-image default", DefaultTemplate, base)
-			}
-			return "", err
+			c <- ""
+			return
 		}
-		if base != DefaultImage {
-			creq.Image = base
-		}
-		return imageRoot(img), nil
-	}
+		c <- imageRoot(img)
+	}()
+	return c
+}
+
+// resolveTemplate maps an E2B template other than base onto a clade
+// image (by name) or a snapshot (by id or name), and returns the key of
+// the root it names (accounts.go), "" for none known.
+func (s *Server) resolveTemplate(ctx context.Context, t string, creq *api.CreateSandboxRequest) (string, error) {
 	if t == CodeInterpreterTemplate {
 		t = codeint.Image
 	}
