@@ -243,6 +243,23 @@ type Subscription interface {
 	Close()
 }
 
+type noPidsKey struct{}
+
+// WithoutPids marks ctx for Stats readings that need no process count:
+// their Pids may be 0 (a count costs the gVisor engine a process per
+// sandbox and reading). For a caller that samples often (the E2B front's
+// metrics history).
+func WithoutPids(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noPidsKey{}, true)
+}
+
+// PidsWanted reports whether a Stats reading under ctx must count the
+// sandbox's processes (no WithoutPids).
+func PidsWanted(ctx context.Context) bool {
+	no, _ := ctx.Value(noPidsKey{}).(bool)
+	return !no
+}
+
 // Stats is resource use.
 type Stats interface {
 	// Stats reads a sandbox's use; it never wakes it nor counts as use. A

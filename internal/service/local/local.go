@@ -573,6 +573,9 @@ func (s *subscription) Close() {
 // Stats.
 
 func (s *Service) Stats(ctx context.Context, ref string) (api.SandboxStats, error) {
+	if !service.PidsWanted(ctx) {
+		ctx = engine.WithoutPids(ctx)
+	}
 	sb, err := s.mgr.Get(ctx, ref)
 	if err != nil {
 		return api.SandboxStats{}, err
