@@ -203,7 +203,7 @@ func (a *Agent) serve(ctx context.Context, nc net.Conn) error {
 	defer s.closeAll()
 	defer nc.Close()
 	hello, _ := json.Marshal(wire.HelloMsg{Version: wire.Version, PID: os.Getpid(), Boot: a.boot,
-		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv, wire.FeatureAuth, wire.FeatureUser, wire.FeatureWatch, wire.FeatureXattr, wire.FeatureKeep, wire.FeatureKillAll}, Key: a.key})
+		Features: []string{wire.FeaturePTY, wire.FeatureSecretEnv, wire.FeatureAuth, wire.FeatureUser, wire.FeatureWatch, wire.FeatureXattr, wire.FeatureKeep, wire.FeatureKillAll, wire.FeatureWriteThrough}, Key: a.key})
 	if err := s.conn.Write(wire.Hello, 0, hello); err != nil {
 		return err
 	}

@@ -605,6 +605,14 @@ func (ch *channel) tarPut() wire.ExitMsg {
 	if ch.stdin == nil {
 		return errExit(errdefs.New(errdefs.InvalidArgument, "tar-put needs stdin"))
 	}
+	if ch.req.Through {
+		err := writeThrough(ch.s.a.accounts(), ch.req.Path, ch.req.User, ch.stdin)
+		_, _ = io.Copy(io.Discard, ch.stdin)
+		if err != nil {
+			return errExit(err)
+		}
+		return wire.ExitMsg{}
+	}
 	// Entries are counted as they come, each before it is extracted. A
 	// symlink at the destination is followed: inside the sandbox it can
 	// only lead to the sandbox's own files.

@@ -173,7 +173,8 @@ type Stats struct {
 	// known).
 	MemoryBytes      uint64
 	MemoryLimitBytes uint64
-	// Pids counts the processes running inside the sandbox.
+	// Pids counts the processes running inside the sandbox; 0 (unknown)
+	// for a reading whose ctx came from WithoutPids.
 	Pids int
 }
 
@@ -193,6 +194,22 @@ type sealKey struct{}
 // either a running sandbox or a marked image.
 func WithSeal(ctx context.Context, seal func() error) context.Context {
 	return context.WithValue(ctx, sealKey{}, seal)
+}
+
+type noPidsKey struct{}
+
+// WithoutPids marks ctx for a Stats reading that needs no process count
+// (Stats.Pids): an engine that must ask the sandbox's kernel for it (gVisor:
+// a runsc process per reading, ~50 ms of CPU) leaves it out.
+func WithoutPids(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noPidsKey{}, true)
+}
+
+// PidsWanted reports whether a Stats reading under ctx must count the
+// processes (no WithoutPids).
+func PidsWanted(ctx context.Context) bool {
+	no, _ := ctx.Value(noPidsKey{}).(bool)
+	return !no
 }
 
 // Seal runs ctx's seal (WithSeal), if it has one. Engines call it in

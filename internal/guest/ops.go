@@ -302,10 +302,31 @@ func (c *Conn) CopyIn(ctx context.Context, path string, r io.Reader) error {
 // names one; its uid and gid), not by the archive's owners. Empty user is
 // CopyIn.
 func (c *Conn) CopyInAs(ctx context.Context, path, user string, r io.Reader) error {
-	if err := c.checkUser(ctx, user); err != nil {
+	return c.copyIn(ctx, wire.Request{Op: wire.OpTarPut, Path: path, Stdin: true, User: user}, r)
+}
+
+// CopyInThrough writes the regular files of the tar archive r (each named
+// by one path component) into the existing directory dir as a program of
+// user (empty: root) writes a file, E2B's envd semantics rather than
+// CopyIn's: through a symlink at a file's name, never replacing a
+// directory (InvalidArgument), every file operation with user's
+// credentials (wire.Request's Through). An agent that predates it (inside
+// an older snapshot) gets CopyInAs instead: the caller keeps its own
+// checks for those.
+func (c *Conn) CopyInThrough(ctx context.Context, dir, user string, r io.Reader) error {
+	req := wire.Request{Op: wire.OpTarPut, Path: dir, Stdin: true, User: user}
+	if _, err := c.session(ctx); err != nil {
 		return err
 	}
-	ch, err := c.open(ctx, wire.Request{Op: wire.OpTarPut, Path: path, Stdin: true, User: user})
+	req.Through = c.hasFeature(wire.FeatureWriteThrough)
+	return c.copyIn(ctx, req, r)
+}
+
+func (c *Conn) copyIn(ctx context.Context, req wire.Request, r io.Reader) error {
+	if err := c.checkUser(ctx, req.User); err != nil {
+		return err
+	}
+	ch, err := c.open(ctx, req)
 	if err != nil {
 		return err
 	}

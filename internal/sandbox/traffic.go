@@ -3,9 +3,11 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/engine"
@@ -29,6 +31,14 @@ type Traffic struct {
 	lastUsed map[string]time.Time      // guarded by mu: last request per sandbox
 	wokeAt   map[string]time.Time      // guarded by mu: when each live sandbox last woke
 	holds    map[string]int            // guarded by mu: traffic in flight per sandbox (Hold)
+	// dialed are the connections a PortDialer hook made to each live
+	// engine sandbox (over its own veth), closed when it stops being
+	// live (drop: a sleep, a removal): a TCP connection to a sandbox put
+	// to sleep never hears that it is gone (gVisor's reset at the
+	// checkpoint does not always arrive), so its client would wait for
+	// an answer forever instead of seeing an EOF and dialing again, which
+	// wakes it. Guarded by mu.
+	dialed map[engine.Sandbox][]net.Conn
 }
 
 // readier is what Traffic needs of the lifecycle: the engine sandbox of a
@@ -39,7 +49,7 @@ type readier interface {
 
 func newTraffic(hooks hookChain, life readier) *Traffic {
 	return &Traffic{hooks: hooks, life: life, live: map[string]engine.Sandbox{}, lastUsed: map[string]time.Time{},
-		wokeAt: map[string]time.Time{}, holds: map[string]int{}}
+		wokeAt: map[string]time.Time{}, holds: map[string]int{}, dialed: map[engine.Sandbox][]net.Conn{}}
 }
 
 // use returns the live engine sandbox of id (an id, not a name) and counts
@@ -97,22 +107,63 @@ func (t *Traffic) woke(id string) {
 // path and wait for the sandbox's lock. It returns what was live.
 func (t *Traffic) drop(id string) engine.Sandbox {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	sb := t.live[id]
 	delete(t.live, id)
 	delete(t.lastUsed, id)
 	delete(t.wokeAt, id)
+	conns := t.dialed[sb]
+	delete(t.dialed, sb)
+	t.mu.Unlock()
+	// Their clients see an EOF and dial again (a wake). A drop undone
+	// (relive: a sleep that failed) costs them a reconnection only.
+	for _, c := range conns {
+		c.Close()
+	}
 	return sb
+}
+
+// track keeps c, dialed to sb by a PortDialer hook, for drop to close.
+// It reports false (c is the caller's to close) when sb is no longer
+// live: dropped while the dial was under way.
+func (t *Traffic) track(sb engine.Sandbox, c net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.live[sb.ID()] != sb && !slices.Contains(slices.Collect(maps.Values(t.live)), sb) {
+		return false
+	}
+	// Those their users closed go first (a closed socket's Control
+	// fails), so a sandbox's list stays as long as its open connections.
+	t.dialed[sb] = append(slices.DeleteFunc(t.dialed[sb], isClosed), c)
+	return true
+}
+
+// isClosed reports whether the connection c was closed; one that cannot
+// tell (no descriptor) counts as open.
+func isClosed(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	return rc.Control(func(uintptr) {}) != nil
 }
 
 // dropIf forgets id's engine sandbox if it is still sb, and reports
 // whether it was.
 func (t *Traffic) dropIf(id string, sb engine.Sandbox) bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	current := t.live[id] == sb
 	if current {
 		delete(t.live, id)
+	}
+	conns := t.dialed[sb]
+	delete(t.dialed, sb)
+	t.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
 	}
 	return current
 }
@@ -200,7 +251,16 @@ func (t *Traffic) dial(ctx context.Context, ref string, port int, wake bool) (ne
 		}
 		g := sb.Guest()
 		if c := t.hooks.dialPort(ctx, sb.ID(), port); c != nil {
-			return c, nil
+			if t.track(sb, c) {
+				return c, nil
+			}
+			// The sandbox went to sleep (or away) under the dial: the
+			// connection would never be answered.
+			c.Close()
+			if attempt > 0 {
+				return nil, errdefs.New(errdefs.Unavailable, "sandbox %s stopped while port %d was dialed: retry", ref, port)
+			}
+			continue
 		}
 		c, err := g.Dial(ctx, port)
 		if err == nil {

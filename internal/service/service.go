@@ -164,6 +164,20 @@ type Files interface {
 	SetXattrs(ctx context.Context, ref string, wake WakeMode, path, prefix string, attrs map[string]string) error
 }
 
+// ThroughWriter is what a node's Service adds (found by type assertion)
+// when it can write files as a program of the user writes them, E2B's
+// envd semantics rather than CopyIn's docker cp ones: WriteThrough writes
+// the regular files of the tar archive r (each named by one path
+// component) into the existing directory dir of the sandbox, through a
+// symlink at a file's name, never replacing a directory (InvalidArgument),
+// every file operation with user's credentials (a name or UID[:GID];
+// "": root), so that no link leads a write where user may not write. A
+// sandbox whose agent predates it (an older snapshot) gets CopyIn's
+// extraction: callers keep their own checks for it.
+type ThroughWriter interface {
+	WriteThrough(ctx context.Context, ref string, wake WakeMode, dir, user string, r io.Reader) error
+}
+
 // WatchEvent is a change under a watched directory: Op is "create",
 // "write", "remove", "rename" (an entry's old name; its new one is a
 // create) or "chmod"; Name is relative to the directory, clean.
@@ -227,6 +241,23 @@ type Subscription interface {
 	Done() <-chan struct{}
 	Err() error
 	Close()
+}
+
+type noPidsKey struct{}
+
+// WithoutPids marks ctx for Stats readings that need no process count:
+// their Pids may be 0 (a count costs the gVisor engine a process per
+// sandbox and reading). For a caller that samples often (the E2B front's
+// metrics history).
+func WithoutPids(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noPidsKey{}, true)
+}
+
+// PidsWanted reports whether a Stats reading under ctx must count the
+// sandbox's processes (no WithoutPids).
+func PidsWanted(ctx context.Context) bool {
+	no, _ := ctx.Value(noPidsKey{}).(bool)
+	return !no
 }
 
 // Stats is resource use.

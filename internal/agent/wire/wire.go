@@ -259,6 +259,9 @@ const FeatureXattr = "xattr"
 // FeatureKillAll: the agent serves OpKillAll.
 const FeatureKillAll = "kill-all"
 
+// FeatureWriteThrough: the agent takes an OpTarPut's Through.
+const FeatureWriteThrough = "write-through"
+
 // Bounds of OpXattrGet and OpXattrSet: paths per request, and the bytes of
 // one path's attributes (names, with the prefix, and values), as E2B's
 // envd bounds a file's metadata to stay in an inode's xattr space.
@@ -385,6 +388,17 @@ type Request struct {
 	Keep bool   `json:"keep,omitempty"`
 	Tag  string `json:"tag,omitempty"`
 	PID  int    `json:"pid,omitempty"`
+	// Through makes an OpTarPut write its files as a program of User
+	// writes a file, not as `docker cp` places entries: Path must be an
+	// existing directory and the archive hold regular files named by a
+	// single component; each is written into what its name holds (a
+	// symlink is followed, as E2B's envd does), a directory is never
+	// replaced (InvalidArgument), and every file operation runs with
+	// User's credentials, so no link leads a write where User may not
+	// write. A file is written beside its target and renamed onto it, so a
+	// failed write leaves the old one whole. Only for an agent with
+	// FeatureWriteThrough.
+	Through bool `json:"through,omitempty"`
 }
 
 // StartedMsg answers an Open whose process started.

@@ -45,6 +45,9 @@ func (e *Engine) Stats(ctx context.Context, id string) (engine.Stats, error) {
 	if err != nil {
 		return engine.Stats{}, fmt.Errorf("stats of %s: %w", id, err)
 	}
+	if !engine.PidsWanted(ctx) {
+		return st, nil
+	}
 	st.Pids, err = e.pids(ctx, id)
 	if err != nil {
 		return engine.Stats{}, err

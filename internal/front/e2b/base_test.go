@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/front/e2b"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
 )
 
 // TestBaseTemplate runs the unmodified E2B SDK against the `base` template
@@ -39,6 +42,38 @@ func TestBaseTemplate(t *testing.T) {
 	}
 	if h := metric(t, d, "clade_hot_pool_hits_total"); h < 1 {
 		t.Fatalf("the create of `base` claimed no hot sandbox of %s (%d hot-pool hits)", image.E2BBase, h)
+	}
+
+	// e2b-base holds E2B's account: once a create found it there, later
+	// creates of the image run nothing in the sandbox (no account setup,
+	// the sandbox is ready as created) and still serve the user.
+	for range 2 {
+		var sb struct{ SandboxID string }
+		if st, _ := rest(t, "POST", url+"/v2/sandboxes", key, map[string]any{"templateID": "base", "timeout": 77}, &sb); st != http.StatusCreated {
+			t.Fatalf("create: %d", st)
+		}
+		t.Cleanup(func() { d.Client.DeleteSandbox(context.Background(), sb.SandboxID) })
+		got, err := d.Client.GetSandbox(ctx, sb.SandboxID)
+		if err != nil || got.TimeoutMS != 77_000 || got.ExpiresAt == nil || time.Until(*got.ExpiresAt) > 77*time.Second || time.Until(*got.ExpiresAt) < 30*time.Second {
+			t.Fatalf("sandbox %s: timeout %d ms ending %v (%v), want 77 s from the create", sb.SandboxID, got.TimeoutMS, got.ExpiresAt, err)
+		}
+		events, err := d.Client.Events(ctx, sdk.EventFilter{Sandbox: sb.SandboxID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for e, err := range events {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.Type == api.EventExecStarted {
+				t.Fatalf("the create of sandbox %s ran %+v in it: a root known to hold the account needs no setup", sb.SandboxID, e.Exec)
+			}
+		}
+		var out strings.Builder
+		st, err := d.Client.Exec(ctx, sb.SandboxID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "id -un; echo $HOME; stat -c %U " + e2b.Home}, User: e2b.DefaultUser, Stdout: &out})
+		if err != nil || st.Code != 0 || out.String() != "user\n/home/user\nuser\n" {
+			t.Fatalf("exec as user in %s: %q %+v %v", sb.SandboxID, out.String(), st, err)
+		}
 	}
 }
 

@@ -380,3 +380,46 @@ func TestUploadOntoDirectory(t *testing.T) {
 		}
 	}
 }
+
+// TestUploadThrough: as E2B's envd, an upload onto a symlink writes
+// through it (small, or streamed at an unknown size), but as the user: a
+// link to a file the user may not write (root's /etc/shadow) is refused,
+// the file untouched; an upload to /proc is a 4xx, not a 500.
+func TestUploadThrough(t *testing.T) {
+	d, url, key := startE2B(t)
+	h := newSandbox(t, url, key)
+	id := h["E2b-Sandbox-Id"]
+	sh := func(user, script string) string {
+		t.Helper()
+		var out strings.Builder
+		if st, err := d.Client.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"sh", "-c", script}, User: user, Stdout: &out}); err != nil || st.Code != 0 {
+			t.Fatalf("%s: %+v %v", script, st, err)
+		}
+		return out.String()
+	}
+	sh("user", "cd /home/user && echo old > real && ln -s real link && ln -s /etc/shadow evil")
+	shadow := sh("root", "sha256sum /etc/shadow")
+	octet := map[string]string{"Content-Type": "application/octet-stream"}
+	big := strings.Repeat("b", 3<<20)
+	for _, body := range []string{"new", big} {
+		// A reader of no known length: past inlineMax it is streamed.
+		st, got := envdDo(t, h, "POST", url+"/files?path=/home/user/link", io.MultiReader(strings.NewReader(body)), -1, octet)
+		if st != http.StatusOK {
+			t.Fatalf("an upload of %d bytes onto a link: %d %s", len(body), st, got)
+		}
+		if out := sh("user", "test -L /home/user/link && wc -c < /home/user/real && ls -a /home/user | grep -c clade-upload || true"); out != strconv.Itoa(len(body))+"\n0\n" {
+			t.Fatalf("after an upload of %d bytes through the link: %q, want the link kept, real written, nothing left", len(body), out)
+		}
+		st, got = envdDo(t, h, "POST", url+"/files?path=/home/user/evil", io.MultiReader(strings.NewReader(body)), -1, octet)
+		if st < 400 || st >= 500 {
+			t.Fatalf("an upload of %d bytes as user through a link to /etc/shadow: %d %s, want a 4xx", len(body), st, got)
+		}
+		if sh("root", "sha256sum /etc/shadow") != shadow {
+			t.Fatalf("/etc/shadow was written through the user's link")
+		}
+		st, got = envdDo(t, h, "POST", url+"/files?path=/proc/x", io.MultiReader(strings.NewReader(body)), -1, octet)
+		if st < 400 || st >= 500 {
+			t.Fatalf("an upload of %d bytes to /proc/x: %d %s, want a 4xx", len(body), st, got)
+		}
+	}
+}

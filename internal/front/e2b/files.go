@@ -315,6 +315,13 @@ func (s *Server) writeFile(w http.ResponseWriter, ctx context.Context, id, user,
 		pw.CloseWithError(err)
 		return err
 	}, func() error {
+		// As envd writes: through a symlink at p, never replacing a
+		// directory (made there since the check above too), with the
+		// user's credentials. A node that cannot (another node's
+		// service) extracts as CopyIn does, after the check above.
+		if tw, ok := s.svc.(service.ThroughWriter); ok {
+			return tw.WriteThrough(ctx, id, service.Wake, dir, user, pr)
+		}
 		return s.svc.CopyIn(ctx, id, service.Wake, dir, user, pr)
 	}, func() { pr.CloseWithError(errors.New("upload ended")) })
 	if err := uploadError(p, putErr, src.failed(fillErr), capped); err != nil {
@@ -360,22 +367,44 @@ func (s *Server) streamFile(w http.ResponseWriter, ctx context.Context, id, user
 			if exit.Error != "" {
 				msg = exit.Error
 			}
-			err = errdefs.New(errdefs.Internal, "%s (exit status %d)", msg, exit.Code)
+			err = errdefs.New(writeClass(msg), "%s (exit status %d)", msg, exit.Code)
 		}
 		return err
 	}, proc.Close)
 	if err := uploadError(p, putErr, src.failed(fillErr), capped); err != nil {
-		if _, _, rerr := s.run(context.WithoutCancel(ctx), id, "rm", "-f", "--", tmp); rerr != nil {
+		if _, _, rerr := s.runAs(context.WithoutCancel(ctx), id, user, "rm", "-f", "--", tmp); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("remove the partial upload %s: %w", tmp, rerr))
 		}
 		return err
 	}
-	if _, _, err := s.run(ctx, id, "mv", "-f", "--", tmp, p); err != nil {
-		_, _, rerr := s.run(context.WithoutCancel(ctx), id, "rm", "-f", "--", tmp)
+	// Moved as the user onto what p leads to (through its symlinks, as
+	// envd writes), never onto a directory (mv -T fails there).
+	if _, _, err := s.runAs(ctx, id, user, "/bin/sh", "-c", moveUpload, "sh", tmp, p); err != nil {
+		_, _, rerr := s.runAs(context.WithoutCancel(ctx), id, user, "rm", "-f", "--", tmp)
 		return errors.Join(fmt.Errorf("write %s: %w", p, err), rerr)
 	}
 	return nil
 }
+
+// writeClass is the class of a failed write's message (a shell's, from
+// inside the sandbox): what the user may not write, or what cannot be
+// written at all (/proc), is the request's fault, not the daemon's.
+func writeClass(msg string) errdefs.Class {
+	switch {
+	case strings.Contains(msg, "Permission denied"), strings.Contains(msg, "Operation not permitted"),
+		strings.Contains(msg, "Read-only file system"), strings.Contains(msg, "Is a directory"), strings.Contains(msg, "Not a directory"):
+		return errdefs.InvalidArgument
+	case strings.Contains(msg, "No such file or directory"):
+		return errdefs.NotFound
+	}
+	return errdefs.Internal
+}
+
+// moveUpload moves a streamed upload $1 onto $2: onto what $2's symlinks
+// lead to, refusing a directory.
+const moveUpload = `t=$(readlink -m -- "$2") || exit 1
+if [ -d "$t" ]; then echo "$2 is a directory" >&2; exit 1; fi
+exec mv -fT -- "$1" "$t"`
 
 // feed runs fill in its own goroutine and put meanwhile, and returns their
 // errors. fill reads the request's body, which must not be read after the

@@ -1,10 +1,12 @@
 package e2b
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 // TestMetricsRing: the ring keeps the last hour of samples (a bounded
@@ -54,5 +56,31 @@ func TestMetricsRing(t *testing.T) {
 	}
 	if got := r.between(t0.Add(-time.Hour), t0); len(got) != 0 {
 		t.Errorf("a range before the ring: %+v, want none", got)
+	}
+}
+
+// statsOnly is a service whose Stats alone answers, recording whether a
+// reading asked for the process count.
+type statsOnly struct {
+	service.Service
+	pidsAsked []bool
+}
+
+func (s *statsOnly) Stats(ctx context.Context, ref string) (api.SandboxStats, error) {
+	s.pidsAsked = append(s.pidsAsked, service.PidsWanted(ctx))
+	return api.SandboxStats{ID: ref, State: stateSleeping}, nil
+}
+
+// TestMetricsSampleWithoutPids: the sampler's readings ask for no process
+// count, which costs the gVisor engine a runsc process per sandbox and
+// sample (20 sandboxes took a fifth of a core in BenchmarkMetricsRing).
+func TestMetricsSampleWithoutPids(t *testing.T) {
+	svc := &statsOnly{}
+	s := &Server{svc: svc, hist: metricsRings{rings: map[string]*ring{"a": {}, "b": {}}}}
+	if err := s.sampleAll(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.pidsAsked) != 2 || svc.pidsAsked[0] || svc.pidsAsked[1] {
+		t.Fatalf("readings asking for the process count: %v, want 2 that do not", svc.pidsAsked)
 	}
 }

@@ -36,7 +36,7 @@ func client(h map[string]string) *http.Client {
 }
 
 // rest calls the REST API and decodes the JSON answer into out (if not nil).
-func rest(t *testing.T, method, url, key string, body any, out any) (int, http.Header) {
+func rest(t testing.TB, method, url, key string, body any, out any) (int, http.Header) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {

@@ -212,6 +212,7 @@ func seconds(n int64) (time.Duration, error) {
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
+	st := newSteps(s.log)
 	var req createBody
 	if err := decodeBody(r, &req); err != nil {
 		return err
@@ -224,9 +225,22 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		creq.Env = append(creq.Env, k+"="+v)
 	}
 	slices.Sort(creq.Env)
-	if err := s.resolveTemplate(r.Context(), req.TemplateID, &creq); err != nil {
-		return err
+	base := req.TemplateID == "" || req.TemplateID == DefaultTemplate
+	var rootc <-chan string
+	if base {
+		if img := s.baseImage(); img != DefaultImage {
+			creq.Image = img
+		}
+	} else {
+		root, err := s.resolveTemplate(r.Context(), req.TemplateID, &creq)
+		if err != nil {
+			return err
+		}
+		c := make(chan string, 1)
+		c <- root
+		rootc = c
 	}
+	st.mark("resolve")
 	timeout := defaultTimeout
 	if req.Timeout != nil {
 		d, err := seconds(*req.Timeout)
@@ -235,10 +249,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		}
 		timeout = d
 	}
-	// The clock runs from when the sandbox is ready (as E2B's does), so it
-	// is set again after the user setup below; until then the sandbox
-	// holds at least setupGrace, so that a short timeout on a loaded host
-	// cannot end it (or put it to sleep) in the middle of its setup.
+	// The clock runs from when the sandbox is ready, as E2B's does: a
+	// root known to hold the account already (accounts.go) needs no setup
+	// and is ready once created; otherwise the timeout is set again once
+	// the setup is done, and until then the sandbox holds at least
+	// setupGrace, so that a short timeout on a loaded host cannot end it
+	// (or put it to sleep) in the middle of its setup.
 	creq.TimeoutMS = max(timeout, setupGrace).Milliseconds()
 	creq.OnTimeout = onTimeoutRemove
 	if req.AutoPause != nil && *req.AutoPause {
@@ -268,19 +284,39 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 			creq.HostMask = *n.MaskRequestHost
 		}
 	}
+	if base {
+		// The base template's image is looked up (for the key of its
+		// root, accounts.go) beside the create, not before it: the lookup
+		// (the image's record and its users) costs as much as a hot claim.
+		rootc = s.baseRoot(r.Context())
+	}
 	sb, err := s.svc.Create(r.Context(), creq)
+	root := <-rootc
 	if err != nil {
+		if base && errdefs.IsNotFound(err) && creq.Image != "" {
+			return errdefs.New(errdefs.NotFound, "the %q template runs on the image %s, which this daemon does not have: pull or import it, or start the daemon with --e2b-base-image default", DefaultTemplate, creq.Image)
+		}
 		return err
 	}
+	st.mark("create")
 	if s.clientGone(r, sb.ID) {
 		return nil
 	}
-	s.prepareUser(r.Context(), sb.ID)
 	s.watch(sb.ID)
-	if sb, err = s.timeoutFromNow(r.Context(), sb.ID, timeout); err != nil {
-		return err
+	ready := s.accounts.ready(root)
+	if !ready {
+		s.prepareUser(r.Context(), sb.ID, root)
+		st.mark("user")
+	}
+	if !ready || timeout < setupGrace {
+		if sb, err = s.timeoutFromNow(r.Context(), sb.ID, timeout); err != nil {
+			return err
+		}
+		st.mark("timeout")
 	}
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb))
+	st.mark("answer")
+	st.log(s.log, "e2b create", "sandbox", sb.ID, "ready", ready)
 	return nil
 }
 
@@ -292,40 +328,49 @@ func (s *Server) baseImage() string {
 	return s.cfg.BaseImage
 }
 
-// resolveTemplate maps an E2B template onto a clade image (by name; "base"
-// is Config.BaseImage) or a snapshot (by id or name).
-func (s *Server) resolveTemplate(ctx context.Context, t string, creq *api.CreateSandboxRequest) error {
-	if t == "" || t == DefaultTemplate {
-		if base := s.baseImage(); base != DefaultImage {
-			// A built-in base not built yet answers Unavailable (the
-			// daemon builds it; retry) rather than a stand-in image.
-			if _, err := s.svc.Image(ctx, base); err != nil {
-				if errdefs.IsNotFound(err) {
-					return errdefs.New(errdefs.NotFound, "the %q template runs on the image %s, which this daemon does not have: pull or import it, or start the daemon with --e2b-base-image default", DefaultTemplate, base)
-				}
-				return err
-			}
-			creq.Image = base
+// baseRoot looks up the key of the root of the base template's image
+// (accounts.go), "" when it cannot tell, on a goroutine of its own: it
+// runs beside the create. The image can be replaced between the lookup
+// and the create's own (the create holds the image's use, not the
+// lookup): a sandbox made then on a root without E2B's account, under the
+// key of one with it, runs commands as the user only after an account is
+// made, as one whose setup failed. It takes an image replaced within the
+// millisecond of a create of it.
+func (s *Server) baseRoot(ctx context.Context) <-chan string {
+	c := make(chan string, 1)
+	go func() {
+		img, err := s.svc.Image(ctx, s.baseImage())
+		if err != nil {
+			c <- ""
+			return
 		}
-		return nil
-	}
+		c <- imageRoot(img)
+	}()
+	return c
+}
+
+// resolveTemplate maps an E2B template other than base onto a clade
+// image (by name) or a snapshot (by id or name), and returns the key of
+// the root it names (accounts.go), "" for none known.
+func (s *Server) resolveTemplate(ctx context.Context, t string, creq *api.CreateSandboxRequest) (string, error) {
 	if t == CodeInterpreterTemplate {
 		t = codeint.Image
 	}
-	if _, err := s.svc.GetSnapshot(ctx, t); err == nil {
+	if sn, err := s.svc.GetSnapshot(ctx, t); err == nil {
 		creq.FromSnapshot = t
-		return nil
+		return snapshotRoot(sn), nil
 	} else if !errdefs.IsNotFound(err) {
-		return err
+		return "", err
 	}
-	if _, err := s.svc.Image(ctx, t); err != nil {
+	img, err := s.svc.Image(ctx, t)
+	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return errdefs.New(errdefs.NotFound, "template %q not found: name a clade image, snapshot or template (%q is the default image)", t, DefaultTemplate)
+			return "", errdefs.New(errdefs.NotFound, "template %q not found: name a clade image, snapshot or template (%q is the default image)", t, DefaultTemplate)
 		}
-		return err
+		return "", err
 	}
 	creq.Image = t
-	return nil
+	return imageRoot(img), nil
 }
 
 // setupGrace is the least time a new sandbox is given for its setup
@@ -336,19 +381,30 @@ const setupGrace = time.Minute
 // 1000) with home /home/user and /bin/bash. It writes the account files
 // directly: useradd costs a few hundred milliseconds in a fresh sandbox.
 // Commands and files are this user's unless a request names another
-// (DefaultUser); the home directory is where relative paths resolve.
-const userSetup = `if ! grep -q '^user:' /etc/passwd 2>/dev/null; then
+// (DefaultUser); the home directory is where relative paths resolve. It
+// prints accountReady, and changes nothing, when the root has all that
+// already: every sandbox of that root then needs no setup (accounts.go).
+const userSetup = `if grep -q '^user:' /etc/passwd 2>/dev/null && [ -d ` + Home + ` ] && [ "$(stat -c %u:%g ` + Home + ` 2>/dev/null)" = 1000:1000 ]; then
+echo ` + accountReady + `; exit 0
+fi
+if ! grep -q '^user:' /etc/passwd 2>/dev/null; then
 echo 'user:x:1000:1000::` + Home + `:/bin/bash' >>/etc/passwd
 grep -q '^user:' /etc/group 2>/dev/null || echo 'user:x:1000:' >>/etc/group
 [ -f /etc/shadow ] && echo 'user:!:20000::::::' >>/etc/shadow
 fi
 mkdir -p ` + Home + ` && chown 1000:1000 ` + Home
 
-// prepareUser runs userSetup in a new sandbox; a failure is logged, not
-// fatal: an image without useradd still serves everything else.
-func (s *Server) prepareUser(ctx context.Context, id string) {
-	if _, _, err := s.run(ctx, id, "/bin/sh", "-c", userSetup); err != nil {
+// prepareUser runs userSetup in a new sandbox of root; a failure is
+// logged, not fatal: an image without useradd still serves everything
+// else.
+func (s *Server) prepareUser(ctx context.Context, id, root string) {
+	out, _, err := s.run(ctx, id, "/bin/sh", "-c", userSetup)
+	if err != nil {
 		s.log.Warn("e2b: setting up user `user` failed", "sandbox", id, "err", err)
+		return
+	}
+	if strings.TrimSpace(out) == accountReady {
+		s.accounts.learn(root)
 	}
 }
 

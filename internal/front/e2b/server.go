@@ -77,6 +77,8 @@ type Server struct {
 	// stopSampling is called.
 	hist         metricsRings
 	stopSampling context.CancelFunc
+	// accounts are the roots whose sandboxes need no account setup.
+	accounts accounts
 }
 
 // New returns the E2B front over the node's service. It returns an

@@ -55,6 +55,7 @@ type Service struct {
 }
 
 var _ service.Service = (*Service)(nil)
+var _ service.ThroughWriter = (*Service)(nil)
 
 // New returns the service over mgr.
 func New(cfg Config, mgr *sandbox.Manager) *Service {
@@ -449,6 +450,14 @@ func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode,
 	return g.CopyInAs(ctx, p, user, r)
 }
 
+func (s *Service) WriteThrough(ctx context.Context, ref string, wake service.WakeMode, dir, user string, r io.Reader) error {
+	g, err := s.guest(ctx, ref, wake)
+	if err != nil {
+		return err
+	}
+	return g.CopyInThrough(ctx, dir, user, r)
+}
+
 // Traffic.
 
 func (s *Service) Dial(ctx context.Context, ref string, wake service.WakeMode, port int) (net.Conn, error) {
@@ -564,6 +573,9 @@ func (s *subscription) Close() {
 // Stats.
 
 func (s *Service) Stats(ctx context.Context, ref string) (api.SandboxStats, error) {
+	if !service.PidsWanted(ctx) {
+		ctx = engine.WithoutPids(ctx)
+	}
 	sb, err := s.mgr.Get(ctx, ref)
 	if err != nil {
 		return api.SandboxStats{}, err
