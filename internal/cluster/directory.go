@@ -138,9 +138,10 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string) error
 	var old Record
 	if kvs := cur.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if err := json.Unmarshal(kvs[0].Value, &old); err == nil && old.Node != c.cfg.Node {
-			if old.Epoch > c.epoch(sb.ID) {
-				// Moved to another node (move.go) after this node's
-				// last write: this node's copy is stale.
+			if old.Epoch > 1 && old.Epoch > c.epoch(sb.ID) {
+				// Moved to another node (move.go: a move raises the
+				// epoch) after this node's last write: this node's
+				// copy is stale.
 				return fmt.Errorf("sandbox %s: node %s holds its record at epoch %d: %w", sb.ID, old.Node, old.Epoch, errFenced)
 			}
 			return fmt.Errorf("sandbox %s: node %s holds its record at epoch %d: %w", sb.ID, old.Node, old.Epoch, errNotHolder)

@@ -265,7 +265,7 @@ func (s *Service) disown(ctx context.Context, id string) error {
 // moved (the node serves its own).
 func (s *Service) movedAway(ctx context.Context, id string) bool {
 	rec, ok, err := s.c.Lookup(ctx, id)
-	if err != nil || !ok || rec.Node == s.c.cfg.Node || rec.State == StateLost || rec.Epoch <= s.c.epoch(id) {
+	if err != nil || !ok || rec.Node == s.c.cfg.Node || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= s.c.epoch(id) {
 		return false
 	}
 	s.c.cfg.Log.Warn("cluster: fenced: a sleeping sandbox moved to another node; removing this node's copy", "sandbox", id, "node", rec.Node, "epoch", rec.Epoch)
