@@ -451,3 +451,38 @@ func (s *Service) wakeElsewhere(ctx context.Context, ref string, refused error) 
 	svc, err := s.route(ctx, rec.ID)
 	return svc, err == nil
 }
+
+// drainSleeping gives the sleeping sandboxes of drained node whose image
+// is in the snapshot store to the nodes placement picks (lazily: each is
+// adopted where it is given on its next call). The drained node's copy is
+// fenced: removed at its next check. Sandboxes that cannot move (no copy,
+// volumes, secrets) stay. It returns how many were given away.
+func (s *Service) drainSleeping(ctx context.Context, node string) (int, error) {
+	recs, err := s.c.Records(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, r := range recs {
+		if r.Node != node || !movable(r) {
+			continue
+		}
+		rec, rev, claimed, ok, err := s.c.lookupRev(ctx, r.ID)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !ok || claimed || rec.Node != node || !movable(rec) {
+			continue // changed meanwhile
+		}
+		if _, err := s.reassign(ctx, rec, rev, false, ""); err != nil {
+			if !errors.Is(err, errMoveRace) {
+				errs = append(errs, fmt.Errorf("sandbox %s: %w", rec.ID, err))
+			}
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,14 +108,18 @@ func TestNetClusterMove(t *testing.T) {
 			t.Fatalf("sleep through %s: %v", nd.Name, err)
 		}
 		var rec dirRecord
+		// The record is written from the node's events, a moment after
+		// the call: until then it may still show the last sleep's image
+		// (deleted by the wake since).
 		waitFor(t, 2*time.Minute, "the record names the sleep image's copy", func() (bool, string) {
 			r, ok := record(id)
 			rec = r
-			return ok && r.State == "sleeping" && r.SleepImage != "", fmt.Sprintf("%+v", r)
+			if !ok || r.State != "sleeping" || r.SleepImage == "" {
+				return false, fmt.Sprintf("%+v", r)
+			}
+			has, err := snapstore.Has(t.Context(), s3, snapstore.Digest(r.SleepImage))
+			return has, fmt.Sprintf("%+v in the store: %v %v", r, has, err)
 		})
-		if ok, err := snapstore.Has(t.Context(), s3, snapstore.Digest(rec.SleepImage)); err != nil || !ok {
-			t.Fatalf("the record's image %s is not in the store: %v %v", rec.SleepImage, ok, err)
-		}
 		return rec
 	}
 	// ingressGet is GET path through node nd's ingress for port 8000 of id.
@@ -351,4 +356,48 @@ for i in $(seq 200); do python3 -c 'import socket; socket.create_connection(("12
 	}
 	t.Logf("a move killed after its fetch on %s left nothing; the next wake moved it to %s", v.Name, woke.Node)
 	c.Restart(byName[u.Name])
+
+	// clade node drain moves a sleeping sandbox off (lazily: its record
+	// names another node at once, it wakes there), and the latency of a
+	// wake on the node that slept it against one on another node (the
+	// image fetched from the store).
+	var local, cross []time.Duration
+	for i := range 5 {
+		h := c.Nodes[byName[woke.Node]]
+		sleepWithImage(h, id)
+		t0 := time.Now()
+		if _, err := h.Client.Wake(t.Context(), id); err != nil {
+			t.Fatalf("local wake on %s: %v", h.Name, err)
+		}
+		local = append(local, time.Since(t0))
+		before := sleepWithImage(h, id)
+		if _, err := h.Client.DrainNode(t.Context(), h.Name); err != nil {
+			t.Fatal(err)
+		}
+		given, _ := record(id)
+		if given.Node == h.Name || given.State != "sleeping" || given.Epoch != before.Epoch+1 {
+			t.Fatalf("after drain %s: record %+v (before %+v)", h.Name, given, before)
+		}
+		t0 = time.Now()
+		if woke, err = h.Client.Wake(t.Context(), id); err != nil || woke.Node != given.Node || woke.State != "running" {
+			t.Fatalf("wake through drained %s: %+v %v (given to %s)", h.Name, woke, err, given.Node)
+		}
+		cross = append(cross, time.Since(t0))
+		if d := sleepDirOf(h, id); len(d) != 0 {
+			t.Fatalf("drained %s keeps %v after the move", h.Name, d)
+		}
+		if i == 0 {
+			if f := exec(h, id, "cat /tmp/hello"); f != "moved-file" {
+				t.Fatalf("the file after the drain's move: %q", f)
+			}
+		}
+		if _, err := h.Client.UndrainNode(t.Context(), h.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(local)
+	slices.Sort(cross)
+	t.Logf("wake p50 of %d: on the node that slept it %s, on another node (image from the store) %s; max %s and %s",
+		len(local), local[len(local)/2].Round(time.Millisecond), cross[len(cross)/2].Round(time.Millisecond),
+		local[len(local)-1].Round(time.Millisecond), cross[len(cross)-1].Round(time.Millisecond))
 }

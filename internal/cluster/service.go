@@ -52,9 +52,22 @@ func NewService(c *Cluster, local service.Service) *Service {
 // Nodes reads the cluster's live nodes.
 func (s *Service) Nodes(ctx context.Context) ([]api.Node, error) { return s.c.Nodes(ctx) }
 
-// Drain marks or unmarks a node as draining (no new placements).
+// Drain marks or unmarks a node as draining (no new placements); a
+// drain also gives the node's sleeping sandboxes in the snapshot store to
+// other nodes (move.go).
 func (s *Service) Drain(ctx context.Context, node string, on bool) (api.Node, error) {
-	return s.c.Drain(ctx, node, on)
+	n, err := s.c.Drain(ctx, node, on)
+	if err != nil || !on {
+		return n, err
+	}
+	moved, err := s.drainSleeping(ctx, node)
+	if err != nil {
+		s.c.cfg.Log.Warn("cluster: drain: some sleeping sandboxes stay on the node", "node", node, "err", err)
+	}
+	if moved > 0 {
+		s.c.cfg.Log.Info("cluster: drain: sleeping sandboxes given to other nodes", "node", node, "sandboxes", moved)
+	}
+	return n, nil
 }
 
 // Sync writes the records of every sandbox the node holds, drops the
@@ -522,6 +535,13 @@ func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
 	if err != nil && svc != s.Service {
 		if other, ok := s.wakeElsewhere(ctx, ref, err); ok {
 			return other.Wake(ctx, ref)
+		}
+	}
+	if err == nil && svc == s.Service {
+		// Written before the answer (not only from the event): a record
+		// that still said asleep would name an image the wake dropped.
+		if perr := s.publish(ctx, sb); perr != nil {
+			s.c.cfg.Log.Warn("cluster: write a woken sandbox's record", "sandbox", sb.ID, "err", perr)
 		}
 	}
 	return sb, err
