@@ -50,6 +50,10 @@ func moveKey(id string) string { return keyPrefix + "moves/" + id }
 // move of the sandbox to settle: a fetch of a large image takes a while.
 const moveWait = 3 * time.Minute
 
+// whyNotMovable says why a sleeping sandbox wakes only on its node.
+const whyNotMovable = "its sleep image has no copy in the object store (its node has no --object-store, the copy was not finished, " +
+	"it slept with --no-memory, or it mounts volumes or takes secrets, which are its node's own)"
+
 // movable is whether rec may wake on a node other than its own.
 func movable(rec Record) bool {
 	return rec.State == "sleeping" && rec.SleepImage != ""

@@ -390,6 +390,9 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 		return nil, err
 	}
 	if !live {
+		if rec.State == "sleeping" {
+			return nil, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which is not in the cluster now (its lease lapsed), and wakes only there: %s; try again when it is back", rec.ID, rec.Node, whyNotMovable)
+		}
 		return nil, errdefs.New(errdefs.Unavailable, "sandbox %s is on node %s, which is not in the cluster now (its lease lapsed): try again when it is back", rec.ID, rec.Node)
 	}
 	if rec.ID == ref {
@@ -399,8 +402,9 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 }
 
 // routeTTL is how long a call on a sandbox of another node reuses the
-// directory's answer: a burst of execs reads etcd once. Sandboxes do not
-// move between nodes yet; a node that left is noticed within it.
+// directory's answer: a burst of execs reads etcd once. A node that left
+// is noticed within it; a call sent to a node a sleeping sandbox moved off
+// meanwhile is forwarded on by that node (it finds the record moved).
 const routeTTL = 2 * time.Second
 
 type route struct {
