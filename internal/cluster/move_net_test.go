@@ -47,7 +47,9 @@ func TestNetClusterMove(t *testing.T) {
 	creds := filepath.Join(testenv.TempDir(t), "creds")
 	var bridge netip.Addr
 	const ingressPort = 8080
-	c := testenv.StartNetClusterWith(t, 3, []string{"--pressure-floor", "-1", "--ingress-domain", "clade.test"}, func(i int) []string {
+	// A longer lease than the harness's 2 s: on a loaded host a live node's lease
+	// must not lapse (its running sandbox would be marked lost).
+	c := testenv.StartNetClusterWith(t, 3, []string{"--pressure-floor", "-1", "--ingress-domain", "clade.test", "--cluster-lease-ttl", "5s"}, func(i int) []string {
 		a := bridge.As4()
 		a[3] = byte(10 + i + 1)
 		return []string{"--ingress", netip.AddrPortFrom(netip.AddrFrom4(a), ingressPort).String()}
@@ -357,13 +359,42 @@ for i in $(seq 200); do python3 -c 'import socket; socket.create_connection(("12
 	t.Logf("a move killed after its fetch on %s left nothing; the next wake moved it to %s", v.Name, woke.Node)
 	c.Restart(byName[u.Name])
 
+	// Its live node refuses the wake for room (a --memory-floor above all
+	// memory): a wake through another node moves it to a third, and the
+	// refusing node, asked about it, finds it moved and removes its copy.
+	h := c.Nodes[byName[woke.Node]]
+	sleepWithImage(h, id)
+	h.Stop()
+	h.SetArgs("--memory-floor", strconv.Itoa(memTotalMiB(t)))
+	c.Restart(byName[h.Name])
+	var via *testenv.NetNode
+	for _, nd := range c.Nodes {
+		if nd != h {
+			via = nd
+			break
+		}
+	}
+	if woke, err = via.Client.Wake(t.Context(), id); err != nil || woke.Node == h.Name || woke.State != "running" {
+		t.Fatalf("wake through %s of a sandbox its node %s refuses for room: %+v %v", via.Name, h.Name, woke, err)
+	}
+	if got, err := h.Client.GetSandbox(t.Context(), id); err != nil || got.Node != woke.Node || got.State != "running" {
+		t.Fatalf("get through the refusing %s: %+v %v (want running on %s)", h.Name, got, err, woke.Node)
+	}
+	if d := sleepDirOf(h, id); len(d) != 0 {
+		t.Fatalf("the refusing %s keeps %v after the move", h.Name, d)
+	}
+	t.Logf("%s refused the wake for room; the wake through %s moved it to %s", h.Name, via.Name, woke.Node)
+	h.Stop()
+	h.SetArgs("--memory-floor", "0") // the default again
+	c.Restart(byName[h.Name])
+
 	// clade node drain moves a sleeping sandbox off (lazily: its record
 	// names another node at once, it wakes there), and the latency of a
 	// wake on the node that slept it against one on another node (the
 	// image fetched from the store).
 	var local, cross []time.Duration
 	for i := range 5 {
-		h := c.Nodes[byName[woke.Node]]
+		h = c.Nodes[byName[woke.Node]]
 		sleepWithImage(h, id)
 		t0 := time.Now()
 		if _, err := h.Client.Wake(t.Context(), id); err != nil {
