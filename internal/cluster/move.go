@@ -268,7 +268,11 @@ func (s *Service) disown(ctx context.Context, id string) error {
 // node must not wake what it no longer holds. etcd out of reach: not
 // moved (the node serves its own).
 func (s *Service) movedAway(ctx context.Context, id string) bool {
-	rec, ok, err := s.c.Lookup(ctx, id)
+	// Bounded short: etcd out of reach must not hold a node's calls on
+	// its own sandboxes long.
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	rec, ok, err := s.c.Lookup(lctx, id)
 	if err != nil || !ok || rec.Node == s.c.cfg.Node || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= s.c.epoch(id) {
 		return false
 	}

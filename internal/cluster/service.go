@@ -374,7 +374,7 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if ok && rec.State == StateLost {
 		return nil, lostError(rec)
 	}
-	if ok {
+	if ok && (movable(rec) || rec.State == StateMoving) {
 		if svc, moved, err := s.routeSleeping(ctx, ref, rec); moved || err != nil {
 			return svc, err
 		}
@@ -544,7 +544,10 @@ func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
 	if err == nil && svc == s.Service {
 		// Written before the answer (not only from the event): a record
 		// that still said asleep would name an image the wake dropped.
-		if perr := s.publish(ctx, sb); perr != nil {
+		// Bounded: etcd out of reach must not hold a local wake long.
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if perr := s.publish(pctx, sb); perr != nil {
 			s.c.cfg.Log.Warn("cluster: write a woken sandbox's record", "sandbox", sb.ID, "err", perr)
 		}
 	}
