@@ -547,7 +547,11 @@ func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
 		// Bounded: etcd out of reach must not hold a local wake long.
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		if perr := s.publish(pctx, sb); perr != nil {
+		view := sb // Get's view, as every other write (no second write for the event)
+		if got, gerr := s.Service.Get(pctx, sb.ID); gerr == nil {
+			view = got
+		}
+		if perr := s.publish(pctx, view); perr != nil {
 			s.c.cfg.Log.Warn("cluster: write a woken sandbox's record", "sandbox", sb.ID, "err", perr)
 		}
 	}
