@@ -28,7 +28,7 @@ func newNodeCmd() *cobra.Command {
 func newNodeDrainCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "drain NAME [--undo]",
-		Short:   "Stop placing new sandboxes on a node (it keeps and serves its own)",
+		Short:   "Stop placing new sandboxes on a node; its sleeping sandboxes with a copy in the object store move off (they wake elsewhere)",
 		Example: "  clade node drain n2\n  clade node drain n2 --undo",
 		Args:    nargs(1, 1),
 	}
@@ -62,7 +62,7 @@ func drain(ctx context.Context, c *sdk.Client, name string, on bool) error {
 		return err
 	}
 	if on {
-		fmt.Printf("%s draining: no new sandboxes are placed on it (clade node undrain %s)\n", name, name)
+		fmt.Printf("%s draining: no new sandboxes are placed on it, its sleeping sandboxes in the object store wake on other nodes (clade node undrain %s)\n", name, name)
 	} else {
 		fmt.Printf("%s ready: placement may pick it again\n", name)
 	}

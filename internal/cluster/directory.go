@@ -29,6 +29,9 @@ type Record struct {
 	// Sandbox is the holder's view for the cluster's list, without what
 	// stays on the node (environment, traffic token).
 	Sandbox api.Sandbox `json:"sandbox"`
+	// SleepImage is the digest of a sleeping sandbox's image in the
+	// snapshot store (--object-store): any node can wake it (move.go).
+	SleepImage string `json:"sleep_image,omitempty"`
 }
 
 // nameValue is a names/NAME key's value: the sandbox that has the name,
@@ -101,10 +104,16 @@ var errFenced = errors.New("the cluster no longer gives this node the sandbox")
 // A record another node holds is never written over (errNotHolder); a
 // name another sandbox has is left to it (the record then has no name).
 func (c *Cluster) Publish(ctx context.Context, sb api.Sandbox) error {
+	return c.PublishImage(ctx, sb, "")
+}
+
+// PublishImage is Publish of a record that names img, the digest of the
+// sleeping sandbox's image in the snapshot store ("" none).
+func (c *Cluster) PublishImage(ctx context.Context, sb api.Sandbox, img string) error {
 	ctx, cancel := c.opCtx(ctx)
 	defer cancel()
 	for try := 0; ; try++ {
-		err := c.publish(ctx, sb)
+		err := c.publish(ctx, sb, img)
 		if !errors.Is(err, errRace) || try == 4 {
 			return err
 		}
@@ -113,7 +122,7 @@ func (c *Cluster) Publish(ctx context.Context, sb api.Sandbox) error {
 
 var errRace = errors.New("the record changed under the write")
 
-func (c *Cluster) publish(ctx context.Context, sb api.Sandbox) error {
+func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string) error {
 	sk := sandboxKey(sb.ID)
 	ops := []clientv3.Op{clientv3.OpGet(sk)}
 	if sb.Name != "" {
@@ -123,12 +132,18 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox) error {
 	if err != nil {
 		return unavailable("read the record of "+sb.ID, err)
 	}
-	rec := Record{ID: sb.ID, Node: c.cfg.Node, State: sb.State, Name: sb.Name, Epoch: 1, UpdatedAt: time.Now().UTC(), Sandbox: summary(sb, c.cfg.Node)}
+	rec := Record{ID: sb.ID, Node: c.cfg.Node, State: sb.State, Name: sb.Name, Epoch: 1, UpdatedAt: time.Now().UTC(), Sandbox: summary(sb, c.cfg.Node), SleepImage: img}
 	var conds []clientv3.Cmp
 	var then []clientv3.Op
 	var old Record
 	if kvs := cur.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if err := json.Unmarshal(kvs[0].Value, &old); err == nil && old.Node != c.cfg.Node {
+			if old.Epoch > 1 && old.Epoch > c.epoch(sb.ID) {
+				// Moved to another node (move.go: a move raises the
+				// epoch) after this node's last write: this node's
+				// copy is stale.
+				return fmt.Errorf("sandbox %s: node %s holds its record at epoch %d: %w", sb.ID, old.Node, old.Epoch, errFenced)
+			}
 			return fmt.Errorf("sandbox %s: node %s holds its record at epoch %d: %w", sb.ID, old.Node, old.Epoch, errNotHolder)
 		}
 		if known := c.epoch(sb.ID); old.State == StateLost || known > 0 && old.Epoch > known {

@@ -67,7 +67,11 @@ func (c *Cluster) markLost(ctx context.Context) (int, error) {
 	n := 0
 	for _, kv := range r.Responses[1].GetResponseRange().Kvs {
 		var rec Record
-		if json.Unmarshal(kv.Value, &rec) != nil || live[rec.Node] || rec.State == StateLost || rec.State == "sleeping" {
+		// A sleeping sandbox keeps its record (with its image in the
+		// snapshot store it wakes elsewhere, see move.go), and so does
+		// one whose move a gone node left (its claim lapsed).
+		if json.Unmarshal(kv.Value, &rec) != nil || live[rec.Node] || rec.State == StateLost || rec.State == "sleeping" ||
+			rec.State == StateMoving && rec.SleepImage != "" {
 			continue
 		}
 		now := time.Now().UTC()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
@@ -31,6 +32,11 @@ type Service struct {
 	routes  map[string]route           // by sandbox id; guarded by mu
 
 	pending pending
+
+	// Moves of sleeping sandboxes (move.go).
+	await  awaiting     // sleeping sandboxes whose copy is not sealed yet
+	moving sync.Map     // ids this process is adopting
+	moves  atomic.Int64 // sandboxes adopted
 }
 
 var (
@@ -46,9 +52,22 @@ func NewService(c *Cluster, local service.Service) *Service {
 // Nodes reads the cluster's live nodes.
 func (s *Service) Nodes(ctx context.Context) ([]api.Node, error) { return s.c.Nodes(ctx) }
 
-// Drain marks or unmarks a node as draining (no new placements).
+// Drain marks or unmarks a node as draining (no new placements); a
+// drain also gives the node's sleeping sandboxes in the snapshot store to
+// other nodes (move.go).
 func (s *Service) Drain(ctx context.Context, node string, on bool) (api.Node, error) {
-	return s.c.Drain(ctx, node, on)
+	n, err := s.c.Drain(ctx, node, on)
+	if err != nil || !on {
+		return n, err
+	}
+	moved, err := s.drainSleeping(ctx, node)
+	if err != nil {
+		s.c.cfg.Log.Warn("cluster: drain: some sleeping sandboxes stay on the node", "node", node, "err", err)
+	}
+	if moved > 0 {
+		s.c.cfg.Log.Info("cluster: drain: sleeping sandboxes given to other nodes", "node", node, "sandboxes", moved)
+	}
+	return n, nil
 }
 
 // Sync writes the records of every sandbox the node holds, drops the
@@ -80,6 +99,7 @@ func (s *Service) Sync(ctx context.Context) error {
 			if _, err := s.c.MarkLost(ctx); err != nil {
 				s.c.cfg.Log.Debug("cluster: mark lost sandboxes", "err", err)
 			}
+			s.republishCopied(ctx)
 		case <-s.c.rejoined:
 			// Back after its lease lapsed: what the cluster took from
 			// it meanwhile is stopped and cleaned now.
@@ -139,12 +159,13 @@ var transitional = map[string]bool{"creating": true, "suspending": true, "waking
 // (fenced) makes the node stop and remove the sandbox: it must not run
 // what the cluster says is lost or elsewhere.
 func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
-	err := s.c.Publish(ctx, sb)
+	err := s.c.PublishImage(ctx, sb, s.sleepImage(ctx, sb))
 	if !errors.Is(err, errFenced) {
 		return err
 	}
 	s.c.cfg.Log.Warn("cluster: fenced: stopping and removing a sandbox the cluster no longer gives this node", "sandbox", sb.ID, "err", err)
-	if rerr := s.Service.Remove(context.WithoutCancel(ctx), sb.ID); rerr != nil && !errdefs.IsNotFound(rerr) {
+	// Its copy in the snapshot store stays: a node it moved to uses it.
+	if rerr := s.disown(ctx, sb.ID); rerr != nil && !errdefs.IsNotFound(rerr) {
 		return errors.Join(err, rerr)
 	}
 	return nil
@@ -177,7 +198,7 @@ func (s *Service) resync(ctx context.Context) error {
 		}
 	}
 	for _, r := range recs {
-		if r.Node == s.c.cfg.Node && !have[r.ID] {
+		if r.Node == s.c.cfg.Node && !have[r.ID] && !s.keepUnheld(ctx, r) {
 			errs = append(errs, s.c.Unpublish(ctx, r.ID, false))
 		}
 	}
@@ -336,7 +357,11 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if s.Service.Running(ref) {
 		return s.Service, nil
 	}
-	if _, err := s.Service.Get(ctx, ref); err == nil || !errdefs.IsNotFound(err) {
+	if sb, err := s.Service.Get(ctx, ref); err == nil && sb.State == "sleeping" && s.movedAway(ctx, sb.ID) {
+		// Moved to another node meanwhile: this node's copy is gone now;
+		// the record says where it is.
+		s.forgetRoute(sb.ID)
+	} else if err == nil || !errdefs.IsNotFound(err) {
 		return s.Service, nil // here, or an error of this node's to tell
 	}
 	if n, ok := s.cachedRoute(ref); ok {
@@ -349,6 +374,14 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if ok && rec.State == StateLost {
 		return nil, lostError(rec)
 	}
+	if ok && (movable(rec) || rec.State == StateMoving) {
+		if svc, moved, err := s.routeSleeping(ctx, ref, rec); moved || err != nil {
+			return svc, err
+		}
+		if rec, ok, err = s.c.Lookup(ctx, rec.ID); err != nil {
+			return nil, err
+		}
+	}
 	if !ok || rec.Node == s.c.cfg.Node {
 		return s.Service, nil // the node's own NotFound
 	}
@@ -357,6 +390,9 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 		return nil, err
 	}
 	if !live {
+		if rec.State == "sleeping" {
+			return nil, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which is not in the cluster now (its lease lapsed), and wakes only there: %s; try again when it is back", rec.ID, rec.Node, whyNotMovable)
+		}
 		return nil, errdefs.New(errdefs.Unavailable, "sandbox %s is on node %s, which is not in the cluster now (its lease lapsed): try again when it is back", rec.ID, rec.Node)
 	}
 	if rec.ID == ref {
@@ -366,8 +402,9 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 }
 
 // routeTTL is how long a call on a sandbox of another node reuses the
-// directory's answer: a burst of execs reads etcd once. Sandboxes do not
-// move between nodes yet; a node that left is noticed within it.
+// directory's answer: a burst of execs reads etcd once. A node that left
+// is noticed within it; a call sent to a node a sleeping sandbox moved off
+// meanwhile is forwarded on by that node (it finds the record moved).
 const routeTTL = 2 * time.Second
 
 type route struct {
@@ -498,7 +535,27 @@ func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
 	if err != nil {
 		return api.Sandbox{}, err
 	}
-	return svc.Wake(ctx, ref)
+	sb, err := svc.Wake(ctx, ref)
+	if err != nil && svc != s.Service {
+		if other, ok := s.wakeElsewhere(ctx, ref, err); ok {
+			return other.Wake(ctx, ref)
+		}
+	}
+	if err == nil && svc == s.Service {
+		// Written before the answer (not only from the event): a record
+		// that still said asleep would name an image the wake dropped.
+		// Bounded: etcd out of reach must not hold a local wake long.
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		view := sb // Get's view, as every other write (no second write for the event)
+		if got, gerr := s.Service.Get(pctx, sb.ID); gerr == nil {
+			view = got
+		}
+		if perr := s.publish(pctx, view); perr != nil {
+			s.c.cfg.Log.Warn("cluster: write a woken sandbox's record", "sandbox", sb.ID, "err", perr)
+		}
+	}
+	return sb, err
 }
 
 func (s *Service) SetTimeout(ctx context.Context, ref string, req api.TimeoutRequest) (api.Sandbox, error) {
@@ -586,7 +643,13 @@ func (s *Service) Dial(ctx context.Context, ref string, wake service.WakeMode, p
 	if err != nil {
 		return nil, err
 	}
-	return svc.Dial(ctx, ref, wake, port)
+	conn, err := svc.Dial(ctx, ref, wake, port)
+	if err != nil && svc != s.Service && wake == service.Wake {
+		if other, ok := s.wakeElsewhere(ctx, ref, err); ok {
+			return other.Dial(ctx, ref, wake, port)
+		}
+	}
+	return conn, err
 }
 
 func (s *Service) Ready(ctx context.Context, ref string, wake service.WakeMode) (any, error) {

@@ -63,6 +63,11 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		if err := markFresh(ctx, dir); err != nil {
 			return err
 		}
+		// The image describes its sandbox: another node can wake it
+		// from the image alone (adopt.go).
+		if err := writeSandboxFile(dir, *rec); err != nil {
+			return err
+		}
 		return sealImage(dir)
 	}
 	err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), dir, false)

@@ -341,3 +341,20 @@ type Nodes interface {
 	// Drain (off); it answers the node as it is now.
 	Drain(ctx context.Context, node string, on bool) (api.Node, error)
 }
+
+// Mover is what a node's own Service adds (found by type assertion) for a
+// cluster to move sleeping sandboxes between nodes through the snapshot
+// store (--object-store).
+type Mover interface {
+	// SleepImage is the digest of the sealed copy in the snapshot store
+	// of sleeping sandbox id's image: NotFound while there is none,
+	// Conflict for a sandbox that cannot move (volumes, secrets).
+	SleepImage(ctx context.Context, id string) (string, error)
+	// Adopt makes sandbox id here, asleep, from its image in the
+	// snapshot store (fetched by digest and verified): the cluster has
+	// claimed it for this node. A sandbox the node has is answered as is.
+	Adopt(ctx context.Context, id, digest string) (api.Sandbox, error)
+	// Disown removes the node's copy of sandbox id, which the cluster
+	// gave to another node, keeping its copy in the snapshot store.
+	Disown(ctx context.Context, id string) error
+}

@@ -64,6 +64,16 @@ const (
 // removed at the end of the test, on failure too.
 func StartNetCluster(t testing.TB, n int, extra []string, perNode func(i int) []string) *NetCluster {
 	t.Helper()
+	return StartNetClusterWith(t, n, extra, perNode, nil)
+}
+
+// StartNetClusterWith is StartNetCluster with setup (may be nil) called
+// once the network is made and before the daemons start, with the
+// bridge's address in the host's namespace (which every node reaches): a
+// server the test starts there (an object store) is the nodes' to use;
+// setup returns more flags for every node.
+func StartNetClusterWith(t testing.TB, n int, extra []string, perNode func(i int) []string, setup func(bridge netip.Addr) []string) *NetCluster {
+	t.Helper()
 	RequireRoot(t)
 	plan := ReserveNet(t)
 	c := &NetCluster{t: t, bridge: fmt.Sprintf("cb%d", plan.index)}
@@ -86,6 +96,9 @@ func StartNetCluster(t testing.TB, n int, extra []string, perNode func(i int) []
 	t.Cleanup(c.removeNet)
 	if err := c.makeNet(plan.index); err != nil {
 		t.Fatal(err)
+	}
+	if setup != nil {
+		extra = append(append([]string(nil), extra...), setup(netip.AddrFrom4([4]byte{10, 250, byte(plan.index), 1}))...)
 	}
 	for i, nd := range c.Nodes {
 		args := append([]string{"--cluster", "embed", "--node", nd.Name, "--listen", nd.API, "--token-file", c.Token,
@@ -111,11 +124,13 @@ func StartNetCluster(t testing.TB, n int, extra []string, perNode func(i int) []
 }
 
 // launch starts nodes at once and waits until each answers.
-func (c *NetCluster) launch(nodes []*NetNode) error {
+func (c *NetCluster) launch(nodes []*NetNode) error { return c.launchEnv(nodes, nil) }
+
+func (c *NetCluster) launchEnv(nodes []*NetNode, env []string) error {
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for i, nd := range nodes {
-		if err := nd.Launch(nil); err != nil {
+		if err := nd.Launch(env); err != nil {
 			return err
 		}
 		wg.Add(1)
@@ -300,6 +315,15 @@ func (c *NetCluster) Kill(i int) {
 func (c *NetCluster) Restart(i int) {
 	c.t.Helper()
 	if err := c.launch(c.Nodes[i : i+1]); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// RestartEnv is Restart with env added to the daemon's environment (e.g.
+// CLADE_CRASH_AT, to kill it at a crash point).
+func (c *NetCluster) RestartEnv(i int, env []string) {
+	c.t.Helper()
+	if err := c.launchEnv(c.Nodes[i:i+1], env); err != nil {
 		c.t.Fatal(err)
 	}
 }

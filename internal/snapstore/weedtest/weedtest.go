@@ -23,7 +23,7 @@ import (
 
 // Server is a running weed.
 type Server struct {
-	// Endpoint is the S3 gateway's URL (http://127.0.0.1:PORT).
+	// Endpoint is the S3 gateway's URL (http://IP:PORT).
 	Endpoint             string
 	AccessKey, SecretKey string
 }
@@ -44,22 +44,31 @@ func Binary(t testing.TB) string {
 	return p
 }
 
-// Start starts a weed server for the test and stops it at its end.
+// Start starts a weed server on loopback for the test and stops it at its
+// end.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return StartAt(t, "127.0.0.1")
+}
+
+// StartAt starts a weed server listening on ip only (an address of the
+// test's own, e.g. the bridge of testenv.StartNetCluster, which its
+// nodes' namespaces reach) and stops it at the test's end.
+func StartAt(t testing.TB, ip string) *Server {
 	t.Helper()
 	bin := Binary(t)
 	dir := t.TempDir()
-	ports := freePorts(t, 8)
+	ports := freePorts(t, ip, 8)
 	key := make([]byte, 16)
 	_, _ = rand.Read(key)
-	s := &Server{Endpoint: "http://127.0.0.1:" + strconv.Itoa(ports[6]), AccessKey: "clade" + hex.EncodeToString(key[:4]), SecretKey: hex.EncodeToString(key)}
+	s := &Server{Endpoint: "http://" + net.JoinHostPort(ip, strconv.Itoa(ports[6])), AccessKey: "clade" + hex.EncodeToString(key[:4]), SecretKey: hex.EncodeToString(key)}
 	p := func(i int) string { return strconv.Itoa(ports[i]) }
 	// The smallest setup with an S3 gateway: master, volume, filer, s3 in
 	// one process, every port given (the defaults are fixed numbers, and
 	// each gRPC port would be its HTTP port + 10000), nothing else on,
 	// telemetry off (no traffic leaves loopback).
 	args := []string{"server",
-		"-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-dir=" + dir,
+		"-ip=" + ip, "-ip.bind=" + ip, "-dir=" + dir,
 		"-master.port=" + p(0), "-master.port.grpc=" + p(1), "-master.telemetry=false",
 		"-master.volumeSizeLimitMB=256",
 		"-volume.port=" + p(2), "-volume.port.grpc=" + p(3), "-volume.max=0",
@@ -135,7 +144,7 @@ func probe(ctx context.Context, s *Server) error {
 
 // freePorts returns n distinct free loopback ports below 50000 (weed
 // refuses gRPC ports it would derive above 65535).
-func freePorts(t testing.TB, n int) []int {
+func freePorts(t testing.TB, ip string, n int) []int {
 	t.Helper()
 	var out []int
 	var ls []net.Listener
@@ -145,7 +154,7 @@ func freePorts(t testing.TB, n int) []int {
 		}
 	}()
 	for len(out) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 		if err != nil {
 			t.Fatal(err)
 		}

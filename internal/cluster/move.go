@@ -1,0 +1,496 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/service"
+)
+
+// Moves of sleeping sandboxes (sleep and wake anywhere). A sleeping
+// sandbox whose image has a sealed copy in the snapshot store has a
+// record that names the copy's digest (Record.SleepImage); its node is
+// then only where it wakes by default. A move has two steps, each one
+// compare-and-swap on the record:
+//
+//  1. Reassign (any node): the record of a sandbox whose node is gone
+//     (lease lapsed), refuses to wake it for room, or is drained, is
+//     rewritten to name the node placement picks, still sleeping, at the
+//     next epoch. The old node, should it come back, is fenced.
+//  2. Adopt (the named node, on the first call on the sandbox it does not
+//     have): the record becomes StateMoving, bound to the node's lease by
+//     moves/ID; the node fetches the image by digest, verifies it,
+//     recreates the local record from the image (service.Mover.Adopt) and
+//     publishes it sleeping. The call then wakes it through the node's
+//     normal wake path. A node killed mid-move leaves a claim whose
+//     moves/ID lapses with its lease: the record is taken again (by the
+//     restarted node's census, or by the next call through any node).
+//
+// Concurrent calls through different nodes: the reassign's CAS picks one
+// target, the losers read the record again and forward to it; on the
+// target the adopt's CAS lets one call move it, the others wait for the
+// record to settle and wake it there under the sandbox's lock: exactly
+// one move and one wake.
+
+// StateMoving is the state of a record while its node adopts it.
+const StateMoving = "moving"
+
+func moveKey(id string) string { return keyPrefix + "moves/" + id }
+
+// moveWait bounds how long a call waits for another node's (or call's)
+// move of the sandbox to settle: a fetch of a large image takes a while.
+const moveWait = 3 * time.Minute
+
+// whyNotMovable says why a sleeping sandbox wakes only on its node.
+const whyNotMovable = "its sleep image has no copy in the object store (its node has no --object-store, the copy was not finished, " +
+	"it slept with --no-memory, or it mounts volumes or takes secrets, which are its node's own)"
+
+// movable is whether rec may wake on a node other than its own.
+func movable(rec Record) bool {
+	return rec.State == "sleeping" && rec.SleepImage != ""
+}
+
+// lookupRev reads id's record with its revision, and whether a move's
+// claim on it is alive.
+func (c *Cluster) lookupRev(ctx context.Context, id string) (rec Record, rev int64, claimed, ok bool, err error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	r, err := c.cli.Txn(ctx).Then(clientv3.OpGet(sandboxKey(id)), clientv3.OpGet(moveKey(id), clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return Record{}, 0, false, false, unavailable("look up "+id, err)
+	}
+	kvs := r.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return Record{}, 0, false, false, nil
+	}
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return Record{}, 0, false, false, fmt.Errorf("cluster: the record of %s does not parse: %w", id, err)
+	}
+	return rec, kvs[0].ModRevision, len(r.Responses[1].GetResponseRange().Kvs) > 0, true, nil
+}
+
+// errMoveRace is a reassign or claim that lost to another write.
+var errMoveRace = errors.New("the record changed under the move")
+
+// Reassign rewrites the record of sleeping sandbox id, read at rev, to
+// name node to, at the next epoch. With gone, only while the record's
+// node is absent from the cluster (a node that rejoined meanwhile keeps
+// its sandbox).
+func (c *Cluster) Reassign(ctx context.Context, rec Record, rev int64, to string, gone bool) (Record, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	sk := sandboxKey(rec.ID)
+	conds := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sk), "=", rev)}
+	if gone {
+		conds = append(conds, clientv3.Compare(clientv3.CreateRevision(nodeKey(rec.Node)), "=", 0))
+	}
+	from := rec.Node
+	rec.Node, rec.Epoch, rec.UpdatedAt = to, rec.Epoch+1, time.Now().UTC()
+	rec.Sandbox.Node = to
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return Record{}, err
+	}
+	r, err := c.cli.Txn(ctx).If(conds...).Then(clientv3.OpPut(sk, string(b))).Commit()
+	if err != nil {
+		return Record{}, unavailable("move the record of "+rec.ID, err)
+	}
+	if !r.Succeeded {
+		return Record{}, errMoveRace
+	}
+	c.cfg.Log.Info("cluster: sleeping sandbox given to another node", "sandbox", rec.ID, "from", from, "to", to, "epoch", rec.Epoch)
+	return rec, nil
+}
+
+// claim marks id's record, read at rev and naming this node (or a claim
+// that lapsed), as being moved here, bound to this node's lease; it
+// returns the record as it was and the claim's revision.
+func (c *Cluster) claim(ctx context.Context, rec Record, rev int64) (int64, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	c.mu.Lock()
+	lease := c.lease
+	c.mu.Unlock()
+	sk, mk := sandboxKey(rec.ID), moveKey(rec.ID)
+	claimed := rec
+	claimed.Node, claimed.State, claimed.UpdatedAt = c.cfg.Node, StateMoving, time.Now().UTC()
+	claimed.Sandbox.Node, claimed.Sandbox.State = c.cfg.Node, StateMoving
+	if rec.Node != c.cfg.Node {
+		claimed.Epoch++
+	}
+	b, err := json.Marshal(claimed)
+	if err != nil {
+		return 0, err
+	}
+	r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sk), "=", rev), clientv3.Compare(clientv3.CreateRevision(mk), "=", 0)).
+		Then(clientv3.OpPut(sk, string(b)), clientv3.OpPut(mk, c.cfg.Node, clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		return 0, unavailable("claim "+rec.ID, err)
+	}
+	if !r.Succeeded {
+		return 0, errMoveRace
+	}
+	c.setEpoch(rec.ID, claimed.Epoch)
+	return r.Header.Revision, nil
+}
+
+// unclaim puts back the record a failed adopt had claimed (at claimRev),
+// sleeping on this node, and drops the claim.
+func (c *Cluster) unclaim(ctx context.Context, rec Record, claimRev int64) error {
+	ctx, cancel := c.opCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	sk := sandboxKey(rec.ID)
+	rec.Node, rec.State, rec.UpdatedAt = c.cfg.Node, "sleeping", time.Now().UTC()
+	rec.Sandbox.Node, rec.Sandbox.State = c.cfg.Node, "sleeping"
+	rec.Epoch = c.epoch(rec.ID)
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	_, err = c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sk), "=", claimRev)).
+		Then(clientv3.OpPut(sk, string(b)), clientv3.OpDelete(moveKey(rec.ID))).Commit()
+	if err != nil {
+		return unavailable("give back "+rec.ID, err)
+	}
+	return nil
+}
+
+// dropClaim removes a settled move's claim.
+func (c *Cluster) dropClaim(ctx context.Context, id string) {
+	ctx, cancel := c.opCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	_, _ = c.cli.Delete(ctx, moveKey(id))
+}
+
+// mover is the local service's Mover, nil when it has none.
+func (s *Service) mover() service.Mover {
+	m, _ := s.Service.(service.Mover)
+	return m
+}
+
+// sleepImage is the digest of sleeping sb's image in the snapshot store,
+// "" when there is none (yet: the node then publishes the record again
+// once the copy is sealed, see republishCopied).
+func (s *Service) sleepImage(ctx context.Context, sb api.Sandbox) string {
+	m := s.mover()
+	if m == nil || sb.State != "sleeping" {
+		return ""
+	}
+	d, err := m.SleepImage(ctx, sb.ID)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			s.awaitCopy(sb.ID)
+		}
+		return ""
+	}
+	return d
+}
+
+// copyWait is how long a sleeping sandbox's record is published again
+// every second while its image's copy is not sealed: a node without a
+// snapshot store gives up after it.
+const copyWait = 10 * time.Minute
+
+type awaiting struct {
+	mu  sync.Mutex
+	ids map[string]time.Time // guarded by mu: since when
+}
+
+func (s *Service) awaitCopy(id string) {
+	s.await.mu.Lock()
+	defer s.await.mu.Unlock()
+	if s.await.ids == nil {
+		s.await.ids = map[string]time.Time{}
+	}
+	if _, ok := s.await.ids[id]; !ok {
+		s.await.ids[id] = time.Now()
+	}
+}
+
+// republishCopied publishes again the records of sleeping sandboxes whose
+// image's copy was not sealed at their last write: the record names the
+// digest from then on.
+func (s *Service) republishCopied(ctx context.Context) {
+	s.await.mu.Lock()
+	var ids []string
+	for id, since := range s.await.ids {
+		if time.Since(since) > copyWait {
+			delete(s.await.ids, id)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	s.await.mu.Unlock()
+	for _, id := range ids {
+		sb, err := s.Service.Get(ctx, id)
+		done := err != nil || sb.State != "sleeping"
+		if !done {
+			m := s.mover()
+			d, derr := m.SleepImage(ctx, id)
+			done = derr == nil || !errdefs.IsNotFound(derr)
+			if d != "" {
+				if err := s.publish(ctx, sb); err != nil {
+					s.c.cfg.Log.Warn("cluster: write a sleeping sandbox's record with its image", "sandbox", id, "err", err)
+					done = false
+				}
+			}
+		}
+		if done {
+			s.await.mu.Lock()
+			delete(s.await.ids, id)
+			s.await.mu.Unlock()
+		}
+	}
+}
+
+// disown removes this node's copy of a sandbox the cluster gave another
+// node (or declared lost), keeping its copy in the snapshot store.
+func (s *Service) disown(ctx context.Context, id string) error {
+	ctx = context.WithoutCancel(ctx)
+	if m := s.mover(); m != nil {
+		return m.Disown(ctx, id)
+	}
+	return s.Service.Remove(ctx, id)
+}
+
+// movedAway reports whether the cluster gave sandbox id, which this node
+// has asleep, to another node (its record names another node at a higher
+// epoch than this node knows), and then removes this node's copy: a
+// node must not wake what it no longer holds. etcd out of reach: not
+// moved (the node serves its own).
+func (s *Service) movedAway(ctx context.Context, id string) bool {
+	// Bounded short: etcd out of reach must not hold a node's calls on
+	// its own sandboxes long.
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	rec, ok, err := s.c.Lookup(lctx, id)
+	if err != nil || !ok || rec.Node == s.c.cfg.Node || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= s.c.epoch(id) {
+		return false
+	}
+	s.c.cfg.Log.Warn("cluster: fenced: a sleeping sandbox moved to another node; removing this node's copy", "sandbox", id, "node", rec.Node, "epoch", rec.Epoch)
+	if err := s.disown(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		s.c.cfg.Log.Warn("cluster: remove a moved sandbox's copy", "sandbox", id, "err", err)
+	}
+	return true
+}
+
+// routeSleeping routes a call on a sandbox this node does not have, by its
+// record: a sleeping one whose node is gone is given to the node
+// placement picks, one given to this node is adopted here, one being
+// moved is waited for. ok false: the caller routes rec as ever.
+func (s *Service) routeSleeping(ctx context.Context, ref string, rec Record) (svc service.Service, ok bool, err error) {
+	deadline := time.Now().Add(moveWait)
+	for try := 0; ; try++ {
+		if try > 0 {
+			if time.Now().After(deadline) {
+				return nil, true, errdefs.New(errdefs.Unavailable, "sandbox %s is being moved to node %s and the move has not settled in %s: try again", rec.ID, rec.Node, moveWait)
+			}
+			select {
+			case <-ctx.Done():
+				return nil, true, ctx.Err()
+			case <-time.After(200 * time.Millisecond): // polling another node's move of the record
+			}
+		}
+		cur, rev, claimed, found, err := s.c.lookupRev(ctx, rec.ID)
+		if err != nil {
+			return nil, true, err
+		}
+		if !found {
+			return nil, false, nil
+		}
+		rec = cur
+		switch {
+		case rec.State == StateMoving && claimed:
+			continue // a move under way: wait for it
+		case rec.State == StateMoving:
+			// A claim that lapsed with its node: sleeping again, on the
+			// node that claimed it (taken again below).
+			rec.State = "sleeping"
+		case !movable(rec):
+			return nil, false, nil
+		}
+		if rec.Node == s.c.cfg.Node {
+			if _, err := s.Service.Get(ctx, rec.ID); err == nil {
+				return s.Service, true, nil // adopted meanwhile (another call's move)
+			}
+			svc, err := s.adoptHere(ctx, rec, rev)
+			if errors.Is(err, errMoveRace) {
+				continue
+			}
+			return svc, true, err
+		}
+		_, live, err := s.c.node(ctx, rec.Node)
+		if err != nil {
+			return nil, true, err
+		}
+		if live {
+			return nil, false, nil // its node wakes it (or adopts it)
+		}
+		if _, err := s.reassign(ctx, rec, rev, true, ""); err != nil && !errors.Is(err, errMoveRace) {
+			return nil, true, err
+		}
+		// Given to a node (or another call's node won): route again.
+	}
+}
+
+// reassign gives sleeping rec (read at rev) to the node placement picks
+// among the live nodes other than its own and except.
+func (s *Service) reassign(ctx context.Context, rec Record, rev int64, gone bool, except string) (Record, error) {
+	nodes, err := s.c.Nodes(ctx)
+	if err != nil {
+		return Record{}, err
+	}
+	var others []api.Node
+	for _, n := range nodes {
+		if n.Name != rec.Node && n.Name != except {
+			others = append(others, n)
+		}
+	}
+	req := api.CreateSandboxRequest{Image: rec.Sandbox.Image, MemoryMiB: rec.Sandbox.MemoryMiB, Engine: rec.Sandbox.Engine}
+	cs := rank(others, req, func(n api.Node) int64 { return s.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	if len(cs) == 0 {
+		return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and no other live node that is not draining runs its engine: try again later", rec.ID, rec.Node)
+	}
+	return s.c.Reassign(ctx, rec, rev, cs[0].node.Name, gone)
+}
+
+// adoptHere moves sleeping rec (read at rev), which names this node but
+// this node does not have, here: claimed, fetched and recreated asleep.
+func (s *Service) adoptHere(ctx context.Context, rec Record, rev int64) (service.Service, error) {
+	m := s.mover()
+	if m == nil {
+		return nil, errdefs.New(errdefs.Conflict, "sandbox %s was given to this node, which cannot adopt sandboxes", rec.ID)
+	}
+	s.moving.Store(rec.ID, true)
+	defer s.moving.Delete(rec.ID)
+	claimRev, err := s.c.claim(ctx, rec, rev)
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	sb, err := m.Adopt(context.WithoutCancel(ctx), rec.ID, rec.SleepImage)
+	if err != nil {
+		if uerr := s.c.unclaim(ctx, rec, claimRev); uerr != nil {
+			s.c.cfg.Log.Warn("cluster: give back a failed move's claim (it lapses with the lease)", "sandbox", rec.ID, "err", uerr)
+		}
+		return nil, fmt.Errorf("cluster: move sandbox %s here: %w", rec.ID, err)
+	}
+	if err := s.publish(ctx, sb); err != nil {
+		s.c.cfg.Log.Warn("cluster: write a moved sandbox's record", "sandbox", rec.ID, "err", err)
+	}
+	s.c.dropClaim(ctx, rec.ID)
+	s.moves.Add(1)
+	s.c.cfg.Log.Info("cluster: sleeping sandbox moved here", "sandbox", rec.ID, "digest", rec.SleepImage, "took", time.Since(t0).Round(time.Millisecond))
+	return s.Service, nil
+}
+
+// Moves is how many sleeping sandboxes this node adopted since it started.
+func (s *Service) Moves() int64 { return s.moves.Load() }
+
+// keepUnheld is whether resync keeps the record of a sandbox that names
+// this node but that the node does not have: a sleeping one in the
+// snapshot store (given to this node: adopted on the next call), or a
+// move a killed daemon left (its claim lapsed with the old lease): that
+// one is put back to sleeping on this node, the restart's census.
+func (s *Service) keepUnheld(ctx context.Context, r Record) bool {
+	if r.SleepImage == "" || r.State != "sleeping" && r.State != StateMoving {
+		return false
+	}
+	if _, busy := s.moving.Load(r.ID); busy || r.State == "sleeping" {
+		return true
+	}
+	rec, rev, claimed, ok, err := s.c.lookupRev(ctx, r.ID)
+	if err != nil || !ok || claimed || rec.State != StateMoving || rec.Node != s.c.cfg.Node {
+		return true // a live claim, or changed meanwhile: not this pass's
+	}
+	if _, busy := s.moving.Load(r.ID); busy {
+		return true
+	}
+	rec.State, rec.Sandbox.State, rec.UpdatedAt = "sleeping", "sleeping", time.Now().UTC()
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return true
+	}
+	cctx, cancel := s.c.opCtx(ctx)
+	defer cancel()
+	t, err := s.c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(sandboxKey(r.ID)), "=", rev),
+		clientv3.Compare(clientv3.CreateRevision(moveKey(r.ID)), "=", 0)).
+		Then(clientv3.OpPut(sandboxKey(r.ID), string(b))).Commit()
+	if err == nil && t.Succeeded {
+		s.c.cfg.Log.Info("cluster: a move a killed daemon left is undone: the sandbox sleeps in the snapshot store", "sandbox", r.ID)
+	}
+	return true
+}
+
+// roomRefused is whether err is a node's refusal to wake for memory.
+func roomRefused(err error) bool {
+	return errdefs.IsUnavailable(err) && strings.Contains(err.Error(), "memory")
+}
+
+// wakeElsewhere gives ref, which its live node refused to wake for room,
+// to another node when it sleeps in the snapshot store, and returns that
+// node's service; ok false leaves the refusal as the answer.
+func (s *Service) wakeElsewhere(ctx context.Context, ref string, refused error) (service.Service, bool) {
+	if !roomRefused(refused) {
+		return nil, false
+	}
+	rec, ok, err := s.c.Lookup(ctx, ref)
+	if err != nil || !ok {
+		return nil, false
+	}
+	cur, rev, claimed, found, err := s.c.lookupRev(ctx, rec.ID)
+	if err != nil || !found || claimed || !movable(cur) {
+		return nil, false
+	}
+	if _, err := s.reassign(ctx, cur, rev, false, ""); err != nil {
+		s.c.cfg.Log.Info("cluster: a node refused a wake for room; no other node takes it", "sandbox", rec.ID, "err", err)
+		return nil, false
+	}
+	s.forgetRoute(rec.ID)
+	svc, err := s.route(ctx, rec.ID)
+	return svc, err == nil
+}
+
+// drainSleeping gives the sleeping sandboxes of drained node whose image
+// is in the snapshot store to the nodes placement picks (lazily: each is
+// adopted where it is given on its next call). The drained node's copy is
+// fenced: removed at its next check. Sandboxes that cannot move (no copy,
+// volumes, secrets) stay. It returns how many were given away.
+func (s *Service) drainSleeping(ctx context.Context, node string) (int, error) {
+	recs, err := s.c.Records(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, r := range recs {
+		if r.Node != node || !movable(r) {
+			continue
+		}
+		rec, rev, claimed, ok, err := s.c.lookupRev(ctx, r.ID)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !ok || claimed || rec.Node != node || !movable(rec) {
+			continue // changed meanwhile
+		}
+		if _, err := s.reassign(ctx, rec, rev, false, ""); err != nil {
+			if !errors.Is(err, errMoveRace) {
+				errs = append(errs, fmt.Errorf("sandbox %s: %w", rec.ID, err))
+			}
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}

@@ -1,0 +1,30 @@
+package local
+
+import (
+	"context"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service"
+)
+
+var _ service.Mover = (*Service)(nil)
+
+// SleepImage is the digest of sleeping sandbox id's image in the snapshot
+// store.
+func (s *Service) SleepImage(ctx context.Context, id string) (string, error) {
+	d, err := sandbox.NewMover(s.mgr).SleepImage(ctx, id)
+	return string(d), err
+}
+
+// Adopt makes sandbox id here, asleep, from its image in the snapshot
+// store.
+func (s *Service) Adopt(ctx context.Context, id, digest string) (api.Sandbox, error) {
+	return s.one(sandbox.NewMover(s.mgr).Adopt(ctx, id, digest))
+}
+
+// Disown removes this node's copy of a sandbox the cluster moved away,
+// keeping its copy in the snapshot store.
+func (s *Service) Disown(ctx context.Context, id string) error {
+	return sandbox.NewMover(s.mgr).Disown(ctx, id)
+}
