@@ -31,6 +31,8 @@ type Service struct {
 	routes  map[string]route           // by sandbox id; guarded by mu
 
 	pending pending
+	// porter, when set (SetPorter), makes forks across nodes (fork.go).
+	porter Porter
 }
 
 var (

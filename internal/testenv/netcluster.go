@@ -48,6 +48,9 @@ type NetNode struct {
 	API, Etcd string
 	hostLink  string
 	killed    bool
+	// Env is added to the daemon's environment at its next (re)start
+	// (e.g. CLADE_CRASH_AT).
+	Env []string
 }
 
 // ClusterPort numbers of each node, on its own address.
@@ -115,7 +118,7 @@ func (c *NetCluster) launch(nodes []*NetNode) error {
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for i, nd := range nodes {
-		if err := nd.Launch(nil); err != nil {
+		if err := nd.Launch(nd.Env); err != nil {
 			return err
 		}
 		wg.Add(1)
