@@ -187,28 +187,30 @@ func (s *Service) spread(ctx context.Context, req api.ForkRequest) (api.ForkResu
 	}
 	defer release()
 	ctx = context.WithoutCancel(ctx) // children are made whole or not at all
-	var plan []share
+	var plan, overflow []share
 	if meta.Local != "" {
 		s.c.cfg.Log.Info("cluster: the fork's children stay on this node", "snapshot", meta.ID, "why", meta.Local)
 		plan = []share{{node: api.Node{Name: s.c.cfg.Node}, n: req.N}}
-	} else if plan, err = s.planFork(ctx, meta, req.N); err != nil {
+	} else if plan, overflow, err = s.planFork(ctx, meta, req.N); err != nil {
 		return api.ForkResult{}, err
 	}
 	res := api.ForkResult{Snapshot: meta.ID, Children: make([]api.ForkChild, 0, req.N)}
-	outs := make([][]api.ForkChild, len(plan))
-	var wg sync.WaitGroup
-	for i, sh := range plan {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			done := s.pending.add(sh.node.Name, int64(sh.n)*cmpInt(int64(meta.MemoryMiB), 0))
-			outs[i] = s.forkShare(ctx, meta, sh)
-			done(slices.ContainsFunc(outs[i], func(c api.ForkChild) bool { return c.ID != "" }))
-		}()
-	}
-	wg.Wait()
-	for _, o := range outs {
-		res.Children = append(res.Children, o...)
+	for _, shares := range [][]share{plan, overflow} {
+		outs := make([][]api.ForkChild, len(shares))
+		var wg sync.WaitGroup
+		for i, sh := range shares {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				done := s.pending.add(sh.node.Name, int64(sh.n)*cmpInt(int64(meta.MemoryMiB), 0))
+				outs[i] = s.forkShare(ctx, meta, sh)
+				done(slices.ContainsFunc(outs[i], func(c api.ForkChild) bool { return c.ID != "" }))
+			}()
+		}
+		wg.Wait()
+		for _, o := range outs {
+			res.Children = append(res.Children, o...)
+		}
 	}
 	return res, nil
 }
@@ -249,45 +251,54 @@ func (s *Service) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []
 // memory free after admission, counting the children planned before it
 // (so equal nodes take turns), among the live nodes that are not
 // draining, run its engine and hold its image. Children no node has room
-// for go to the best node anyway: its admission's refusal says why.
-func (s *Service) planFork(ctx context.Context, meta SnapshotMeta, n int) ([]share, error) {
+// for (overflow) go to the best node anyway, after the others, in a share
+// of their own: that node's admission decides (its capacity in the
+// directory is up to a second old), and its refusal says why.
+func (s *Service) planFork(ctx context.Context, meta SnapshotMeta, n int) (plan, overflow []share, err error) {
 	nodes, err := s.c.Nodes(ctx)
 	if err != nil {
-		return nil, errdefs.New(errdefs.Unavailable, "cluster: cannot place the fork's children: %v", err)
+		return nil, nil, errdefs.New(errdefs.Unavailable, "cluster: cannot place the fork's children: %v", err)
 	}
 	req := api.CreateSandboxRequest{Image: meta.Image, Engine: meta.Engine, MemoryMiB: meta.MemoryMiB}
 	var cs []candidate
 	for _, nd := range nodes {
 		if eligible(nd, req, true) || nd.Name == s.c.cfg.Node {
-			cs = append(cs, candidate{node: nd, free: freeAfter(nd, 0, s.pending.since(nd.Name, nd.RefreshedAt)+int64(meta.MemoryMiB)) + int64(meta.MemoryMiB)})
+			cs = append(cs, candidate{node: nd, free: freeAfter(nd, int64(meta.MemoryMiB), s.pending.since(nd.Name, nd.RefreshedAt)) + int64(meta.MemoryMiB)})
 		}
 	}
 	if len(cs) == 0 {
-		return nil, errdefs.New(errdefs.Unavailable, "no node of the cluster can take the fork's children now (clade node ls)")
+		return nil, nil, errdefs.New(errdefs.Unavailable, "no node of the cluster can take the fork's children now (clade node ls)")
 	}
 	// The owner first on a tie: its children share the snapshot's memory
 	// and need no copy.
 	slices.SortStableFunc(cs, func(a, b candidate) int {
 		return cmp.Compare(boolInt(b.node.Name == s.c.cfg.Node), boolInt(a.node.Name == s.c.cfg.Node))
 	})
-	count := make([]int, len(cs))
+	count, over := make([]int, len(cs)), make([]int, len(cs))
 	mib := int64(cmpInt(int64(meta.MemoryMiB), 0))
+	left := func(i int) int64 { return cs[i].free - int64(count[i]+over[i])*mib }
 	for range n {
 		best := 0
 		for i := range cs {
-			if cs[i].free-int64(count[i])*mib > cs[best].free-int64(count[best])*mib {
+			if left(i) > left(best) {
 				best = i
 			}
 		}
-		count[best]++
+		if left(best) >= mib {
+			count[best]++
+		} else {
+			over[best]++
+		}
 	}
-	var plan []share
 	for i, c := range cs {
 		if count[i] > 0 {
 			plan = append(plan, share{node: c.node, n: count[i]})
 		}
+		if over[i] > 0 {
+			overflow = append(overflow, share{node: c.node, n: over[i]})
+		}
 	}
-	return plan, nil
+	return plan, overflow, nil
 }
 
 func boolInt(b bool) int {

@@ -189,3 +189,70 @@ func TestNetClusterFork(t *testing.T) {
 		}
 	}
 }
+
+// TestNetClusterForkRefused forks where the nodes cannot hold every
+// child (each admits 0.1 x RAM of limits; n3's --memory-floor leaves it no
+// room): without the spread the children stay on the parent's node; with
+// it they fill n1 and n2 and each child left over is refused with the
+// node's own reason.
+func TestNetClusterForkRefused(t *testing.T) {
+	total := memTotalMiB(t)
+	c := testenv.StartNetCluster(t, 3, []string{"--memory-overcommit", "0.1", "--pressure-floor", "-1"}, func(i int) []string {
+		if i == 2 {
+			return []string{"--memory-floor", strconv.Itoa(total)}
+		}
+		return nil
+	})
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	parent, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, n1.Client, parent.ID, "echo parent-file > /root/f")
+	res, err := n2.Client.Fork(t.Context(), parent.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range res.Children {
+		if ch.Error != "" || ch.Node != "n1" {
+			t.Fatalf("a fork without the spread, with room on n1: %+v", res)
+		}
+	}
+	// What each admits: 0.1 x RAM of limits, 512 MiB each (n1 holds the
+	// parent and two children).
+	limit := int(0.1 * float64(total))
+	room := (limit-3*512)/512 + limit/512
+	waitFor(t, 30*time.Second, "n1's capacity counts the children", func() (bool, string) {
+		ns, err := n3.Client.ListNodes(t.Context())
+		if err != nil {
+			return false, err.Error()
+		}
+		return ns[0].Capacity.MemoryAdmittedMiB == 3*512, fmt.Sprint(ns[0].Capacity.MemoryAdmittedMiB)
+	})
+	n := room + 3
+	res, err = n3.Client.Fork(t.Context(), parent.ID, n, sdk.Spread())
+	if err != nil {
+		t.Fatal(err)
+	}
+	made, refused := map[string]int{}, 0
+	for _, ch := range res.Children {
+		switch {
+		case ch.Error == "":
+			made[ch.Node]++
+		case ch.Node == "" || ch.Code != "unavailable" || !strings.Contains(ch.Error, "memory") || !strings.Contains(ch.Error, "node "+ch.Node):
+			t.Errorf("a refused child without its node and reason: %+v", ch)
+		default:
+			refused++
+		}
+	}
+	t.Logf("fork of %d (room for %d): made %v, refused %d; e.g. %q", n, room, made, refused, res.Children[len(res.Children)-1].Error)
+	if made["n3"] != 0 || made["n1"]+made["n2"] != room || refused != n-room {
+		t.Fatalf("fork of %d with room for %d: made %v, %d refused", n, room, made, refused)
+	}
+	// The owner without room: a fork without the spread goes to the
+	// others... which have none either: each child is refused, saying why.
+	res, err = n1.Client.Fork(t.Context(), parent.ID, 1)
+	if err != nil || len(res.Children) != 1 || res.Children[0].Error == "" {
+		t.Fatalf("a fork with no room anywhere: %+v %v", res, err)
+	}
+}
