@@ -13,7 +13,7 @@ import (
 // of a few rounds, and counts etcd writes per child (held: 1). All nodes
 // share this host's cores: the figures are of one machine, not of three.
 func TestNetClusterForkCosts(t *testing.T) {
-	c := testenv.StartNetCluster(t, 3, []string{"--pressure-floor", "-1"}, nil)
+	c := testenv.StartNetCluster(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", leaseTTL}, nil)
 	n1 := c.Nodes[0]
 	w := countWrites(t, n1.Etcd)
 	parent, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1", MemoryMiB: 256})

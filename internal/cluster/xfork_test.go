@@ -55,7 +55,7 @@ func count(t *testing.T, c *sdk.Client, id string) int {
 // target SIGKILLed mid-import is named as failed in the owner's answer
 // and, restarted, holds nothing half made.
 func TestNetClusterFork(t *testing.T) {
-	c := testenv.StartNetCluster(t, 3, []string{"--pressure-floor", "-1"}, nil)
+	c := testenv.StartNetCluster(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", leaseTTL}, nil)
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	parent, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1", MemoryMiB: 256})
 	if err != nil || parent.Node != "n1" {
@@ -197,7 +197,7 @@ func TestNetClusterFork(t *testing.T) {
 // node's own reason.
 func TestNetClusterForkRefused(t *testing.T) {
 	total := memTotalMiB(t)
-	c := testenv.StartNetCluster(t, 3, []string{"--memory-overcommit", "0.1", "--pressure-floor", "-1"}, func(i int) []string {
+	c := testenv.StartNetCluster(t, 3, []string{"--memory-overcommit", "0.1", "--pressure-floor", "-1", "--cluster-lease-ttl", leaseTTL}, func(i int) []string {
 		if i == 2 {
 			return []string{"--memory-floor", strconv.Itoa(total)}
 		}
@@ -256,3 +256,9 @@ func TestNetClusterForkRefused(t *testing.T) {
 		t.Fatalf("a fork with no room anywhere: %+v %v", res, err)
 	}
 }
+
+// leaseTTL is the fork tests' node lease: restores of many children at
+// once take this host's two shared cores, and a 2 s lease lapsed under
+// them (a node's refresh waits for its capacity read), marking the
+// parent lost.
+const leaseTTL = "8s"
