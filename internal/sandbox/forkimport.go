@@ -52,12 +52,20 @@ type Export struct {
 	Local string `json:"local,omitempty"`
 }
 
-// RootID is the identity of img's root filesystem: a hash of its
-// descriptor (name, source, root id, digests, config), the same on every
-// node that installed the same image.
+// RootID is the identity of img's root filesystem, the same on every node
+// that holds the same root: for an image pulled or imported from OCI, its
+// content's digests (manifest, config, layers, platform), so that nodes
+// that pulled it apart agree; for one built here (debootstrap, a commit),
+// its whole descriptor (name, source, root id, creation time, config),
+// which only nodes sharing its image directory share.
 func RootID(img image.Image) string {
-	img.Snapshot, img.RootFS = "", ""
-	b, _ := json.Marshal(img)
+	var b []byte
+	if img.ManifestDigest != "" {
+		b, _ = json.Marshal([]any{"oci", img.ManifestDigest, img.ConfigDigest, img.Layers, img.Platform})
+	} else {
+		img.Snapshot, img.RootFS = "", ""
+		b, _ = json.Marshal(img)
+	}
 	sum := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
