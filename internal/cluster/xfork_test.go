@@ -262,3 +262,63 @@ func TestNetClusterForkRefused(t *testing.T) {
 // them (a node's refresh waits for its capacity read), marking the
 // parent lost.
 const leaseTTL = "8s"
+
+// TestNetClusterForkOwnerKilled SIGKILLs the owner of a spread fork as the
+// first other node starts fetching the snapshot from it: the fork fails,
+// and once the owner is back no node holds anything half made (a fetch
+// dir, a snapshot nobody uses, a child in creating).
+func TestNetClusterForkOwnerKilled(t *testing.T) {
+	c := testenv.StartNetCluster(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", leaseTTL}, nil)
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	parent, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1", MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, n1.Client, parent.ID, "echo parent-file > /root/f")
+	c.Kill(0)
+	n1.Env = []string{"CLADE_CRASH_AT=xfork-export-open"}
+	c.Restart(0)
+	n1.Env = nil
+	res, err := n2.Client.Fork(t.Context(), parent.ID, 6, sdk.Spread())
+	if err == nil {
+		t.Fatalf("a fork whose owner died answered %+v", res)
+	}
+	t.Logf("fork through n2, n1 killed mid-fork: %v", err)
+	if err := n1.Wait(); err == nil {
+		t.Fatal("n1 did not crash")
+	}
+	c.Kill(0)
+	c.Restart(0)
+	for _, nd := range c.Nodes {
+		waitFor(t, time.Minute, nd.Name+" holds nothing of the fork", func() (bool, string) {
+			sbs, err := nd.Client.ListSandboxes(t.Context())
+			if err != nil {
+				return false, err.Error()
+			}
+			var held []string
+			for _, sb := range sbs {
+				if sb.Node == nd.Name && sb.ID != parent.ID {
+					held = append(held, sb.ID+" "+sb.State)
+				}
+			}
+			sns, err := nd.Client.ListSnapshots(t.Context())
+			if err != nil {
+				return false, err.Error()
+			}
+			return len(held) == 0 && len(sns) == 0, fmt.Sprintf("sandboxes %v, snapshots %d", held, len(sns))
+		})
+		_ = filepath.WalkDir(nd.DataDir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && strings.Contains(d.Name(), ".import-") {
+				t.Errorf("%s keeps a fetch dir %s", nd.Name, p)
+			}
+			return nil
+		})
+	}
+	// The parent is as the cluster left it: running on n1, or lost if
+	// n1's lease lapsed before it was back.
+	sb, err := n2.Client.GetSandbox(t.Context(), parent.ID)
+	t.Logf("the parent after n1's restart: %s (%s) %v", sb.State, sb.Error, err)
+	if err != nil || sb.State != "running" && sb.State != "lost" {
+		t.Fatalf("the parent after n1's restart: %+v %v", sb, err)
+	}
+}

@@ -206,6 +206,7 @@ func (p *Porter) Open(digest string) (string, func(), error) {
 	if !ok {
 		return "", nil, errdefs.New(errdefs.NotFound, "no snapshot image %.80s is being sent from this node", digest)
 	}
+	m.crash.hit("xfork-export-open") // a peer is about to fetch the image
 	unpin := m.pins.pin(id, "")
 	sn, err := m.store.GetSnapshot(context.Background(), id)
 	if err != nil {
