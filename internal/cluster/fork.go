@@ -44,8 +44,8 @@ type SnapshotMeta struct {
 // (sandbox.Porter, adapted in internal/system).
 type Porter interface {
 	// Export readies source (a snapshot, or a running sandbox snapshotted
-	// now) for other nodes until release.
-	Export(ctx context.Context, source string) (SnapshotMeta, func(), error)
+	// now) for n children on other nodes until release.
+	Export(ctx context.Context, source string, n int) (SnapshotMeta, func(), error)
 	// Open is the directory of an exported image, to stream.
 	Open(digest string) (dir string, release func(), err error)
 	// Import fetches (with fetch, into a new dir) and verifies the
@@ -181,7 +181,7 @@ func (s *Service) settleLocal(ctx context.Context, res api.ForkResult) api.ForkR
 // with the local fork, another's through its internal import route (it
 // fetches the image from here by digest, verifies it and restores).
 func (s *Service) spread(ctx context.Context, req api.ForkRequest) (api.ForkResult, error) {
-	meta, release, err := s.porter.Export(ctx, req.Source)
+	meta, release, err := s.porter.Export(ctx, req.Source, req.N)
 	if err != nil {
 		return api.ForkResult{}, err
 	}

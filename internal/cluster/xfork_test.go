@@ -2,8 +2,10 @@ package cluster_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io/fs"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -254,6 +256,13 @@ func TestNetClusterForkRefused(t *testing.T) {
 	res, err = n1.Client.Fork(t.Context(), parent.ID, 1)
 	if err != nil || len(res.Children) != 1 || res.Children[0].Error == "" {
 		t.Fatalf("a fork with no room anywhere: %+v %v", res, err)
+	}
+	// The CLI: `clade fork --spread` through n3, with room nowhere, says
+	// each child's node and why, and exits 1.
+	out, err := exec.Command(n3.Bin, "--host", n3.Socket, "fork", parent.ID, "-n", "2", "--spread", "--json").Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), `"node": "n`) || !strings.Contains(string(out), "memory") {
+		t.Fatalf("clade fork --spread with room nowhere: %v\n%s", err, out)
 	}
 }
 

@@ -119,12 +119,16 @@ func (p *pins) lookup(digest string) (string, bool) {
 	return id, ok
 }
 
-// Export readies source for children on other nodes: a ready snapshot, or
+// Export readies source for n children on other nodes (n within the
+// node's --max-fork): a ready snapshot, or
 // a running sandbox snapshotted now (implicitly: the snapshot goes with its
 // last child here, and at release when it has none). The snapshot is
 // pinned, and its image served by Open, until release.
-func (p *Porter) Export(ctx context.Context, source string) (Export, func(), error) {
+func (p *Porter) Export(ctx context.Context, source string, n int) (Export, func(), error) {
 	m := p.m
+	if n < 1 || n > m.cfg.MaxFork {
+		return Export{}, nil, errdefs.New(errdefs.InvalidArgument, "n=%d: give 1 to %d children per fork (daemon flag --max-fork)", n, m.cfg.MaxFork)
+	}
 	if _, err := snapshotterOf(m.eng); err != nil {
 		return Export{}, nil, err
 	}

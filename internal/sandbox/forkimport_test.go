@@ -48,7 +48,10 @@ func TestPorterImport(t *testing.T) {
 	a := newEnv(t, Config{})
 	parent := a.create(t, 64)
 	owner := NewPorter(a.m)
-	e, release, err := owner.Export(t.Context(), parent.ID)
+	if _, _, err := owner.Export(t.Context(), parent.ID, a.m.cfg.MaxFork+1); !errdefs.Is(err, errdefs.InvalidArgument) {
+		t.Fatalf("export for more children than --max-fork: %v", err)
+	}
+	e, release, err := owner.Export(t.Context(), parent.ID, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

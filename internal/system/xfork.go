@@ -17,8 +17,8 @@ type porter struct{ p *sandbox.Porter }
 
 var _ cluster.Porter = porter{}
 
-func (p porter) Export(ctx context.Context, source string) (cluster.SnapshotMeta, func(), error) {
-	e, release, err := p.p.Export(ctx, source)
+func (p porter) Export(ctx context.Context, source string, n int) (cluster.SnapshotMeta, func(), error) {
+	e, release, err := p.p.Export(ctx, source, n)
 	if err != nil {
 		return cluster.SnapshotMeta{}, nil, err
 	}
