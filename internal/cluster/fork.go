@@ -229,7 +229,7 @@ func (s *Service) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []
 		res, err = s.Service.Fork(ctx, meta.ID, sh.n)
 		res = s.settleLocal(ctx, res)
 	} else {
-		res, err = s.importOn(ctx, sh.node, importRequest{Snapshot: meta, N: sh.n, Origin: s.c.cfg.Node})
+		res, err = importOn(ctx, s.c.cfg.Token, sh.node, importRequest{Snapshot: meta, N: sh.n, Origin: s.c.cfg.Node})
 	}
 	if err == nil && len(res.Children) != sh.n {
 		err = fmt.Errorf("node %s answered %d children for %d", sh.node.Name, len(res.Children), sh.n)
@@ -314,14 +314,14 @@ const importTimeout = 10 * time.Minute
 
 // importOn asks node n to fetch the snapshot from this node and fork its
 // share of children.
-func (s *Service) importOn(ctx context.Context, n api.Node, req importRequest) (api.ForkResult, error) {
+func importOn(ctx context.Context, token string, n api.Node, req importRequest) (api.ForkResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, importTimeout)
 	defer cancel()
 	body, err := json.Marshal(req)
 	if err != nil {
 		return api.ForkResult{}, err
 	}
-	resp, err := s.internalCall(ctx, n, http.MethodPost, "/v1/internal/fork/import", bytes.NewReader(body))
+	resp, err := internalCall(ctx, token, n, http.MethodPost, "/v1/internal/fork/import", bytes.NewReader(body))
 	if err != nil {
 		return api.ForkResult{}, err
 	}
@@ -335,7 +335,7 @@ func (s *Service) importOn(ctx context.Context, n api.Node, req importRequest) (
 
 // internalCall sends a request to node n's internal API with the cluster
 // token; an answer that is not a 2xx is its error.
-func (s *Service) internalCall(ctx context.Context, n api.Node, method, path string, body io.Reader) (*http.Response, error) {
+func internalCall(ctx context.Context, token string, n api.Node, method, path string, body io.Reader) (*http.Response, error) {
 	host := n.Addr
 	if !strings.Contains(host, "://") {
 		host = "http://" + host
@@ -344,7 +344,7 @@ func (s *Service) internalCall(ctx context.Context, n api.Node, method, path str
 	if err != nil {
 		return nil, errdefs.New(errdefs.Unavailable, "node %s's address %q: %v", n.Name, n.Addr, err)
 	}
-	r.Header.Set("Authorization", "Bearer "+s.c.cfg.Token)
+	r.Header.Set("Authorization", "Bearer "+token)
 	r.Header.Set("Content-Type", "application/json")
 	resp, err := internalClient.Do(r)
 	if err != nil {
@@ -416,7 +416,7 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fetch := func(ctx context.Context, dir string) error {
-		return s.fetchImage(ctx, origin, req.Snapshot.Digest, dir)
+		return fetchImage(ctx, s.c.cfg.Token, origin, req.Snapshot.Digest, dir)
 	}
 	res, err := s.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch)
 	if err != nil {
@@ -432,8 +432,8 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 // existing yet): what origin sends is checked as it comes (the manifest
 // against the digest, each file against its size) and then verified whole
 // by the import; nothing is restored from it before.
-func (s *Service) fetchImage(ctx context.Context, origin api.Node, digest, dir string) error {
-	resp, err := s.internalCall(ctx, origin, http.MethodGet, "/v1/internal/snapshots/"+digest, nil)
+func fetchImage(ctx context.Context, token string, origin api.Node, digest, dir string) error {
+	resp, err := internalCall(ctx, token, origin, http.MethodGet, "/v1/internal/snapshots/"+digest, nil)
 	if err != nil {
 		return err
 	}
