@@ -219,11 +219,16 @@ type ForkRequest struct {
 	// snapshotted first and keeps running.
 	Source string `json:"source"`
 	N      int    `json:"n"`
+	// Spread, in a cluster, places the children across the nodes (by
+	// memory free after admission) instead of on the source's node.
+	Spread bool `json:"spread,omitempty"`
 }
 
 // ForkChild is the outcome for one child of a fork.
 type ForkChild struct {
-	ID    string `json:"id,omitempty"`
+	ID string `json:"id,omitempty"`
+	// Node, in a cluster, is the node that holds the child (or refused it).
+	Node  string `json:"node,omitempty"`
 	Error string `json:"error,omitempty"`
 	Code  string `json:"code,omitempty"`
 }

@@ -371,10 +371,23 @@ func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
 // sandbox (snapshotted first), in one call. The result has one entry per
 // child, with its id or its error; the call fails as a whole only when
 // nothing was attempted (bad input, admission refused).
-func (c *Client) Fork(ctx context.Context, source string, n int) (ForkResult, error) {
+// Options (Spread) shape the fork in a cluster.
+func (c *Client) Fork(ctx context.Context, source string, n int, opts ...ForkOption) (ForkResult, error) {
+	req := api.ForkRequest{Source: source, N: n}
+	for _, o := range opts {
+		o(&req)
+	}
 	var res ForkResult
-	return res, c.call(ctx, http.MethodPost, "/v1/fork", api.ForkRequest{Source: source, N: n}, &res)
+	return res, c.call(ctx, http.MethodPost, "/v1/fork", req, &res)
 }
+
+// ForkOption shapes a fork request.
+type ForkOption func(*api.ForkRequest)
+
+// Spread asks a cluster to place the children across its nodes (by memory
+// free after admission, as creates are placed) instead of on the node that
+// holds the source. A daemon outside a cluster refuses it.
+func Spread() ForkOption { return func(r *api.ForkRequest) { r.Spread = true } }
 
 // Sleep snapshots a sandbox to disk and stops it: it keeps its id and uses
 // no memory until Wake (or the next exec) restores it.

@@ -88,18 +88,28 @@ func newForkCmd() *cobra.Command {
 		Short: "Restore N new sandboxes from a snapshot or a running sandbox",
 		Long: "Restores N new sandboxes from a snapshot, or from a running sandbox (which is\n" +
 			"snapshotted first and keeps running), in one call. Prints one child id per\n" +
-			"line; a child that failed is reported on stderr and the exit code is 1.",
-		Example:           "  clade fork box -n 16\n  clade fork warm -n 4 --json",
+			"line; a child that failed is reported on stderr and the exit code is 1.\n\n" +
+			"In a cluster the fork runs on the node that holds the source, and its\n" +
+			"children stay there (they share the snapshot's memory) unless that node has\n" +
+			"no room for them; --spread places them across the nodes by free memory\n" +
+			"(the others fetch the snapshot by digest and verify it). --json says each\n" +
+			"child's node.",
+		Example:           "  clade fork box -n 16\n  clade fork warm -n 4 --json\n  clade fork box -n 6 --spread",
 		Args:              nargs(1, 1),
 		ValidArgsFunction: firstArg(complete(snapshotNames, sandboxNames)),
 	}
 	n := cmd.Flags().IntP("count", "n", 1, "number of children")
 	asJSON := cmd.Flags().Bool("json", false, "print the whole result as JSON")
+	spread := cmd.Flags().Bool("spread", false, "in a cluster, place the children across the nodes")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		if *n < 1 {
 			return badArg("-n %d: give the number of children, 1 or more", *n)
 		}
-		res, err := c.Fork(ctx, args[0], *n)
+		var opts []sdk.ForkOption
+		if *spread {
+			opts = append(opts, sdk.Spread())
+		}
+		res, err := c.Fork(ctx, args[0], *n, opts...)
 		if err != nil {
 			return err
 		}

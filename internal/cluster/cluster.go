@@ -12,6 +12,7 @@
 //	nodes/NAME      api.Node of a live node, bound to its lease
 //	sandboxes/ID    Record: who holds the sandbox, its state and epoch
 //	names/NAME      the id of the sandbox that has the name
+//	snapshots/ID    the node that holds a named snapshot (snapdir.go)
 //
 // Every change of a record is a compare-and-swap transaction on its
 // revision. Nothing here imports the lifecycle, an engine or a front: the

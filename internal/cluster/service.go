@@ -21,8 +21,11 @@ import (
 // Service is a cluster node's service.Service: the node's own (local),
 // with names checked cluster-wide, the directory written as its sandboxes
 // change, and calls on a sandbox another node holds sent to that node's
-// API (service/remote, with the cluster token). Calls that are not on one
-// sandbox (images, volumes, secrets, snapshots, events) are the node's own.
+// API (service/remote, with the cluster token). A fork goes to the node
+// that holds its source, and may place its children across the nodes
+// (fork.go); a snapshot's get and remove go to its node (snapdir.go).
+// Other calls that are not on one sandbox (images, volumes, secrets, the
+// snapshot list, events) are the node's own.
 type Service struct {
 	service.Service
 	c *Cluster
@@ -37,6 +40,9 @@ type Service struct {
 	await  awaiting     // sleeping sandboxes whose copy is not sealed yet
 	moving sync.Map     // ids this process is adopting
 	moves  atomic.Int64 // sandboxes adopted
+
+	// porter, when set (SetPorter), makes forks across nodes (fork.go).
+	porter Porter
 }
 
 var (

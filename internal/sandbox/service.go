@@ -139,6 +139,9 @@ type Manager struct {
 	pools      *Pools
 	images     *Images
 	builds     *Builds
+	// pins keep snapshots a fork across nodes sends or restores from
+	// collection (forkimport.go).
+	pins pins
 
 	// bg lives as long as the service (Close ends it): work that must
 	// outlive the request that started it, e.g. removing a build's

@@ -201,8 +201,8 @@ func (m *Manager) removeSnapshot(ctx context.Context, sn store.Snapshot) error {
 
 // gcSnapshot removes an implicit snapshot once no sandbox uses it.
 func (m *Manager) gcSnapshot(ctx context.Context, id string) {
-	if id == "" {
-		return
+	if id == "" || m.pins.held(id) {
+		return // a fork across nodes still sends it (its release collects it)
 	}
 	unlock := m.locks.lock(id)
 	defer unlock()

@@ -38,7 +38,7 @@ type ClusterOptions struct {
 
 // joinCluster starts the embedded etcd (if asked), joins the cluster and
 // returns the service the fronts use, with what to stop at exit.
-func joinCluster(ctx context.Context, o Options, local service.Service, st *store.Store, eng *multi.Engine, log *slog.Logger) (service.Service, func(), error) {
+func joinCluster(ctx context.Context, o Options, local service.Service, mgr *sandbox.Manager, st *store.Store, eng *multi.Engine, log *slog.Logger) (*cluster.Service, func(), error) {
 	co := o.Cluster
 	if o.Listen == "" || o.Token == "" {
 		return nil, nil, errors.New("--cluster needs --listen and --token-file: other nodes reach this one's API there, with the token every node of the cluster shares")
@@ -80,6 +80,7 @@ func joinCluster(ctx context.Context, o Options, local service.Service, st *stor
 	}
 	stops = append(stops, c.Close)
 	svc := cluster.NewService(c, local)
+	svc.SetPorter(porter{sandbox.NewPorter(mgr)})
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -281,17 +281,19 @@ func Run(ctx context.Context, o Options) error {
 	// The fronts drive the node through the service interface only.
 	var svc service.Service = local.New(local.Config{Version: o.Version, EngineVersion: func() string { return engineVersion(ctx, eng) }, Addr: hook.Addr,
 		Volumes: vols, Secrets: secrets, Engines: engineStatuses(eng)}, mgr)
+	var internal http.Handler // a cluster's node-to-node routes
 	if o.Cluster.Etcd != "" {
-		csvc, stop, err := joinCluster(ctx, o, svc, st, eng, log)
+		csvc, stop, err := joinCluster(ctx, o, svc, mgr, st, eng, log)
 		if err != nil {
 			return err
 		}
 		defer stop()
 		svc = csvc
+		internal = csvc.Internal()
 	}
 	code := codeint.NewProxy(svc)
 	defer code.Close()
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code}
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code, Internal: internal}
 	if o.Cluster.Etcd != "" {
 		apiCfg.Node = o.Cluster.Node
 	}

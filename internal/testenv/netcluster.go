@@ -48,6 +48,9 @@ type NetNode struct {
 	API, Etcd string
 	hostLink  string
 	killed    bool
+	// Env is added to the daemon's environment at its next (re)start
+	// (e.g. CLADE_CRASH_AT).
+	Env []string
 }
 
 // ClusterPort numbers of each node, on its own address.
@@ -130,7 +133,7 @@ func (c *NetCluster) launchEnv(nodes []*NetNode, env []string) error {
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for i, nd := range nodes {
-		if err := nd.Launch(env); err != nil {
+		if err := nd.Launch(append(append([]string(nil), nd.Env...), env...)); err != nil {
 			return err
 		}
 		wg.Add(1)

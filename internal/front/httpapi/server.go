@@ -40,6 +40,10 @@ type Config struct {
 	IngressCA []byte
 	// Node, in a cluster, labels every metric of GET /metrics node=NAME.
 	Node string
+	// Internal, in a cluster, serves /v1/internal/: the routes nodes call
+	// on each other (cluster.Service.Internal, which checks the cluster
+	// token itself). Kept off the public spec.
+	Internal http.Handler
 }
 
 // CodeProxy sends a request to the code interpreter server of a sandbox.
@@ -107,6 +111,9 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 		g = nodeGatherer{g: reg, node: cfg.Node}
 	}
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	if cfg.Internal != nil {
+		s.mux.Handle("/v1/internal/", cfg.Internal)
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.New(errdefs.NotFound, "no such endpoint: %s %s (the API is under /v1, see api/openapi.yaml)", r.Method, r.URL.Path))
 	})

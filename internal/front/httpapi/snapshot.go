@@ -5,6 +5,7 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/service"
 )
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
@@ -56,7 +57,17 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	if req.Source == "" {
 		return errdefs.New(errdefs.InvalidArgument, "source is empty: name a snapshot or a running sandbox")
 	}
-	out, err := s.svc.Fork(r.Context(), req.Source, req.N)
+	var out api.ForkResult
+	var err error
+	if req.Spread {
+		sp, ok := s.svc.(service.Spreader)
+		if !ok {
+			return errdefs.New(errdefs.InvalidArgument, "spread places a fork's children across a cluster's nodes: this daemon is not in a cluster (clade daemon --cluster)")
+		}
+		out, err = sp.ForkAcross(r.Context(), req)
+	} else {
+		out, err = s.svc.Fork(r.Context(), req.Source, req.N)
+	}
 	if err != nil {
 		return err
 	}

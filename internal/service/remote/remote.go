@@ -150,6 +150,15 @@ func (s *Service) Fork(ctx context.Context, source string, n int) (api.ForkResul
 	return one(s.c.Fork(ctx, source, n))
 }
 
+// ForkAcross is Fork with the request's options (spread).
+func (s *Service) ForkAcross(ctx context.Context, req api.ForkRequest) (api.ForkResult, error) {
+	var opts []sdk.ForkOption
+	if req.Spread {
+		opts = append(opts, sdk.Spread())
+	}
+	return one(s.c.Fork(ctx, req.Source, req.N, opts...))
+}
+
 func (s *Service) GetSnapshot(ctx context.Context, ref string) (api.Snapshot, error) {
 	return one(s.c.GetSnapshot(ctx, ref))
 }

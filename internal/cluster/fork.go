@@ -1,0 +1,479 @@
+package cluster
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/service"
+)
+
+// SnapshotMeta is what a node sends another with a fork's children: the
+// snapshot's record (image and the identity of its root, memory, cpus,
+// env, options) and its sealed image's digest (sandbox.Export).
+type SnapshotMeta struct {
+	ID        string          `json:"id"`
+	Name      string          `json:"name,omitempty"`
+	Sandbox   string          `json:"sandbox,omitempty"`
+	Image     string          `json:"image"`
+	ImageID   string          `json:"image_id"`
+	MemoryMiB int             `json:"memory_mib"`
+	CPUs      float64         `json:"cpus"`
+	Env       []string        `json:"env,omitempty"`
+	Opts      json.RawMessage `json:"opts,omitempty"`
+	Engine    string          `json:"engine,omitempty"`
+	Digest    string          `json:"digest"`
+	SizeBytes int64           `json:"size_bytes"`
+	// Local says why the children stay on the snapshot's node.
+	Local string `json:"local,omitempty"`
+}
+
+// Porter is the node's lifecycle side of a fork across nodes
+// (sandbox.Porter, adapted in internal/system).
+type Porter interface {
+	// Export readies source (a snapshot, or a running sandbox snapshotted
+	// now) for n children on other nodes until release.
+	Export(ctx context.Context, source string, n int) (SnapshotMeta, func(), error)
+	// Open is the directory of an exported image, to stream.
+	Open(digest string) (dir string, release func(), err error)
+	// Import fetches (with fetch, into a new dir) and verifies the
+	// snapshot, and forks n children of it here.
+	Import(ctx context.Context, meta SnapshotMeta, n int, fetch func(ctx context.Context, dir string) error) (api.ForkResult, error)
+}
+
+// SetPorter enables forks across nodes on this node.
+func (s *Service) SetPorter(p Porter) { s.porter = p }
+
+// importRequest is the body of POST /v1/internal/fork/import.
+type importRequest struct {
+	Snapshot SnapshotMeta `json:"snapshot"`
+	N        int          `json:"n"`
+	// Origin is the node to fetch the image from (its address is read
+	// from the directory, never taken from the request).
+	Origin string `json:"origin"`
+}
+
+// Fork is ForkAcross without a spread.
+func (s *Service) Fork(ctx context.Context, source string, n int) (api.ForkResult, error) {
+	return s.ForkAcross(ctx, api.ForkRequest{Source: source, N: n})
+}
+
+// ForkAcross forks on the node that holds the source (a sandbox, or a
+// snapshot: found here, else in the directory). There the fork stays on
+// the node, as a fork of one node does (its children share the snapshot's
+// memory), unless the request asks for the spread or the node's admission
+// refuses them all; then the node snapshots once and places the children
+// across the nodes (spread).
+func (s *Service) ForkAcross(ctx context.Context, req api.ForkRequest) (api.ForkResult, error) {
+	if req.Source == "" {
+		return api.ForkResult{}, errdefs.New(errdefs.InvalidArgument, "source is empty: name a snapshot or a running sandbox")
+	}
+	if req.N < 1 {
+		return api.ForkResult{}, errdefs.New(errdefs.InvalidArgument, "n must be at least 1")
+	}
+	here, err := s.holdsSource(ctx, req.Source)
+	if err != nil {
+		return api.ForkResult{}, err
+	}
+	if !here {
+		n, err := s.sourceNode(ctx, req.Source)
+		if err != nil {
+			return api.ForkResult{}, err
+		}
+		r, err := s.remote(n)
+		if err != nil {
+			return api.ForkResult{}, err
+		}
+		return r.ForkAcross(ctx, req)
+	}
+	if req.Spread && s.porter == nil {
+		return api.ForkResult{}, errdefs.New(errdefs.InvalidArgument, "node %s cannot fork across nodes", s.c.cfg.Node)
+	}
+	if !req.Spread {
+		res, err := s.Service.Fork(ctx, req.Source, req.N)
+		if err == nil || s.porter == nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "memory") {
+			return s.settleLocal(ctx, res), err
+		}
+		s.c.cfg.Log.Info("cluster: this node has no room for the fork's children: placing them across the cluster", "source", req.Source, "n", req.N, "err", err)
+	}
+	return s.spread(ctx, req)
+}
+
+// holdsSource reports whether this node holds source (a sandbox or a
+// snapshot).
+func (s *Service) holdsSource(ctx context.Context, source string) (bool, error) {
+	if _, err := s.Service.Get(ctx, source); err == nil {
+		return true, nil
+	} else if !errdefs.IsNotFound(err) {
+		return false, err
+	}
+	if _, err := s.Service.GetSnapshot(ctx, source); err == nil {
+		return true, nil
+	} else if !errdefs.IsNotFound(err) {
+		return false, err
+	}
+	return false, nil
+}
+
+// sourceNode is the live node that holds source, from the directory.
+func (s *Service) sourceNode(ctx context.Context, source string) (api.Node, error) {
+	holder := ""
+	rec, ok, err := s.c.Lookup(ctx, source)
+	if err != nil {
+		return api.Node{}, err
+	}
+	if ok && rec.State == StateLost {
+		return api.Node{}, lostError(rec)
+	}
+	if ok {
+		holder = rec.Node
+	} else {
+		sr, ok, err := s.c.LookupSnapshot(ctx, source)
+		if err != nil {
+			return api.Node{}, err
+		}
+		if ok {
+			holder = sr.Node
+		}
+	}
+	if holder == "" || holder == s.c.cfg.Node {
+		return api.Node{}, errdefs.New(errdefs.NotFound, "no snapshot or sandbox called %s in the cluster (see `clade snapshot ls` and `clade ls`)", source)
+	}
+	n, live, err := s.c.node(ctx, holder)
+	if err != nil {
+		return api.Node{}, err
+	}
+	if !live {
+		return api.Node{}, errdefs.New(errdefs.Unavailable, "%s is on node %s, which is not in the cluster now (its lease lapsed): try again when it is back", source, holder)
+	}
+	return n, nil
+}
+
+// settleLocal names this node in a local fork's children and writes their
+// records before the answer (the events' writes find them unchanged), so
+// that any node finds them from then on.
+func (s *Service) settleLocal(ctx context.Context, res api.ForkResult) api.ForkResult {
+	for i := range res.Children {
+		res.Children[i].Node = s.c.cfg.Node
+		if id := res.Children[i].ID; id != "" {
+			if err := s.publishID(ctx, id); err != nil {
+				s.c.cfg.Log.Warn("cluster: write a fork child's record", "sandbox", id, "err", err)
+			}
+		}
+	}
+	return res
+}
+
+// spread snapshots the source once (Export) and forks its children on
+// the nodes placement picks, each node's share in one call: this node's
+// with the local fork, another's through its internal import route (it
+// fetches the image from here by digest, verifies it and restores).
+func (s *Service) spread(ctx context.Context, req api.ForkRequest) (api.ForkResult, error) {
+	meta, release, err := s.porter.Export(ctx, req.Source, req.N)
+	if err != nil {
+		return api.ForkResult{}, err
+	}
+	defer release()
+	ctx = context.WithoutCancel(ctx) // children are made whole or not at all
+	var plan, overflow []share
+	if meta.Local != "" {
+		s.c.cfg.Log.Info("cluster: the fork's children stay on this node", "snapshot", meta.ID, "why", meta.Local)
+		plan = []share{{node: api.Node{Name: s.c.cfg.Node}, n: req.N}}
+	} else if plan, overflow, err = s.planFork(ctx, meta, req.N); err != nil {
+		return api.ForkResult{}, err
+	}
+	res := api.ForkResult{Snapshot: meta.ID, Children: make([]api.ForkChild, 0, req.N)}
+	for _, shares := range [][]share{plan, overflow} {
+		outs := make([][]api.ForkChild, len(shares))
+		var wg sync.WaitGroup
+		for i, sh := range shares {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				done := s.pending.add(sh.node.Name, int64(sh.n)*cmpInt(int64(meta.MemoryMiB), 0))
+				outs[i] = s.forkShare(ctx, meta, sh)
+				done(slices.ContainsFunc(outs[i], func(c api.ForkChild) bool { return c.ID != "" }))
+			}()
+		}
+		wg.Wait()
+		for _, o := range outs {
+			res.Children = append(res.Children, o...)
+		}
+	}
+	return res, nil
+}
+
+// share is a node's part of a fork: n children.
+type share struct {
+	node api.Node
+	n    int
+}
+
+// forkShare makes sh's children and answers one entry for each.
+func (s *Service) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []api.ForkChild {
+	var res api.ForkResult
+	var err error
+	if sh.node.Name == s.c.cfg.Node {
+		res, err = s.Service.Fork(ctx, meta.ID, sh.n)
+		res = s.settleLocal(ctx, res)
+	} else {
+		res, err = importOn(ctx, s.c.cfg.Token, sh.node, importRequest{Snapshot: meta, N: sh.n, Origin: s.c.cfg.Node})
+	}
+	if err == nil && len(res.Children) != sh.n {
+		err = fmt.Errorf("node %s answered %d children for %d", sh.node.Name, len(res.Children), sh.n)
+	}
+	if err != nil {
+		out := make([]api.ForkChild, sh.n)
+		for i := range out {
+			out[i] = api.ForkChild{Node: sh.node.Name, Error: fmt.Sprintf("node %s: %v", sh.node.Name, err), Code: string(errdefs.ClassOf(err))}
+		}
+		return out
+	}
+	for i := range res.Children {
+		res.Children[i].Node = sh.node.Name
+	}
+	return res.Children
+}
+
+// planFork places n children of meta: each on the node with the most
+// memory free after admission, counting the children planned before it
+// (so equal nodes take turns), among the live nodes that are not
+// draining, run its engine and hold its image. Children no node has room
+// for (overflow) go to the best node anyway, after the others, in a share
+// of their own: that node's admission decides (its capacity in the
+// directory is up to a second old), and its refusal says why.
+func (s *Service) planFork(ctx context.Context, meta SnapshotMeta, n int) (plan, overflow []share, err error) {
+	nodes, err := s.c.Nodes(ctx)
+	if err != nil {
+		return nil, nil, errdefs.New(errdefs.Unavailable, "cluster: cannot place the fork's children: %v", err)
+	}
+	req := api.CreateSandboxRequest{Image: meta.Image, Engine: meta.Engine, MemoryMiB: meta.MemoryMiB}
+	var cs []candidate
+	for _, nd := range nodes {
+		if eligible(nd, req, true) || nd.Name == s.c.cfg.Node {
+			cs = append(cs, candidate{node: nd, free: freeAfter(nd, int64(meta.MemoryMiB), s.pending.since(nd.Name, nd.RefreshedAt)) + int64(meta.MemoryMiB)})
+		}
+	}
+	if len(cs) == 0 {
+		return nil, nil, errdefs.New(errdefs.Unavailable, "no node of the cluster can take the fork's children now (clade node ls)")
+	}
+	// The owner first on a tie: its children share the snapshot's memory
+	// and need no copy.
+	slices.SortStableFunc(cs, func(a, b candidate) int {
+		return cmp.Compare(boolInt(b.node.Name == s.c.cfg.Node), boolInt(a.node.Name == s.c.cfg.Node))
+	})
+	count, over := make([]int, len(cs)), make([]int, len(cs))
+	mib := int64(cmpInt(int64(meta.MemoryMiB), 0))
+	left := func(i int) int64 { return cs[i].free - int64(count[i]+over[i])*mib }
+	for range n {
+		best := 0
+		for i := range cs {
+			if left(i) > left(best) {
+				best = i
+			}
+		}
+		if left(best) >= mib {
+			count[best]++
+		} else {
+			over[best]++
+		}
+	}
+	for i, c := range cs {
+		if count[i] > 0 {
+			plan = append(plan, share{node: c.node, n: count[i]})
+		}
+		if over[i] > 0 {
+			overflow = append(overflow, share{node: c.node, n: over[i]})
+		}
+	}
+	return plan, overflow, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// importTimeout bounds a node's import of a share: the fetch of the image
+// and the restores.
+const importTimeout = 10 * time.Minute
+
+// importOn asks node n to fetch the snapshot from this node and fork its
+// share of children.
+func importOn(ctx context.Context, token string, n api.Node, req importRequest) (api.ForkResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, importTimeout)
+	defer cancel()
+	body, err := json.Marshal(req)
+	if err != nil {
+		return api.ForkResult{}, err
+	}
+	resp, err := internalCall(ctx, token, n, http.MethodPost, "/v1/internal/fork/import", bytes.NewReader(body))
+	if err != nil {
+		return api.ForkResult{}, err
+	}
+	defer resp.Body.Close()
+	var res api.ForkResult
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&res); err != nil {
+		return api.ForkResult{}, errdefs.New(errdefs.Unavailable, "node %s: its answer to the import does not parse: %v", n.Name, err)
+	}
+	return res, nil
+}
+
+// internalCall sends a request to node n's internal API with the cluster
+// token; an answer that is not a 2xx is its error.
+func internalCall(ctx context.Context, token string, n api.Node, method, path string, body io.Reader) (*http.Response, error) {
+	host := n.Addr
+	if !strings.Contains(host, "://") {
+		host = "http://" + host
+	}
+	r, err := http.NewRequestWithContext(ctx, method, host+path, body)
+	if err != nil {
+		return nil, errdefs.New(errdefs.Unavailable, "node %s's address %q: %v", n.Name, n.Addr, err)
+	}
+	r.Header.Set("Authorization", "Bearer "+token)
+	r.Header.Set("Content-Type", "application/json")
+	resp, err := internalClient.Do(r)
+	if err != nil {
+		return nil, errdefs.New(errdefs.Unavailable, "node %s does not answer: %v", n.Name, err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	var ae api.Error
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &ae) != nil || ae.Code == "" {
+		return nil, errdefs.New(errdefs.Unavailable, "node %s answered %s: %.200q", n.Name, resp.Status, b)
+	}
+	return nil, errdefs.New(errdefs.Class(ae.Code), "%s", ae.Message)
+}
+
+var internalClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second}}
+
+// Internal serves the routes nodes call on each other, under
+// /v1/internal/, with the cluster token only (on the unix socket too):
+// POST fork/import (fork a share of children of another node's snapshot)
+// and GET snapshots/{digest} (stream a sealed image being sent).
+func (s *Service) Internal() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/internal/fork/import", s.serveImport)
+	mux.HandleFunc("GET /v1/internal/snapshots/{digest}", s.serveImage)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || s.c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.c.cfg.Token)) != 1 {
+			writeErr(w, errdefs.New(errdefs.Unauthenticated, "the internal routes take the cluster token only"))
+			return
+		}
+		if s.porter == nil {
+			writeErr(w, errdefs.New(errdefs.NotFound, "this node does not fork across nodes"))
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	c := errdefs.ClassOf(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(errdefs.HTTPStatus(c))
+	_ = json.NewEncoder(w).Encode(api.Error{Code: string(c), Message: err.Error()})
+}
+
+func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
+	var req importRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeErr(w, errdefs.New(errdefs.InvalidArgument, "malformed import request: %v", err))
+		return
+	}
+	if req.Origin == "" || req.Origin == s.c.cfg.Node {
+		writeErr(w, errdefs.New(errdefs.InvalidArgument, "an import names the node to fetch from (not this one)"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), importTimeout)
+	defer cancel()
+	origin, live, err := s.c.node(ctx, req.Origin)
+	if err == nil && !live {
+		err = errdefs.New(errdefs.Unavailable, "node %s, to fetch snapshot %s from, is not in the cluster", req.Origin, req.Snapshot.ID)
+	}
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	fetch := func(ctx context.Context, dir string) error {
+		return fetchImage(ctx, s.c.cfg.Token, origin, req.Snapshot.Digest, dir)
+	}
+	res, err := s.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	res = s.settleLocal(r.Context(), res)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(res)
+}
+
+// fetchImage copies the image with digest from node origin into dir (not
+// existing yet): what origin sends is checked as it comes (the manifest
+// against the digest, each file against its size) and then verified whole
+// by the import; nothing is restored from it before.
+func fetchImage(ctx context.Context, token string, origin api.Node, digest, dir string) error {
+	resp, err := internalCall(ctx, token, origin, http.MethodGet, "/v1/internal/snapshots/"+digest, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return receiveImage(resp.Body, digest, dir)
+}
+
+func (s *Service) serveImage(w http.ResponseWriter, r *http.Request) {
+	dir, release, err := s.porter.Open(r.PathValue("digest"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	defer release()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if err := sendImage(w, dir); err != nil {
+		s.c.cfg.Log.Warn("cluster: send a snapshot image", "digest", r.PathValue("digest"), "err", err)
+		panic(http.ErrAbortHandler) // the peer sees a cut stream, never a whole one
+	}
+}
+
+// RemoveAbandoned removes what a fork made for a client that went away,
+// on whichever node holds each.
+func (s *Service) RemoveAbandoned(ctx context.Context, why string, ids ...string) {
+	var mine []string
+	for _, id := range ids {
+		svc, err := s.route(ctx, id)
+		if err != nil || svc == s.Service {
+			mine = append(mine, id)
+			continue
+		}
+		if err := svc.Remove(context.WithoutCancel(ctx), id); err != nil && !errdefs.IsNotFound(err) {
+			s.c.cfg.Log.Warn("cluster: remove an abandoned sandbox", "sandbox", id, "why", why, "err", err)
+		}
+	}
+	if len(mine) > 0 {
+		s.Service.RemoveAbandoned(ctx, why, mine...)
+	}
+}
+
+var _ service.Spreader = (*Service)(nil)
+
+var errShortImage = errors.New("the image stream ended early")
