@@ -336,11 +336,13 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if s.Service.Running(ref) {
 		return s.Service, nil
 	}
-	if _, err := s.Service.Get(ctx, ref); err == nil || !errdefs.IsNotFound(err) {
-		return s.Service, nil // here, or an error of this node's to tell
-	}
+	// A route found lately: no read of this node's database (a miss)
+	// nor of etcd. Only ids of other nodes' sandboxes are cached.
 	if n, ok := s.cachedRoute(ref); ok {
 		return s.remote(n)
+	}
+	if _, err := s.Service.Get(ctx, ref); err == nil || !errdefs.IsNotFound(err) {
+		return s.Service, nil // here, or an error of this node's to tell
 	}
 	rec, ok, err := s.c.Lookup(ctx, ref)
 	if err != nil {
