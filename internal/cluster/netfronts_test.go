@@ -328,3 +328,40 @@ func e2bJSON(t *testing.T, method, url string, h map[string]string, body io.Read
 		}
 	}
 }
+
+// TestNetClusterBench runs `clade bench --cluster` against three nodes in
+// namespaces, from the host's namespace through their TCP APIs, with
+// etcd watched: it must finish every case and print its figures and the
+// projection (docs/benchmarks.md has them).
+func TestNetClusterBench(t *testing.T) {
+	c := testenv.StartNetCluster(t, 3, nil, nil)
+	var nodes []string
+	for _, nd := range c.Nodes {
+		nodes = append(nodes, "http://"+nd.API)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.Nodes[0].Bin, "bench", "--cluster", "--nodes", strings.Join(nodes, ","),
+		"--etcd", "etcd://"+c.Nodes[0].Etcd, "--storm", "6", "--samples", "60")
+	cmd.Env = append(os.Environ(), "CLADE_TOKEN="+readTok(t, c.Token))
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	t.Logf("clade bench --cluster:\n%s", out)
+	if err != nil {
+		t.Fatalf("clade bench --cluster: %v", err)
+	}
+	for _, want := range []string{"on one node (n1)", "across the cluster (through 3 nodes)", "etcd writes per create", "proxied (through n2)",
+		"extra hop", "etcd writes per exec", "projection for N nodes", "N=100"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the output lacks %q", want)
+		}
+	}
+	// Everything it made is gone.
+	sbs, err := c.Nodes[0].Client.ListSandboxes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sbs) != 0 {
+		t.Errorf("%d sandboxes left after the bench: %+v", len(sbs), sbs)
+	}
+}
