@@ -215,7 +215,7 @@ func (b *clusterBench) storm(ctx context.Context) error {
 		}
 		slices.Sort(spread)
 		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.0f\t%.0f\t%s\n", what, r.wall.Round(time.Millisecond), rate,
-			benchkit.Percentile(r.lat, 50), benchkit.Percentile(r.lat, 95), strings.Join(spread, " "))
+			benchkit.Percentile(r.lat, 0.5), benchkit.Percentile(r.lat, 0.95), strings.Join(spread, " "))
 		if b.writes != nil && pin {
 			b.writes.settle()
 			// The storm's creates and removes: half are the creates'.
@@ -276,12 +276,12 @@ func (b *clusterBench) execHop(ctx context.Context) error {
 	}
 	slices.Sort(direct)
 	slices.Sort(proxied)
-	dp, pp := benchkit.Percentile(direct, 50), benchkit.Percentile(proxied, 50)
+	dp, pp := benchkit.Percentile(direct, 0.5), benchkit.Percentile(proxied, 0.5)
 	b.hop = time.Duration((pp - dp) * float64(time.Millisecond))
 	tw := tabwriter.NewWriter(b.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "exec `true`, %d rounds side by side\tp50 ms\tp95 ms\n", b.cfg.Samples)
-	fmt.Fprintf(tw, "direct (through %s, which holds it)\t%.2f\t%.2f\n", b.names[0], dp, benchkit.Percentile(direct, 95))
-	fmt.Fprintf(tw, "proxied (through %s)\t%.2f\t%.2f\n", b.names[1], pp, benchkit.Percentile(proxied, 95))
+	fmt.Fprintf(tw, "direct (through %s, which holds it)\t%.2f\t%.2f\n", b.names[0], dp, benchkit.Percentile(direct, 0.95))
+	fmt.Fprintf(tw, "proxied (through %s)\t%.2f\t%.2f\n", b.names[1], pp, benchkit.Percentile(proxied, 0.95))
 	fmt.Fprintf(tw, "extra hop (p50 difference)\t%.2f\t\n", pp-dp)
 	if b.writes != nil {
 		b.writes.settle()

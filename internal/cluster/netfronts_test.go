@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -354,6 +356,18 @@ func TestNetClusterBench(t *testing.T) {
 		"extra hop", "etcd writes per exec", "projection for N nodes", "N=100"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the output lacks %q", want)
+		}
+	}
+	// Each latency row's p50 is at most its p95, and both are positive.
+	rows := regexp.MustCompile(`(?m)^(direct|proxied) \(through [^)]*\)\s+([0-9.]+)\s+([0-9.]+)$`).FindAllStringSubmatch(string(out), -1)
+	if len(rows) != 2 {
+		t.Fatalf("want the direct and proxied rows with p50 and p95, got %q", rows)
+	}
+	for _, r := range rows {
+		p50, _ := strconv.ParseFloat(r[2], 64)
+		p95, _ := strconv.ParseFloat(r[3], 64)
+		if !(p50 > 0 && p50 <= p95) {
+			t.Errorf("%s: p50 %s, p95 %s", r[1], r[2], r[3])
 		}
 	}
 	// Everything it made is gone.
