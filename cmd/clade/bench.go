@@ -28,7 +28,8 @@ func newBenchCmd() *cobra.Command {
 		"(N slept apps woken by one request each at once). They need a daemon with networking.\n"+
 		"Removes everything it made, also on Ctrl-C. Exits 1 if a phase failed.")
 	cmd.Short, cmd.Args = "Measure clade on this host (optionally against plain runsc)", nargs(0, 0)
-	cmd.Example = "  clade bench --phases create,exec --samples 10\n  clade bench --baseline --json bench.json\n  clade bench --phases fork --fanout 1,16"
+	cmd.Example = "  clade bench --phases create,exec --samples 10\n  clade bench --baseline --json bench.json\n  clade bench --phases fork --fanout 1,16\n" +
+		"  CLADE_TOKEN=... clade bench --cluster --nodes http://10.0.0.11:7070,http://10.0.0.12:7070,http://10.0.0.13:7070 --etcd etcd://10.0.0.11:2379"
 	fs := cmd.Flags()
 	cfg := benchkit.DefaultConfig()
 	phases := fs.String("phases", strings.Join(cfg.Phases, ","), "phases to run, in order")
@@ -51,7 +52,29 @@ func newBenchCmd() *cobra.Command {
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "the daemon's data dir: the env block reports its filesystem,\n--settle watches the processes that mention it")
 	settle := fs.Duration("settle", time.Duration(cfg.SettleMS)*time.Millisecond, "before each sample, wait up to this long for the daemon's background work\n(warm pool refill) to finish; 0 disables")
 	jsonPath := fs.String("json", "", "also write the full result as JSON to `FILE`")
+	ccfg := clusterBenchConfig{Storm: 12, Samples: 100, EtcdWriteRate: 1000}
+	clusterMode := fs.Bool("cluster", false, "measure a running cluster instead (the other phases' flags do not apply): a storm of creates at once pinned to\none node vs placed across the nodes, a proxied exec's extra hop (direct vs through another node, side by side),\netcd writes per create and per exec (with --etcd), and a projection for N nodes; needs --nodes, the token in $CLADE_TOKEN")
+	nodes := fs.String("nodes", "", "with --cluster: the nodes' API `addresses`, http://HOST:PORT,... (the first holds the exec case's sandbox, the second proxies)")
+	fs.StringVar(&ccfg.Etcd, "etcd", "", "with --cluster: etcd://HOST:2379 of the cluster's etcd (plain http), watched to count the directory's writes")
+	fs.IntVar(&ccfg.Storm, "storm", ccfg.Storm, "with --cluster: creates each storm makes at once")
+	fs.Float64Var(&ccfg.EtcdWriteRate, "etcd-write-rate", ccfg.EtcdWriteRate, "with --cluster: the etcd write rate (writes/s) the projection assumes; not measured")
+	cases := fs.String("cluster-cases", strings.Join(clusterCaseNames(), ","), "with --cluster: the cases to run")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
+		if *clusterMode {
+			ccfg.Nodes, ccfg.Cases, ccfg.Image = splitList(*nodes), splitList(*cases), cfg.Image
+			if cmd.Flags().Changed("samples") {
+				ccfg.Samples = cfg.Samples
+			}
+			if ccfg.Storm < 1 || ccfg.Samples < 1 || !(ccfg.EtcdWriteRate > 0) {
+				return badArg("--storm, --samples and --etcd-write-rate must be positive")
+			}
+			return runClusterBench(ctx, ccfg, os.Stdout)
+		}
+		for _, f := range []string{"nodes", "etcd", "storm", "etcd-write-rate", "cluster-cases"} {
+			if cmd.Flags().Changed(f) {
+				return badArg("--%s needs --cluster", f)
+			}
+		}
 		return runBench(ctx, c, &cfg, phases, fanout, settle, jsonPath)
 	})
 	return cmd

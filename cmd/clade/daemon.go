@@ -81,13 +81,19 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.KeyFile, "key-file", "", "the host key that seals secrets (default DATA-DIR/host.key, made 0600 at the first start)")
 	fs.StringVar(&o.KeyEnv, "key-env", "CLADE_KEY", "environment variable that, when set, holds the host key (hex or base64 of 32 bytes) instead of --key-file")
 	fs.BoolVar(&o.EncryptAtRest, "encrypt-at-rest", false, "keep snapshots, sleep images, volumes and sandbox upper layers encrypted on disk (gocryptfs under DATA-DIR/encrypted, keyed by the host key; needs gocryptfs and fuse3)")
-	fs.StringVar(&o.Cluster.Etcd, "cluster", "", "join a cluster of daemons over etcd: etcd://HOST:2379[,HOST:2379...], or embed to run an etcd member inside this daemon\n(a first node, or with --cluster-peers a 3-member etcd among three daemons); needs --listen and --token-file (the cluster token,\nthe same on every node); without it the daemon is a node of its own and uses no etcd (see docs/cluster.md)")
+	fs.StringVar(&o.Cluster.Etcd, "cluster", "", "join a cluster of daemons over etcd: etcd://HOST:2379[,HOST:2379...], or embed to run an etcd member inside this daemon\n(a first node, or with --cluster-peers a 3-member etcd among three daemons); needs --listen and --token-file; the nodes call each other with\n--cluster-token-file's token (default: the --token-file token, then the same on every node); without it the daemon is a node of its own and uses no etcd (see docs/cluster.md)")
 	fs.StringVar(&o.Cluster.Node, "node", "", "this daemon's `name` in the cluster (default: the host name)")
 	fs.StringVar(&o.Cluster.Advertise, "advertise", "", "`ADDR` other nodes reach this daemon's API on (default: --listen)")
 	fs.StringVar(&o.Cluster.EmbedListen, "cluster-listen", "127.0.0.1:2379", "with --cluster embed: `ADDR` the embedded etcd serves clients on")
 	fs.StringVar(&o.Cluster.EmbedPeerListen, "cluster-peer-listen", "127.0.0.1:2380", "with --cluster embed: `ADDR` the embedded etcd serves its peers on")
 	fs.StringVar(&o.Cluster.EmbedPeers, "cluster-peers", "", "with --cluster embed: the initial members of a multi-member etcd, NAME=http://PEER-ADDR,... naming this node too (e.g. three daemons)")
 	fs.DurationVar(&o.Cluster.LeaseTTL, "cluster-lease-ttl", 3*time.Second, "how long this node stays in the cluster after its last refresh (it refreshes every second); whole seconds, at least 2s")
+	clusterTokenFile := fs.String("cluster-token-file", "", "`file` holding the cluster token, the same on every node: the nodes call each other's API with it, and only it\nopens the routes only nodes may call; users keep the --token-file token (default: the --token-file token is the cluster token too)")
+	fs.StringVar(&o.Cluster.EtcdAuth.CA, "cluster-ca", "", "PEM `file` of the CA of etcd's certificates: the node speaks TLS to etcd and trusts only it; with --cluster embed the\nmember serves TLS on its client and peer listeners (--cluster-peers then with https://) and requires certificates of this CA")
+	fs.StringVar(&o.Cluster.EtcdAuth.Cert, "cluster-cert", "", "PEM `file` of this node's certificate for etcd (signed by --cluster-ca; for --cluster embed it must name the member's\naddresses and allow both server and client use); needs --cluster-key")
+	fs.StringVar(&o.Cluster.EtcdAuth.Key, "cluster-key", "", "PEM `file` of the private key of --cluster-cert")
+	fs.StringVar(&o.Cluster.EtcdAuth.User, "cluster-user", "", "etcd user (an etcd with auth enabled); needs --cluster-password-file")
+	clusterPasswordFile := fs.String("cluster-password-file", "", "`file` holding the password of --cluster-user")
 	fs.StringVar(&o.ObjectStore, "object-store", "", "copy sleep images and snapshots, once sealed, to a snapshot store and fetch them back when their\nlocal copy is gone: s3://BUCKET[/PREFIX]?endpoint=http(s)://HOST:PORT (credentials from\nAWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --object-store-credentials; objects encrypted in the\ndaemon with --encrypt-at-rest) or an absolute directory path (e.g. another disk or a shared mount)")
 	fs.StringVar(&o.ObjectStoreCredentials, "object-store-credentials", "", "`file` of AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=... lines for --object-store (keep it 0600)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
@@ -116,7 +122,7 @@ func newDaemonCmd() *cobra.Command {
 				return err
 			}
 		}
-		if err := clusterFlags(cmd, &o.Cluster); err != nil {
+		if err := clusterFlags(cmd, &o.Cluster, *clusterTokenFile, *clusterPasswordFile); err != nil {
 			return err
 		}
 		rng, err := netip.ParsePrefix(*netRange)
@@ -253,9 +259,10 @@ func ingressLimits(c *ingress.Config) error {
 
 // clusterFlags checks the cluster flags: none of them without --cluster,
 // and a node name by default the host's.
-func clusterFlags(cmd *cobra.Command, c *system.ClusterOptions) error {
+func clusterFlags(cmd *cobra.Command, c *system.ClusterOptions, tokenFile, passwordFile string) error {
 	if c.Etcd == "" {
-		for _, f := range []string{"node", "advertise", "cluster-listen", "cluster-peer-listen", "cluster-peers", "cluster-lease-ttl"} {
+		for _, f := range []string{"node", "advertise", "cluster-listen", "cluster-peer-listen", "cluster-peers", "cluster-lease-ttl",
+			"cluster-token-file", "cluster-ca", "cluster-cert", "cluster-key", "cluster-user", "cluster-password-file"} {
 			if cmd.Flags().Changed(f) {
 				return usagef(cmd, "--%s needs --cluster (embed or etcd://HOST:2379)", f)
 			}
@@ -275,6 +282,20 @@ func clusterFlags(cmd *cobra.Command, c *system.ClusterOptions) error {
 	if c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0 || c.LeaseTTL > 5*time.Minute {
 		return usagef(cmd, "--cluster-lease-ttl %s: give whole seconds from 2s to 5m", c.LeaseTTL)
 	}
+	var err error
+	if tokenFile != "" {
+		if c.Token, err = readSecretFile(tokenFile, "--cluster-token-file"); err != nil {
+			return err
+		}
+	}
+	if passwordFile != "" {
+		if c.EtcdAuth.Password, err = readSecretFile(passwordFile, "--cluster-password-file"); err != nil {
+			return err
+		}
+	}
+	if err := c.EtcdAuth.Check(); err != nil {
+		return usagef(cmd, "%v", err)
+	}
 	if c.Node == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -283,4 +304,18 @@ func clusterFlags(cmd *cobra.Command, c *system.ClusterOptions) error {
 		c.Node = h
 	}
 	return nil
+}
+
+// readSecretFile reads a token or password file: its content without
+// surrounding white space, never empty.
+func readSecretFile(path, flag string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return "", fmt.Errorf("%s %s is empty", flag, path)
+	}
+	return v, nil
 }

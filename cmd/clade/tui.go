@@ -560,8 +560,12 @@ func (m *tuiModel) do(id, what string, run func(context.Context) (string, error)
 
 // Row formats, 78 columns with the cursor mark: an 80x24 terminal fits.
 const (
-	sbRow   = "%-16s %-10s %-9s %-8s %4s %5s %-11s %4s"
-	snapRow = "%-16s %-12s %-8s %-8s %4s %9s %7s"
+	sbRow = "%-16s %-10s %-9s %-8s %4s %5s %-11s %4s"
+	// sbRowNode is sbRow with a NODE column, for a daemon of a cluster
+	// (the list has sandboxes of every node): the name and image give
+	// it room, within 80 columns.
+	sbRowNode = "%-16s %-8s %-9s %-6s %-6s %4s %5s %-11s %4s"
+	snapRow   = "%-16s %-12s %-8s %-8s %4s %9s %7s"
 )
 
 func short(id string) string {
@@ -624,7 +628,11 @@ func (m *tuiModel) View() tea.View {
 				age(s.CreatedAt), humanBytes(uint64(s.SizeBytes)), fmt.Sprint(len(s.UsedBy))))
 		}
 	} else {
+		clustered := slices.ContainsFunc(m.sandboxes, func(s sdk.Sandbox) bool { return s.Node != "" })
 		header = fmt.Sprintf(sbRow, "ID", "NAME", "STATE", "IMAGE", "AGE", "CPU%", "MEM/LIMIT", "PIDS")
+		if clustered {
+			header = fmt.Sprintf(sbRowNode, "ID", "NAME", "STATE", "NODE", "IMAGE", "AGE", "CPU%", "MEM/LIMIT", "PIDS")
+		}
 		for _, s := range m.sandboxes {
 			state := s.State
 			if b := m.busy[s.ID]; b != "" {
@@ -637,6 +645,11 @@ func (m *tuiModel) View() tea.View {
 				}
 				mem = compactBytes(st.MemoryBytes) + "/" + compactBytes(st.MemoryLimitBytes)
 				pids = fmt.Sprint(st.Pids)
+			}
+			if clustered {
+				rows = append(rows, fmt.Sprintf(sbRowNode, s.ID, clip(s.Name, 8), clip(state, 9), clip(s.Node, 6), clip(s.Image, 6),
+					age(s.CreatedAt), cpu, mem, pids))
+				continue
 			}
 			rows = append(rows, fmt.Sprintf(sbRow, s.ID, clip(s.Name, 10), clip(state, 9), clip(s.Image, 8),
 				age(s.CreatedAt), cpu, mem, pids))

@@ -27,6 +27,9 @@ type Embed struct {
 	// NAME=http://HOST:PORT,... naming this member too. Empty: a
 	// one-member etcd.
 	Peers string
+	// Auth, with a CA, makes the member serve TLS on both listeners
+	// and require the CA's certificates (see EtcdAuth).
+	Auth EtcdAuth
 }
 
 // Etcd is a running embedded member.
@@ -54,6 +57,15 @@ func StartEmbed(ctx context.Context, c Embed) (*Etcd, error) {
 	pu, err := hostURL(c.Peer, "--cluster-peer-listen")
 	if err != nil {
 		return nil, err
+	}
+	if c.Auth.TLS() {
+		if err := c.Auth.serveTLS(cfg); err != nil {
+			return nil, err
+		}
+		cu.Scheme, pu.Scheme = "https", "https"
+		if strings.Contains(c.Peers, "=http://") {
+			return nil, fmt.Errorf("--cluster-peers %q: with --cluster-ca the members speak TLS to each other: give https:// peer URLs", c.Peers)
+		}
 	}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
@@ -108,7 +120,8 @@ func ParseEndpoints(s string) ([]string, error) {
 	return eps, nil
 }
 
-// Dial connects to etcd and checks that it answers within timeout.
+// Dial connects to etcd over plain http, without auth, and checks that
+// it answers within timeout (DialAuth with TLS or a user).
 func Dial(ctx context.Context, endpoints []string, timeout time.Duration) (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: timeout, Logger: zap.NewNop()})
 	if err != nil {

@@ -363,15 +363,17 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if s.Service.Running(ref) {
 		return s.Service, nil
 	}
+	// A route found lately: no read of this node's database (a miss)
+	// nor of etcd. Only ids of other nodes' sandboxes are cached.
+	if n, ok := s.cachedRoute(ref); ok {
+		return s.remote(n)
+	}
 	if sb, err := s.Service.Get(ctx, ref); err == nil && sb.State == "sleeping" && s.movedAway(ctx, sb.ID) {
 		// Moved to another node meanwhile: this node's copy is gone now;
 		// the record says where it is.
 		s.forgetRoute(sb.ID)
 	} else if err == nil || !errdefs.IsNotFound(err) {
 		return s.Service, nil // here, or an error of this node's to tell
-	}
-	if n, ok := s.cachedRoute(ref); ok {
-		return s.remote(n)
 	}
 	rec, ok, err := s.c.Lookup(ctx, ref)
 	if err != nil {

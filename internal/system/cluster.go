@@ -34,14 +34,23 @@ type ClusterOptions struct {
 	EmbedListen, EmbedPeerListen, EmbedPeers string
 	// LeaseTTL is how long the node's key outlives its last refresh.
 	LeaseTTL time.Duration
+	// Token is the cluster token (--cluster-token-file) the nodes call
+	// each other with; empty: the API token (--token-file) is it.
+	Token string
+	// Etcd's client TLS (CA, Cert, Key: PEM files) and auth (User,
+	// Password); see cluster.EtcdAuth.
+	EtcdAuth cluster.EtcdAuth
 }
+
+// token is the cluster token: --cluster-token-file's, else the API's.
+func (co ClusterOptions) token(apiToken string) string { return cmpOr(co.Token, apiToken) }
 
 // joinCluster starts the embedded etcd (if asked), joins the cluster and
 // returns the service the fronts use, with what to stop at exit.
 func joinCluster(ctx context.Context, o Options, local service.Service, mgr *sandbox.Manager, st *store.Store, eng *multi.Engine, log *slog.Logger) (*cluster.Service, func(), error) {
 	co := o.Cluster
 	if o.Listen == "" || o.Token == "" {
-		return nil, nil, errors.New("--cluster needs --listen and --token-file: other nodes reach this one's API there, with the token every node of the cluster shares")
+		return nil, nil, errors.New("--cluster needs --listen and --token-file: other nodes reach this one's API there, with the cluster token (--cluster-token-file, else the --token-file token: the same on every node)")
 	}
 	var stops []func()
 	stop := func() {
@@ -52,7 +61,7 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	var endpoints []string
 	if co.Etcd == "embed" {
 		e, err := cluster.StartEmbed(ctx, cluster.Embed{Name: co.Node, Dir: filepath.Join(o.DataDir, "etcd"),
-			Client: co.EmbedListen, Peer: co.EmbedPeerListen, Peers: co.EmbedPeers})
+			Client: co.EmbedListen, Peer: co.EmbedPeerListen, Peers: co.EmbedPeers, Auth: co.EtcdAuth})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -65,14 +74,14 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 			return nil, nil, err
 		}
 	}
-	cli, err := cluster.Dial(ctx, endpoints, 10*time.Second)
+	cli, err := cluster.DialAuth(ctx, endpoints, 10*time.Second, co.EtcdAuth)
 	if err != nil {
 		stop()
 		return nil, nil, err
 	}
 	stops = append(stops, func() { cli.Close() })
 	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, o, local, st, eng) }
-	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: o.Token,
+	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: co.token(o.Token),
 		Version: o.Version, LeaseTTL: co.LeaseTTL, LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
 	if err != nil {
 		stop()

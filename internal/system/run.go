@@ -329,7 +329,13 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("listen on %s: %w", o.Listen, err)
 		}
 		lns = append(lns, tln)
-		ths := &http.Server{Handler: httpapi.RequireToken(o.Token, srv), ReadHeaderTimeout: 10 * time.Second}
+		// In a cluster the other nodes call with the cluster token (the
+		// API token when --cluster-token-file is not given).
+		var peerToken string
+		if o.Cluster.Etcd != "" {
+			peerToken = o.Cluster.token(o.Token)
+		}
+		ths := &http.Server{Handler: httpapi.RequireTokens(o.Token, peerToken, srv), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- ths.Serve(limitAPI(tln, "TCP API", log)) }()
 		defer ths.Close()
 		log.Info("serving TCP", "addr", tln.Addr().String())

@@ -40,7 +40,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if req.Stdin && !upgrade {
 		return errdefs.New(errdefs.InvalidArgument, "stdin needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.UpgradeProtocol)
 	}
-	p, err := s.svc.Exec(r.Context(), r.PathValue("id"), service.Wake, req)
+	ctx := r.Context()
+	if !upgrade {
+		// Nothing but output goes to it: a remote node's service may
+		// use a kept-alive connection (the proxied exec's hop).
+		ctx = service.Plain(ctx)
+	}
+	p, err := s.svc.Exec(ctx, r.PathValue("id"), service.Wake, req)
 	if err != nil {
 		return err
 	}
@@ -70,7 +76,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		// Unflushed: a plain stream's client has no use for the pid
 		// before the output, and it costs no write of its own.
 		b, _ := json.Marshal(api.Started{PID: pid})
-		_ = out.WriteUnflushed(stream.Started, b)
+		if IsClusterPeer(r.Context()) {
+			// A node proxying the exec waits for the pid before it
+			// answers its own client: flushed at once.
+			_ = out.Write(stream.Started, b)
+		} else {
+			_ = out.WriteUnflushed(stream.Started, b)
+		}
 	}
 	streamProcess(r, p, out)
 	return nil

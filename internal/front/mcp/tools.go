@@ -26,11 +26,12 @@ type Sandbox struct {
 	Address   string            `json:"address,omitempty" jsonschema:"the sandbox's own IPv4 address, when it has one"`
 	CreatedAt string            `json:"created_at" jsonschema:"creation time, RFC 3339"`
 	Error     string            `json:"error,omitempty" jsonschema:"what went wrong last, if anything"`
+	Node      string            `json:"node,omitempty" jsonschema:"the node of the cluster that holds it (a daemon of a cluster only); every tool works on it from any node"`
 }
 
 func toSandbox(sb sdk.Sandbox) Sandbox {
 	out := Sandbox{ID: sb.ID, Name: sb.Name, Image: sb.Image, State: sb.State, MemoryMiB: sb.MemoryMiB, CPUs: sb.CPUs,
-		Labels: sb.Labels, CreatedAt: sb.CreatedAt.UTC().Format(time.RFC3339), Error: sb.Error}
+		Labels: sb.Labels, CreatedAt: sb.CreatedAt.UTC().Format(time.RFC3339), Error: sb.Error, Node: sb.Node}
 	if n := sb.Network; n != nil {
 		out.Network, out.Address = n.Mode, n.Address
 	}

@@ -202,13 +202,22 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 		id = sb.ID
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &process{cancel: cancel, done: make(chan struct{}), started: make(chan struct{}), signals: make(chan os.Signal, 4)}
+	p := &process{cancel: cancel, done: make(chan struct{}), started: make(chan struct{})}
+	// A caller that only reads the output (service.Plain) gets a plain
+	// request on one of the client's kept-alive connections; signals,
+	// stdin or a terminal need a two-way stream, a connection of its own.
+	if !service.IsPlain(ctx) || req.Stdin || req.TTY {
+		p.signals = make(chan os.Signal, 4)
+	}
 	outR, outW := io.Pipe()
 	errR, errW := io.Pipe()
 	p.stdout, p.stderr = outR, errR
 	sreq := sdk.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, Timeout: time.Duration(req.TimeoutMS) * time.Millisecond,
-		Stdout: outW, Stderr: errW, Signals: p.signals, TTY: req.TTY, Size: sdk.WindowSize{Rows: req.Rows, Cols: req.Cols}, User: req.User,
+		Stdout: outW, Stderr: errW, TTY: req.TTY, Size: sdk.WindowSize{Rows: req.Rows, Cols: req.Cols}, User: req.User,
 		Started: func(pid int) { p.pid = pid; close(p.started) }}
+	if p.signals != nil {
+		sreq.Signals = p.signals
+	}
 	var inR *io.PipeReader
 	if req.Stdin {
 		var inW *io.PipeWriter
@@ -312,6 +321,9 @@ func (p *process) Stdout() io.Reader { return p.stdout }
 func (p *process) Stderr() io.Reader { return p.stderr }
 
 func (p *process) Signal(sig syscall.Signal) error {
+	if p.signals == nil {
+		return errdefs.New(errdefs.InvalidArgument, "this exec was started for its output only (service.Plain): it takes no signals")
+	}
 	select {
 	case p.signals <- sig:
 		return nil
