@@ -39,7 +39,7 @@ build: ## build bin/clade and bin/clade-agent (static)
 demo: deps build ## start a daemon, run Python in a sandbox, copy files in and out, clean up
 	@BIN=$(BIN) DATA_DIR=$(DATA_DIR) IMAGES_DIR=$(IMAGES_DIR) ./scripts/demo.sh
 
-demo-cluster: deps build ## three nodes in network namespaces, a 3-member etcd among them: placement, proxied exec, drain, a node killed (root)
+demo-cluster: deps deps-weed build ## three nodes in network namespaces, a 3-member etcd among them and an S3 store: a sandbox forked 6 across the nodes, slept, its node killed, woken through another node's ingress (root)
 	@BIN=$(BIN) IMAGES_DIR=$(IMAGES_DIR) ./scripts/demo-cluster.sh
 
 E2B_JS := internal/front/e2b/testdata/js

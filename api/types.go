@@ -54,6 +54,10 @@ type Sandbox struct {
 	// Secrets are the secrets the sandbox took and their versions (never
 	// their values).
 	Secrets []SecretRef `json:"secrets,omitempty"`
+	// SleepImage, in a cluster, is the digest of a sleeping sandbox's
+	// sleep image in the object store: when set, the sandbox can wake on
+	// any node (see docs/cluster.md); empty, it wakes only on its own.
+	SleepImage string `json:"sleep_image,omitempty"`
 }
 
 // Network is a sandbox's network: its mode, its egress policy and, while

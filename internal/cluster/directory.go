@@ -51,6 +51,7 @@ func summary(sb api.Sandbox, node string) api.Sandbox {
 	sb.Node = node
 	sb.Env = nil
 	sb.Ingress = nil
+	sb.SleepImage = "" // the record has its own (Record.SleepImage)
 	return sb
 }
 

@@ -349,7 +349,7 @@ func (s *Service) List(ctx context.Context) ([]api.Sandbox, error) {
 	for _, r := range recs {
 		if r.Node != s.c.cfg.Node || r.State == StateLost && !have[r.ID] {
 			sb := r.Sandbox
-			sb.ID, sb.Node, sb.State, sb.Name = r.ID, r.Node, r.State, r.Name
+			sb.ID, sb.Node, sb.State, sb.Name, sb.SleepImage = r.ID, r.Node, r.State, r.Name, r.SleepImage
 			own = append(own, sb)
 		}
 	}
@@ -487,6 +487,7 @@ func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	sb, err := svc.Get(ctx, ref)
 	if err == nil && svc == s.Service {
 		sb.Node = s.c.cfg.Node
+		sb.SleepImage = s.sleepImage(ctx, sb)
 	}
 	return sb, err
 }
