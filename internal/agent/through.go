@@ -140,6 +140,11 @@ func writeOne(p string, hdr *tar.Header, r io.Reader, user string) error {
 	}
 	err = f.Truncate(0)
 	if err == nil {
+		// New content: the user.* attributes that described the old
+		// (E2B's file metadata) go, as they would with a new file.
+		err = dropUserXattrs(fd)
+	}
+	if err == nil {
 		_, err = io.CopyN(f, r, hdr.Size)
 	}
 	if err == nil {
@@ -150,6 +155,27 @@ func writeOne(p string, hdr *tar.Header, r io.Reader, user string) error {
 			os.Remove(target)
 		}
 		return fileErr(err, p, user)
+	}
+	return nil
+}
+
+// dropUserXattrs removes the user.* extended attributes of the open file
+// fd; a file system without them has none to remove.
+func dropUserXattrs(fd int) error {
+	buf := make([]byte, 64<<10)
+	n, err := unix.Flistxattr(fd, buf)
+	if err != nil {
+		if errors.Is(err, syscall.ENOTSUP) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ERANGE) {
+			return nil
+		}
+		return err
+	}
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if strings.HasPrefix(name, "user.") {
+			if err := unix.Fremovexattr(fd, name); err != nil && !errors.Is(err, unix.ENODATA) {
+				return err
+			}
+		}
 	}
 	return nil
 }
