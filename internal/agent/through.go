@@ -114,47 +114,68 @@ func writeFiles(dir string, r io.Reader, user string) error {
 	}
 }
 
-// writeOne writes the file p through what is there: the target of a
-// symlink at p (followed as open(2) follows it, a missing target made), a
-// file replaced whole (written beside it and renamed over it, keeping its
-// permission bits), a directory refused.
+// writeOne writes the file p through what is there, in place, as envd
+// does (so a watch sees it written): the target of a symlink at p
+// (followed as open(2) follows it, a missing target made), truncated and
+// written, keeping its owner and permission bits; a directory is refused
+// by the open itself, and anything but a regular file (a FIFO, a device)
+// before it is touched. A write that fails removes the file, as a failed
+// upload always did here: no partial file is left.
 func writeOne(p string, hdr *tar.Header, r io.Reader, user string) error {
-	target, err := followLinks(p)
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, uint32(fs.FileMode(hdr.Mode).Perm()))
 	if err != nil {
-		return fileErr(err, p, user)
-	}
-	mode := fs.FileMode(hdr.Mode).Perm()
-	switch fi, err := os.Stat(target); {
-	case err == nil && fi.IsDir():
-		return errdefs.New(errdefs.InvalidArgument, "%s is a directory", p)
-	case err == nil:
-		mode = fi.Mode().Perm()
-	case !errors.Is(err, fs.ErrNotExist):
-		return fileErr(err, p, user)
-	}
-	f, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".clade-upload-*")
-	if err != nil {
-		return fileErr(err, p, user)
-	}
-	tmp := f.Name()
-	_, err = io.CopyN(f, r, hdr.Size)
-	if err == nil {
-		err = f.Chmod(mode)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		// rename(2) never replaces a directory with a file: one made at
-		// target meanwhile fails the write instead.
-		err = os.Rename(tmp, target)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		if errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+		if errors.Is(err, syscall.EISDIR) {
 			return errdefs.New(errdefs.InvalidArgument, "%s is a directory", p)
 		}
+		return fileErr(&fs.PathError{Op: "open", Path: p, Err: err}, p, user)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
 		return fileErr(err, p, user)
+	}
+	if !fi.Mode().IsRegular() {
+		return errdefs.New(errdefs.InvalidArgument, "%s is not a regular file", p)
+	}
+	err = f.Truncate(0)
+	if err == nil {
+		// New content: the user.* attributes that described the old
+		// (E2B's file metadata) go, as they would with a new file.
+		err = dropUserXattrs(fd)
+	}
+	if err == nil {
+		_, err = io.CopyN(f, r, hdr.Size)
+	}
+	if err == nil {
+		err = f.Close()
+	}
+	if err != nil {
+		if target, lerr := followLinks(p); lerr == nil {
+			os.Remove(target)
+		}
+		return fileErr(err, p, user)
+	}
+	return nil
+}
+
+// dropUserXattrs removes the user.* extended attributes of the open file
+// fd; a file system without them has none to remove.
+func dropUserXattrs(fd int) error {
+	buf := make([]byte, 64<<10)
+	n, err := unix.Flistxattr(fd, buf)
+	if err != nil {
+		if errors.Is(err, syscall.ENOTSUP) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ERANGE) {
+			return nil
+		}
+		return err
+	}
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if strings.HasPrefix(name, "user.") {
+			if err := unix.Fremovexattr(fd, name); err != nil && !errors.Is(err, unix.ENODATA) {
+				return err
+			}
+		}
 	}
 	return nil
 }

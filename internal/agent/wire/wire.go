@@ -395,9 +395,9 @@ type Request struct {
 	// symlink is followed, as E2B's envd does), a directory is never
 	// replaced (InvalidArgument), and every file operation runs with
 	// User's credentials, so no link leads a write where User may not
-	// write. A file is written beside its target and renamed onto it, so a
-	// failed write leaves the old one whole. Only for an agent with
-	// FeatureWriteThrough.
+	// write. A file is written in place (truncated, then written: a
+	// watch sees it written), and removed if that fails. Only for an
+	// agent with FeatureWriteThrough.
 	Through bool `json:"through,omitempty"`
 }
 
