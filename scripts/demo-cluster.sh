@@ -148,6 +148,9 @@ on 3 ls
 say "n1 back: what the cluster moved or declared lost is fenced, and n1 removes its copies"
 start 1
 until on 1 node ls >/dev/null 2>&1; do sleep 0.2; done
+n1_clean() { on 1 node ls --json | python3 -c 'import json, sys; sys.exit(0 if [n for n in json.load(sys.stdin) if n["name"] == "n1" and n["capacity"]["sandboxes"] == 0] else 1)'; }
+wait_for 120 "n1 to remove what it no longer holds" n1_clean
+grep -h 'cluster: fenced' "$WORK/n1.log" | sed -E 's/.*sandbox=([0-9a-f]+).*/  n1: fenced, stopped and removed its copy of \1/'
 on 1 node ls
 on 1 ls
 for id in $(on 2 ls | awk '$5 == "lost" { print $1 }'); do
