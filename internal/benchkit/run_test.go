@@ -87,7 +87,9 @@ func TestRunCreateExec(t *testing.T) {
 		}
 		if want == 2 {
 			ns := ph.Latency[1]
-			if ns.Name != "exec, no spawn" || ns.Clade == nil || ns.Clade.N != 3 || ns.Baseline != nil || ns.Clade.P50 > ph.Latency[0].Clade.P50 {
+			// Its speed against the exec of true is the bench's figure,
+			// not this test's: 3 samples on a loaded host order either way.
+			if ns.Name != "exec, no spawn" || ns.Clade == nil || ns.Clade.N != 3 || ns.Baseline != nil || ns.Clade.P50 <= 0 {
 				t.Errorf("exec without a spawn: %+v (exec of true: %+v)", ns, ph.Latency[0].Clade)
 			}
 		}
