@@ -58,8 +58,9 @@ type Config struct {
 	// --listen); Token is the cluster token they send.
 	Addr, Token string
 	Version     string
-	// LeaseTTL is how long the node's key outlives its last refresh
-	// (default 3 s); Refresh how often it writes its capacity (1 s).
+	// LeaseTTL is how long the node's key outlives its lease's last
+	// keepalive (default 3 s; one every third of it, at most every
+	// Refresh); Refresh how often it writes its capacity (1 s).
 	LeaseTTL, Refresh time.Duration
 	// LeaseFile keeps the lease's id, so that a restarted node takes its
 	// name back at once instead of waiting for its old lease to lapse.
@@ -78,6 +79,7 @@ type Cluster struct {
 
 	mu     sync.Mutex
 	lease  clientv3.LeaseID // guarded by mu
+	last   string           // the node key's last value written; guarded by mu
 	epochs map[string]int64 // the epoch this node last wrote, by sandbox; guarded by mu
 	// lostNodes and lostPass are the live nodes at MarkLost's last pass
 	// over the directory, and when; guarded by mu.
@@ -87,6 +89,9 @@ type Cluster struct {
 	// rejoined is signalled when the node registered again after its
 	// lease lapsed: what it holds must be checked against the directory.
 	rejoined chan struct{}
+	// check asks keepAlive to check the lease now (a capacity write
+	// found the key not the lease's).
+	check chan struct{}
 
 	stop chan struct{}
 	done chan struct{}
@@ -124,7 +129,7 @@ func Join(ctx context.Context, cli *clientv3.Client, cfg Config) (*Cluster, erro
 		cfg.Capacity = func(context.Context) (api.NodeCapacity, error) { return api.NodeCapacity{}, nil }
 	}
 	c := &Cluster{cfg: cfg, cli: cli, joined: time.Now().UTC(), stop: make(chan struct{}), done: make(chan struct{}),
-		epochs: map[string]int64{}, rejoined: make(chan struct{}, 1)}
+		epochs: map[string]int64{}, rejoined: make(chan struct{}, 1), check: make(chan struct{}, 1)}
 	// A lease of this node's last life: its key goes now, not in TTL.
 	if b, err := os.ReadFile(cfg.LeaseFile); err == nil && cfg.LeaseFile != "" {
 		if id, err := strconv.ParseInt(strings.TrimSpace(string(b)), 16, 64); err == nil {
@@ -140,17 +145,23 @@ func Join(ctx context.Context, cli *clientv3.Client, cfg Config) (*Cluster, erro
 	return c, nil
 }
 
-// register grants a lease and claims the node's key with it.
+// register grants a lease and claims the node's key with it. The key's
+// value is its last one when there is one (a node taken back after its
+// lease lapsed does not wait for a capacity read; the next refresh writes
+// a new one), read before the lease is granted.
 func (c *Cluster) register(ctx context.Context) error {
 	deadline := time.Now().Add(2 * c.cfg.LeaseTTL)
+	_, v := c.current()
+	if v == "" {
+		var err error
+		if v, err = c.value(ctx); err != nil {
+			return err
+		}
+	}
 	for {
 		l, err := c.cli.Grant(ctx, int64((c.cfg.LeaseTTL+time.Second-1)/time.Second))
 		if err != nil {
 			return fmt.Errorf("etcd: grant a lease: %w", err)
-		}
-		v, err := c.value(ctx)
-		if err != nil {
-			return err
 		}
 		k := nodeKey(c.cfg.Node)
 		r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
@@ -160,7 +171,7 @@ func (c *Cluster) register(ctx context.Context) error {
 		}
 		if r.Succeeded {
 			c.mu.Lock()
-			c.lease = l.ID
+			c.lease, c.last = l.ID, v
 			c.mu.Unlock()
 			if c.cfg.LeaseFile != "" {
 				_ = os.WriteFile(c.cfg.LeaseFile, []byte(fmt.Sprintf("%x\n", int64(l.ID))), 0o600)
@@ -199,13 +210,22 @@ func (c *Cluster) value(ctx context.Context) (string, error) {
 	return string(b), err
 }
 
-// run refreshes the node's key and lease until Close; a lease that lapsed
-// (etcd out of reach for longer than the TTL) is taken again.
+// run keeps the node's lease alive and its key's capacity fresh until
+// Close, in two loops: the keepalive never waits for a capacity read (a
+// slow one, on a loaded host, must not let the lease of a live node lapse
+// and its sandboxes be marked lost).
 func (c *Cluster) run() {
 	defer close(c.done)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { <-c.stop; cancel() }()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.keepAlive(ctx)
+	}()
+	defer wg.Wait()
 	t := time.NewTicker(c.cfg.Refresh)
 	defer t.Stop()
 	for {
@@ -215,45 +235,101 @@ func (c *Cluster) run() {
 		case <-t.C:
 		}
 		if err := c.refresh(ctx); err != nil && ctx.Err() == nil {
-			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				c.cfg.Log.Warn("cluster: this node's lease lapsed; joining again", "node", c.cfg.Node)
-				if err := c.register(ctx); err != nil {
-					c.cfg.Log.Error("cluster: join again", "err", err)
-					continue
-				}
-				select {
-				case c.rejoined <- struct{}{}:
-				default:
-				}
-				continue
-			}
 			c.cfg.Log.Warn("cluster: refresh this node's key", "err", err)
 		}
 	}
 }
 
-func (c *Cluster) refresh(ctx context.Context) error {
-	c.mu.Lock()
-	lease := c.lease
-	c.mu.Unlock()
-	cctx, cancel := context.WithTimeout(ctx, c.cfg.LeaseTTL)
-	defer cancel()
-	if _, err := c.cli.KeepAliveOnce(cctx, lease); err != nil {
-		return err
+// keepAlive renews the node's lease every third of its TTL (at most every
+// Refresh); a lease that lapsed (etcd out of reach for longer than the
+// TTL) is taken again, with the key's last value (no capacity read).
+func (c *Cluster) keepAlive(ctx context.Context) {
+	t := time.NewTicker(max(min(c.cfg.Refresh, c.cfg.LeaseTTL/3), 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		checkKey := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.check:
+			checkKey = true
+		}
+		lease, _ := c.current()
+		kctx, kcancel := context.WithTimeout(ctx, c.cfg.LeaseTTL)
+		_, err := c.cli.KeepAliveOnce(kctx, lease)
+		if err == nil && checkKey && !c.keyIsLease(kctx, lease) {
+			err = rpctypes.ErrLeaseNotFound // the key went without the lease: taken again
+		}
+		kcancel()
+		if err == nil || ctx.Err() != nil {
+			continue
+		}
+		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			c.cfg.Log.Warn("cluster: keep this node's lease alive", "err", err)
+			continue
+		}
+		c.cfg.Log.Warn("cluster: this node's lease lapsed; joining again", "node", c.cfg.Node)
+		if err := c.register(ctx); err != nil {
+			if ctx.Err() == nil {
+				c.cfg.Log.Error("cluster: join again", "err", err)
+			}
+			continue
+		}
+		select {
+		case c.rejoined <- struct{}{}:
+		default:
+		}
 	}
+}
+
+// keyIsLease is whether the node's key is bound to lease (etcd out of
+// reach: it is taken to be).
+func (c *Cluster) keyIsLease(ctx context.Context, lease clientv3.LeaseID) bool {
+	r, err := c.cli.Get(ctx, nodeKey(c.cfg.Node))
+	return err != nil || len(r.Kvs) > 0 && clientv3.LeaseID(r.Kvs[0].Lease) == lease
+}
+
+// current is the node's lease and its key's last value.
+func (c *Cluster) current() (clientv3.LeaseID, string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lease, c.last
+}
+
+// refresh rewrites the node's key with its capacity now.
+func (c *Cluster) refresh(ctx context.Context) error {
 	v, err := c.value(ctx)
 	if err != nil {
 		return err
 	}
+	// The lease after the read: one taken again meanwhile is the one
+	// the key is bound to.
+	lease, _ := c.current()
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.LeaseTTL)
+	defer cancel()
 	// Only while the key is still this lease's: a lapsed one is taken
-	// again by register, never written over a newcomer's.
+	// again by keepAlive (asked to check now), never written over a
+	// newcomer's.
 	k := nodeKey(c.cfg.Node)
 	r, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.LeaseValue(k), "=", lease)).
 		Then(clientv3.OpPut(k, v, clientv3.WithLease(lease))).Commit()
-	if err == nil && !r.Succeeded {
-		return rpctypes.ErrLeaseNotFound
+	if err != nil {
+		return err
 	}
-	return err
+	if !r.Succeeded {
+		select {
+		case c.check <- struct{}{}:
+		default:
+		}
+		return nil
+	}
+	c.mu.Lock()
+	if c.lease == lease {
+		c.last = v
+	}
+	c.mu.Unlock()
+	return nil
 }
 
 // Close stops refreshing and revokes the lease: the node leaves the

@@ -18,6 +18,7 @@ import (
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/service"
+	"github.com/clade-sandbox/clade/internal/service/remote"
 )
 
 // SnapshotMeta is what a node sends another with a fork's children: the
@@ -53,8 +54,30 @@ type Porter interface {
 	Import(ctx context.Context, meta SnapshotMeta, n int, fetch func(ctx context.Context, dir string) error) (api.ForkResult, error)
 }
 
+// forks is the part of Service that forks across nodes: it owns the
+// porter (the lifecycle's export and import of a snapshot) and serves the
+// internal routes other nodes call. It takes the cluster, the node's own
+// service and the creates in flight (placement), and calls back into the
+// Service through forkOps.
+type forks struct {
+	c       *Cluster
+	local   service.Service
+	pending *pending
+	svc     forkOps
+
+	// porter, when set (SetPorter), makes forks across nodes.
+	porter Porter
+}
+
+// forkOps is what a fork calls back into the node's Service for: a
+// child's record written, another node's API.
+type forkOps interface {
+	publishID(ctx context.Context, id string) error
+	remote(n api.Node) (*remote.Service, error)
+}
+
 // SetPorter enables forks across nodes on this node.
-func (s *Service) SetPorter(p Porter) { s.porter = p }
+func (s *Service) SetPorter(p Porter) { s.forks.porter = p }
 
 // importRequest is the body of POST /v1/internal/fork/import.
 type importRequest struct {
@@ -77,49 +100,54 @@ func (s *Service) Fork(ctx context.Context, source string, n int) (api.ForkResul
 // refuses them all; then the node snapshots once and places the children
 // across the nodes (spread).
 func (s *Service) ForkAcross(ctx context.Context, req api.ForkRequest) (api.ForkResult, error) {
+	return s.forks.fork(ctx, req)
+}
+
+// fork is ForkAcross.
+func (f *forks) fork(ctx context.Context, req api.ForkRequest) (api.ForkResult, error) {
 	if req.Source == "" {
 		return api.ForkResult{}, errdefs.New(errdefs.InvalidArgument, "source is empty: name a snapshot or a running sandbox")
 	}
 	if req.N < 1 {
 		return api.ForkResult{}, errdefs.New(errdefs.InvalidArgument, "n must be at least 1")
 	}
-	here, err := s.holdsSource(ctx, req.Source)
+	here, err := f.holdsSource(ctx, req.Source)
 	if err != nil {
 		return api.ForkResult{}, err
 	}
 	if !here {
-		n, err := s.sourceNode(ctx, req.Source)
+		n, err := f.sourceNode(ctx, req.Source)
 		if err != nil {
 			return api.ForkResult{}, err
 		}
-		r, err := s.remote(n)
+		r, err := f.svc.remote(n)
 		if err != nil {
 			return api.ForkResult{}, err
 		}
 		return r.ForkAcross(ctx, req)
 	}
-	if req.Spread && s.porter == nil {
-		return api.ForkResult{}, errdefs.New(errdefs.InvalidArgument, "node %s cannot fork across nodes", s.c.cfg.Node)
+	if req.Spread && f.porter == nil {
+		return api.ForkResult{}, errdefs.New(errdefs.InvalidArgument, "node %s cannot fork across nodes", f.c.cfg.Node)
 	}
 	if !req.Spread {
-		res, err := s.Service.Fork(ctx, req.Source, req.N)
-		if err == nil || s.porter == nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "memory") {
-			return s.settleLocal(ctx, res), err
+		res, err := f.local.Fork(ctx, req.Source, req.N)
+		if err == nil || f.porter == nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "memory") {
+			return f.settleLocal(ctx, res), err
 		}
-		s.c.cfg.Log.Info("cluster: this node has no room for the fork's children: placing them across the cluster", "source", req.Source, "n", req.N, "err", err)
+		f.c.cfg.Log.Info("cluster: this node has no room for the fork's children: placing them across the cluster", "source", req.Source, "n", req.N, "err", err)
 	}
-	return s.spread(ctx, req)
+	return f.spread(ctx, req)
 }
 
 // holdsSource reports whether this node holds source (a sandbox or a
 // snapshot).
-func (s *Service) holdsSource(ctx context.Context, source string) (bool, error) {
-	if _, err := s.Service.Get(ctx, source); err == nil {
+func (f *forks) holdsSource(ctx context.Context, source string) (bool, error) {
+	if _, err := f.local.Get(ctx, source); err == nil {
 		return true, nil
 	} else if !errdefs.IsNotFound(err) {
 		return false, err
 	}
-	if _, err := s.Service.GetSnapshot(ctx, source); err == nil {
+	if _, err := f.local.GetSnapshot(ctx, source); err == nil {
 		return true, nil
 	} else if !errdefs.IsNotFound(err) {
 		return false, err
@@ -128,9 +156,9 @@ func (s *Service) holdsSource(ctx context.Context, source string) (bool, error) 
 }
 
 // sourceNode is the live node that holds source, from the directory.
-func (s *Service) sourceNode(ctx context.Context, source string) (api.Node, error) {
+func (f *forks) sourceNode(ctx context.Context, source string) (api.Node, error) {
 	holder := ""
-	rec, ok, err := s.c.Lookup(ctx, source)
+	rec, ok, err := f.c.Lookup(ctx, source)
 	if err != nil {
 		return api.Node{}, err
 	}
@@ -140,7 +168,7 @@ func (s *Service) sourceNode(ctx context.Context, source string) (api.Node, erro
 	if ok {
 		holder = rec.Node
 	} else {
-		sr, ok, err := s.c.LookupSnapshot(ctx, source)
+		sr, ok, err := f.c.LookupSnapshot(ctx, source)
 		if err != nil {
 			return api.Node{}, err
 		}
@@ -148,10 +176,10 @@ func (s *Service) sourceNode(ctx context.Context, source string) (api.Node, erro
 			holder = sr.Node
 		}
 	}
-	if holder == "" || holder == s.c.cfg.Node {
+	if holder == "" || holder == f.c.cfg.Node {
 		return api.Node{}, errdefs.New(errdefs.NotFound, "no snapshot or sandbox called %s in the cluster (see `clade snapshot ls` and `clade ls`)", source)
 	}
-	n, live, err := s.c.node(ctx, holder)
+	n, live, err := f.c.node(ctx, holder)
 	if err != nil {
 		return api.Node{}, err
 	}
@@ -164,12 +192,12 @@ func (s *Service) sourceNode(ctx context.Context, source string) (api.Node, erro
 // settleLocal names this node in a local fork's children and writes their
 // records before the answer (the events' writes find them unchanged), so
 // that any node finds them from then on.
-func (s *Service) settleLocal(ctx context.Context, res api.ForkResult) api.ForkResult {
+func (f *forks) settleLocal(ctx context.Context, res api.ForkResult) api.ForkResult {
 	for i := range res.Children {
-		res.Children[i].Node = s.c.cfg.Node
+		res.Children[i].Node = f.c.cfg.Node
 		if id := res.Children[i].ID; id != "" {
-			if err := s.publishID(ctx, id); err != nil {
-				s.c.cfg.Log.Warn("cluster: write a fork child's record", "sandbox", id, "err", err)
+			if err := f.svc.publishID(ctx, id); err != nil {
+				f.c.cfg.Log.Warn("cluster: write a fork child's record", "sandbox", id, "err", err)
 			}
 		}
 	}
@@ -180,8 +208,8 @@ func (s *Service) settleLocal(ctx context.Context, res api.ForkResult) api.ForkR
 // the nodes placement picks, each node's share in one call: this node's
 // with the local fork, another's through its internal import route (it
 // fetches the image from here by digest, verifies it and restores).
-func (s *Service) spread(ctx context.Context, req api.ForkRequest) (api.ForkResult, error) {
-	meta, release, err := s.porter.Export(ctx, req.Source, req.N)
+func (f *forks) spread(ctx context.Context, req api.ForkRequest) (api.ForkResult, error) {
+	meta, release, err := f.porter.Export(ctx, req.Source, req.N)
 	if err != nil {
 		return api.ForkResult{}, err
 	}
@@ -189,9 +217,9 @@ func (s *Service) spread(ctx context.Context, req api.ForkRequest) (api.ForkResu
 	ctx = context.WithoutCancel(ctx) // children are made whole or not at all
 	var plan, overflow []share
 	if meta.Local != "" {
-		s.c.cfg.Log.Info("cluster: the fork's children stay on this node", "snapshot", meta.ID, "why", meta.Local)
-		plan = []share{{node: api.Node{Name: s.c.cfg.Node}, n: req.N}}
-	} else if plan, overflow, err = s.planFork(ctx, meta, req.N); err != nil {
+		f.c.cfg.Log.Info("cluster: the fork's children stay on this node", "snapshot", meta.ID, "why", meta.Local)
+		plan = []share{{node: api.Node{Name: f.c.cfg.Node}, n: req.N}}
+	} else if plan, overflow, err = f.planFork(ctx, meta, req.N); err != nil {
 		return api.ForkResult{}, err
 	}
 	res := api.ForkResult{Snapshot: meta.ID, Children: make([]api.ForkChild, 0, req.N)}
@@ -202,8 +230,8 @@ func (s *Service) spread(ctx context.Context, req api.ForkRequest) (api.ForkResu
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				done := s.pending.add(sh.node.Name, int64(sh.n)*cmpInt(int64(meta.MemoryMiB), 0))
-				outs[i] = s.forkShare(ctx, meta, sh)
+				done := f.pending.add(sh.node.Name, int64(sh.n)*cmpInt(int64(meta.MemoryMiB), 0))
+				outs[i] = f.forkShare(ctx, meta, sh)
 				done(slices.ContainsFunc(outs[i], func(c api.ForkChild) bool { return c.ID != "" }))
 			}()
 		}
@@ -222,14 +250,14 @@ type share struct {
 }
 
 // forkShare makes sh's children and answers one entry for each.
-func (s *Service) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []api.ForkChild {
+func (f *forks) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []api.ForkChild {
 	var res api.ForkResult
 	var err error
-	if sh.node.Name == s.c.cfg.Node {
-		res, err = s.Service.Fork(ctx, meta.ID, sh.n)
-		res = s.settleLocal(ctx, res)
+	if sh.node.Name == f.c.cfg.Node {
+		res, err = f.local.Fork(ctx, meta.ID, sh.n)
+		res = f.settleLocal(ctx, res)
 	} else {
-		res, err = importOn(ctx, s.c.cfg.Token, sh.node, importRequest{Snapshot: meta, N: sh.n, Origin: s.c.cfg.Node})
+		res, err = importOn(ctx, f.c.cfg.Token, sh.node, importRequest{Snapshot: meta, N: sh.n, Origin: f.c.cfg.Node})
 	}
 	if err == nil && len(res.Children) != sh.n {
 		err = fmt.Errorf("node %s answered %d children for %d", sh.node.Name, len(res.Children), sh.n)
@@ -254,16 +282,16 @@ func (s *Service) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []
 // for (overflow) go to the best node anyway, after the others, in a share
 // of their own: that node's admission decides (its capacity in the
 // directory is up to a second old), and its refusal says why.
-func (s *Service) planFork(ctx context.Context, meta SnapshotMeta, n int) (plan, overflow []share, err error) {
-	nodes, err := s.c.Nodes(ctx)
+func (f *forks) planFork(ctx context.Context, meta SnapshotMeta, n int) (plan, overflow []share, err error) {
+	nodes, err := f.c.Nodes(ctx)
 	if err != nil {
 		return nil, nil, errdefs.New(errdefs.Unavailable, "cluster: cannot place the fork's children: %v", err)
 	}
 	req := api.CreateSandboxRequest{Image: meta.Image, Engine: meta.Engine, MemoryMiB: meta.MemoryMiB}
 	var cs []candidate
 	for _, nd := range nodes {
-		if eligible(nd, req, true) || nd.Name == s.c.cfg.Node {
-			cs = append(cs, candidate{node: nd, free: freeAfter(nd, int64(meta.MemoryMiB), s.pending.since(nd.Name, nd.RefreshedAt)) + int64(meta.MemoryMiB)})
+		if eligible(nd, req, true) || nd.Name == f.c.cfg.Node {
+			cs = append(cs, candidate{node: nd, free: freeAfter(nd, int64(meta.MemoryMiB), f.pending.since(nd.Name, nd.RefreshedAt)) + int64(meta.MemoryMiB)})
 		}
 	}
 	if len(cs) == 0 {
@@ -272,7 +300,7 @@ func (s *Service) planFork(ctx context.Context, meta SnapshotMeta, n int) (plan,
 	// The owner first on a tie: its children share the snapshot's memory
 	// and need no copy.
 	slices.SortStableFunc(cs, func(a, b candidate) int {
-		return cmp.Compare(boolInt(b.node.Name == s.c.cfg.Node), boolInt(a.node.Name == s.c.cfg.Node))
+		return cmp.Compare(boolInt(b.node.Name == f.c.cfg.Node), boolInt(a.node.Name == f.c.cfg.Node))
 	})
 	count, over := make([]int, len(cs)), make([]int, len(cs))
 	mib := int64(cmpInt(int64(meta.MemoryMiB), 0))
@@ -368,17 +396,20 @@ var internalClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdle
 // /v1/internal/, with the cluster token only (on the unix socket too):
 // POST fork/import (fork a share of children of another node's snapshot)
 // and GET snapshots/{digest} (stream a sealed image being sent).
-func (s *Service) Internal() http.Handler {
+func (s *Service) Internal() http.Handler { return s.forks.handler() }
+
+// handler is Internal.
+func (f *forks) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/internal/fork/import", s.serveImport)
-	mux.HandleFunc("GET /v1/internal/snapshots/{digest}", s.serveImage)
+	mux.HandleFunc("POST /v1/internal/fork/import", f.serveImport)
+	mux.HandleFunc("GET /v1/internal/snapshots/{digest}", f.serveImage)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || s.c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.c.cfg.Token)) != 1 {
+		if !ok || !strings.EqualFold(scheme, "Bearer") || f.c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(f.c.cfg.Token)) != 1 {
 			writeErr(w, errdefs.New(errdefs.Unauthenticated, "the internal routes take the cluster token only"))
 			return
 		}
-		if s.porter == nil {
+		if f.porter == nil {
 			writeErr(w, errdefs.New(errdefs.NotFound, "this node does not fork across nodes"))
 			return
 		}
@@ -393,7 +424,7 @@ func writeErr(w http.ResponseWriter, err error) {
 	_ = json.NewEncoder(w).Encode(api.Error{Code: string(c), Message: err.Error()})
 }
 
-func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
+func (f *forks) serveImport(w http.ResponseWriter, r *http.Request) {
 	var req importRequest
 	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 	dec.DisallowUnknownFields()
@@ -401,13 +432,13 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, errdefs.New(errdefs.InvalidArgument, "malformed import request: %v", err))
 		return
 	}
-	if req.Origin == "" || req.Origin == s.c.cfg.Node {
+	if req.Origin == "" || req.Origin == f.c.cfg.Node {
 		writeErr(w, errdefs.New(errdefs.InvalidArgument, "an import names the node to fetch from (not this one)"))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), importTimeout)
 	defer cancel()
-	origin, live, err := s.c.node(ctx, req.Origin)
+	origin, live, err := f.c.node(ctx, req.Origin)
 	if err == nil && !live {
 		err = errdefs.New(errdefs.Unavailable, "node %s, to fetch snapshot %s from, is not in the cluster", req.Origin, req.Snapshot.ID)
 	}
@@ -416,14 +447,14 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fetch := func(ctx context.Context, dir string) error {
-		return fetchImage(ctx, s.c.cfg.Token, origin, req.Snapshot.Digest, dir)
+		return fetchImage(ctx, f.c.cfg.Token, origin, req.Snapshot.Digest, dir)
 	}
-	res, err := s.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch)
+	res, err := f.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	res = s.settleLocal(r.Context(), res)
+	res = f.settleLocal(r.Context(), res)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
 }
@@ -441,8 +472,8 @@ func fetchImage(ctx context.Context, token string, origin api.Node, digest, dir 
 	return receiveImage(resp.Body, digest, dir)
 }
 
-func (s *Service) serveImage(w http.ResponseWriter, r *http.Request) {
-	dir, release, err := s.porter.Open(r.PathValue("digest"))
+func (f *forks) serveImage(w http.ResponseWriter, r *http.Request) {
+	dir, release, err := f.porter.Open(r.PathValue("digest"))
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -450,7 +481,7 @@ func (s *Service) serveImage(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	if err := sendImage(w, dir); err != nil {
-		s.c.cfg.Log.Warn("cluster: send a snapshot image", "digest", r.PathValue("digest"), "err", err)
+		f.c.cfg.Log.Warn("cluster: send a snapshot image", "digest", r.PathValue("digest"), "err", err)
 		panic(http.ErrAbortHandler) // the peer sees a cut stream, never a whole one
 	}
 }

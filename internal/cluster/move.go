@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -171,24 +172,49 @@ func (c *Cluster) dropClaim(ctx context.Context, id string) {
 	_, _ = c.cli.Delete(ctx, moveKey(id))
 }
 
+// moves is the part of Service that moves sleeping sandboxes between
+// nodes: it owns the sandboxes whose image's copy is awaited, the
+// adoptions under way in this process and their count. It takes the
+// cluster, the node's own service and the creates in flight (placement),
+// and calls back into the Service through moveOps.
+type moves struct {
+	c       *Cluster
+	local   service.Service
+	pending *pending
+	svc     moveOps
+
+	await  awaiting     // sleeping sandboxes whose copy is not sealed yet
+	moving sync.Map     // ids this process is adopting
+	n      atomic.Int64 // sandboxes adopted
+}
+
+// moveOps is what a move calls back into the node's Service for: a
+// record written (fenced: the sandbox disowned), a call routed, a cached
+// route dropped.
+type moveOps interface {
+	publish(ctx context.Context, sb api.Sandbox) error
+	route(ctx context.Context, ref string) (service.Service, error)
+	forgetRoute(id string)
+}
+
 // mover is the local service's Mover, nil when it has none.
-func (s *Service) mover() service.Mover {
-	m, _ := s.Service.(service.Mover)
+func (mv *moves) mover() service.Mover {
+	m, _ := mv.local.(service.Mover)
 	return m
 }
 
 // sleepImage is the digest of sleeping sb's image in the snapshot store,
 // "" when there is none (yet: the node then publishes the record again
 // once the copy is sealed, see republishCopied).
-func (s *Service) sleepImage(ctx context.Context, sb api.Sandbox) string {
-	m := s.mover()
+func (mv *moves) sleepImage(ctx context.Context, sb api.Sandbox) string {
+	m := mv.mover()
 	if m == nil || sb.State != "sleeping" {
 		return ""
 	}
 	d, err := m.SleepImage(ctx, sb.ID)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			s.awaitCopy(sb.ID)
+			mv.awaitCopy(sb.ID)
 		}
 		return ""
 	}
@@ -205,61 +231,61 @@ type awaiting struct {
 	ids map[string]time.Time // guarded by mu: since when
 }
 
-func (s *Service) awaitCopy(id string) {
-	s.await.mu.Lock()
-	defer s.await.mu.Unlock()
-	if s.await.ids == nil {
-		s.await.ids = map[string]time.Time{}
+func (mv *moves) awaitCopy(id string) {
+	mv.await.mu.Lock()
+	defer mv.await.mu.Unlock()
+	if mv.await.ids == nil {
+		mv.await.ids = map[string]time.Time{}
 	}
-	if _, ok := s.await.ids[id]; !ok {
-		s.await.ids[id] = time.Now()
+	if _, ok := mv.await.ids[id]; !ok {
+		mv.await.ids[id] = time.Now()
 	}
 }
 
 // republishCopied publishes again the records of sleeping sandboxes whose
 // image's copy was not sealed at their last write: the record names the
 // digest from then on.
-func (s *Service) republishCopied(ctx context.Context) {
-	s.await.mu.Lock()
+func (mv *moves) republishCopied(ctx context.Context) {
+	mv.await.mu.Lock()
 	var ids []string
-	for id, since := range s.await.ids {
+	for id, since := range mv.await.ids {
 		if time.Since(since) > copyWait {
-			delete(s.await.ids, id)
+			delete(mv.await.ids, id)
 			continue
 		}
 		ids = append(ids, id)
 	}
-	s.await.mu.Unlock()
+	mv.await.mu.Unlock()
 	for _, id := range ids {
-		sb, err := s.Service.Get(ctx, id)
+		sb, err := mv.local.Get(ctx, id)
 		done := err != nil || sb.State != "sleeping"
 		if !done {
-			m := s.mover()
+			m := mv.mover()
 			d, derr := m.SleepImage(ctx, id)
 			done = derr == nil || !errdefs.IsNotFound(derr)
 			if d != "" {
-				if err := s.publish(ctx, sb); err != nil {
-					s.c.cfg.Log.Warn("cluster: write a sleeping sandbox's record with its image", "sandbox", id, "err", err)
+				if err := mv.svc.publish(ctx, sb); err != nil {
+					mv.c.cfg.Log.Warn("cluster: write a sleeping sandbox's record with its image", "sandbox", id, "err", err)
 					done = false
 				}
 			}
 		}
 		if done {
-			s.await.mu.Lock()
-			delete(s.await.ids, id)
-			s.await.mu.Unlock()
+			mv.await.mu.Lock()
+			delete(mv.await.ids, id)
+			mv.await.mu.Unlock()
 		}
 	}
 }
 
 // disown removes this node's copy of a sandbox the cluster gave another
 // node (or declared lost), keeping its copy in the snapshot store.
-func (s *Service) disown(ctx context.Context, id string) error {
+func (mv *moves) disown(ctx context.Context, id string) error {
 	ctx = context.WithoutCancel(ctx)
-	if m := s.mover(); m != nil {
+	if m := mv.mover(); m != nil {
 		return m.Disown(ctx, id)
 	}
-	return s.Service.Remove(ctx, id)
+	return mv.local.Remove(ctx, id)
 }
 
 // movedAway reports whether the cluster gave sandbox id, which this node
@@ -267,18 +293,18 @@ func (s *Service) disown(ctx context.Context, id string) error {
 // epoch than this node knows), and then removes this node's copy: a
 // node must not wake what it no longer holds. etcd out of reach: not
 // moved (the node serves its own).
-func (s *Service) movedAway(ctx context.Context, id string) bool {
+func (mv *moves) movedAway(ctx context.Context, id string) bool {
 	// Bounded short: etcd out of reach must not hold a node's calls on
 	// its own sandboxes long.
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	rec, ok, err := s.c.Lookup(lctx, id)
-	if err != nil || !ok || rec.Node == s.c.cfg.Node || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= s.c.epoch(id) {
+	rec, ok, err := mv.c.Lookup(lctx, id)
+	if err != nil || !ok || rec.Node == mv.c.cfg.Node || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= mv.c.epoch(id) {
 		return false
 	}
-	s.c.cfg.Log.Warn("cluster: fenced: a sleeping sandbox moved to another node; removing this node's copy", "sandbox", id, "node", rec.Node, "epoch", rec.Epoch)
-	if err := s.disown(ctx, id); err != nil && !errdefs.IsNotFound(err) {
-		s.c.cfg.Log.Warn("cluster: remove a moved sandbox's copy", "sandbox", id, "err", err)
+	mv.c.cfg.Log.Warn("cluster: fenced: a sleeping sandbox moved to another node; removing this node's copy", "sandbox", id, "node", rec.Node, "epoch", rec.Epoch)
+	if err := mv.disown(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		mv.c.cfg.Log.Warn("cluster: remove a moved sandbox's copy", "sandbox", id, "err", err)
 	}
 	return true
 }
@@ -287,7 +313,7 @@ func (s *Service) movedAway(ctx context.Context, id string) bool {
 // record: a sleeping one whose node is gone is given to the node
 // placement picks, one given to this node is adopted here, one being
 // moved is waited for. ok false: the caller routes rec as ever.
-func (s *Service) routeSleeping(ctx context.Context, ref string, rec Record) (svc service.Service, ok bool, err error) {
+func (mv *moves) routeSleeping(ctx context.Context, ref string, rec Record) (svc service.Service, ok bool, err error) {
 	deadline := time.Now().Add(moveWait)
 	for try := 0; ; try++ {
 		if try > 0 {
@@ -300,7 +326,7 @@ func (s *Service) routeSleeping(ctx context.Context, ref string, rec Record) (sv
 			case <-time.After(200 * time.Millisecond): // polling another node's move of the record
 			}
 		}
-		cur, rev, claimed, found, err := s.c.lookupRev(ctx, rec.ID)
+		cur, rev, claimed, found, err := mv.c.lookupRev(ctx, rec.ID)
 		if err != nil {
 			return nil, true, err
 		}
@@ -318,24 +344,24 @@ func (s *Service) routeSleeping(ctx context.Context, ref string, rec Record) (sv
 		case !movable(rec):
 			return nil, false, nil
 		}
-		if rec.Node == s.c.cfg.Node {
-			if _, err := s.Service.Get(ctx, rec.ID); err == nil {
-				return s.Service, true, nil // adopted meanwhile (another call's move)
+		if rec.Node == mv.c.cfg.Node {
+			if _, err := mv.local.Get(ctx, rec.ID); err == nil {
+				return mv.local, true, nil // adopted meanwhile (another call's move)
 			}
-			svc, err := s.adoptHere(ctx, rec, rev)
+			svc, err := mv.adoptHere(ctx, rec, rev)
 			if errors.Is(err, errMoveRace) {
 				continue
 			}
 			return svc, true, err
 		}
-		_, live, err := s.c.node(ctx, rec.Node)
+		_, live, err := mv.c.node(ctx, rec.Node)
 		if err != nil {
 			return nil, true, err
 		}
 		if live {
 			return nil, false, nil // its node wakes it (or adopts it)
 		}
-		if _, err := s.reassign(ctx, rec, rev, true, ""); err != nil && !errors.Is(err, errMoveRace) {
+		if _, err := mv.reassign(ctx, rec, rev, true, ""); err != nil && !errors.Is(err, errMoveRace) {
 			return nil, true, err
 		}
 		// Given to a node (or another call's node won): route again.
@@ -344,8 +370,8 @@ func (s *Service) routeSleeping(ctx context.Context, ref string, rec Record) (sv
 
 // reassign gives sleeping rec (read at rev) to the node placement picks
 // among the live nodes other than its own and except.
-func (s *Service) reassign(ctx context.Context, rec Record, rev int64, gone bool, except string) (Record, error) {
-	nodes, err := s.c.Nodes(ctx)
+func (mv *moves) reassign(ctx context.Context, rec Record, rev int64, gone bool, except string) (Record, error) {
+	nodes, err := mv.c.Nodes(ctx)
 	if err != nil {
 		return Record{}, err
 	}
@@ -356,63 +382,63 @@ func (s *Service) reassign(ctx context.Context, rec Record, rev int64, gone bool
 		}
 	}
 	req := api.CreateSandboxRequest{Image: rec.Sandbox.Image, MemoryMiB: rec.Sandbox.MemoryMiB, Engine: rec.Sandbox.Engine}
-	cs := rank(others, req, func(n api.Node) int64 { return s.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	cs := rank(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
 	if len(cs) == 0 {
 		return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and no other live node that is not draining runs its engine: try again later", rec.ID, rec.Node)
 	}
-	return s.c.Reassign(ctx, rec, rev, cs[0].node.Name, gone)
+	return mv.c.Reassign(ctx, rec, rev, cs[0].node.Name, gone)
 }
 
 // adoptHere moves sleeping rec (read at rev), which names this node but
 // this node does not have, here: claimed, fetched and recreated asleep.
-func (s *Service) adoptHere(ctx context.Context, rec Record, rev int64) (service.Service, error) {
-	m := s.mover()
+func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.Service, error) {
+	m := mv.mover()
 	if m == nil {
 		return nil, errdefs.New(errdefs.Conflict, "sandbox %s was given to this node, which cannot adopt sandboxes", rec.ID)
 	}
-	s.moving.Store(rec.ID, true)
-	defer s.moving.Delete(rec.ID)
-	claimRev, err := s.c.claim(ctx, rec, rev)
+	mv.moving.Store(rec.ID, true)
+	defer mv.moving.Delete(rec.ID)
+	claimRev, err := mv.c.claim(ctx, rec, rev)
 	if err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
 	sb, err := m.Adopt(context.WithoutCancel(ctx), rec.ID, rec.SleepImage)
 	if err != nil {
-		if uerr := s.c.unclaim(ctx, rec, claimRev); uerr != nil {
-			s.c.cfg.Log.Warn("cluster: give back a failed move's claim (it lapses with the lease)", "sandbox", rec.ID, "err", uerr)
+		if uerr := mv.c.unclaim(ctx, rec, claimRev); uerr != nil {
+			mv.c.cfg.Log.Warn("cluster: give back a failed move's claim (it lapses with the lease)", "sandbox", rec.ID, "err", uerr)
 		}
 		return nil, fmt.Errorf("cluster: move sandbox %s here: %w", rec.ID, err)
 	}
-	if err := s.publish(ctx, sb); err != nil {
-		s.c.cfg.Log.Warn("cluster: write a moved sandbox's record", "sandbox", rec.ID, "err", err)
+	if err := mv.svc.publish(ctx, sb); err != nil {
+		mv.c.cfg.Log.Warn("cluster: write a moved sandbox's record", "sandbox", rec.ID, "err", err)
 	}
-	s.c.dropClaim(ctx, rec.ID)
-	s.moves.Add(1)
-	s.c.cfg.Log.Info("cluster: sleeping sandbox moved here", "sandbox", rec.ID, "digest", rec.SleepImage, "took", time.Since(t0).Round(time.Millisecond))
-	return s.Service, nil
+	mv.c.dropClaim(ctx, rec.ID)
+	mv.n.Add(1)
+	mv.c.cfg.Log.Info("cluster: sleeping sandbox moved here", "sandbox", rec.ID, "digest", rec.SleepImage, "took", time.Since(t0).Round(time.Millisecond))
+	return mv.local, nil
 }
 
 // Moves is how many sleeping sandboxes this node adopted since it started.
-func (s *Service) Moves() int64 { return s.moves.Load() }
+func (s *Service) Moves() int64 { return s.moves.n.Load() }
 
 // keepUnheld is whether resync keeps the record of a sandbox that names
 // this node but that the node does not have: a sleeping one in the
 // snapshot store (given to this node: adopted on the next call), or a
 // move a killed daemon left (its claim lapsed with the old lease): that
 // one is put back to sleeping on this node, the restart's census.
-func (s *Service) keepUnheld(ctx context.Context, r Record) bool {
+func (mv *moves) keepUnheld(ctx context.Context, r Record) bool {
 	if r.SleepImage == "" || r.State != "sleeping" && r.State != StateMoving {
 		return false
 	}
-	if _, busy := s.moving.Load(r.ID); busy || r.State == "sleeping" {
+	if _, busy := mv.moving.Load(r.ID); busy || r.State == "sleeping" {
 		return true
 	}
-	rec, rev, claimed, ok, err := s.c.lookupRev(ctx, r.ID)
-	if err != nil || !ok || claimed || rec.State != StateMoving || rec.Node != s.c.cfg.Node {
+	rec, rev, claimed, ok, err := mv.c.lookupRev(ctx, r.ID)
+	if err != nil || !ok || claimed || rec.State != StateMoving || rec.Node != mv.c.cfg.Node {
 		return true // a live claim, or changed meanwhile: not this pass's
 	}
-	if _, busy := s.moving.Load(r.ID); busy {
+	if _, busy := mv.moving.Load(r.ID); busy {
 		return true
 	}
 	rec.State, rec.Sandbox.State, rec.UpdatedAt = "sleeping", "sleeping", time.Now().UTC()
@@ -420,13 +446,13 @@ func (s *Service) keepUnheld(ctx context.Context, r Record) bool {
 	if err != nil {
 		return true
 	}
-	cctx, cancel := s.c.opCtx(ctx)
+	cctx, cancel := mv.c.opCtx(ctx)
 	defer cancel()
-	t, err := s.c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(sandboxKey(r.ID)), "=", rev),
+	t, err := mv.c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(sandboxKey(r.ID)), "=", rev),
 		clientv3.Compare(clientv3.CreateRevision(moveKey(r.ID)), "=", 0)).
 		Then(clientv3.OpPut(sandboxKey(r.ID), string(b))).Commit()
 	if err == nil && t.Succeeded {
-		s.c.cfg.Log.Info("cluster: a move a killed daemon left is undone: the sandbox sleeps in the snapshot store", "sandbox", r.ID)
+		mv.c.cfg.Log.Info("cluster: a move a killed daemon left is undone: the sandbox sleeps in the snapshot store", "sandbox", r.ID)
 	}
 	return true
 }
@@ -439,24 +465,24 @@ func roomRefused(err error) bool {
 // wakeElsewhere gives ref, which its live node refused to wake for room,
 // to another node when it sleeps in the snapshot store, and returns that
 // node's service; ok false leaves the refusal as the answer.
-func (s *Service) wakeElsewhere(ctx context.Context, ref string, refused error) (service.Service, bool) {
+func (mv *moves) wakeElsewhere(ctx context.Context, ref string, refused error) (service.Service, bool) {
 	if !roomRefused(refused) {
 		return nil, false
 	}
-	rec, ok, err := s.c.Lookup(ctx, ref)
+	rec, ok, err := mv.c.Lookup(ctx, ref)
 	if err != nil || !ok {
 		return nil, false
 	}
-	cur, rev, claimed, found, err := s.c.lookupRev(ctx, rec.ID)
+	cur, rev, claimed, found, err := mv.c.lookupRev(ctx, rec.ID)
 	if err != nil || !found || claimed || !movable(cur) {
 		return nil, false
 	}
-	if _, err := s.reassign(ctx, cur, rev, false, ""); err != nil {
-		s.c.cfg.Log.Info("cluster: a node refused a wake for room; no other node takes it", "sandbox", rec.ID, "err", err)
+	if _, err := mv.reassign(ctx, cur, rev, false, ""); err != nil {
+		mv.c.cfg.Log.Info("cluster: a node refused a wake for room; no other node takes it", "sandbox", rec.ID, "err", err)
 		return nil, false
 	}
-	s.forgetRoute(rec.ID)
-	svc, err := s.route(ctx, rec.ID)
+	mv.svc.forgetRoute(rec.ID)
+	svc, err := mv.svc.route(ctx, rec.ID)
 	return svc, err == nil
 }
 
@@ -465,8 +491,8 @@ func (s *Service) wakeElsewhere(ctx context.Context, ref string, refused error) 
 // adopted where it is given on its next call). The drained node's copy is
 // fenced: removed at its next check. Sandboxes that cannot move (no copy,
 // volumes, secrets) stay. It returns how many were given away.
-func (s *Service) drainSleeping(ctx context.Context, node string) (int, error) {
-	recs, err := s.c.Records(ctx)
+func (mv *moves) drainSleeping(ctx context.Context, node string) (int, error) {
+	recs, err := mv.c.Records(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -476,7 +502,7 @@ func (s *Service) drainSleeping(ctx context.Context, node string) (int, error) {
 		if r.Node != node || !movable(r) {
 			continue
 		}
-		rec, rev, claimed, ok, err := s.c.lookupRev(ctx, r.ID)
+		rec, rev, claimed, ok, err := mv.c.lookupRev(ctx, r.ID)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -484,7 +510,7 @@ func (s *Service) drainSleeping(ctx context.Context, node string) (int, error) {
 		if !ok || claimed || rec.Node != node || !movable(rec) {
 			continue // changed meanwhile
 		}
-		if _, err := s.reassign(ctx, rec, rev, false, ""); err != nil {
+		if _, err := mv.reassign(ctx, rec, rev, false, ""); err != nil {
 			if !errors.Is(err, errMoveRace) {
 				errs = append(errs, fmt.Errorf("sandbox %s: %w", rec.ID, err))
 			}

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
@@ -36,13 +35,8 @@ type Service struct {
 
 	pending pending
 
-	// Moves of sleeping sandboxes (move.go).
-	await  awaiting     // sleeping sandboxes whose copy is not sealed yet
-	moving sync.Map     // ids this process is adopting
-	moves  atomic.Int64 // sandboxes adopted
-
-	// porter, when set (SetPorter), makes forks across nodes (fork.go).
-	porter Porter
+	moves *moves // moves of sleeping sandboxes (move.go)
+	forks *forks // forks across nodes and the internal routes (fork.go)
 }
 
 var (
@@ -52,7 +46,10 @@ var (
 
 // NewService wraps local, the node's own service, for the cluster c.
 func NewService(c *Cluster, local service.Service) *Service {
-	return &Service{Service: local, c: c, remotes: map[string]*remote.Service{}, routes: map[string]route{}}
+	s := &Service{Service: local, c: c, remotes: map[string]*remote.Service{}, routes: map[string]route{}}
+	s.moves = &moves{c: c, local: local, pending: &s.pending, svc: s}
+	s.forks = &forks{c: c, local: local, pending: &s.pending, svc: s}
+	return s
 }
 
 // Nodes reads the cluster's live nodes.
@@ -66,7 +63,7 @@ func (s *Service) Drain(ctx context.Context, node string, on bool) (api.Node, er
 	if err != nil || !on {
 		return n, err
 	}
-	moved, err := s.drainSleeping(ctx, node)
+	moved, err := s.moves.drainSleeping(ctx, node)
 	if err != nil {
 		s.c.cfg.Log.Warn("cluster: drain: some sleeping sandboxes stay on the node", "node", node, "err", err)
 	}
@@ -105,7 +102,7 @@ func (s *Service) Sync(ctx context.Context) error {
 			if _, err := s.c.MarkLost(ctx); err != nil {
 				s.c.cfg.Log.Debug("cluster: mark lost sandboxes", "err", err)
 			}
-			s.republishCopied(ctx)
+			s.moves.republishCopied(ctx)
 		case <-s.c.rejoined:
 			// Back after its lease lapsed: what the cluster took from
 			// it meanwhile is stopped and cleaned now.
@@ -165,13 +162,13 @@ var transitional = map[string]bool{"creating": true, "suspending": true, "waking
 // (fenced) makes the node stop and remove the sandbox: it must not run
 // what the cluster says is lost or elsewhere.
 func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
-	err := s.c.PublishImage(ctx, sb, s.sleepImage(ctx, sb))
+	err := s.c.PublishImage(ctx, sb, s.moves.sleepImage(ctx, sb))
 	if !errors.Is(err, errFenced) {
 		return err
 	}
 	s.c.cfg.Log.Warn("cluster: fenced: stopping and removing a sandbox the cluster no longer gives this node", "sandbox", sb.ID, "err", err)
 	// Its copy in the snapshot store stays: a node it moved to uses it.
-	if rerr := s.disown(ctx, sb.ID); rerr != nil && !errdefs.IsNotFound(rerr) {
+	if rerr := s.moves.disown(ctx, sb.ID); rerr != nil && !errdefs.IsNotFound(rerr) {
 		return errors.Join(err, rerr)
 	}
 	return nil
@@ -204,7 +201,7 @@ func (s *Service) resync(ctx context.Context) error {
 		}
 	}
 	for _, r := range recs {
-		if r.Node == s.c.cfg.Node && !have[r.ID] && !s.keepUnheld(ctx, r) {
+		if r.Node == s.c.cfg.Node && !have[r.ID] && !s.moves.keepUnheld(ctx, r) {
 			errs = append(errs, s.c.Unpublish(ctx, r.ID, false))
 		}
 	}
@@ -368,7 +365,7 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	if n, ok := s.cachedRoute(ref); ok {
 		return s.remote(n)
 	}
-	if sb, err := s.Service.Get(ctx, ref); err == nil && sb.State == "sleeping" && s.movedAway(ctx, sb.ID) {
+	if sb, err := s.Service.Get(ctx, ref); err == nil && sb.State == "sleeping" && s.moves.movedAway(ctx, sb.ID) {
 		// Moved to another node meanwhile: this node's copy is gone now;
 		// the record says where it is.
 		s.forgetRoute(sb.ID)
@@ -383,7 +380,7 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 		return nil, lostError(rec)
 	}
 	if ok && (movable(rec) || rec.State == StateMoving) {
-		if svc, moved, err := s.routeSleeping(ctx, ref, rec); moved || err != nil {
+		if svc, moved, err := s.moves.routeSleeping(ctx, ref, rec); moved || err != nil {
 			return svc, err
 		}
 		if rec, ok, err = s.c.Lookup(ctx, rec.ID); err != nil {
@@ -487,7 +484,7 @@ func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 	sb, err := svc.Get(ctx, ref)
 	if err == nil && svc == s.Service {
 		sb.Node = s.c.cfg.Node
-		sb.SleepImage = s.sleepImage(ctx, sb)
+		sb.SleepImage = s.moves.sleepImage(ctx, sb)
 	}
 	return sb, err
 }
@@ -546,7 +543,7 @@ func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
 	}
 	sb, err := svc.Wake(ctx, ref)
 	if err != nil && svc != s.Service {
-		if other, ok := s.wakeElsewhere(ctx, ref, err); ok {
+		if other, ok := s.moves.wakeElsewhere(ctx, ref, err); ok {
 			return other.Wake(ctx, ref)
 		}
 	}
@@ -654,7 +651,7 @@ func (s *Service) Dial(ctx context.Context, ref string, wake service.WakeMode, p
 	}
 	conn, err := svc.Dial(ctx, ref, wake, port)
 	if err != nil && svc != s.Service && wake == service.Wake {
-		if other, ok := s.wakeElsewhere(ctx, ref, err); ok {
+		if other, ok := s.moves.wakeElsewhere(ctx, ref, err); ok {
 			return other.Dial(ctx, ref, wake, port)
 		}
 	}

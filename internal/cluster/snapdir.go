@@ -109,23 +109,24 @@ func (s *Service) Snapshot(ctx context.Context, ref, name string) (api.Snapshot,
 }
 
 // snapshotService is the service that holds snapshot ref: this node's,
-// else the live node the directory names.
-func (s *Service) snapshotService(ctx context.Context, ref string) (snapshotHolder, error) {
-	if _, err := s.Service.GetSnapshot(ctx, ref); err == nil || !errdefs.IsNotFound(err) {
-		return s.Service, nil
+// else the live node the directory names (the part that forks finds
+// snapshots across nodes).
+func (f *forks) snapshotService(ctx context.Context, ref string) (snapshotHolder, error) {
+	if _, err := f.local.GetSnapshot(ctx, ref); err == nil || !errdefs.IsNotFound(err) {
+		return f.local, nil
 	}
-	rec, ok, err := s.c.LookupSnapshot(ctx, ref)
-	if err != nil || !ok || rec.Node == s.c.cfg.Node {
-		return s.Service, err
+	rec, ok, err := f.c.LookupSnapshot(ctx, ref)
+	if err != nil || !ok || rec.Node == f.c.cfg.Node {
+		return f.local, err
 	}
-	n, live, err := s.c.node(ctx, rec.Node)
+	n, live, err := f.c.node(ctx, rec.Node)
 	if err != nil {
 		return nil, err
 	}
 	if !live {
 		return nil, errdefs.New(errdefs.Unavailable, "snapshot %s is on node %s, which is not in the cluster now: try again when it is back", ref, rec.Node)
 	}
-	return s.remote(n)
+	return f.svc.remote(n)
 }
 
 type snapshotHolder interface {
@@ -135,7 +136,7 @@ type snapshotHolder interface {
 
 // GetSnapshot reads the snapshot where it is.
 func (s *Service) GetSnapshot(ctx context.Context, ref string) (api.Snapshot, error) {
-	h, err := s.snapshotService(ctx, ref)
+	h, err := s.forks.snapshotService(ctx, ref)
 	if err != nil {
 		return api.Snapshot{}, err
 	}
@@ -144,7 +145,7 @@ func (s *Service) GetSnapshot(ctx context.Context, ref string) (api.Snapshot, er
 
 // RemoveSnapshot removes the snapshot where it is, and its record.
 func (s *Service) RemoveSnapshot(ctx context.Context, ref string) error {
-	h, err := s.snapshotService(ctx, ref)
+	h, err := s.forks.snapshotService(ctx, ref)
 	if err != nil {
 		return err
 	}
