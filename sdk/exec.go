@@ -141,7 +141,7 @@ func (c *Client) Attach(ctx context.Context, ref string, pid int, wake bool, req
 	}
 	path := "/v1/internal/sandboxes/" + url.PathEscape(ref) + "/kept/" + strconv.Itoa(pid) +
 		"/attach?wake=" + strconv.FormatBool(wake) + "&stdin=" + strconv.FormatBool(req.Stdin != nil)
-	return c.execPath(ctx, path, []byte("{}"), req)
+	return c.execPath(ctx, path, nil, req)
 }
 
 // timeoutMS converts an exec timeout to the API's milliseconds, exactly.

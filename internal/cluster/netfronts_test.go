@@ -221,6 +221,9 @@ func TestNetClusterFronts(t *testing.T) {
 		}
 	})
 
+	t.Run("e2b commands", func(t *testing.T) { testE2BCommandsAcross(t, c, sb.ID, apiTok) })
+	t.Run("kept routes peer-only", func(t *testing.T) { testKeptRoutesPeerOnly(t, c, sb.ID, apiTok, nodesTok) })
+
 	t.Run("mcp", func(t *testing.T) {
 		in := strings.Join([]string{
 			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,

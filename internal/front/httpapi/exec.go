@@ -130,6 +130,11 @@ func (s *Server) attachKept(w http.ResponseWriter, r *http.Request) error {
 	if stdin && !upgrade {
 		return errdefs.New(errdefs.InvalidArgument, "stdin needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.UpgradeProtocol)
 	}
+	// The request has no body: one sent anyway is read now, or it would
+	// be taken for the first frames of an upgraded stream.
+	if _, err := io.Copy(io.Discard, io.LimitReader(r.Body, 64<<10)); err != nil {
+		return errdefs.New(errdefs.InvalidArgument, "read the request: %v", err)
+	}
 	p, err := s.svc.Attach(r.Context(), r.PathValue("id"), wake, pid, stdin)
 	if err != nil {
 		return err
@@ -198,6 +203,8 @@ func streamProcess(r *http.Request, p service.Process, out *stream.Writer) {
 	_ = out.WriteLast(stream.Exit, b)
 }
 
+var errClientGone = errors.New("the client went away")
+
 // readClientFrames forwards stdin and signals from an upgraded connection
 // to the process; frame types it does not know are ignored. A client that
 // goes away takes its process with it.
@@ -214,12 +221,17 @@ func readClientFrames(br *bufio.Reader, p service.Process) {
 			}
 			_, _ = io.Copy(io.Discard, pr) // the process is gone; drain
 		}()
-		defer pw.Close()
+		// A client gone (or a close frame) is no EOF of stdin: a kept
+		// command it detaches from keeps its stdin open for an attach.
+		defer pw.CloseWithError(errClientGone)
 	}
 	r := stream.NewReader(br)
 	for {
 		f, err := r.Read()
 		if err != nil {
+			if stdin != nil {
+				stdin.CloseWithError(errClientGone)
+			}
 			p.Close()
 			return
 		}
@@ -238,6 +250,9 @@ func readClientFrames(br *bufio.Reader, p service.Process) {
 				_ = p.Signal(sig)
 			}
 		case stream.Close:
+			if stdin != nil {
+				stdin.CloseWithError(errClientGone)
+			}
 			p.Close()
 		case stream.Resize:
 			if rows, cols, ok := stream.ParseResize(f.Payload); ok {
