@@ -19,6 +19,9 @@
 //     reads an upload.
 //   - Watch is not supported: the API has no directory watch (an
 //     InvalidArgument error says so).
+//   - Exec with Keep or Tag, Kept and Attach go to the node's peer-only
+//     routes under /v1/internal/: the client must hold the cluster token
+//     (any other caller gets Unauthenticated). An attach's Close detaches.
 //   - A subscription's Start is the since it was asked for (the remote's
 //     own start is not in the SDK's stream); its backlog comes through C.
 package remote
