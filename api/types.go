@@ -270,8 +270,9 @@ type ExecRequest struct {
 	// exit kept inside the sandbox until someone attaches to it by pid.
 	// Tag is the caller's label for it (at most 16 KiB), listed with it.
 	// A sandbox made by an older clade runs it as an ordinary command.
-	// Served to the daemon's own fronts (E2B) only: the HTTP API refuses
-	// it (400) until it has routes to list and attach.
+	// Served to the daemon's own fronts (E2B) and, between a cluster's
+	// nodes, on the peer-only /v1/internal/ routes (cluster token): the
+	// public exec refuses it (400).
 	Keep bool   `json:"keep,omitempty"`
 	Tag  string `json:"tag,omitempty"`
 }

@@ -53,6 +53,14 @@ type ExecRequest struct {
 	// sandbox once it started, before any of its output (daemons before
 	// the Started frame never call it).
 	Started func(pid int)
+	// Keep and Tag start a kept command (api.ExecRequest): it outlives
+	// the call, and KeptCommands lists it and Attach follows it again.
+	// These are for the nodes of a cluster (one serving a front on a
+	// sandbox another node holds): they go to the peer-only route
+	// /v1/internal/sandboxes/{id}/exec, which needs the cluster token
+	// (--cluster-token-file); any other caller gets 401.
+	Keep bool
+	Tag  string
 }
 
 // WindowSize is a terminal's size in character cells.
@@ -72,11 +80,20 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 		return ExitStatus{}, &Error{Code: "invalid_argument", Message: "a terminal size or resizes need TTY set"}
 	}
 	body, err := json.Marshal(api.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir,
-		TimeoutMS: ms, Stdin: req.Stdin != nil, TTY: req.TTY, Rows: req.Size.Rows, Cols: req.Size.Cols, User: req.User})
+		TimeoutMS: ms, Stdin: req.Stdin != nil, TTY: req.TTY, Rows: req.Size.Rows, Cols: req.Size.Cols, User: req.User,
+		Keep: req.Keep, Tag: req.Tag})
 	if err != nil {
 		return ExitStatus{}, err
 	}
 	path := "/v1/sandboxes/" + url.PathEscape(ref) + "/exec"
+	if req.Keep || req.Tag != "" {
+		path = "/v1/internal/sandboxes/" + url.PathEscape(ref) + "/exec"
+	}
+	return c.execPath(ctx, path, body, req)
+}
+
+// execPath runs the exec stream of path with the request body.
+func (c *Client) execPath(ctx context.Context, path string, body []byte, req ExecRequest) (ExitStatus, error) {
 	if req.Stdin != nil || req.Signals != nil || req.Resizes != nil {
 		return c.execUpgrade(ctx, path, body, req)
 	}
@@ -99,6 +116,32 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	}
 	return st, err
+}
+
+// KeptCommands lists sandbox ref's kept commands (ExecRequest.Keep); with
+// wake, a sleeping sandbox is woken first, else one that is not running
+// is refused (conflict). For the nodes of a cluster: the route is
+// peer-only (see ExecRequest.Keep).
+func (c *Client) KeptCommands(ctx context.Context, ref string, wake bool) ([]api.KeptCommand, error) {
+	var out []api.KeptCommand
+	err := c.call(ctx, http.MethodGet, "/v1/internal/sandboxes/"+url.PathEscape(ref)+"/kept?wake="+strconv.FormatBool(wake), nil, &out)
+	return out, err
+}
+
+// Attach follows sandbox ref's kept command pid as Exec follows the
+// command it starts: the output kept while nobody followed it, then the
+// rest, then its exit (collected: a later Attach is not found). req's
+// Stdout, Stderr, Stdin (the command's stdin must be open) and Signals
+// are used; its command fields are not. Cancelling ctx detaches: the
+// command runs on. For the nodes of a cluster: the route is peer-only
+// (see ExecRequest.Keep).
+func (c *Client) Attach(ctx context.Context, ref string, pid int, wake bool, req ExecRequest) (ExitStatus, error) {
+	if pid <= 0 {
+		return ExitStatus{}, &Error{Code: "invalid_argument", Message: fmt.Sprintf("pid %d: give the pid of a kept command", pid)}
+	}
+	path := "/v1/internal/sandboxes/" + url.PathEscape(ref) + "/kept/" + strconv.Itoa(pid) +
+		"/attach?wake=" + strconv.FormatBool(wake) + "&stdin=" + strconv.FormatBool(req.Stdin != nil)
+	return c.execPath(ctx, path, nil, req)
 }
 
 // timeoutMS converts an exec timeout to the API's milliseconds, exactly.

@@ -62,7 +62,9 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
 // token), n3's ingress (a Host header PORT-ID.DOMAIN: a plain answer and a
 // streamed one that arrives as it is sent), n3's E2B front (REST list and
 // get; envd's files upload and download, by Go HTTP calls of the envd
-// API), and MCP (`clade mcp` on n3's socket: list_sandboxes shows the
+// API), E2B's commands (run through n3; a background command listed,
+// connected and killed through n2: netkept_test.go), the kept routes
+// peer-only, and MCP (`clade mcp` on n3's socket: list_sandboxes shows the
 // node, run_command runs on n1).
 func TestNetClusterFronts(t *testing.T) {
 	dir := testenv.TempDir(t)
@@ -220,6 +222,9 @@ func TestNetClusterFronts(t *testing.T) {
 			t.Fatalf("on n1: %q", out.String())
 		}
 	})
+
+	t.Run("e2b commands", func(t *testing.T) { testE2BCommandsAcross(t, c, sb.ID, apiTok) })
+	t.Run("kept routes peer-only", func(t *testing.T) { testKeptRoutesPeerOnly(t, c, sb.ID, apiTok, nodesTok) })
 
 	t.Run("mcp", func(t *testing.T) {
 		in := strings.Join([]string{

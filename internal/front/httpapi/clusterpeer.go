@@ -77,9 +77,13 @@ func PeerOnly(h http.Handler) http.Handler {
 }
 
 // routePeer registers a route only the cluster's nodes may call (see
-// PeerOnly): the xfork and move steps between nodes go here.
+// PeerOnly), under /v1/internal/: like the routes of Config.Internal, it
+// is not part of the public API (nor of Routes, the spec's list).
 func (s *Server) routePeer(pattern, op string, h handlerFunc) {
-	s.route(pattern, op, func(w http.ResponseWriter, r *http.Request) error {
+	if _, p, _ := strings.Cut(pattern, " "); !strings.HasPrefix(p, "/v1/internal/") {
+		panic("httpapi: peer-only route " + pattern + " is not under /v1/internal/")
+	}
+	s.handle(pattern, op, func(w http.ResponseWriter, r *http.Request) error {
 		if !IsClusterPeer(r.Context()) {
 			return errNotPeer()
 		}

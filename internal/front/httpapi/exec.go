@@ -24,18 +24,39 @@ import (
 // request the connection becomes two-way and the client sends stdin, signal
 // and close frames.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
-	if v := r.Header.Get(stream.VersionHeader); v != "" && v != strconv.Itoa(stream.Version) {
-		return errdefs.New(errdefs.InvalidArgument, "exec stream version %q is not supported: this daemon speaks version %d; upgrade the client or the daemon", v, stream.Version)
-	}
-	var req api.ExecRequest
-	if err := decode(r, &req); err != nil {
+	req, err := decodeExec(r)
+	if err != nil {
 		return err
 	}
 	if req.Keep || req.Tag != "" {
-		// Nothing over the API lists or attaches to a kept command yet:
-		// one would run on unreachable once its caller went.
-		return errdefs.New(errdefs.InvalidArgument, "keep and tag are not served over the HTTP API yet (no route lists or attaches to a kept command): leave them out")
+		// The kept list and attach are the cluster's nodes' (the
+		// internal routes below): a user's kept command would run on
+		// with nothing of the API to reach it again.
+		return errdefs.New(errdefs.InvalidArgument, "keep and tag are not served on the public API (only between a cluster's nodes, which list and attach to kept commands): leave them out")
 	}
+	return s.serveExec(w, r, req)
+}
+
+// execKept is exec with keep and tag, for the cluster's nodes (routePeer):
+// a node serving E2B's commands on a sandbox this node holds.
+func (s *Server) execKept(w http.ResponseWriter, r *http.Request) error {
+	req, err := decodeExec(r)
+	if err != nil {
+		return err
+	}
+	return s.serveExec(w, r, req)
+}
+
+func decodeExec(r *http.Request) (api.ExecRequest, error) {
+	var req api.ExecRequest
+	if v := r.Header.Get(stream.VersionHeader); v != "" && v != strconv.Itoa(stream.Version) {
+		return req, errdefs.New(errdefs.InvalidArgument, "exec stream version %q is not supported: this daemon speaks version %d; upgrade the client or the daemon", v, stream.Version)
+	}
+	err := decode(r, &req)
+	return req, err
+}
+
+func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, req api.ExecRequest) error {
 	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.UpgradeProtocol)
 	if req.Stdin && !upgrade {
 		return errdefs.New(errdefs.InvalidArgument, "stdin needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.UpgradeProtocol)
@@ -50,6 +71,81 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	return s.streamExec(w, r, p, upgrade)
+}
+
+// wakeQuery reads ?wake= (true by default).
+func wakeQuery(r *http.Request) (service.WakeMode, error) {
+	v := r.URL.Query().Get("wake")
+	if v == "" {
+		return service.Wake, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return service.NoWake, errdefs.New(errdefs.InvalidArgument, "wake=%.40q: give true or false", v)
+	}
+	return service.WakeMode(b), nil
+}
+
+// listKept answers a sandbox's kept commands (a cluster's nodes only).
+func (s *Server) listKept(w http.ResponseWriter, r *http.Request) error {
+	wake, err := wakeQuery(r)
+	if err != nil {
+		return err
+	}
+	kept, err := s.svc.Kept(r.Context(), r.PathValue("id"), wake)
+	if err != nil {
+		return err
+	}
+	if kept == nil {
+		kept = []api.KeptCommand{}
+	}
+	writeJSON(w, http.StatusOK, kept)
+	return nil
+}
+
+// attachKept follows a kept command by pid as exec follows the command it
+// starts (a cluster's nodes only): ?stdin=true writes to its stdin (on a
+// two-way stream); a client that goes away detaches, and the command runs
+// on.
+func (s *Server) attachKept(w http.ResponseWriter, r *http.Request) error {
+	if v := r.Header.Get(stream.VersionHeader); v != "" && v != strconv.Itoa(stream.Version) {
+		return errdefs.New(errdefs.InvalidArgument, "exec stream version %q is not supported: this daemon speaks version %d; upgrade the client or the daemon", v, stream.Version)
+	}
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		return errdefs.New(errdefs.InvalidArgument, "pid %.40q: give the pid of a kept command (a positive number)", r.PathValue("pid"))
+	}
+	wake, err := wakeQuery(r)
+	if err != nil {
+		return err
+	}
+	stdin := false
+	if v := r.URL.Query().Get("stdin"); v != "" {
+		if stdin, err = strconv.ParseBool(v); err != nil {
+			return errdefs.New(errdefs.InvalidArgument, "stdin=%.40q: give true or false", v)
+		}
+	}
+	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.UpgradeProtocol)
+	if stdin && !upgrade {
+		return errdefs.New(errdefs.InvalidArgument, "stdin needs a two-way stream: send the request with `Connection: Upgrade` and `Upgrade: %s`", api.UpgradeProtocol)
+	}
+	// The request has no body: one sent anyway is read now, or it would
+	// be taken for the first frames of an upgraded stream.
+	if _, err := io.Copy(io.Discard, io.LimitReader(r.Body, 64<<10)); err != nil {
+		return errdefs.New(errdefs.InvalidArgument, "read the request: %v", err)
+	}
+	p, err := s.svc.Attach(r.Context(), r.PathValue("id"), wake, pid, stdin)
+	if err != nil {
+		return err
+	}
+	return s.streamExec(w, r, p, upgrade)
+}
+
+// streamExec streams p (an exec's or an attach's) to the client and
+// closes it: a plain stream of output frames, or, upgraded, a two-way one
+// whose client sends stdin, signal, resize and close frames.
+func (s *Server) streamExec(w http.ResponseWriter, r *http.Request, p service.Process, upgrade bool) error {
 	defer p.Close()
 
 	var out *stream.Writer
@@ -107,6 +203,8 @@ func streamProcess(r *http.Request, p service.Process, out *stream.Writer) {
 	_ = out.WriteLast(stream.Exit, b)
 }
 
+var errClientGone = errors.New("the client went away")
+
 // readClientFrames forwards stdin and signals from an upgraded connection
 // to the process; frame types it does not know are ignored. A client that
 // goes away takes its process with it.
@@ -123,12 +221,17 @@ func readClientFrames(br *bufio.Reader, p service.Process) {
 			}
 			_, _ = io.Copy(io.Discard, pr) // the process is gone; drain
 		}()
-		defer pw.Close()
+		// A client gone (or a close frame) is no EOF of stdin: a kept
+		// command it detaches from keeps its stdin open for an attach.
+		defer pw.CloseWithError(errClientGone)
 	}
 	r := stream.NewReader(br)
 	for {
 		f, err := r.Read()
 		if err != nil {
+			if stdin != nil {
+				stdin.CloseWithError(errClientGone)
+			}
 			p.Close()
 			return
 		}
@@ -147,6 +250,9 @@ func readClientFrames(br *bufio.Reader, p service.Process) {
 				_ = p.Signal(sig)
 			}
 		case stream.Close:
+			if stdin != nil {
+				stdin.CloseWithError(errClientGone)
+			}
 			p.Close()
 		case stream.Resize:
 			if rows, cols, ok := stream.ParseResize(f.Payload); ok {

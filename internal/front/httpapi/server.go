@@ -106,6 +106,11 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.routeVolumes()
 	s.routeSecrets()
 	s.routeCode()
+	// A cluster's nodes serve E2B's commands on a sandbox another node
+	// holds through these (cluster token only; off the public spec).
+	s.routePeer("POST /v1/internal/sandboxes/{id}/exec", "exec_kept", s.execKept)
+	s.routePeer("GET /v1/internal/sandboxes/{id}/kept", "kept_list", s.listKept)
+	s.routePeer("POST /v1/internal/sandboxes/{id}/kept/{pid}/attach", "kept_attach", s.attachKept)
 	var g prometheus.Gatherer = reg
 	if cfg.Node != "" {
 		g = nodeGatherer{g: reg, node: cfg.Node}
@@ -125,6 +130,12 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
 func (s *Server) route(pattern, op string, h handlerFunc) {
 	s.Routes = append(s.Routes, pattern)
+	s.handle(pattern, op, h)
+}
+
+// handle registers a route without listing it in Routes (the public
+// spec's): the internal ones.
+func (s *Server) handle(pattern, op string, h handlerFunc) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w}

@@ -19,6 +19,9 @@
 //     reads an upload.
 //   - Watch is not supported: the API has no directory watch (an
 //     InvalidArgument error says so).
+//   - Exec with Keep or Tag, Kept and Attach go to the node's peer-only
+//     routes under /v1/internal/: the client must hold the cluster token
+//     (any other caller gets Unauthenticated). An attach's Close detaches.
 //   - A subscription's Start is the since it was asked for (the remote's
 //     own start is not in the SDK's stream); its backlog comes through C.
 package remote
@@ -180,9 +183,6 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 	if req.TimeoutMS < 0 {
 		return nil, errdefs.New(errdefs.InvalidArgument, "timeout_ms %d is negative", req.TimeoutMS)
 	}
-	if req.Keep || req.Tag != "" {
-		return nil, errKeptRemote("starting")
-	}
 	if !req.TTY && (req.Rows != 0 || req.Cols != 0) {
 		return nil, errdefs.New(errdefs.InvalidArgument, "rows and cols are a terminal's size: set tty too, or leave them out")
 	}
@@ -201,35 +201,47 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 		}
 		id = sb.ID
 	}
-	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &process{cancel: cancel, done: make(chan struct{}), started: make(chan struct{})}
+	sreq := sdk.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, Timeout: time.Duration(req.TimeoutMS) * time.Millisecond,
+		TTY: req.TTY, Size: sdk.WindowSize{Rows: req.Rows, Cols: req.Cols}, User: req.User, Keep: req.Keep, Tag: req.Tag}
 	// A caller that only reads the output (service.Plain) gets a plain
 	// request on one of the client's kept-alive connections; signals,
 	// stdin or a terminal need a two-way stream, a connection of its own.
-	if !service.IsPlain(ctx) || req.Stdin || req.TTY {
+	signals := !service.IsPlain(ctx) || req.Stdin || req.TTY
+	p := s.start(ctx, sreq, signals, req.Stdin, func(ctx context.Context, sreq sdk.ExecRequest) (api.ExitStatus, error) {
+		return s.c.Exec(ctx, id, sreq)
+	})
+	if wake {
+		return p.waitStarted(ctx)
+	}
+	return p, nil
+}
+
+// start runs call (an exec's or an attach's stream) for a process whose
+// output, stdin, signals and terminal go through sreq.
+func (s *Service) start(ctx context.Context, sreq sdk.ExecRequest, signals, stdin bool, call func(context.Context, sdk.ExecRequest) (api.ExitStatus, error)) *process {
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p := &process{cancel: cancel, done: make(chan struct{}), started: make(chan struct{})}
+	if signals {
 		p.signals = make(chan os.Signal, 4)
+		sreq.Signals = p.signals
 	}
 	outR, outW := io.Pipe()
 	errR, errW := io.Pipe()
 	p.stdout, p.stderr = outR, errR
-	sreq := sdk.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, Timeout: time.Duration(req.TimeoutMS) * time.Millisecond,
-		Stdout: outW, Stderr: errW, TTY: req.TTY, Size: sdk.WindowSize{Rows: req.Rows, Cols: req.Cols}, User: req.User,
-		Started: func(pid int) { p.pid = pid; close(p.started) }}
-	if p.signals != nil {
-		sreq.Signals = p.signals
-	}
+	sreq.Stdout, sreq.Stderr = outW, errW
+	sreq.Started = func(pid int) { p.pid = pid; close(p.started) }
 	var inR *io.PipeReader
-	if req.Stdin {
+	if stdin {
 		var inW *io.PipeWriter
 		inR, inW = io.Pipe()
 		p.stdin, sreq.Stdin = inW, inR
 	}
-	if req.TTY {
+	if sreq.TTY {
 		p.resizes = make(chan sdk.WindowSize, 4)
 		sreq.Resizes = p.resizes
 	}
 	go func() {
-		st, err := s.c.Exec(pctx, id, sreq)
+		st, err := call(pctx, sreq)
 		p.exit, p.err = st, classify(err)
 		outW.CloseWithError(err)
 		errW.CloseWithError(err)
@@ -238,17 +250,20 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 		}
 		close(p.done)
 	}()
-	if wake {
-		select {
-		case <-p.started:
-		case <-p.done:
-			if p.err != nil {
-				return nil, p.err
-			}
-		case <-ctx.Done():
-			p.cancel()
-			return nil, ctx.Err()
+	return p
+}
+
+// waitStarted waits for p's start, or for the refusal of its request.
+func (p *process) waitStarted(ctx context.Context) (service.Process, error) {
+	select {
+	case <-p.started:
+	case <-p.done:
+		if p.err != nil {
+			return nil, p.err
 		}
+	case <-ctx.Done():
+		p.Close()
+		return nil, ctx.Err()
 	}
 	return p, nil
 }
@@ -263,19 +278,24 @@ func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.Wak
 	return true, nil
 }
 
-// errKeptRemote refuses what the HTTP API does not serve yet.
-func errKeptRemote(what string) error {
-	return errdefs.New(errdefs.InvalidArgument, "%s of kept commands is not served over clade's HTTP API yet: run the front on the daemon's node (local service)", what)
-}
-
-// Kept is not served over the HTTP API (InvalidArgument).
+// Kept lists the kept commands through the remote node's peer-only
+// route (the cluster token).
 func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) ([]api.KeptCommand, error) {
-	return nil, errKeptRemote("listing")
+	return one(s.c.KeptCommands(ctx, ref, bool(wake)))
 }
 
-// Attach is not served over the HTTP API (InvalidArgument).
+// Attach follows a kept command through the remote node's peer-only
+// route (the cluster token), on a two-way stream of its own; Close
+// detaches. It returns once the remote node attached, or with its
+// refusal (a pid it does not keep is NotFound).
 func (s *Service) Attach(ctx context.Context, ref string, wake service.WakeMode, pid int, stdin bool) (service.Process, error) {
-	return nil, errKeptRemote("attaching to")
+	if pid <= 0 {
+		return nil, errdefs.New(errdefs.InvalidArgument, "pid %d: give the pid of a kept command", pid)
+	}
+	p := s.start(ctx, sdk.ExecRequest{}, true, stdin, func(ctx context.Context, sreq sdk.ExecRequest) (api.ExitStatus, error) {
+		return s.c.Attach(ctx, ref, pid, bool(wake), sreq)
+	})
+	return p.waitStarted(ctx)
 }
 
 type process struct {
