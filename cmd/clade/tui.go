@@ -628,7 +628,7 @@ func (m *tuiModel) View() tea.View {
 				age(s.CreatedAt), humanBytes(uint64(s.SizeBytes)), fmt.Sprint(len(s.UsedBy))))
 		}
 	} else {
-		clustered := slices.ContainsFunc(m.sandboxes, func(s sdk.Sandbox) bool { return s.Node != "" })
+		clustered := slices.ContainsFunc(m.sandboxes, func(s sdk.Sandbox) bool { return s.Node != "" && s.Node != "local" })
 		header = fmt.Sprintf(sbRow, "ID", "NAME", "STATE", "IMAGE", "AGE", "CPU%", "MEM/LIMIT", "PIDS")
 		if clustered {
 			header = fmt.Sprintf(sbRowNode, "ID", "NAME", "STATE", "NODE", "IMAGE", "AGE", "CPU%", "MEM/LIMIT", "PIDS")

@@ -21,6 +21,8 @@ func TestTUINodeColumn(t *testing.T) {
 		{"cluster", []sdk.Sandbox{{ID: "aaaaaaaaaaaaaaaa", Name: "web", State: "running", Image: "default", Node: "n1", CreatedAt: now},
 			{ID: "bbbbbbbbbbbbbbbb", State: "sleeping", Image: "default", Node: "node-two-long", CreatedAt: now}}, true},
 		{"single", []sdk.Sandbox{{ID: "aaaaaaaaaaaaaaaa", State: "running", Image: "default", CreatedAt: now}}, false},
+		// A daemon outside a cluster names its node "local".
+		{"single-local", []sdk.Sandbox{{ID: "aaaaaaaaaaaaaaaa", State: "running", Image: "default", Node: "local", CreatedAt: now}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &tuiModel{width: 80, height: 24, loaded: true, sandboxes: tc.sbs}

@@ -64,6 +64,20 @@ func TestNetClusterForkCosts(t *testing.T) {
 		local = append(local, fork(false))
 		spread = append(spread, fork(true))
 	}
+	// The last round's removals are written after its deletes answer:
+	// wait (bounded) until the watch saw a write and a removal of every
+	// child, so a missing write still counts as missing below.
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		all := true
+		for _, k := range keys {
+			all = all && len(w.of(k)) >= 2
+		}
+		if all {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // polling the watch's view
+	}
 	writes := 0
 	for _, k := range keys {
 		// The child's record: its write, and its removal's.
