@@ -54,7 +54,7 @@ type ExecRequest struct {
 	// the Started frame never call it).
 	Started func(pid int)
 	// Keep and Tag start a kept command (api.ExecRequest): it outlives
-	// the call, and KeptCommands lists it and Attach follows it again.
+	// the call, and Peer().KeptCommands lists it and Peer().Attach follows it again.
 	// These are for the nodes of a cluster (one serving a front on a
 	// sandbox another node holds): they go to the peer-only route
 	// /v1/internal/sandboxes/{id}/exec, which needs the cluster token
@@ -89,13 +89,23 @@ func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (ExitSta
 	if req.Keep || req.Tag != "" {
 		path = "/v1/internal/sandboxes/" + url.PathEscape(ref) + "/exec"
 	}
-	return c.execPath(ctx, path, body, req)
+	return execStream{c, path, body}.run(ctx, req)
 }
 
-// execPath runs the exec stream of path with the request body.
-func (c *Client) execPath(ctx context.Context, path string, body []byte, req ExecRequest) (ExitStatus, error) {
+// execStream is one exec stream: the route (an exec's, or an attach's to
+// a kept command) and the request body.
+type execStream struct {
+	c    *Client
+	path string
+	body []byte
+}
+
+// run runs the exec stream: plain when only output comes down, else on a
+// two-way stream (upgrade).
+func (e execStream) run(ctx context.Context, req ExecRequest) (ExitStatus, error) {
+	c, path, body := e.c, e.path, e.body
 	if req.Stdin != nil || req.Signals != nil || req.Resizes != nil {
-		return c.execUpgrade(ctx, path, body, req)
+		return e.upgrade(ctx, req)
 	}
 	hreq, err := c.newRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
 	if err != nil {
@@ -118,13 +128,20 @@ func (c *Client) execPath(ctx context.Context, path string, body []byte, req Exe
 	return st, err
 }
 
+// Peer is the calls only a cluster's nodes make on each other: they go
+// to peer-only routes, which need the cluster token
+// (--cluster-token-file); any other caller gets 401.
+type Peer struct{ c *Client }
+
+// Peer returns the client's calls for the nodes of a cluster.
+func (c *Client) Peer() Peer { return Peer{c} }
+
 // KeptCommands lists sandbox ref's kept commands (ExecRequest.Keep); with
 // wake, a sleeping sandbox is woken first, else one that is not running
-// is refused (conflict). For the nodes of a cluster: the route is
-// peer-only (see ExecRequest.Keep).
-func (c *Client) KeptCommands(ctx context.Context, ref string, wake bool) ([]api.KeptCommand, error) {
+// is refused (conflict).
+func (p Peer) KeptCommands(ctx context.Context, ref string, wake bool) ([]api.KeptCommand, error) {
 	var out []api.KeptCommand
-	err := c.call(ctx, http.MethodGet, "/v1/internal/sandboxes/"+url.PathEscape(ref)+"/kept?wake="+strconv.FormatBool(wake), nil, &out)
+	err := p.c.call(ctx, http.MethodGet, "/v1/internal/sandboxes/"+url.PathEscape(ref)+"/kept?wake="+strconv.FormatBool(wake), nil, &out)
 	return out, err
 }
 
@@ -133,15 +150,14 @@ func (c *Client) KeptCommands(ctx context.Context, ref string, wake bool) ([]api
 // rest, then its exit (collected: a later Attach is not found). req's
 // Stdout, Stderr, Stdin (the command's stdin must be open) and Signals
 // are used; its command fields are not. Cancelling ctx detaches: the
-// command runs on. For the nodes of a cluster: the route is peer-only
-// (see ExecRequest.Keep).
-func (c *Client) Attach(ctx context.Context, ref string, pid int, wake bool, req ExecRequest) (ExitStatus, error) {
+// command runs on.
+func (p Peer) Attach(ctx context.Context, ref string, pid int, wake bool, req ExecRequest) (ExitStatus, error) {
 	if pid <= 0 {
 		return ExitStatus{}, &Error{Code: "invalid_argument", Message: fmt.Sprintf("pid %d: give the pid of a kept command", pid)}
 	}
 	path := "/v1/internal/sandboxes/" + url.PathEscape(ref) + "/kept/" + strconv.Itoa(pid) +
 		"/attach?wake=" + strconv.FormatBool(wake) + "&stdin=" + strconv.FormatBool(req.Stdin != nil)
-	return c.execPath(ctx, path, nil, req)
+	return execStream{p.c, path, nil}.run(ctx, req)
 }
 
 // timeoutMS converts an exec timeout to the API's milliseconds, exactly.
@@ -203,9 +219,10 @@ func readStream(r io.Reader, req ExecRequest) (ExitStatus, error) {
 	}
 }
 
-// execUpgrade runs an exec on a two-way stream: stdin and signals go up,
+// upgrade runs an exec on a two-way stream: stdin and signals go up,
 // output comes down.
-func (c *Client) execUpgrade(ctx context.Context, path string, body []byte, req ExecRequest) (ExitStatus, error) {
+func (e execStream) upgrade(ctx context.Context, req ExecRequest) (ExitStatus, error) {
+	c, path, body := e.c, e.path, e.body
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return ExitStatus{}, err

@@ -178,7 +178,7 @@ func testKeptRoutesPeerOnly(t *testing.T, c *testenv.NetCluster, id, apiTok, nod
 	n1 := c.Nodes[0]
 	ctx := t.Context()
 	for name, cl := range map[string]*sdk.Client{"API token": tcpClient(t, n1, apiTok), "unix socket": n1.Client} {
-		_, err := cl.KeptCommands(ctx, id, false)
+		_, err := cl.Peer().KeptCommands(ctx, id, false)
 		if !isPeerRefusal(err) {
 			t.Errorf("%s: the kept list: %v, want 401 naming the cluster token", name, err)
 		}
@@ -186,7 +186,7 @@ func testKeptRoutesPeerOnly(t *testing.T, c *testenv.NetCluster, id, apiTok, nod
 		if !isPeerRefusal(err) {
 			t.Errorf("%s: an exec with keep: %v, want 401 naming the cluster token", name, err)
 		}
-		_, err = cl.Attach(ctx, id, 1, false, sdk.ExecRequest{})
+		_, err = cl.Peer().Attach(ctx, id, 1, false, sdk.ExecRequest{})
 		if !isPeerRefusal(err) {
 			t.Errorf("%s: an attach: %v, want 401 naming the cluster token", name, err)
 		}
@@ -227,7 +227,7 @@ func testKeptRoutesPeerOnly(t *testing.T, c *testenv.NetCluster, id, apiTok, nod
 	kcancel() // detaches: it runs on
 	<-kdone
 	inW.CloseWithError(errors.New("detached"))
-	kept, err := peer.KeptCommands(ctx, id, false)
+	kept, err := peer.Peer().KeptCommands(ctx, id, false)
 	if err != nil {
 		t.Fatalf("the kept list with the cluster token: %v", err)
 	}
@@ -239,12 +239,12 @@ func testKeptRoutesPeerOnly(t *testing.T, c *testenv.NetCluster, id, apiTok, nod
 		t.Fatalf("the kept list %+v lacks pid %d (tag peer-tag, running)", kept, pid)
 	}
 	var out bytes.Buffer
-	st, err := peer.Attach(ctx, id, pid, false, sdk.ExecRequest{Stdin: strings.NewReader("line\n"), Stdout: &out})
+	st, err := peer.Peer().Attach(ctx, id, pid, false, sdk.ExecRequest{Stdin: strings.NewReader("line\n"), Stdout: &out})
 	if err != nil || st.Code != 0 || out.String() != "got-line\n" {
 		t.Fatalf("attach with the cluster token: %+v %v, output %q", st, err, out.String())
 	}
 	// Collected: a second attach is not found.
-	if _, err := peer.Attach(ctx, id, pid, false, sdk.ExecRequest{}); !sdk.IsNotFound(err) {
+	if _, err := peer.Peer().Attach(ctx, id, pid, false, sdk.ExecRequest{}); !sdk.IsNotFound(err) {
 		t.Fatalf("a second attach to the ended %d: %v, want not found", pid, err)
 	}
 }

@@ -108,9 +108,10 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.routeCode()
 	// A cluster's nodes serve E2B's commands on a sandbox another node
 	// holds through these (cluster token only; off the public spec).
-	s.routePeer("POST /v1/internal/sandboxes/{id}/exec", "exec_kept", s.execKept)
-	s.routePeer("GET /v1/internal/sandboxes/{id}/kept", "kept_list", s.listKept)
-	s.routePeer("POST /v1/internal/sandboxes/{id}/kept/{pid}/attach", "kept_attach", s.attachKept)
+	kept := keptRoutes{s}
+	s.routePeer("POST /v1/internal/sandboxes/{id}/exec", "exec_kept", kept.exec)
+	s.routePeer("GET /v1/internal/sandboxes/{id}/kept", "kept_list", kept.list)
+	s.routePeer("POST /v1/internal/sandboxes/{id}/kept/{pid}/attach", "kept_attach", kept.attach)
 	var g prometheus.Gatherer = reg
 	if cfg.Node != "" {
 		g = nodeGatherer{g: reg, node: cfg.Node}

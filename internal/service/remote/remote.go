@@ -281,7 +281,7 @@ func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.Wak
 // Kept lists the kept commands through the remote node's peer-only
 // route (the cluster token).
 func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) ([]api.KeptCommand, error) {
-	return one(s.c.KeptCommands(ctx, ref, bool(wake)))
+	return one(s.c.Peer().KeptCommands(ctx, ref, bool(wake)))
 }
 
 // Attach follows a kept command through the remote node's peer-only
@@ -293,7 +293,7 @@ func (s *Service) Attach(ctx context.Context, ref string, wake service.WakeMode,
 		return nil, errdefs.New(errdefs.InvalidArgument, "pid %d: give the pid of a kept command", pid)
 	}
 	p := s.start(ctx, sdk.ExecRequest{}, true, stdin, func(ctx context.Context, sreq sdk.ExecRequest) (api.ExitStatus, error) {
-		return s.c.Attach(ctx, ref, pid, bool(wake), sreq)
+		return s.c.Peer().Attach(ctx, ref, pid, bool(wake), sreq)
 	})
 	return p.waitStarted(ctx)
 }
