@@ -213,6 +213,7 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string) error
 func (c *Cluster) Unpublish(ctx context.Context, id string, force bool) error {
 	ctx, cancel := c.opCtx(ctx)
 	defer cancel()
+	known := c.epoch(id)
 	c.setEpoch(id, 0)
 	for try := 0; ; try++ {
 		sk := sandboxKey(id)
@@ -230,6 +231,11 @@ func (c *Cluster) Unpublish(ctx context.Context, id string, force bool) error {
 			return nil
 		case err == nil && rec.Node != c.cfg.Node && !(force && rec.State == StateLost):
 			return fmt.Errorf("sandbox %s: node %s holds its record: %w", id, rec.Node, errNotHolder)
+		case err == nil && !force && rec.SleepImage != "" && (rec.State == "sleeping" || rec.State == StateMoving) && rec.Epoch > max(known, 1):
+			// Given to this node by a move after the node's last write:
+			// the node dropped a stale copy, the record's image is to be
+			// adopted here (keepUnheld keeps it too).
+			return nil
 		}
 		then := []clientv3.Op{clientv3.OpDelete(sk)}
 		conds := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sk), "=", cur.Kvs[0].ModRevision)}

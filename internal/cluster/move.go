@@ -273,13 +273,39 @@ func (s *Service) movedAway(ctx context.Context, id string) bool {
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	rec, ok, err := s.c.Lookup(lctx, id)
-	if err != nil || !ok || rec.Node == s.c.cfg.Node || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= s.c.epoch(id) {
+	if err != nil || !ok || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= s.c.epoch(id) {
 		return false
+	}
+	if rec.Node == s.c.cfg.Node {
+		if rec.SleepImage == "" || rec.State != "sleeping" && rec.State != StateMoving || s.givenBack(lctx, rec) {
+			return false
+		}
+		// Given back after another node woke and slept it: this copy
+		// is stale; dropped, the record's image is adopted.
 	}
 	s.c.cfg.Log.Warn("cluster: fenced: a sleeping sandbox moved to another node; removing this node's copy", "sandbox", id, "node", rec.Node, "epoch", rec.Epoch)
 	if err := s.disown(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		s.c.cfg.Log.Warn("cluster: remove a moved sandbox's copy", "sandbox", id, "err", err)
 	}
+	return true
+}
+
+// givenBack reports whether rec, which the cluster gave (back) to this
+// node at an epoch the node did not write, names the sleep image this
+// node holds (given away and back before another node adopted it): the
+// copy here is then the sandbox, and this node's again at rec's epoch.
+// Another image means another node woke and slept it meanwhile: the copy
+// here is stale.
+func (s *Service) givenBack(ctx context.Context, rec Record) bool {
+	m := s.mover()
+	if m == nil || rec.Node != s.c.cfg.Node || rec.SleepImage == "" {
+		return false
+	}
+	d, err := m.SleepImage(ctx, rec.ID)
+	if err != nil || d != rec.SleepImage {
+		return false
+	}
+	s.c.setEpoch(rec.ID, rec.Epoch)
 	return true
 }
 

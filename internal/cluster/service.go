@@ -169,6 +169,10 @@ func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
 	if !errors.Is(err, errFenced) {
 		return err
 	}
+	if rec, ok, lerr := s.c.Lookup(ctx, sb.ID); lerr == nil && ok && rec.ID == sb.ID && rec.State != StateLost && s.givenBack(ctx, rec) {
+		// Given away and back, its image the one here: this node's.
+		return s.c.PublishImage(ctx, sb, s.sleepImage(ctx, sb))
+	}
 	s.c.cfg.Log.Warn("cluster: fenced: stopping and removing a sandbox the cluster no longer gives this node", "sandbox", sb.ID, "err", err)
 	// Its copy in the snapshot store stays: a node it moved to uses it.
 	if rerr := s.disown(ctx, sb.ID); rerr != nil && !errdefs.IsNotFound(rerr) {
