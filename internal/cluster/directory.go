@@ -231,10 +231,12 @@ func (c *Cluster) Unpublish(ctx context.Context, id string, force bool) error {
 			return nil
 		case err == nil && rec.Node != c.cfg.Node && !(force && rec.State == StateLost):
 			return fmt.Errorf("sandbox %s: node %s holds its record: %w", id, rec.Node, errNotHolder)
-		case err == nil && !force && rec.SleepImage != "" && (rec.State == "sleeping" || rec.State == StateMoving) && rec.Epoch > max(known, 1):
-			// Given to this node by a move after the node's last write:
-			// the node dropped a stale copy, the record's image is to be
-			// adopted here (keepUnheld keeps it too).
+		case err == nil && !force && rec.SleepImage != "" && (rec.State == StateMoving || rec.State == "sleeping" && rec.Epoch > max(known, 1)):
+			// Being moved here (a claim, live or lapsed: the adopt or the
+			// census settles it), or given to this node by a move after
+			// the node's last write (it dropped a stale copy: the
+			// record's image is to be adopted here): not this node's to
+			// drop when it has no copy (keepUnheld keeps it too).
 			return nil
 		}
 		then := []clientv3.Op{clientv3.OpDelete(sk)}

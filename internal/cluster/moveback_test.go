@@ -19,6 +19,9 @@ type sleeper struct {
 	images  map[string]string // id -> digest of its local sleep image
 	disowns []string
 	adopts  []string
+	// onAdopt runs in Adopt, before the sandbox is recorded: the node's
+	// events (its disown's removed) are handled meanwhile.
+	onAdopt func()
 }
 
 func (f *sleeper) Running(string) bool { return false }
@@ -43,6 +46,9 @@ func (f *sleeper) SleepImage(_ context.Context, id string) (string, error) {
 }
 
 func (f *sleeper) Adopt(_ context.Context, id, digest string) (api.Sandbox, error) {
+	if f.onAdopt != nil {
+		f.onAdopt()
+	}
 	f.mu.Lock()
 	if _, ok := f.images[id]; !ok {
 		f.images[id] = digest
@@ -126,6 +132,13 @@ func movedBackStale(t *testing.T, stale bool) {
 			t.Fatalf("the record after a dropped its stale copy: %+v %v (want it kept, naming a and %.15s)", r, ok, d2)
 		}
 	}
+	// The removed event of a's dropped copy is handled while the adopt
+	// fetches: the record, claimed, stays.
+	la.onAdopt = func() {
+		if err := a.Unpublish(ctx, "sbx", false); err != nil {
+			t.Error(err)
+		}
+	}
 	// A call through a.
 	svc, err := sa.route(ctx, "sbx")
 	if err != nil {
@@ -139,6 +152,9 @@ func movedBackStale(t *testing.T, stale bool) {
 	la.mu.Unlock()
 	if got != d2 || len(disowns) != 1 || len(adopts) != 1 {
 		t.Fatalf("a holds image %.15s (disowned %v, adopted %v): want its stale copy of %.15s dropped and %.15s adopted", got, disowns, adopts, d1, d2)
+	}
+	if r, _, _ := a.Lookup(ctx, "sbx"); r.Epoch != 3 || r.Node != "a" || r.State != "sleeping" || r.SleepImage != d2 {
+		t.Fatalf("the adopted record: %+v (want sleeping on a at epoch 3, image %.15s)", r, d2)
 	}
 	// Its write of the record now is not fenced.
 	if err := sa.publish(ctx, sb); err != nil {
