@@ -22,6 +22,9 @@ type sleeper struct {
 	// onAdopt runs in Adopt, before the sandbox is recorded: the node's
 	// events (its disown's removed) are handled meanwhile.
 	onAdopt func()
+	// onRemove runs in Remove, before the sandbox goes.
+	onRemove func()
+	removes  []string
 }
 
 func (f *sleeper) Running(string) bool { return false }
@@ -200,5 +203,55 @@ func TestGivenBackSame(t *testing.T) {
 	defer la.mu.Unlock()
 	if la.images["sbx"] != d1 || len(la.disowns) != 0 || len(la.adopts) != 0 {
 		t.Fatalf("a's copy: %v, disowned %v, adopted %v (want kept as it is)", la.images, la.disowns, la.adopts)
+	}
+}
+
+func (f *sleeper) Remove(_ context.Context, id string) error {
+	if f.onRemove != nil {
+		f.onRemove()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.images[id]; !ok {
+		return errdefs.New(errdefs.NotFound, "no sandbox %s", id)
+	}
+	delete(f.images, id) // and its copy in the store: Drop
+	f.removes = append(f.removes, id)
+	return nil
+}
+
+// TestRemoveRacesDrain: a remove of a sleeping sandbox on its node while
+// a drain gives it to another node must not leave the record given away,
+// naming the image the remove dropped from the store (a sandbox the user
+// removed, listed on the other node, that no call can wake).
+func TestRemoveRacesDrain(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := t.Context()
+	a := join(t, cli, "a", "")
+	defer a.Close()
+	b := join(t, cli, "b", "")
+	defer b.Close()
+	const d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	la := &sleeper{images: map[string]string{"sbx": d1}}
+	sa := NewService(a, la)
+	if err := a.PublishImage(ctx, api.Sandbox{ID: "sbx", State: "sleeping", Image: "default", MemoryMiB: 256}, d1); err != nil {
+		t.Fatal(err)
+	}
+	la.onRemove = func() {
+		// The drain of a, through b, as the remove runs.
+		rec, rev, _, ok, err := b.lookupRev(ctx, "sbx")
+		if !ok || err != nil {
+			return // the record went first: nothing to give
+		}
+		if _, err := b.Reassign(ctx, rec, rev, "b", false); err != nil {
+			t.Logf("drain: %v", err)
+		}
+	}
+	err := sa.Remove(ctx, "sbx")
+	if r, ok, _ := b.Lookup(ctx, "sbx"); ok {
+		t.Fatalf("after the remove (%v) the record stays: %+v", err, r)
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -518,13 +518,30 @@ func (s *Service) Remove(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.Service.Remove(ctx, ref); err != nil {
-		return err
-	}
-	if err := s.c.Unpublish(ctx, sb.ID, true); err != nil {
+	// The record goes first: a drain (or a room refusal's give) racing
+	// the remove can then not give the sandbox to another node while the
+	// remove drops its image from the store (the record would name a
+	// removed sandbox that no node can wake). A remove that fails after
+	// is written again by the node's next pass.
+	if err := s.c.Unpublish(ctx, sb.ID, true); errors.Is(err, errNotHolder) && sb.State == "sleeping" {
+		// Given away meanwhile: this copy is stale (its object stays for
+		// the node it was given to), and the remove goes there.
+		if derr := s.disown(ctx, sb.ID); derr != nil && !errdefs.IsNotFound(derr) {
+			return derr
+		}
+		s.forgetRoute(sb.ID)
+		svc, err := s.route(ctx, sb.ID)
+		if err != nil {
+			return err
+		}
+		if svc == s.Service {
+			return nil
+		}
+		return svc.Remove(ctx, sb.ID)
+	} else if err != nil {
 		s.c.cfg.Log.Warn("cluster: remove a sandbox's record", "sandbox", sb.ID, "err", err)
 	}
-	return nil
+	return s.Service.Remove(ctx, ref)
 }
 
 func (s *Service) Sleep(ctx context.Context, ref string) (api.Sandbox, error) {
