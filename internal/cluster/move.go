@@ -277,7 +277,7 @@ func (s *Service) movedAway(ctx context.Context, id string) bool {
 		return false
 	}
 	if rec.Node == s.c.cfg.Node {
-		if rec.SleepImage == "" || rec.State != "sleeping" && rec.State != StateMoving || s.givenBack(lctx, rec) {
+		if rec.SleepImage == "" || rec.State != "sleeping" && rec.State != StateMoving || givenBack(lctx, s, rec) {
 			return false
 		}
 		// Given back after another node woke and slept it: this copy
@@ -296,7 +296,7 @@ func (s *Service) movedAway(ctx context.Context, id string) bool {
 // copy here is then the sandbox, and this node's again at rec's epoch.
 // Another image means another node woke and slept it meanwhile: the copy
 // here is stale.
-func (s *Service) givenBack(ctx context.Context, rec Record) bool {
+func givenBack(ctx context.Context, s *Service, rec Record) bool {
 	m := s.mover()
 	if m == nil || rec.Node != s.c.cfg.Node || rec.SleepImage == "" {
 		return false

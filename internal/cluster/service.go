@@ -169,7 +169,7 @@ func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
 	if !errors.Is(err, errFenced) {
 		return err
 	}
-	if rec, ok, lerr := s.c.Lookup(ctx, sb.ID); lerr == nil && ok && rec.ID == sb.ID && rec.State != StateLost && s.givenBack(ctx, rec) {
+	if rec, ok, lerr := s.c.Lookup(ctx, sb.ID); lerr == nil && ok && rec.ID == sb.ID && rec.State != StateLost && givenBack(ctx, s, rec) {
 		// Given away and back, its image the one here: this node's.
 		return s.c.PublishImage(ctx, sb, s.sleepImage(ctx, sb))
 	}
