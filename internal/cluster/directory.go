@@ -163,9 +163,11 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string) error
 			_ = json.Unmarshal(kvs[0].Value, &held)
 		}
 		switch {
-		case len(kvs) > 0 && held.ID == sb.ID:
+		case len(kvs) > 0 && held.ID == sb.ID && held.Node == c.cfg.Node:
 			// Already the sandbox's.
-		case len(kvs) == 0 || held.ID == "" && held.Node == c.cfg.Node:
+		case len(kvs) == 0 || held.ID == "" && held.Node == c.cfg.Node || held.ID == sb.ID:
+			// (held.ID == sb.ID on another node: the sandbox moved here,
+			// and its name follows it, so that its remove here frees it.)
 			// Free, or this node's reservation: the sandbox's now, for as
 			// long as the sandbox is (no lease).
 			v, _ := json.Marshal(nameValue{ID: sb.ID, Node: c.cfg.Node})
@@ -211,6 +213,7 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string) error
 func (c *Cluster) Unpublish(ctx context.Context, id string, force bool) error {
 	ctx, cancel := c.opCtx(ctx)
 	defer cancel()
+	known := c.epoch(id)
 	c.setEpoch(id, 0)
 	for try := 0; ; try++ {
 		sk := sandboxKey(id)
@@ -228,14 +231,32 @@ func (c *Cluster) Unpublish(ctx context.Context, id string, force bool) error {
 			return nil
 		case err == nil && rec.Node != c.cfg.Node && !(force && rec.State == StateLost):
 			return fmt.Errorf("sandbox %s: node %s holds its record: %w", id, rec.Node, errNotHolder)
+		case err == nil && !force && rec.SleepImage != "" && (rec.State == StateMoving || rec.State == "sleeping" && rec.Epoch > max(known, 1)):
+			// Being moved here (a claim, live or lapsed: the adopt or the
+			// census settles it), or given to this node by a move after
+			// the node's last write (it dropped a stale copy: the
+			// record's image is to be adopted here): not this node's to
+			// drop when it has no copy (keepUnheld keeps it too).
+			return nil
 		}
 		then := []clientv3.Op{clientv3.OpDelete(sk)}
+		conds := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sk), "=", cur.Kvs[0].ModRevision)}
 		if rec.Name != "" {
+			// The name goes if it is still this sandbox's, whichever
+			// node its value names (a moved sandbox's may name the node
+			// it was created on).
 			nk := nameKey(rec.Name)
-			v, _ := json.Marshal(nameValue{ID: id, Node: rec.Node})
-			then = append(then, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(nk), "=", string(v))}, []clientv3.Op{clientv3.OpDelete(nk)}, nil))
+			nr, err := c.cli.Get(ctx, nk)
+			if err != nil {
+				return unavailable("read the name of "+id, err)
+			}
+			var held nameValue
+			if len(nr.Kvs) > 0 && json.Unmarshal(nr.Kvs[0].Value, &held) == nil && held.ID == id {
+				conds = append(conds, clientv3.Compare(clientv3.ModRevision(nk), "=", nr.Kvs[0].ModRevision))
+				then = append(then, clientv3.OpDelete(nk))
+			}
 		}
-		r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sk), "=", cur.Kvs[0].ModRevision)).Then(then...).Commit()
+		r, err := c.cli.Txn(ctx).If(conds...).Then(then...).Commit()
 		if err != nil {
 			return unavailable("remove the record of "+id, err)
 		}

@@ -299,13 +299,39 @@ func (mv *moves) movedAway(ctx context.Context, id string) bool {
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	rec, ok, err := mv.c.Lookup(lctx, id)
-	if err != nil || !ok || rec.Node == mv.c.cfg.Node || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= mv.c.epoch(id) {
+	if err != nil || !ok || rec.State == StateLost || rec.Epoch <= 1 || rec.Epoch <= mv.c.epoch(id) {
 		return false
+	}
+	if rec.Node == mv.c.cfg.Node {
+		if rec.SleepImage == "" || rec.State != "sleeping" && rec.State != StateMoving || givenBack(lctx, mv, rec) {
+			return false
+		}
+		// Given back after another node woke and slept it: this copy
+		// is stale; dropped, the record's image is adopted.
 	}
 	mv.c.cfg.Log.Warn("cluster: fenced: a sleeping sandbox moved to another node; removing this node's copy", "sandbox", id, "node", rec.Node, "epoch", rec.Epoch)
 	if err := mv.disown(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		mv.c.cfg.Log.Warn("cluster: remove a moved sandbox's copy", "sandbox", id, "err", err)
 	}
+	return true
+}
+
+// givenBack reports whether rec, which the cluster gave (back) to this
+// node at an epoch the node did not write, names the sleep image this
+// node holds (given away and back before another node adopted it): the
+// copy here is then the sandbox, and this node's again at rec's epoch.
+// Another image means another node woke and slept it meanwhile: the copy
+// here is stale.
+func givenBack(ctx context.Context, mv *moves, rec Record) bool {
+	m := mv.mover()
+	if m == nil || rec.Node != mv.c.cfg.Node || rec.SleepImage == "" {
+		return false
+	}
+	d, err := m.SleepImage(ctx, rec.ID)
+	if err != nil || d != rec.SleepImage {
+		return false
+	}
+	mv.c.setEpoch(rec.ID, rec.Epoch)
 	return true
 }
 

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -144,4 +145,57 @@ func TestMoveClaims(t *testing.T) {
 	if err := a2.Publish(ctx, other); !errors.Is(err, errNotHolder) {
 		t.Fatalf("write of another node's record at epoch 1: %v (want not the holder)", err)
 	}
+}
+
+// TestMovedNameFreed: a named sandbox moved to another node (given, claimed,
+// published there) and then removed there frees its name: the name's key
+// follows the sandbox to its new node, and the remove drops it.
+func TestMovedNameFreed(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := t.Context()
+	a := join(t, cli, "a", "")
+	defer a.Close()
+	b := join(t, cli, "b", "")
+	defer b.Close()
+	const img = "sha256:0123456789012345678901234567890123456789012345678901234567890123"
+	release, err := a.ReserveName(ctx, "foo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := api.Sandbox{ID: "sbn", Name: "foo", State: "sleeping", Image: "default", MemoryMiB: 256}
+	if err := a.PublishImage(ctx, sb, img); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	// a drained: the record is given to b, which adopts it.
+	rec, rev, _, _, err := b.lookupRev(ctx, "sbn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = b.Reassign(ctx, rec, rev, "b", false); err != nil {
+		t.Fatal(err)
+	}
+	_, rev, _, _, _ = b.lookupRev(ctx, "sbn")
+	if _, err := b.claim(ctx, rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	b.dropClaim(ctx, "sbn")
+	if _, err := b.ReserveName(ctx, "foo"); err == nil || !strings.Contains(err.Error(), "node b") {
+		t.Fatalf("the moved sandbox's name, taken again: %v (want refused, naming node b)", err)
+	}
+	// Removed on b: the name is free.
+	if err := b.Unpublish(ctx, "sbn", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := a.Lookup(ctx, "foo"); ok || err != nil {
+		t.Fatalf("the removed sandbox found by its name: %v %v", ok, err)
+	}
+	rel, err := a.ReserveName(ctx, "foo")
+	if err != nil {
+		t.Fatalf("the name of a moved sandbox removed on its new node is still taken: %v", err)
+	}
+	rel()
 }

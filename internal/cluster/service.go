@@ -166,6 +166,10 @@ func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
 	if !errors.Is(err, errFenced) {
 		return err
 	}
+	if rec, ok, lerr := s.c.Lookup(ctx, sb.ID); lerr == nil && ok && rec.ID == sb.ID && rec.State != StateLost && givenBack(ctx, s.moves, rec) {
+		// Given away and back, its image the one here: this node's.
+		return s.c.PublishImage(ctx, sb, s.moves.sleepImage(ctx, sb))
+	}
 	s.c.cfg.Log.Warn("cluster: fenced: stopping and removing a sandbox the cluster no longer gives this node", "sandbox", sb.ID, "err", err)
 	// Its copy in the snapshot store stays: a node it moved to uses it.
 	if rerr := s.moves.disown(ctx, sb.ID); rerr != nil && !errdefs.IsNotFound(rerr) {
@@ -511,13 +515,30 @@ func (s *Service) Remove(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.Service.Remove(ctx, ref); err != nil {
-		return err
-	}
-	if err := s.c.Unpublish(ctx, sb.ID, true); err != nil {
+	// The record goes first: a drain (or a room refusal's give) racing
+	// the remove can then not give the sandbox to another node while the
+	// remove drops its image from the store (the record would name a
+	// removed sandbox that no node can wake). A remove that fails after
+	// is written again by the node's next pass.
+	if err := s.c.Unpublish(ctx, sb.ID, true); errors.Is(err, errNotHolder) && sb.State == "sleeping" {
+		// Given away meanwhile: this copy is stale (its object stays for
+		// the node it was given to), and the remove goes there.
+		if derr := s.moves.disown(ctx, sb.ID); derr != nil && !errdefs.IsNotFound(derr) {
+			return derr
+		}
+		s.forgetRoute(sb.ID)
+		svc, err := s.route(ctx, sb.ID)
+		if err != nil {
+			return err
+		}
+		if svc == s.Service {
+			return nil
+		}
+		return svc.Remove(ctx, sb.ID)
+	} else if err != nil {
 		s.c.cfg.Log.Warn("cluster: remove a sandbox's record", "sandbox", sb.ID, "err", err)
 	}
-	return nil
+	return s.Service.Remove(ctx, ref)
 }
 
 func (s *Service) Sleep(ctx context.Context, ref string) (api.Sandbox, error) {

@@ -243,6 +243,11 @@ func (p *Porter) Import(ctx context.Context, e Export, n int, fetch func(ctx con
 	if err := json.Unmarshal(e.Opts, &opts); err != nil {
 		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "snapshot %s: its options do not parse: %v", e.ID, err)
 	}
+	if len(opts.Volumes) > 0 || len(opts.Secrets) > 0 || e.Local != "" {
+		// Volumes and secrets are each node's own: a peer's snapshot that
+		// names some would mount this node's under that name.
+		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "snapshot %s mounts volumes or takes secrets (each node's own): its children stay on its node", e.ID)
+	}
 	if e.MemoryMiB < 1 || e.MemoryMiB > m.cfg.MaxMemoryMiB || e.CPUs <= 0 || e.CPUs > m.cfg.MaxCPUs {
 		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "snapshot %s: %d MiB and %g CPUs are outside what this node allows (%d MiB, %g CPUs)", e.ID, e.MemoryMiB, e.CPUs, m.cfg.MaxMemoryMiB, m.cfg.MaxCPUs)
 	}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -118,6 +119,20 @@ func TestPorterImport(t *testing.T) {
 		t.Fatalf("import on another image root: %v, want conflict", err)
 	}
 
+	// A peer's snapshot that names volumes or secrets would mount this
+	// node's: refused before a fetch.
+	for _, o := range []string{`{"volumes":[{"name":"v","path":"/data"}]}`, `{"secrets":[{"name":"s"}]}`} {
+		smuggled := e
+		smuggled.Opts = json.RawMessage(o)
+		if _, err := target.Import(t.Context(), smuggled, 1, func(ctx context.Context, dir string) error {
+			t.Fatal("fetched a snapshot with volumes or secrets")
+			return nil
+		}); !errdefs.Is(err, errdefs.InvalidArgument) {
+			t.Fatalf("import of %s: %v, want invalid", o, err)
+		}
+	}
+	empty("after imports with volumes or secrets")
+
 	res, err := target.Import(t.Context(), e, 2, func(ctx context.Context, dir string) error {
 		copyImage(t, src, dir, func([]byte) {})
 		return nil
@@ -135,4 +150,35 @@ func TestPorterImport(t *testing.T) {
 		}
 	}
 	empty("after the children are removed")
+}
+
+// TestExportedSnapshotKept: a named snapshot a fork across nodes is
+// sending (exported, not yet released) is not removed under it: the rm
+// is a Conflict that says why, and goes through once the fork is done.
+func TestExportedSnapshotKept(t *testing.T) {
+	a := newEnv(t, Config{})
+	parent := a.create(t, 64)
+	sn, err := a.m.Snapshot(t.Context(), parent.ID, "base", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, release, err := NewPorter(a.m).Export(t.Context(), "base", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.m.DeleteSnapshot(t.Context(), "base"); !errdefs.Is(err, errdefs.Conflict) {
+		release()
+		t.Fatalf("rm of a snapshot being sent to other nodes: %v, want Conflict", err)
+	}
+	if dir, done, err := NewPorter(a.m).Open(e.Digest); err != nil {
+		t.Fatalf("the image, after the refused rm: %v", err)
+	} else if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the image's files, after the refused rm: %v", err)
+	} else {
+		done()
+	}
+	release()
+	if err := a.m.DeleteSnapshot(t.Context(), sn.ID); err != nil {
+		t.Fatalf("rm once the fork is done: %v", err)
+	}
 }

@@ -179,6 +179,9 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
 	if sn.State == store.SnapshotCreating {
 		return errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", ref)
 	}
+	if m.pins.held(sn.ID) {
+		return errdefs.New(errdefs.Conflict, "snapshot %s is being sent to other nodes for a fork across nodes: try again when the fork is done", ref)
+	}
 	return m.removeSnapshot(store.ForCleanup(context.WithoutCancel(ctx)), sn)
 }
 
