@@ -14,6 +14,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
+	"github.com/clade-sandbox/clade/internal/steps"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -288,7 +289,7 @@ func (p *Pools) giveBackHot(sh pool.Shape, id string, h hotSandbox) {
 // in a spec the hot sandbox was not started with (a volume, the tmpfs of
 // secret files), it is replaced by a sandbox started cold for rec. On
 // error nothing of it is left.
-func (p *Pools) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, error) {
+func (p *Pools) claimHot(ctx context.Context, rec store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps.Steps) (engine.Sandbox, error) {
 	spec := specOf(rec, img)
 	// The hooks see a start (that is how they apply options to a slot the
 	// sandbox already has).
@@ -298,7 +299,7 @@ func (p *Pools) claimHot(ctx context.Context, rec store.Sandbox, img image.Image
 		}
 		return nil, errors.Join(err, p.eng.Destroy(ctx, rec.Engine()))
 	}
-	st.mark("hooks")
+	st.Mark("hooks")
 	if renamed != nil {
 		// The hostname was sent before the record was written, and the
 		// claim does not wait for its answer (a sandbox idle in the pool
@@ -356,7 +357,7 @@ func readyClaim(rec store.Sandbox, h hotSandbox) bool {
 // hostname, when the hooks ask for more than h was started with (the
 // tmpfs of secret files): the caller claims it the slow way. On error
 // nothing of h is left.
-func (p *Pools) claimReady(ctx context.Context, rec *store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps) (engine.Sandbox, bool, error) {
+func (p *Pools) claimReady(ctx context.Context, rec *store.Sandbox, img image.Image, h hotSandbox, renamed <-chan error, st *steps.Steps) (engine.Sandbox, bool, error) {
 	ctx = context.WithoutCancel(ctx)
 	fail := func(err error) (engine.Sandbox, bool, error) {
 		if renamed != nil {
@@ -372,7 +373,7 @@ func (p *Pools) claimReady(ctx context.Context, rec *store.Sandbox, img image.Im
 	if !sameStart(spec, h.spec) {
 		return nil, false, nil
 	}
-	st.mark("hooks")
+	st.Mark("hooks")
 	if err := p.hooks.afterStart(ctx, *rec, h.sb); err != nil {
 		return fail(fmt.Errorf("claim a hot sandbox: %w", err))
 	}
@@ -400,7 +401,7 @@ func (p *Pools) claimReady(ctx context.Context, rec *store.Sandbox, img image.Im
 	if err := p.marks.ClaimPoolSandbox(ctx, claimed); err != nil {
 		return fail(err)
 	}
-	st.mark("insert")
+	st.Mark("insert")
 	p.events.emitRec(*rec, events.Event{Type: events.Created})
 	p.events.emitMove(claimed, store.StateCreating, store.StateRunning, "")
 	*rec = claimed

@@ -15,6 +15,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/sandbox/pool"
+	"github.com/clade-sandbox/clade/internal/steps"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -114,17 +115,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 	if req.FromSnapshot != "" {
 		return m.createFrom(ctx, req)
 	}
-	st := newSteps(m.log)
+	st := steps.New(m.log)
 	if err := m.validate(&req); err != nil {
 		return store.Sandbox{}, err
 	}
-	st.mark("validate")
+	st.Mark("validate")
 	resv, err := m.admission.admit(req.MemoryMiB)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
 	defer resv.release()
-	st.mark("admit")
+	st.Mark("admit")
 	// Held until the record exists: an image removal checks the records.
 	m.images.useMu.Lock()
 	imageLocked := true
@@ -151,7 +152,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 	}
 	sh := shapeOf(img.Name, req.MemoryMiB, req.CPUs, req.Env, req.Opts)
-	st.mark("image")
+	st.Mark("image")
 	if req.Name != "" {
 		// A taken name is refused before a pooled sandbox is touched: a
 		// claim renames its hot sandbox before the insert finds the name
@@ -177,7 +178,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env, RootFS: img.RootFS, Opts: freshOptions(req.Opts, time.Now()), CreatedAt: time.Now()}
 	unlock := m.locks.lock(rec.ID)
 	defer unlock()
-	st.mark("take")
+	st.Mark("take")
 	insert := m.store.InsertSandbox
 	var renamed <-chan error
 	if isHot {
@@ -192,7 +193,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 				}
 				m.track(rec.ID, sb)
 				m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
-				st.log(m.log, "create timings", "sandbox", rec.ID, "hot", true)
+				st.Log(m.log, "create timings", "sandbox", rec.ID, "hot", true)
 				return rec, nil
 			}
 			// Its hooks ask for more than it has: the slow way, which
@@ -212,7 +213,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		}
 		return store.Sandbox{}, err
 	}
-	st.mark("insert")
+	st.Mark("insert")
 	resv.recorded()
 	m.events.emitRec(rec, events.Event{Type: events.Created})
 	m.images.useMu.Unlock()
@@ -230,13 +231,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 			return sb, err
 		})
 	}
-	st.mark("start")
+	st.Mark("start")
 	if err == nil {
 		if err = m.moveLocked(ctx, &rec, store.StateRunning, ""); err != nil {
 			err = errors.Join(err, m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, rec))
 		}
 	}
-	st.mark("running")
+	st.Mark("running")
 	if err != nil {
 		if derr := errors.Join(m.hooks.afterRemove(ctx, rec), m.deleteRecord(ctx, rec.ID)); derr != nil {
 			err = errors.Join(err, derr)
@@ -244,9 +245,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Sandbox,
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	m.track(rec.ID, sb)
-	st.mark("track")
+	st.Mark("track")
 	m.log.Info("sandbox created", "sandbox", rec.ID, "name", rec.Name, "image", rec.Image)
-	st.log(m.log, "create timings", "sandbox", rec.ID, "hot", isHot)
+	st.Log(m.log, "create timings", "sandbox", rec.ID, "hot", isHot)
 	return rec, nil
 }
 

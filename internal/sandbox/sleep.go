@@ -11,6 +11,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/engine"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/stateimg"
+	"github.com/clade-sandbox/clade/internal/steps"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -42,8 +43,8 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 
 // sleepLocked puts rec to sleep. Guarded by rec's lock.
 func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error {
-	st := newSteps(m.log)
-	defer st.log(m.log, "sleep timings", "sandbox", rec.ID)
+	st := steps.New(m.log)
+	defer st.Log(m.log, "sleep timings", "sandbox", rec.ID)
 	dir := m.cfg.sleepDir(rec.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		return err
@@ -54,7 +55,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		m.traffic.relive(rec.ID, sb)
 		return err
 	}
-	st.mark("suspending")
+	st.Mark("suspending")
 	m.crash.hit("sleep-before-engine")
 	// Sealed before the engine stops the sandbox: a daemon killed at any
 	// moment leaves it running or asleep, never gone with an unsealed image.
@@ -71,7 +72,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		return sealImage(dir)
 	}
 	err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), dir, false)
-	st.mark("checkpoint")
+	st.Mark("checkpoint")
 	if err != nil {
 		// The engine leaves a sandbox whose checkpoint failed running.
 		m.traffic.relive(rec.ID, sb)
@@ -85,10 +86,10 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		if err := errors.Join(m.eng.Destroy(ctx, rec.Engine()), m.hooks.afterStop(ctx, *rec)); err != nil {
 			m.log.Warn("sleep: cleanup failed; the next start retries", "sandbox", rec.ID, "err", err)
 		}
-		st.mark("cleanup")
+		st.Mark("cleanup")
 	}
 	err = m.moveLocked(ctx, rec, store.StateSleeping, "")
-	st.mark("sleeping")
+	st.Mark("sleeping")
 	if len(rec.Opts.Volumes) == 0 {
 		m.crash.hit("sleep-before-reap")
 		m.reaper.reapLater(*rec)

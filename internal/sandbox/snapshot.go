@@ -13,6 +13,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/events"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/steps"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -38,7 +39,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 			return store.Snapshot{}, err
 		}
 	}
-	st := newSteps(m.log)
+	st := steps.New(m.log)
 	if err := m.admission.checkDisk("snapshot"); err != nil {
 		return store.Snapshot{}, err
 	}
@@ -58,11 +59,11 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 	sn := store.Snapshot{ID: id, Name: name, Sandbox: rec.ID, Image: rec.Image, State: store.SnapshotCreating,
 		MemoryMiB: rec.MemoryMiB, CPUs: rec.CPUs, Env: rec.Env, Path: filepath.Join(m.cfg.SnapshotDir, id), Implicit: implicit,
 		RootFS: rec.RootFS, Opts: opts, CreatedAt: time.Now()}
-	st.mark("lock")
+	st.Mark("lock")
 	if err := m.store.InsertSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
 	}
-	st.mark("insert")
+	st.Mark("insert")
 	ctx = context.WithoutCancel(ctx)
 	m.crash.hit("snapshot-before-engine")
 	fail := func(err error) (store.Snapshot, error) {
@@ -76,19 +77,19 @@ func (m *Manager) Snapshot(ctx context.Context, ref, name string, implicit bool)
 		if err := snapper.Checkpoint(ctx, rec.Engine(), sn.Path, true); err != nil {
 			return fail(err)
 		}
-		st.mark("checkpoint")
+		st.Mark("checkpoint")
 		if err := sealImage(sn.Path); err != nil {
 			return fail(err)
 		}
-		st.mark("seal")
+		st.Mark("seal")
 	}
 	m.crash.hit("snapshot-before-ready")
 	sn.SizeBytes = image.DirSize(sn.Path)
 	if err := m.store.SetSnapshotReady(ctx, id, sn.SizeBytes); err != nil {
 		return store.Snapshot{}, err
 	}
-	st.mark("ready")
-	defer st.log(m.log, "snapshot timings", "snapshot", id)
+	st.Mark("ready")
+	defer st.Log(m.log, "snapshot timings", "snapshot", id)
 	sn.State = store.SnapshotReady
 	if !implicit {
 		// Implicit snapshots (a fork's) live only as long as the fork.

@@ -237,13 +237,7 @@ func (c *Copies) Drop(name string) error {
 	if c == nil {
 		return nil
 	}
-	c.mu.Lock()
-	j := c.inflight[name]
-	c.mu.Unlock()
-	if j != nil {
-		j.cancel()
-		<-j.done
-	}
+	c.stopPut(name)
 	r, err := c.read(name)
 	if errdefs.Is(err, errdefs.NotFound) {
 		return nil
@@ -296,4 +290,15 @@ func (c *Copies) Close() {
 	}
 	c.cancel()
 	c.bg.Wait()
+}
+
+// stopPut cancels a copy of name being made and waits until it ended.
+func (c *Copies) stopPut(name string) {
+	c.mu.Lock()
+	j := c.inflight[name]
+	c.mu.Unlock()
+	if j != nil {
+		j.cancel()
+		<-j.done
+	}
 }

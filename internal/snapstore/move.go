@@ -67,13 +67,7 @@ func (c *Copies) Forget(name string) error {
 	if c == nil {
 		return nil
 	}
-	c.mu.Lock()
-	j := c.inflight[name]
-	c.mu.Unlock()
-	if j != nil {
-		j.cancel()
-		<-j.done
-	}
+	c.stopPut(name)
 	p, err := c.recordPath(name)
 	if err != nil {
 		return err

@@ -1,8 +1,6 @@
 package e2b
 
 import (
-	"context"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -66,38 +64,3 @@ func imageRoot(img api.Image) string {
 
 // snapshotRoot is the key of snapshot sn.
 func snapshotRoot(sn api.Snapshot) string { return "snapshot:" + sn.ID }
-
-// steps times the steps of one request, for a debug line (nothing is
-// measured unless the log takes debug lines).
-type steps struct {
-	on          bool
-	start, last time.Time
-	attrs       []any
-}
-
-func newSteps(log *slog.Logger) *steps {
-	if !log.Enabled(context.Background(), slog.LevelDebug) {
-		return &steps{}
-	}
-	now := time.Now()
-	return &steps{on: true, start: now, last: now}
-}
-
-// mark records the time since the previous mark under name.
-func (s *steps) mark(name string) {
-	if !s.on {
-		return
-	}
-	now := time.Now()
-	s.attrs = append(s.attrs, name+"_us", now.Sub(s.last).Microseconds())
-	s.last = now
-}
-
-// log writes the marks as one debug line.
-func (s *steps) log(l *slog.Logger, msg string, args ...any) {
-	if !s.on {
-		return
-	}
-	args = append(append(args, s.attrs...), "total_us", time.Since(s.start).Microseconds())
-	l.Debug(msg, args...)
-}

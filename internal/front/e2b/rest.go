@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/clade-sandbox/clade/internal/codeint"
 	"io"
 	"math"
 	"net/http"
@@ -16,8 +15,10 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/hostmask"
+	"github.com/clade-sandbox/clade/internal/steps"
 )
 
 // DefaultTemplate is the template E2B code asks for by default; it is
@@ -212,7 +213,7 @@ func seconds(n int64) (time.Duration, error) {
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
-	st := newSteps(s.log)
+	st := steps.New(s.log)
 	var req createBody
 	if err := decodeBody(r, &req); err != nil {
 		return err
@@ -240,7 +241,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		c <- root
 		rootc = c
 	}
-	st.mark("resolve")
+	st.Mark("resolve")
 	timeout := defaultTimeout
 	if req.Timeout != nil {
 		d, err := seconds(*req.Timeout)
@@ -298,7 +299,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		}
 		return err
 	}
-	st.mark("create")
+	st.Mark("create")
 	if s.clientGone(r, sb.ID) {
 		return nil
 	}
@@ -306,17 +307,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	ready := s.accounts.ready(root)
 	if !ready {
 		s.prepareUser(r.Context(), sb.ID, root)
-		st.mark("user")
+		st.Mark("user")
 	}
 	if !ready || timeout < setupGrace {
 		if sb, err = s.timeoutFromNow(r.Context(), sb.ID, timeout); err != nil {
 			return err
 		}
-		st.mark("timeout")
+		st.Mark("timeout")
 	}
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb))
-	st.mark("answer")
-	st.log(s.log, "e2b create", "sandbox", sb.ID, "ready", ready)
+	st.Mark("answer")
+	st.Log(s.log, "e2b create", "sandbox", sb.ID, "ready", ready)
 	return nil
 }
 
