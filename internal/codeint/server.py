@@ -166,11 +166,18 @@ class Watch:
     INTERRUPT_GRACE. check() is called on every turn of a run's loop,
     whether output flows or not."""
 
-    def __init__(self, kernel, em, deadline, gone):
+    def __init__(self, kernel, em, deadline, gone, stopped=None):
         self.kernel = kernel
         self.em = em
         self.deadline = deadline
         self.gone = gone
+        # stopped, when given, tells whether the kernel has ended the run
+        # even though its output is not all read yet: a kernel that
+        # printed without pause leaves a backlog that a loaded machine
+        # takes longer than INTERRUPT_GRACE to drain, and a kernel that
+        # did stop must not be killed (and its state lost) for that.
+        self.stopped = stopped
+        self.drain = False
         self.interrupted = None
         self.at = 0.0
         self.next_gone = 0.0
@@ -178,7 +185,10 @@ class Watch:
     def check(self):
         t = time.monotonic()
         if self.interrupted is not None:
-            if t > self.at + INTERRUPT_GRACE:
+            if not self.drain and t > self.at + INTERRUPT_GRACE:
+                if self.stopped is not None and self.stopped():
+                    self.drain = True  # what is left is finite: read it
+                    return
                 raise Stuck(self.interrupted)
             return
         why = None
@@ -306,10 +316,22 @@ class PythonKernel:
                             "    _clade_os.environ.pop(_k, None) if _v is None else _clade_os.environ.__setitem__(_k, _v)\n"
                             "del _clade_os, _clade_env_saved, _k, _v")
 
+    def _replied(self, mid):
+        """Whether the kernel answered execute request mid on its shell
+        channel: it has ended that run (its reply follows the run's last
+        output and comes before its idle status)."""
+        while True:
+            try:
+                m = self.kc.get_shell_msg(timeout=0)
+            except queue.Empty:
+                return False
+            if m["parent_header"].get("msg_id") == mid:
+                return True
+
     def _run(self, code, em, deadline, gone):
         mid = self.kc.execute(code)
         count = None
-        w = Watch(self, em, deadline, gone)
+        w = Watch(self, em, deadline, gone, lambda: self._replied(mid))
         while True:
             w.check()
             try:
