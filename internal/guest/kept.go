@@ -107,9 +107,13 @@ func (c *Conn) Attach(ctx context.Context, pid int, stdin bool) (*Process, error
 		ch.close()
 		return nil, err
 	}
+	// Started first: an attach to a command that has ended is started and
+	// done by the time we look, and a select between the two would pick
+	// either.
 	select {
 	case <-ch.started:
-	case <-ch.done:
+	default:
+		<-ch.done
 		if ch.err != nil {
 			return nil, ch.err
 		}

@@ -164,9 +164,10 @@ func (c *Conn) Exec(ctx context.Context, req ExecRequest) (*Process, error) {
 		return nil, err
 	}
 	if req.User != "" {
-		select {
+		select { // started first: a quick command is both by now
 		case <-ch.started:
-		case <-ch.done:
+		default:
+			<-ch.done
 			// A user the sandbox does not know is the request's fault:
 			// an error, not an exit status.
 			if ch.err == nil && ch.exit.Code == -1 && ch.exit.Error != "" {
