@@ -212,8 +212,10 @@ func checkDaemonNumbers(c sandbox.Config, networkPool, tcgCache int) error {
 		return fmt.Errorf("--memory-overcommit %g: give a ratio from 0 to %d such as 1.5, or 0 for no cap", c.MemoryOvercommit, maxOvercommit)
 	case c.MaxMemoryMiB != 0 && (c.MaxMemoryMiB < sandbox.MinMemoryMiB || c.MaxMemoryMiB > sandbox.DefaultConfig().MaxMemoryMiB):
 		return fmt.Errorf("--max-memory %d: give %d to %d MiB, or 0 for the default", c.MaxMemoryMiB, sandbox.MinMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB)
-	case c.DefaultMemoryMiB < sandbox.MinMemoryMiB || c.DefaultMemoryMiB > cmp.Or(c.MaxMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB):
-		return fmt.Errorf("--default-memory %d: give %d to %d MiB (--max-memory)", c.DefaultMemoryMiB, sandbox.MinMemoryMiB, cmp.Or(c.MaxMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB))
+	case c.DefaultMemoryMiB < sandbox.MinMemoryMiB || c.DefaultMemoryMiB > sandbox.DefaultConfig().MaxMemoryMiB:
+		return fmt.Errorf("--default-memory %d: give %d to %d MiB", c.DefaultMemoryMiB, sandbox.MinMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB)
+	case c.MaxMemoryMiB != 0 && c.DefaultMemoryMiB > c.MaxMemoryMiB:
+		return fmt.Errorf("--max-memory %d is below the --default-memory %d MiB a sandbox that asks for none gets", c.MaxMemoryMiB, c.DefaultMemoryMiB)
 	case !(c.MaxCPUs >= 0 && c.MaxCPUs <= 4096):
 		return fmt.Errorf("--max-cpus %g: give more than 0 (at most 4096), or 0 for the host's cores", c.MaxCPUs)
 	case c.MaxCPUs != 0 && cmp.Or(c.DefaultCPUs, sandbox.DefaultConfig().DefaultCPUs) > c.MaxCPUs:
