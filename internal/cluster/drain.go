@@ -45,11 +45,13 @@ const drainEvery = time.Second
 // drainState is the drain's bookkeeping on the drained node; only the
 // drain loop touches it.
 type drainState struct {
-	on    bool
-	moved int
-	pass  int64
+	on   bool
+	pass int64
+	// moved are the sandboxes given away since the drain began (each
+	// counted once).
+	moved map[string]bool
 	// woken are the sandboxes this drain put to sleep: woken on the node
-	// they are given to.
+	// they are given to (or here again, should the drain end first).
 	woken map[string]bool
 }
 
@@ -71,16 +73,34 @@ func (mv *moves) drainLoop(ctx context.Context) {
 		}
 		if !on {
 			if st.on {
+				mv.undrained(ctx, st.woken)
 				st = drainState{}
 				mv.c.drain.Store(nil)
 			}
 			continue
 		}
 		if !st.on {
-			st = drainState{on: true, woken: map[string]bool{}}
+			st = drainState{on: true, moved: map[string]bool{}, woken: map[string]bool{}}
 			mv.c.cfg.Log.Info("cluster: this node is drained: moving its sandboxes to other nodes")
 		}
 		mv.c.drain.Store(mv.drainPass(ctx, &st))
+	}
+}
+
+// undrained wakes here again the sandboxes the drain put to sleep and
+// did not give away before it ended: they were running.
+func (mv *moves) undrained(ctx context.Context, woken map[string]bool) {
+	for id := range woken {
+		sb, err := mv.local.Get(ctx, id)
+		if err != nil || sb.State != "sleeping" {
+			continue
+		}
+		if rec, ok, err := mv.c.Lookup(ctx, id); err != nil || !ok || rec.Node != mv.c.cfg.Node {
+			continue // given away meanwhile
+		}
+		if _, err := mv.svc.Wake(ctx, id); err != nil {
+			mv.c.cfg.Log.Warn("cluster: the drain ended: wake a sandbox it had put to sleep (it wakes at its next call)", "sandbox", id, "err", err)
+		}
 	}
 }
 
@@ -156,7 +176,7 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 			p.Settled = false
 		}
 	}
-	p.Moved = st.moved
+	p.Moved = len(st.moved)
 	return p
 }
 
@@ -174,7 +194,7 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 		// Given away (by the drain call, or a call through another
 		// node): this copy is gone now.
 		p.Sleeping--
-		st.moved++
+		st.moved[sb.ID] = true
 		return
 	case !ok || claimed || rec.Node != mv.c.cfg.Node || rec.State != "sleeping":
 		// Its record is not written yet, or it is being moved.
@@ -205,10 +225,11 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 		}
 		return
 	}
-	st.moved++
+	st.moved[sb.ID] = true
 	p.Sleeping--
 	p.Settled = false
 	if !st.woken[sb.ID] {
+		mv.movedAway(ctx, sb.ID) // this copy goes now
 		return
 	}
 	delete(st.woken, sb.ID)
