@@ -21,6 +21,42 @@ type Node struct {
 	// Draining is true while the node takes no new placements (clade
 	// node drain).
 	Draining bool `json:"draining,omitempty"`
+	// Drain is the drained node's own account of its drain (it writes
+	// it with its capacity, about every second): what moved, what is
+	// left and what holds it.
+	Drain *DrainProgress `json:"drain,omitempty"`
+}
+
+// DrainProgress is how a node's drain goes. The drained node moves its
+// sleeping sandboxes whose image is in the object store, and puts its
+// idle running ones to sleep to move them too (woken at once on their new
+// node); busy ones stay until they are idle.
+type DrainProgress struct {
+	// Moved counts the sandboxes given to other nodes since the drain
+	// began; Running and Sleeping those still on the node.
+	Moved    int `json:"moved"`
+	Running  int `json:"running"`
+	Sleeping int `json:"sleeping"`
+	// Held are the sandboxes that stay for now, each with why.
+	Held []DrainHold `json:"held,omitempty"`
+	// Settled is true when the last pass had nothing under way: what is
+	// left is held (busy, or unable to move). Pass counts the passes.
+	Settled bool  `json:"settled"`
+	Pass    int64 `json:"pass"`
+	// Note says what keeps the whole node from moving its sandboxes
+	// (no --object-store), when something does.
+	Note string `json:"note,omitempty"`
+}
+
+// DrainHold is a sandbox a drain leaves on its node for now.
+type DrainHold struct {
+	ID    string `json:"id"`
+	Name  string `json:"name,omitempty"`
+	State string `json:"state"`
+	// Busy is true when it stays only while it is in use (it moves once
+	// idle); Why says what holds it.
+	Busy bool   `json:"busy,omitempty"`
+	Why  string `json:"why"`
 }
 
 // NodeCapacity is what a node has for placement.
@@ -38,6 +74,11 @@ type NodeCapacity struct {
 	MemoryFloorMiB   int64 `json:"memory_floor_mib,omitempty"`
 	MemoryLimitMiB   int64 `json:"memory_limit_mib,omitempty"`
 	DefaultMemoryMiB int64 `json:"default_memory_mib,omitempty"`
+	// MaxMemoryMiB and MaxCPUs are the largest sandbox it takes
+	// (--max-memory, --max-cpus): a sleeping sandbox is given only to a
+	// node it fits.
+	MaxMemoryMiB int64   `json:"max_memory_mib,omitempty"`
+	MaxCPUs      float64 `json:"max_cpus,omitempty"`
 	// Sandboxes counts the sandboxes it holds, Running those running.
 	Sandboxes int `json:"sandboxes"`
 	Running   int `json:"running"`

@@ -10,8 +10,10 @@ import (
 
 // Node and NodeCapacity are a cluster's nodes (see api).
 type (
-	Node         = api.Node
-	NodeCapacity = api.NodeCapacity
+	Node          = api.Node
+	NodeCapacity  = api.NodeCapacity
+	DrainProgress = api.DrainProgress
+	DrainHold     = api.DrainHold
 )
 
 // ListNodes lists the live nodes of the daemon's cluster, by name. A

@@ -169,6 +169,12 @@ func TestBadDaemonNumbersAreUsageErrors(t *testing.T) {
 		{"--disk-floor", "-1"},
 		{"--default-disk", "-5"},
 		{"--default-memory", "1"},
+		{"--max-memory", "-1"},
+		{"--max-memory", "1"},
+		{"--max-memory", "256"}, // below the 512 MiB a sandbox that asks for none gets
+		{"--max-cpus", "-1"},
+		{"--max-cpus", "NaN"},
+		{"--max-cpus", "0.5"}, // below the 1 CPU a sandbox that asks for none gets
 		{"--qemu-tcg-cache", "0"},
 		{"--qemu-tcg-cache", "4096"},
 		{"--log-level", "loud"},

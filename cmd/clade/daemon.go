@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net"
@@ -64,6 +65,8 @@ func newDaemonCmd() *cobra.Command {
 	fs.IntVar(&o.Sandbox.DefaultMemoryMiB, "default-memory", 512, "memory limit of sandboxes that ask for none, MiB")
 	fs.IntVar(&o.Sandbox.DefaultDiskMiB, "default-disk", 10240, "MiB a sandbox that asks for no --disk may write (its files); 0: no cap")
 	fs.IntVar(&o.Sandbox.MaxFork, "max-fork", 128, "most children one fork may ask for")
+	fs.IntVar(&o.Sandbox.MaxMemoryMiB, "max-memory", 0, "largest memory limit a sandbox may have here, MiB: creates above it are refused, and a cluster moves no larger sandbox here (default 65536)")
+	fs.Float64Var(&o.Sandbox.MaxCPUs, "max-cpus", 0, "most CPUs a sandbox may have here: creates above it are refused, and a cluster moves no larger sandbox here (default: the host's cores)")
 	fs.IntVar(&o.Sandbox.MemoryFloorMiB, "memory-floor", 0, "MiB of host memory creates, forks and wakes must leave free (default 5% of RAM, at least 512)")
 	fs.Float64Var(&o.Sandbox.MemoryOvercommit, "memory-overcommit", 1.0, "the memory limits of running sandboxes may add up to RATIO x the host's memory; above 1, memory pressure puts idle sandboxes to sleep (see --pressure-floor); 0 turns the cap off")
 	fs.IntVar(&o.Sandbox.PressureFloorMiB, "pressure-floor", 0, "MiB of MemAvailable below which the least recently used idle sandboxes are put to sleep (default half the --memory-floor; -1 turns it off)")
@@ -87,6 +90,7 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.Cluster.EmbedListen, "cluster-listen", "127.0.0.1:2379", "with --cluster embed: `ADDR` the embedded etcd serves clients on")
 	fs.StringVar(&o.Cluster.EmbedPeerListen, "cluster-peer-listen", "127.0.0.1:2380", "with --cluster embed: `ADDR` the embedded etcd serves its peers on")
 	fs.StringVar(&o.Cluster.EmbedPeers, "cluster-peers", "", "with --cluster embed: the initial members of a multi-member etcd, NAME=http://PEER-ADDR,... naming this node too (e.g. three daemons)")
+	fs.DurationVar(&o.Cluster.MoveTimeout, "cluster-move-timeout", 2*time.Minute, "how long a node adopting another node's sleeping sandbox waits for its image from the object store: past it the sandbox stays asleep and the call gets a retryable 503")
 	fs.DurationVar(&o.Cluster.LeaseTTL, "cluster-lease-ttl", 3*time.Second, "how long this node stays in the cluster after its last refresh (it refreshes every second); whole seconds, at least 2s")
 	clusterTokenFile := fs.String("cluster-token-file", "", "`file` holding the cluster token, the same on every node: the nodes call each other's API with it, and only it\nopens the routes only nodes may call; users keep the --token-file token (default: the --token-file token is the cluster token too)")
 	fs.StringVar(&o.Cluster.EtcdAuth.CA, "cluster-ca", "", "PEM `file` of the CA of etcd's certificates: the node speaks TLS to etcd and trusts only it; with --cluster embed the\nmember serves TLS on its client and peer listeners (--cluster-peers then with https://) and requires certificates of this CA")
@@ -206,8 +210,16 @@ func checkDaemonNumbers(c sandbox.Config, networkPool, tcgCache int) error {
 		// NaN turned the cap off; +Inf or a huge ratio overflowed the
 		// limit in MiB to a negative one, which refused every create.
 		return fmt.Errorf("--memory-overcommit %g: give a ratio from 0 to %d such as 1.5, or 0 for no cap", c.MemoryOvercommit, maxOvercommit)
+	case c.MaxMemoryMiB != 0 && (c.MaxMemoryMiB < sandbox.MinMemoryMiB || c.MaxMemoryMiB > sandbox.DefaultConfig().MaxMemoryMiB):
+		return fmt.Errorf("--max-memory %d: give %d to %d MiB, or 0 for the default", c.MaxMemoryMiB, sandbox.MinMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB)
 	case c.DefaultMemoryMiB < sandbox.MinMemoryMiB || c.DefaultMemoryMiB > sandbox.DefaultConfig().MaxMemoryMiB:
 		return fmt.Errorf("--default-memory %d: give %d to %d MiB", c.DefaultMemoryMiB, sandbox.MinMemoryMiB, sandbox.DefaultConfig().MaxMemoryMiB)
+	case c.MaxMemoryMiB != 0 && c.DefaultMemoryMiB > c.MaxMemoryMiB:
+		return fmt.Errorf("--max-memory %d is below the --default-memory %d MiB a sandbox that asks for none gets", c.MaxMemoryMiB, c.DefaultMemoryMiB)
+	case !(c.MaxCPUs >= 0 && c.MaxCPUs <= 4096):
+		return fmt.Errorf("--max-cpus %g: give more than 0 (at most 4096), or 0 for the host's cores", c.MaxCPUs)
+	case c.MaxCPUs != 0 && cmp.Or(c.DefaultCPUs, sandbox.DefaultConfig().DefaultCPUs) > c.MaxCPUs:
+		return fmt.Errorf("--max-cpus %g is below the %g CPUs a sandbox that asks for none gets", c.MaxCPUs, cmp.Or(c.DefaultCPUs, sandbox.DefaultConfig().DefaultCPUs))
 	}
 	return nil
 }
@@ -261,7 +273,7 @@ func ingressLimits(c *ingress.Config) error {
 // and a node name by default the host's.
 func clusterFlags(cmd *cobra.Command, c *system.ClusterOptions, tokenFile, passwordFile string) error {
 	if c.Etcd == "" {
-		for _, f := range []string{"node", "advertise", "cluster-listen", "cluster-peer-listen", "cluster-peers", "cluster-lease-ttl",
+		for _, f := range []string{"node", "advertise", "cluster-listen", "cluster-peer-listen", "cluster-peers", "cluster-lease-ttl", "cluster-move-timeout",
 			"cluster-token-file", "cluster-ca", "cluster-cert", "cluster-key", "cluster-user", "cluster-password-file"} {
 			if cmd.Flags().Changed(f) {
 				return usagef(cmd, "--%s needs --cluster (embed or etcd://HOST:2379)", f)
@@ -278,6 +290,9 @@ func clusterFlags(cmd *cobra.Command, c *system.ClusterOptions, tokenFile, passw
 				return usagef(cmd, "--%s is for --cluster embed", f)
 			}
 		}
+	}
+	if c.MoveTimeout < time.Second || c.MoveTimeout > time.Hour {
+		return usagef(cmd, "--cluster-move-timeout %s: give 1s to 1h", c.MoveTimeout)
 	}
 	if c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0 || c.LeaseTTL > 5*time.Minute {
 		return usagef(cmd, "--cluster-lease-ttl %s: give whole seconds from 2s to 5m", c.LeaseTTL)

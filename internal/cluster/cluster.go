@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -65,6 +66,10 @@ type Config struct {
 	// LeaseFile keeps the lease's id, so that a restarted node takes its
 	// name back at once instead of waiting for its old lease to lapse.
 	LeaseFile string
+	// MoveTimeout bounds an adopt's fetch of a sleep image from the
+	// snapshot store (default 2 min): a hung store must not leave a
+	// sandbox moving for long.
+	MoveTimeout time.Duration
 	// Capacity reads what the node has now.
 	Capacity func(ctx context.Context) (api.NodeCapacity, error)
 	Log      *slog.Logger
@@ -92,6 +97,10 @@ type Cluster struct {
 	// check asks keepAlive to check the lease now (a capacity write
 	// found the key not the lease's).
 	check chan struct{}
+
+	// drain is this node's drain progress, written with its capacity
+	// (nil while it is not drained).
+	drain atomic.Pointer[api.DrainProgress]
 
 	stop chan struct{}
 	done chan struct{}
@@ -122,6 +131,7 @@ func Join(ctx context.Context, cli *clientv3.Client, cfg Config) (*Cluster, erro
 	}
 	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, 3*time.Second)
 	cfg.Refresh = cmp.Or(cfg.Refresh, time.Second)
+	cfg.MoveTimeout = cmp.Or(cfg.MoveTimeout, 2*time.Minute)
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -206,7 +216,7 @@ func (c *Cluster) value(ctx context.Context) (string, error) {
 		c.cfg.Log.Debug("cluster: read capacity", "err", err)
 	}
 	b, err := json.Marshal(api.Node{Name: c.cfg.Node, Addr: c.cfg.Addr, Version: c.cfg.Version, Capacity: capy,
-		JoinedAt: c.joined, RefreshedAt: at})
+		JoinedAt: c.joined, RefreshedAt: at, Drain: c.drain.Load()})
 	return string(b), err
 }
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -219,28 +220,60 @@ func (f *forks) spread(ctx context.Context, req api.ForkRequest) (api.ForkResult
 	if meta.Local != "" {
 		f.c.cfg.Log.Info("cluster: the fork's children stay on this node", "snapshot", meta.ID, "why", meta.Local)
 		plan = []share{{node: api.Node{Name: f.c.cfg.Node}, n: req.N}}
-	} else if plan, overflow, err = f.planFork(ctx, meta, req.N); err != nil {
+	} else if plan, overflow, err = f.planFork(ctx, meta, req.N, nil); err != nil {
 		return api.ForkResult{}, err
 	}
 	res := api.ForkResult{Snapshot: meta.ID, Children: make([]api.ForkChild, 0, req.N)}
-	for _, shares := range [][]share{plan, overflow} {
-		outs := make([][]api.ForkChild, len(shares))
-		var wg sync.WaitGroup
-		for i, sh := range shares {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				done := f.pending.add(sh.node.Name, int64(sh.n)*cmpInt(int64(meta.MemoryMiB), 0))
-				outs[i] = f.forkShare(ctx, meta, sh)
-				done(slices.ContainsFunc(outs[i], func(c api.ForkChild) bool { return c.ID != "" }))
-			}()
-		}
-		wg.Wait()
-		for _, o := range outs {
-			res.Children = append(res.Children, o...)
+	outs, refusedBy := f.forkShares(ctx, meta, plan)
+	// A share its node refused whole (no room after all: its capacity
+	// was up to a second old, or another fork or create took it; its
+	// disk floor) is placed again on the nodes that did not refuse,
+	// before the fork gives up on those children.
+	refused, again := map[string]bool{}, 0
+	for i, sh := range plan {
+		if meta.Local == "" && refusedBy[i] {
+			refused[sh.node.Name] = true
+			again += sh.n
 		}
 	}
+	if again > 0 {
+		plan2, over2, err := f.planFork(ctx, meta, again, refused)
+		if err == nil {
+			f.c.cfg.Log.Info("cluster: fork shares refused by their nodes are placed again", "snapshot", meta.ID, "children", again, "refused_by", slices.Sorted(maps.Keys(refused)))
+			outs2, _ := f.forkShares(ctx, meta, plan2)
+			for i, sh := range plan {
+				if refused[sh.node.Name] {
+					outs[i] = nil // placed again: their answers are the new shares'
+				}
+			}
+			outs = append(outs, outs2...)
+			overflow = append(overflow, over2...)
+		}
+	}
+	last, _ := f.forkShares(ctx, meta, overflow)
+	for _, o := range append(outs, last...) {
+		res.Children = append(res.Children, o...)
+	}
 	return res, nil
+}
+
+// forkShares makes each share's children, all shares at once, and answers
+// their entries by share, and which shares their node refused (see
+// forkShare).
+func (f *forks) forkShares(ctx context.Context, meta SnapshotMeta, shares []share) ([][]api.ForkChild, []bool) {
+	outs, refused := make([][]api.ForkChild, len(shares)), make([]bool, len(shares))
+	var wg sync.WaitGroup
+	for i, sh := range shares {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done := f.pending.add(sh.node.Name, int64(sh.n)*cmpInt(int64(meta.MemoryMiB), 0))
+			outs[i], refused[i] = f.forkShare(ctx, meta, sh)
+			done(slices.ContainsFunc(outs[i], func(c api.ForkChild) bool { return c.ID != "" }))
+		}()
+	}
+	wg.Wait()
+	return outs, refused
 }
 
 // share is a node's part of a fork: n children.
@@ -249,8 +282,12 @@ type share struct {
 	n    int
 }
 
-// forkShare makes sh's children and answers one entry for each.
-func (f *forks) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []api.ForkChild {
+// forkShare makes sh's children and answers one entry for each; refused
+// is whether the node refused the whole share with a retryable answer of
+// its own (no room, its disk floor, another image root): another node may
+// take it. A node that did not answer (gone, killed mid-import) may have
+// made some of it: not refused.
+func (f *forks) forkShare(ctx context.Context, meta SnapshotMeta, sh share) (out []api.ForkChild, refused bool) {
 	var res api.ForkResult
 	var err error
 	if sh.node.Name == f.c.cfg.Node {
@@ -267,13 +304,20 @@ func (f *forks) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []ap
 		for i := range out {
 			out[i] = api.ForkChild{Node: sh.node.Name, Error: fmt.Sprintf("node %s: %v", sh.node.Name, err), Code: string(errdefs.ClassOf(err))}
 		}
-		return out
+		var na noAnswer
+		return out, (errdefs.IsUnavailable(err) || errdefs.Is(err, errdefs.ResourceExhausted)) && !errors.As(err, &na)
 	}
 	for i := range res.Children {
 		res.Children[i].Node = sh.node.Name
 	}
-	return res.Children
+	return res.Children, false
 }
+
+// noAnswer is an internal call the node did not answer (a transport
+// error): it may have done part of the work.
+type noAnswer struct{ error }
+
+func (e noAnswer) Unwrap() error { return e.error }
 
 // planFork places n children of meta: each on the node with the most
 // memory free after admission, counting the children planned before it
@@ -281,8 +325,9 @@ func (f *forks) forkShare(ctx context.Context, meta SnapshotMeta, sh share) []ap
 // draining, run its engine and hold its image. Children no node has room
 // for (overflow) go to the best node anyway, after the others, in a share
 // of their own: that node's admission decides (its capacity in the
-// directory is up to a second old), and its refusal says why.
-func (f *forks) planFork(ctx context.Context, meta SnapshotMeta, n int) (plan, overflow []share, err error) {
+// directory is up to a second old), and its refusal says why. Nodes in
+// except (they refused a share of this fork) are left out.
+func (f *forks) planFork(ctx context.Context, meta SnapshotMeta, n int, except map[string]bool) (plan, overflow []share, err error) {
 	nodes, err := f.c.Nodes(ctx)
 	if err != nil {
 		return nil, nil, errdefs.New(errdefs.Unavailable, "cluster: cannot place the fork's children: %v", err)
@@ -290,6 +335,9 @@ func (f *forks) planFork(ctx context.Context, meta SnapshotMeta, n int) (plan, o
 	req := api.CreateSandboxRequest{Image: meta.Image, Engine: meta.Engine, MemoryMiB: meta.MemoryMiB}
 	var cs []candidate
 	for _, nd := range nodes {
+		if except[nd.Name] {
+			continue
+		}
 		if eligible(nd, req, true) || nd.Name == f.c.cfg.Node {
 			cs = append(cs, candidate{node: nd, free: freeAfter(nd, int64(meta.MemoryMiB), f.pending.since(nd.Name, nd.RefreshedAt)) + int64(meta.MemoryMiB)})
 		}
@@ -376,7 +424,7 @@ func internalCall(ctx context.Context, token string, n api.Node, method, path st
 	r.Header.Set("Content-Type", "application/json")
 	resp, err := internalClient.Do(r)
 	if err != nil {
-		return nil, errdefs.New(errdefs.Unavailable, "node %s does not answer: %v", n.Name, err)
+		return nil, noAnswer{errdefs.New(errdefs.Unavailable, "node %s does not answer: %v", n.Name, err)}
 	}
 	if resp.StatusCode/100 == 2 {
 		return resp, nil

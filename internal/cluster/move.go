@@ -195,6 +195,7 @@ type moveOps interface {
 	publish(ctx context.Context, sb api.Sandbox) error
 	route(ctx context.Context, ref string) (service.Service, error)
 	forgetRoute(id string)
+	Wake(ctx context.Context, ref string) (api.Sandbox, error)
 }
 
 // mover is the local service's Mover, nil when it has none.
@@ -378,6 +379,16 @@ func (mv *moves) routeSleeping(ctx context.Context, ref string, rec Record) (svc
 			if errors.Is(err, errMoveRace) {
 				continue
 			}
+			if errdefs.Is(err, errdefs.ResourceExhausted) {
+				// This node cannot take it (larger than its --max-memory
+				// or --max-cpus): the record, sleeping here again, goes to
+				// another node.
+				mv.c.cfg.Log.Info("cluster: this node cannot take a sandbox given to it: giving it to another node", "sandbox", rec.ID, "err", err)
+				if gerr := mv.giveOn(ctx, rec.ID); gerr != nil {
+					return nil, true, errdefs.New(errdefs.Unavailable, "%v; no other node takes it now (%v): it stays asleep, try again later", err, gerr)
+				}
+				continue
+			}
 			return svc, true, err
 		}
 		_, live, err := mv.c.node(ctx, rec.Node)
@@ -394,6 +405,23 @@ func (mv *moves) routeSleeping(ctx context.Context, ref string, rec Record) (svc
 	}
 }
 
+// giveOn gives sleeping sandbox id, whose record names this node, to
+// another node (this one refused to adopt it).
+func (mv *moves) giveOn(ctx context.Context, id string) error {
+	rec, rev, claimed, ok, err := mv.c.lookupRev(ctx, id)
+	switch {
+	case err != nil:
+		return err
+	case !ok || claimed || rec.Node != mv.c.cfg.Node || !movable(rec):
+		return nil // changed meanwhile: routed again as it is now
+	}
+	_, err = mv.reassign(ctx, rec, rev, false, "")
+	if errors.Is(err, errMoveRace) {
+		return nil
+	}
+	return err
+}
+
 // reassign gives sleeping rec (read at rev) to the node placement picks
 // among the live nodes other than its own and except.
 func (mv *moves) reassign(ctx context.Context, rec Record, rev int64, gone bool, except string) (Record, error) {
@@ -401,18 +429,29 @@ func (mv *moves) reassign(ctx context.Context, rec Record, rev int64, gone bool,
 	if err != nil {
 		return Record{}, err
 	}
-	var others []api.Node
-	for _, n := range nodes {
-		if n.Name != rec.Node && n.Name != except {
-			others = append(others, n)
-		}
-	}
-	req := api.CreateSandboxRequest{Image: rec.Sandbox.Image, MemoryMiB: rec.Sandbox.MemoryMiB, Engine: rec.Sandbox.Engine}
-	cs := rank(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	cs := mv.candidates(nodes, rec, except)
 	if len(cs) == 0 {
-		return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and no other live node that is not draining runs its engine: try again later", rec.ID, rec.Node)
+		return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and no other live node that is not draining runs its engine, has its image and takes its size (%d MiB, %g CPUs): try again later",
+			rec.ID, rec.Node, rec.Sandbox.MemoryMiB, rec.Sandbox.CPUs)
 	}
 	return mv.c.Reassign(ctx, rec, rev, cs[0].node.Name, gone)
+}
+
+// candidates ranks the nodes rec may be given to: live, not its own nor
+// except, and taking its size (--max-memory, --max-cpus), by placement's
+// rules.
+func (mv *moves) candidates(nodes []api.Node, rec Record, except string) []candidate {
+	var others []api.Node
+	for _, n := range nodes {
+		c := n.Capacity
+		if n.Name == rec.Node || n.Name == except ||
+			c.MaxMemoryMiB > 0 && int64(rec.Sandbox.MemoryMiB) > c.MaxMemoryMiB || c.MaxCPUs > 0 && rec.Sandbox.CPUs > c.MaxCPUs {
+			continue
+		}
+		others = append(others, n)
+	}
+	req := api.CreateSandboxRequest{Image: rec.Sandbox.Image, MemoryMiB: rec.Sandbox.MemoryMiB, Engine: rec.Sandbox.Engine}
+	return rank(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
 }
 
 // adoptHere moves sleeping rec (read at rev), which names this node but
@@ -429,10 +468,20 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 		return nil, err
 	}
 	t0 := time.Now()
-	sb, err := m.Adopt(context.WithoutCancel(ctx), rec.ID, rec.SleepImage)
+	// Bounded: a hung object store must not leave the sandbox moving
+	// (and its callers waiting) for long.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mv.c.cfg.MoveTimeout)
+	sb, err := m.Adopt(actx, rec.ID, rec.SleepImage)
+	timedOut := actx.Err() != nil
+	cancel()
 	if err != nil {
 		if uerr := mv.c.unclaim(ctx, rec, claimRev); uerr != nil {
 			mv.c.cfg.Log.Warn("cluster: give back a failed move's claim (it lapses with the lease)", "sandbox", rec.ID, "err", uerr)
+		}
+		if timedOut {
+			mv.c.cfg.Log.Warn("cluster: a move's fetch from the object store timed out; the sandbox stays asleep", "sandbox", rec.ID, "timeout", mv.c.cfg.MoveTimeout, "err", err)
+			return nil, errdefs.New(errdefs.Unavailable, "sandbox %s: its sleep image did not come from the object store within %s (--cluster-move-timeout), so its move to node %s was given up; it stays asleep: try again",
+				rec.ID, mv.c.cfg.MoveTimeout, mv.c.cfg.Node)
 		}
 		return nil, fmt.Errorf("cluster: move sandbox %s here: %w", rec.ID, err)
 	}

@@ -158,7 +158,14 @@ func TestNetCluster(t *testing.T) {
 		}
 		return string(out)
 	}
-	t.Logf("%s", clade(n3, "node", "drain", "n1"))
+	// Without --object-store its running sandboxes cannot move: the
+	// drain says so and lists them as holding it.
+	drained := clade(n3, "node", "drain", "n1")
+	t.Logf("%s", drained)
+	if !strings.Contains(drained, "this node has no --object-store: its running sandboxes cannot move") || !strings.Contains(drained, "holding the drain") ||
+		!strings.Contains(drained, placed["n1"][0]) {
+		t.Fatalf("clade node drain n1 (no --object-store, running sandboxes) does not say they cannot move:\n%s", drained)
+	}
 	if out := clade(n2, "node", "ls"); !regexp.MustCompile(`(?m)^n1\s+draining\s`).MatchString(out) || !regexp.MustCompile(`(?m)^n2 \*\s+ready\s`).MatchString(out) {
 		t.Fatalf("node ls on n2 after n1's drain:\n%s", out)
 	}

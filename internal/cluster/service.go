@@ -57,7 +57,8 @@ func (s *Service) Nodes(ctx context.Context) ([]api.Node, error) { return s.c.No
 
 // Drain marks or unmarks a node as draining (no new placements); a
 // drain also gives the node's sleeping sandboxes in the snapshot store to
-// other nodes (move.go).
+// other nodes at once (move.go), and the drained node itself then moves
+// its idle running ones off while the mark stays (drain.go).
 func (s *Service) Drain(ctx context.Context, node string, on bool) (api.Node, error) {
 	n, err := s.c.Drain(ctx, node, on)
 	if err != nil || !on {
@@ -85,6 +86,15 @@ func (s *Service) Sync(ctx context.Context) error {
 	if err := s.resync(ctx); err != nil {
 		s.c.cfg.Log.Warn("cluster: write the directory", "err", err)
 	}
+	// While this node is drained, it moves its sandboxes off (drain.go).
+	drainDone := make(chan struct{})
+	defer func() { <-drainDone }()
+	dctx, stopDrain := context.WithCancel(ctx)
+	defer stopDrain()
+	go func() {
+		defer close(drainDone)
+		s.moves.drainLoop(dctx)
+	}()
 	// A full pass now and then mends what a write etcd refused missed.
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()

@@ -132,12 +132,15 @@ func (mv *Mover) Adopt(ctx context.Context, id string, digest string) (store.San
 		return store.Sandbox{}, err
 	}
 	if err := m.cfg.Copies.Fetch(ctx, d, tmp); err != nil {
-		return store.Sandbox{}, fmt.Errorf("sandbox %s: fetch its sleep image %s from the snapshot store: %w", id, d, err)
+		return store.Sandbox{}, errors.Join(fmt.Errorf("sandbox %s: fetch its sleep image %s from the snapshot store: %w", id, d, err), os.RemoveAll(tmp))
 	}
 	m.crash.hit("adopt-after-fetch")
 	rec, err := readSandboxFile(tmp, id)
 	if err == nil {
 		err = movable(rec)
+	}
+	if err == nil {
+		err = mv.fits(rec)
 	}
 	if err != nil {
 		return store.Sandbox{}, errors.Join(err, os.RemoveAll(tmp))
@@ -168,6 +171,17 @@ func (mv *Mover) Adopt(ctx context.Context, id string, digest string) (store.San
 	}
 	m.log.Info("sandbox moved here asleep", "sandbox", id, "digest", d)
 	return m.store.GetSandbox(ctx, id)
+}
+
+// fits refuses a sandbox larger than this node takes (--max-memory,
+// --max-cpus): its record then stays sleeping for another node.
+func (mv *Mover) fits(rec store.Sandbox) error {
+	c := mv.m.cfg
+	if rec.MemoryMiB > c.MaxMemoryMiB || rec.CPUs > c.MaxCPUs {
+		return errdefs.New(errdefs.ResourceExhausted, "sandbox %s has %d MiB and %g CPUs; this node takes sandboxes of at most %d MiB and %g CPUs (--max-memory, --max-cpus)",
+			rec.ID, rec.MemoryMiB, rec.CPUs, c.MaxMemoryMiB, c.MaxCPUs)
+	}
+	return nil
 }
 
 // readSandboxFile reads the description of sandbox id in the sleep image

@@ -358,3 +358,13 @@ type Mover interface {
 	// gave to another node, keeping its copy in the snapshot store.
 	Disown(ctx context.Context, id string) error
 }
+
+// Drainer is what a node's own Service adds (found by type assertion) for
+// a drain of its node to move its running sandboxes: an idle one is put
+// to sleep, then given away as a sleeping one is.
+type Drainer interface {
+	// SleepIdle puts running sandbox id to sleep when it is idle; busy
+	// says why it stays for now ("" when it slept). A Conflict error: it
+	// can never move so (no --object-store, volumes, secrets).
+	SleepIdle(ctx context.Context, id string) (busy string, err error)
+}

@@ -34,6 +34,9 @@ type ClusterOptions struct {
 	EmbedListen, EmbedPeerListen, EmbedPeers string
 	// LeaseTTL is how long the node's key outlives its last refresh.
 	LeaseTTL time.Duration
+	// MoveTimeout bounds a move's fetch of a sleep image from the object
+	// store (--cluster-move-timeout).
+	MoveTimeout time.Duration
 	// Token is the cluster token (--cluster-token-file) the nodes call
 	// each other with; empty: the API token (--token-file) is it.
 	Token string
@@ -82,7 +85,7 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	stops = append(stops, func() { cli.Close() })
 	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, o, local, st, eng) }
 	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: co.token(o.Token),
-		Version: o.Version, LeaseTTL: co.LeaseTTL, LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
+		Version: o.Version, LeaseTTL: co.LeaseTTL, MoveTimeout: co.MoveTimeout, LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -122,6 +125,8 @@ func nodeCapacity(ctx context.Context, o Options, local service.Service, st *sto
 	def := sandbox.DefaultConfig()
 	c.MemoryFloorMiB = int64(cmp.Or(o.Sandbox.MemoryFloorMiB, def.MemoryFloorMiB))
 	c.DefaultMemoryMiB = int64(cmp.Or(o.Sandbox.DefaultMemoryMiB, def.DefaultMemoryMiB))
+	c.MaxMemoryMiB = int64(cmp.Or(o.Sandbox.MaxMemoryMiB, def.MaxMemoryMiB))
+	c.MaxCPUs = cmp.Or(o.Sandbox.MaxCPUs, def.MaxCPUs)
 	if o.Sandbox.MemoryOvercommit > 0 {
 		c.MemoryLimitMiB = int64(o.Sandbox.MemoryOvercommit * float64(c.MemoryTotalMiB))
 	}

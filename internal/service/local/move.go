@@ -8,7 +8,10 @@ import (
 	"github.com/clade-sandbox/clade/internal/service"
 )
 
-var _ service.Mover = (*Service)(nil)
+var (
+	_ service.Mover   = (*Service)(nil)
+	_ service.Drainer = (*Service)(nil)
+)
 
 // SleepImage is the digest of sleeping sandbox id's image in the snapshot
 // store.
@@ -27,4 +30,9 @@ func (s *Service) Adopt(ctx context.Context, id, digest string) (api.Sandbox, er
 // keeping its copy in the snapshot store.
 func (s *Service) Disown(ctx context.Context, id string) error {
 	return sandbox.NewMover(s.mgr).Disown(ctx, id)
+}
+
+// SleepIdle puts running sandbox id to sleep for a drain when it is idle.
+func (s *Service) SleepIdle(ctx context.Context, id string) (string, error) {
+	return sandbox.NewMover(s.mgr).SleepIdle(ctx, id)
 }

@@ -1,0 +1,263 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/service"
+)
+
+// A drained node empties itself (issue 25: no new placements; sleeping
+// and idle sandboxes move off). While its drain/NAME mark is in etcd, the
+// node looks every drainEvery at what it holds:
+//
+//   - an idle running sandbox (no exec, attach or file call in flight, no
+//     ingress or port connection open, none for the last 2 s: the
+//     sleepers' own test, service.Drainer) that some other node can take
+//     is put to sleep here, its image sealed and copied to the object
+//     store as any sleep's is;
+//   - a sleeping sandbox whose record names its image in the store is
+//     given to the node placement picks (the move's first step, as
+//     drainSleeping does at the drain call), and one that was running
+//     before the drain slept it is woken there at once: its processes
+//     (servers, background work) run on after a pause of one sleep, one
+//     fetch and one wake, instead of stopping until someone calls it;
+//     a sandbox the user had put to sleep stays asleep (it is adopted at
+//     its next call);
+//   - a busy sandbox stays, listed with what holds it, and moves at a
+//     later pass once it is idle; one that cannot move (no
+//     --object-store, volumes, secrets, no other node takes it) stays.
+//
+// The node writes its progress (api.DrainProgress) with its capacity, so
+// `clade node drain` and `clade node ls` through any node show it.
+
+// drainEvery is how often a drained node looks at what it holds.
+const drainEvery = time.Second
+
+// drainState is the drain's bookkeeping on the drained node; only the
+// drain loop touches it.
+type drainState struct {
+	on   bool
+	pass int64
+	// moved are the sandboxes given away since the drain began (each
+	// counted once).
+	moved map[string]bool
+	// woken are the sandboxes this drain put to sleep: woken on the node
+	// they are given to (or here again, should the drain end first).
+	woken map[string]bool
+}
+
+// drainLoop runs the drain passes of this node while it is drained,
+// until ctx ends.
+func (mv *moves) drainLoop(ctx context.Context) {
+	t := time.NewTicker(drainEvery)
+	defer t.Stop()
+	var st drainState
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		on, err := mv.c.drained(ctx)
+		if err != nil {
+			continue // etcd out of reach: as it was
+		}
+		if !on {
+			if st.on {
+				mv.undrained(ctx, st.woken)
+				st = drainState{}
+				mv.c.drain.Store(nil)
+			}
+			continue
+		}
+		if !st.on {
+			st = drainState{on: true, moved: map[string]bool{}, woken: map[string]bool{}}
+			mv.c.cfg.Log.Info("cluster: this node is drained: moving its sandboxes to other nodes")
+		}
+		mv.c.drain.Store(mv.drainPass(ctx, &st))
+	}
+}
+
+// undrained wakes here again the sandboxes the drain put to sleep and
+// did not give away before it ended: they were running.
+func (mv *moves) undrained(ctx context.Context, woken map[string]bool) {
+	for id := range woken {
+		sb, err := mv.local.Get(ctx, id)
+		if err != nil || sb.State != "sleeping" {
+			continue
+		}
+		if rec, ok, err := mv.c.Lookup(ctx, id); err != nil || !ok || rec.Node != mv.c.cfg.Node {
+			continue // given away meanwhile
+		}
+		if _, err := mv.svc.Wake(ctx, id); err != nil {
+			mv.c.cfg.Log.Warn("cluster: the drain ended: wake a sandbox it had put to sleep (it wakes at its next call)", "sandbox", id, "err", err)
+		}
+	}
+}
+
+// drained reads whether this node is marked draining.
+func (c *Cluster) drained(ctx context.Context) (bool, error) {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	r, err := c.cli.Get(ctx, drainKey(c.cfg.Node), clientv3.WithCountOnly())
+	if err != nil {
+		return false, err
+	}
+	return r.Count > 0, nil
+}
+
+// drainPass is one look at what the drained node holds (see above).
+func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgress {
+	st.pass++
+	p := &api.DrainProgress{Pass: st.pass, Settled: true}
+	sbs, err := mv.local.List(ctx)
+	if err != nil {
+		p.Settled, p.Note = false, "this node cannot list its sandboxes: "+err.Error()
+		return p
+	}
+	nodes, err := mv.c.Nodes(ctx)
+	if err != nil {
+		p.Settled, p.Note = false, err.Error()
+		return p
+	}
+	hold := func(sb api.Sandbox, busy bool, why string) {
+		p.Held = append(p.Held, api.DrainHold{ID: sb.ID, Name: sb.Name, State: sb.State, Busy: busy, Why: why})
+	}
+	d, _ := mv.local.(service.Drainer)
+	for _, sb := range sbs {
+		switch sb.State {
+		case "sleeping":
+			mv.drainSleeper(ctx, st, p, nodes, sb, hold)
+		case "running":
+			p.Running++
+			if d == nil {
+				hold(sb, false, "this node cannot put its sandboxes to sleep to move them")
+				continue
+			}
+			if full, err := mv.local.Get(ctx, sb.ID); err == nil {
+				sb = full // the record's view: image, engine, shape
+			}
+			if why := mv.whyStays(nodes, sb); why != "" {
+				hold(sb, false, why)
+				continue
+			}
+			busy, err := d.SleepIdle(ctx, sb.ID)
+			switch {
+			case errdefs.IsNotFound(err):
+				p.Running--
+			case errdefs.Is(err, errdefs.Conflict):
+				if strings.Contains(err.Error(), "--object-store") {
+					p.Note = err.Error()
+				}
+				hold(sb, false, err.Error())
+			case err != nil:
+				p.Settled = false
+				hold(sb, false, "its sleep failed: "+err.Error())
+			case busy != "":
+				hold(sb, true, busy)
+			default:
+				p.Running--
+				p.Sleeping++
+				p.Settled = false
+				st.woken[sb.ID] = true
+			}
+		default:
+			// Being made, put to sleep, woken or removed: the next pass.
+			p.Running++
+			p.Settled = false
+		}
+	}
+	p.Moved = len(st.moved)
+	return p
+}
+
+// drainSleeper gives sleeping sb to another node when its record names
+// its image in the store, and wakes it there when the drain slept it.
+func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainProgress, nodes []api.Node, sb api.Sandbox, hold func(api.Sandbox, bool, string)) {
+	p.Sleeping++
+	rec, rev, claimed, ok, err := mv.c.lookupRev(ctx, sb.ID)
+	switch {
+	case err != nil:
+		p.Settled = false
+		hold(sb, false, err.Error())
+		return
+	case ok && !claimed && rec.Node != mv.c.cfg.Node && mv.movedAway(ctx, sb.ID):
+		// Given away (by the drain call, or a call through another
+		// node): this copy is gone now.
+		p.Sleeping--
+		st.moved[sb.ID] = true
+		return
+	case !ok || claimed || rec.Node != mv.c.cfg.Node || rec.State != "sleeping":
+		// Its record is not written yet, or it is being moved.
+		p.Settled = false
+		return
+	case rec.SleepImage == "":
+		if m := mv.mover(); m != nil {
+			if _, err := m.SleepImage(ctx, sb.ID); errdefs.IsNotFound(err) && !strings.Contains(err.Error(), "--object-store") {
+				p.Settled = false // its copy is being made
+				return
+			} else if err != nil {
+				hold(sb, false, err.Error())
+				return
+			}
+		}
+		p.Settled = false // sealed: the record names it at the next write
+		return
+	}
+	if why := mv.whyStays(nodes, rec.Sandbox); why != "" {
+		hold(sb, false, why)
+		return
+	}
+	to, err := mv.reassign(ctx, rec, rev, false, "")
+	if err != nil {
+		p.Settled = false
+		if !errors.Is(err, errMoveRace) {
+			hold(sb, false, err.Error())
+		}
+		return
+	}
+	st.moved[sb.ID] = true
+	p.Sleeping--
+	p.Settled = false
+	if !st.woken[sb.ID] {
+		mv.movedAway(ctx, sb.ID) // this copy goes now
+		return
+	}
+	delete(st.woken, sb.ID)
+	// Running before the drain: woken on its new node now.
+	mv.svc.forgetRoute(sb.ID)
+	wctx, cancel := context.WithTimeout(ctx, moveWait)
+	defer cancel()
+	t0 := time.Now()
+	if _, err := mv.svc.Wake(wctx, sb.ID); err != nil {
+		mv.c.cfg.Log.Warn("cluster: drain: wake a moved sandbox on its new node (it wakes at its next call)", "sandbox", sb.ID, "node", to.Node, "err", err)
+		return
+	}
+	mv.c.cfg.Log.Info("cluster: drain: running sandbox moved to another node", "sandbox", sb.ID, "node", to.Node, "took", time.Since(t0).Round(time.Millisecond))
+}
+
+// whyStays says why sb can go to no other node now ("" when one takes
+// it): no other live node that is not draining runs its engine, has its
+// image and takes its size.
+func (mv *moves) whyStays(nodes []api.Node, sb api.Sandbox) string {
+	if len(mv.candidates(nodes, Record{ID: sb.ID, Node: mv.c.cfg.Node, Sandbox: sb}, "")) > 0 {
+		return ""
+	}
+	names := make([]string, 0, len(nodes))
+	for _, n := range nodes {
+		if n.Name != mv.c.cfg.Node {
+			names = append(names, n.Name)
+		}
+	}
+	slices.Sort(names)
+	return fmt.Sprintf("no other node takes it now (of %s: not draining, its engine, image %q, %d MiB and %g CPUs)", cmpOr(strings.Join(names, ", "), "none"), sb.Image, sb.MemoryMiB, sb.CPUs)
+}
