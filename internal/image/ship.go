@@ -167,7 +167,9 @@ func (s *Store) ReceiveRoot(ctx context.Context, r io.Reader, opts ReceiveOption
 	if !ValidName(img.Name) {
 		return Image{}, badStream("its descriptor names no valid image (%.70q)", img.Name)
 	}
-	img.RootFS, img.Root, img.Snapshot = "", "", ""
+	// As sent, but for where it lives here: the caller checks the
+	// identity of these very fields.
+	img.RootFS, img.Snapshot = "", ""
 	if opts.Check != nil {
 		if err := opts.Check(img); err != nil {
 			return Image{}, err
@@ -218,8 +220,12 @@ func (s *Store) ReceiveRoot(ctx context.Context, r io.Reader, opts ReceiveOption
 	if err := ctx.Err(); err != nil {
 		return Image{}, err
 	}
-	img.SizeBytes = DirSize(rootfs)
-	return s.commit(b, img)
+	sentRoot := img.Root // part of the descriptor's identity, not a path here
+	if img, err = s.commit(b, img); err != nil {
+		return Image{}, err
+	}
+	img.Root = sentRoot
+	return img, nil
 }
 
 func badStream(format string, args ...any) error {

@@ -111,8 +111,11 @@ func TestRootStream(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(img.RootFS, "var/empty")); err != nil || !fi.IsDir() {
 		t.Fatalf("var/empty: %v", err)
 	}
-	if img.SizeBytes != DirSize(src.RootFS) {
-		t.Fatalf("size %d, the source's %d", img.SizeBytes, DirSize(src.RootFS))
+	if got := DirSize(img.RootFS); got != DirSize(src.RootFS) {
+		t.Fatalf("size %d, the source's %d", got, DirSize(src.RootFS))
+	}
+	if a, b := img, src; a.Name != b.Name || a.Source != b.Source || !a.CreatedAt.Equal(b.CreatedAt) || a.SizeBytes != b.SizeBytes {
+		t.Fatalf("descriptor %+v, sent %+v", a, b)
 	}
 	before := entries(t, to.Dir())
 

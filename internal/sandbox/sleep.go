@@ -186,22 +186,25 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return ctx.Err()
 	}
 	t1 := time.Now()
-	img, err := m.images.Get(ctx, rec.Image)
+	img, current, err := m.images.forRoot(ctx, rec.Image, rec.RootFS)
 	if err != nil {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx)
 	// Wake into a prepared engine sandbox of the same shape when there is
 	// one: the sandbox keeps its id, the engine's id may change.
+	// Only on the image's current root (the pools' sandboxes stand on it).
 	sh := shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
-	if engID, ok := m.pools.warm.Take(sh); ok {
+	if engID, ok := takeIf(current, m.pools.warm.Take, sh); ok {
 		if err := m.store.SetEngineID(ctx, rec.ID, engID); err != nil {
 			return errors.Join(err, m.pools.destroyPrepared(ctx, engID))
 		}
 		rec.EngineID = engID
 		m.crash.hit("wake-after-engine-id")
 	}
-	defer m.pools.warm.Want(sh, 1)
+	if current {
+		defer m.pools.warm.Want(sh, 1)
+	}
 	if err := m.moveLocked(ctx, rec, store.StateWaking, ""); err != nil {
 		return err
 	}
