@@ -1,7 +1,10 @@
 package cluster_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/clade-sandbox/clade/internal/snapstore"
+	"github.com/clade-sandbox/clade/internal/snapstore/weedtest"
+	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -160,4 +172,202 @@ func TestNetClusterForkShipsRoot(t *testing.T) {
 	if err != nil || len(ents) != 0 {
 		t.Fatalf("n3's image directory keeps roots %v (%v)", ents, err)
 	}
+}
+
+// ociArchive writes a `docker save` archive of an image made of one layer:
+// the default image's root without the bulk a shell does not need, so
+// that nodes that import it agree on its root's identity (its digests).
+func ociArchive(t *testing.T) string {
+	t.Helper()
+	dir := testenv.TempDir(t)
+	layer := filepath.Join(dir, "layer.tar")
+	f, err := os.Create(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	skip := func(rel string) bool {
+		for _, p := range []string{"usr/share", "usr/lib/python3", "usr/lib/python3.11", "var/lib/apt", "var/cache", "var/log"} {
+			if rel == p {
+				return true
+			}
+		}
+		return false
+	}
+	err = tarx.CreateFiltered(f, filepath.Join(testenv.ImagesDir(t), "default", "rootfs"), ".", skip)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tarball.LayerFromFile(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag("shipoci:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "shipoci.tar")
+	if err := tarball.WriteToFile(p, tag, img); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestNetClusterWakeShipsRoot: a sandbox of an imported image sleeps on
+// n1 (n1 and n2 imported the image, so they hold the same root by its
+// digests; n3 has an image directory of its own and no image), n1 is
+// SIGKILLed and n2 drained, so its wake goes to n3. With the image removed
+// from n2 no live node holds the root: the wake is refused with a clear
+// error and the sandbox stays asleep. With the image imported on n2 again,
+// the wake through n2 moves it to n3, which fetches the root from n2 (its
+// old node is dead): the sandbox runs there on that root with its file.
+func TestNetClusterWakeShipsRoot(t *testing.T) {
+	archive := ociArchive(t)
+	ownImages := testenv.TempDir(t)
+	creds := filepath.Join(testenv.TempDir(t), "creds")
+	var s3cfg snapstore.S3Config
+	c := testenv.StartNetClusterWith(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}, func(i int) []string {
+		if i == 2 {
+			return []string{"--images-dir", ownImages}
+		}
+		return nil
+	}, func(br netip.Addr) []string {
+		srv := weedtest.StartAt(t, br.String())
+		s3cfg = srv.Config("clade-imgship")
+		st, err := snapstore.NewS3(t.Context(), s3cfg)
+		if err == nil {
+			err = st.Probe(t.Context())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(creds, fmt.Appendf(nil, "AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", s3cfg.AccessKey, s3cfg.SecretKey), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return []string{"--object-store", "s3://clade-imgship?endpoint=" + srv.Endpoint, "--object-store-credentials", creds}
+	})
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	t.Cleanup(func() {
+		for _, nd := range c.Nodes {
+			if sbs, err := nd.Client.ListSandboxes(t.Context()); err == nil {
+				for _, sb := range sbs {
+					_ = nd.Client.DeleteSandbox(t.Context(), sb.ID)
+				}
+			}
+			_ = nd.Client.DeleteImage(t.Context(), "shipoci")
+		}
+	})
+	importOn := func(nd *testenv.NetNode) {
+		t.Helper()
+		f, err := os.Open(archive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := nd.Client.ImportImage(t.Context(), f, sdk.ImportImageRequest{Name: "shipoci"}, nil); err != nil {
+			t.Fatalf("import on %s: %v", nd.Name, err)
+		}
+	}
+	importOn(n1)
+	importOn(n2)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{n2.Etcd, n3.Etcd, n1.Etcd}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s3, err := snapstore.NewS3(t.Context(), s3cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	record := func(id string) dirRecord {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		var rec dirRecord
+		if r, err := cli.Get(ctx, "/clade/sandboxes/"+id); err == nil && len(r.Kvs) == 1 {
+			_ = json.Unmarshal(r.Kvs[0].Value, &rec)
+		}
+		return rec
+	}
+
+	sb, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1", Image: "shipoci", MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	sh(t, n1.Client, id, "echo slept-file > /root/f")
+	if _, err := n1.Client.Sleep(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the record names the sleep image's copy", func() (bool, string) {
+		rec := record(id)
+		if rec.State != "sleeping" || rec.SleepImage == "" {
+			return false, fmt.Sprintf("%+v", rec)
+		}
+		has, err := snapstore.Has(t.Context(), s3, snapstore.Digest(rec.SleepImage))
+		return has, fmt.Sprintf("%+v in the store: %v %v", rec, has, err)
+	})
+	if _, err := n2.Client.DrainNode(t.Context(), "n2"); err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(0)
+	waitFor(t, time.Minute, "n1 leaves the cluster", func() (bool, string) {
+		ok, names := nodeNames(t, n3.Client)
+		return ok && names == "n2,n3", names
+	})
+
+	// No live node holds the root: refused, still asleep.
+	if err := n2.Client.DeleteImage(t.Context(), "shipoci"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = n2.Client.Wake(t.Context(), id)
+	if err == nil || !strings.Contains(err.Error(), "no live node holds image root") {
+		t.Fatalf("wake with no node holding the root: %v", err)
+	}
+	t.Logf("refused: %v", err)
+	// Any call on it tries the move again (and says why it fails); the
+	// list and the directory show it asleep.
+	sbs, err := n2.Client.ListSandboxes(t.Context())
+	if err != nil || len(sbs) != 1 || sbs[0].ID != id || sbs[0].State != "sleeping" {
+		t.Fatalf("after the refused wake: %+v %v, want it sleeping", sbs, err)
+	}
+	if rec := record(id); rec.State != "sleeping" || rec.SleepImage == "" {
+		t.Fatalf("the directory's record after the refused wake: %+v", rec)
+	}
+
+	// n2 holds the root again (the same digests): the wake moves the
+	// sandbox to n3, which fetches the root from n2.
+	importOn(n2)
+	t0 := time.Now()
+	woke, err := n2.Client.Wake(t.Context(), id)
+	if err != nil {
+		t.Fatalf("wake through n2: %v", err)
+	}
+	t.Logf("woke on %s in %v (the root shipped from n2)", woke.Node, time.Since(t0))
+	if woke.Node != "n3" || woke.State != "running" {
+		t.Fatalf("woke %+v, want running on n3", woke)
+	}
+	if got := sh(t, n3.Client, id, "cat /root/f"); got != "slept-file\n" {
+		t.Fatalf("the woken sandbox's file: %q", got)
+	}
+	m := regexp.MustCompile(`"image root shipped here".*`).FindString(n3.Log())
+	if m == "" || len(shippedRoots(t, n3)) != 1 {
+		t.Fatalf("n3 logs no shipped root (%q) or records %v", m, shippedRoots(t, n3))
+	}
+	t.Logf("n3: %s", m)
+	if imgs, err := n3.Client.ListImages(t.Context()); err != nil || len(imgs) != 0 {
+		t.Fatalf("n3's images: %+v %v, want none", imgs, err)
+	}
+	if err := n3.Client.DeleteSandbox(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "n3's shipped root collected", func() (bool, string) {
+		got := shippedRoots(t, n3)
+		return len(got) == 0, fmt.Sprint(got)
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -408,7 +409,7 @@ func (mv *moves) reassign(ctx context.Context, rec Record, rev int64, gone bool,
 		}
 	}
 	req := api.CreateSandboxRequest{Image: rec.Sandbox.Image, MemoryMiB: rec.Sandbox.MemoryMiB, Engine: rec.Sandbox.Engine}
-	cs := rank(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	cs := rankAnywhere(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
 	if len(cs) == 0 {
 		return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and no other live node that is not draining runs its engine: try again later", rec.ID, rec.Node)
 	}
@@ -429,7 +430,7 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 		return nil, err
 	}
 	t0 := time.Now()
-	sb, err := m.Adopt(context.WithoutCancel(ctx), rec.ID, rec.SleepImage)
+	sb, err := m.Adopt(context.WithoutCancel(ctx), rec.ID, rec.SleepImage, mv.fetchRootAnywhere)
 	if err != nil {
 		if uerr := mv.c.unclaim(ctx, rec, claimRev); uerr != nil {
 			mv.c.cfg.Log.Warn("cluster: give back a failed move's claim (it lapses with the lease)", "sandbox", rec.ID, "err", uerr)
@@ -443,6 +444,28 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 	mv.n.Add(1)
 	mv.c.cfg.Log.Info("cluster: sleeping sandbox moved here", "sandbox", rec.ID, "digest", rec.SleepImage, "took", time.Since(t0).Round(time.Millisecond))
 	return mv.local, nil
+}
+
+// fetchRootAnywhere opens the root stream of image root id from the first
+// live node that holds it (its old node may be dead): Unavailable, naming
+// what each said, if none does.
+func (mv *moves) fetchRootAnywhere(ctx context.Context, id string) (io.ReadCloser, error) {
+	nodes, err := mv.c.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var said []string
+	for _, n := range nodes {
+		if n.Name == mv.c.cfg.Node {
+			continue
+		}
+		rc, err := fetchRoot(ctx, mv.c.cfg.Token, n, id)
+		if err == nil {
+			return rc, nil
+		}
+		said = append(said, err.Error())
+	}
+	return nil, errdefs.New(errdefs.Unavailable, "no live node holds image root %.19s (%s): try again when its node is back", id, strings.Join(said, "; "))
 }
 
 // Moves is how many sleeping sandboxes this node adopted since it started.

@@ -54,14 +54,15 @@ type Export struct {
 }
 
 // RootID is the identity of img's root filesystem, the same on every node
-// that holds the same root: for an image pulled or imported from OCI, its
-// content's digests (manifest, config, layers, platform), so that nodes
-// that pulled it apart agree; for one built here (debootstrap, a commit),
-// its whole descriptor (name, source, root id, creation time, config),
-// which only nodes sharing its image directory share.
+// that holds the same root: for an image pulled or imported from OCI or a
+// `docker save` archive, its content's digests (manifest if any, config,
+// layers, platform), so that nodes that pulled or imported it apart agree;
+// for one built here (debootstrap, a commit), its whole descriptor (name,
+// source, root id, creation time, config), which only nodes sharing its
+// image directory share, and nodes it was shipped to (roots.go).
 func RootID(img image.Image) string {
 	var b []byte
-	if img.ManifestDigest != "" {
+	if img.ManifestDigest != "" || img.ConfigDigest != "" {
 		b, _ = json.Marshal([]any{"oci", img.ManifestDigest, img.ConfigDigest, img.Layers, img.Platform})
 	} else {
 		img.Snapshot, img.RootFS = "", ""

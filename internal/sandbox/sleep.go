@@ -59,6 +59,12 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	m.crash.hit("sleep-before-engine")
 	// Sealed before the engine stops the sandbox: a daemon killed at any
 	// moment leaves it running or asleep, never gone with an unsealed image.
+	// The identity of the root it stands on, for a node that adopts it
+	// ("" if the root is this node's only: it then wakes only here).
+	root, rerr := m.images.rootIdentity(ctx, rec.Image, rec.RootFS)
+	if rerr != nil {
+		m.log.Info("a sleeping sandbox's root is this node's only: it wakes only here", "sandbox", rec.ID, "why", rerr)
+	}
 	seal := func() error {
 		m.crash.hit("sleep-before-seal")
 		if err := markFresh(ctx, dir); err != nil {
@@ -66,7 +72,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		}
 		// The image describes its sandbox: another node can wake it
 		// from the image alone (adopt.go).
-		if err := writeSandboxFile(dir, *rec); err != nil {
+		if err := writeSandboxFile(dir, *rec, root); err != nil {
 			return err
 		}
 		return sealImage(dir)
