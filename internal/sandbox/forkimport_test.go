@@ -286,6 +286,27 @@ func TestPorterImportShipsRoot(t *testing.T) {
 		t.Fatal("d's image has a's root identity")
 	}
 
+	// A node that sends another root than the one asked for (d's): refused
+	// before the snapshot is fetched, nothing of it kept.
+	_, err = NewPorter(c).Import(t.Context(), e, 1, func(ctx context.Context, dir string) error {
+		t.Fatal("fetched the snapshot after a bad root")
+		return nil
+	}, func(ctx context.Context, id string) (io.ReadCloser, error) {
+		pr, pw := io.Pipe()
+		go func() {
+			pw.CloseWithError(NewPorter(d).SendRoot(ctx, RootID(dImg), func() io.Writer { return pw }))
+		}()
+		return pr, nil
+	})
+	if !errdefs.IsInvalidArgument(err) || !errors.Is(err, image.ErrRootStream) || !strings.Contains(err.Error(), "asked for root") {
+		t.Fatalf("import with another root sent: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(filesC.Dir(), ".rootfs")); len(ents) != 0 {
+		t.Fatalf("c keeps roots %v after a refused one", ents)
+	}
+	if sbs, _ := stC.ListSandboxes(t.Context()); len(sbs) != 0 {
+		t.Fatalf("c records sandboxes %+v after a refused root", sbs)
+	}
 	for _, tc := range []struct {
 		m     *Manager
 		name  string

@@ -392,11 +392,14 @@ func (s *Images) keepPinnedLocked(ctx context.Context, roots []string) ([]string
 	var out []string
 	for _, r := range roots {
 		if s.rootPins[r] > 0 {
-			if err := s.store.AddImageRoot(ctx, r); err != nil {
-				return nil, err
+			// Never removed while pinned; a failed record only means
+			// this daemon never collects it (disk, not correctness).
+			err := s.store.AddImageRoot(ctx, r)
+			if err == nil {
+				err = s.store.FinishPendingImageRoots(ctx, r)
 			}
-			if err := s.store.FinishPendingImageRoots(ctx, r); err != nil {
-				return nil, err
+			if err != nil {
+				s.log.Warn("record a pinned image root again", "root", r, "err", err)
 			}
 			continue
 		}

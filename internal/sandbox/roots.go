@@ -171,8 +171,10 @@ func (s *Images) rootFor(ctx context.Context, name, id string, fetch RootFetch) 
 	t0 := time.Now()
 	got, err := s.files.ReceiveRoot(ctx, rc, image.ReceiveOptions{MaxBytes: maxShippedRootBytes, MaxEntries: maxShippedRootEntries,
 		Check: func(sent image.Image) error {
-			if sent.Name != name || RootID(sent) != id {
-				return errdefs.New(errdefs.InvalidArgument, "%w: asked for root %.19s of image %s, sent root %.19s of image %.70q", image.ErrRootStream, id, name, RootID(sent), sent.Name)
+			// The name is part of a built root's identity, not of a
+			// pulled one's (another node may call it otherwise).
+			if RootID(sent) != id {
+				return errdefs.Wrap(errdefs.InvalidArgument, fmt.Errorf("%w: asked for root %.19s of image %s, sent root %.19s of image %.70q", image.ErrRootStream, id, name, RootID(sent), sent.Name))
 			}
 			return nil
 		}})
