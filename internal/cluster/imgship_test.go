@@ -40,6 +40,39 @@ func shippedRoots(t *testing.T, nd *testenv.NetNode) []string {
 	return out
 }
 
+// removeImages removes, before the cluster stops, every sandbox and image
+// name on the nodes at index: the nodes share the machine's image
+// directory, where their roots would stay. A node killed by the test is
+// started again for it.
+func removeImages(t *testing.T, c *testenv.NetCluster, name string, index ...int) {
+	ctx := context.Background()
+	for _, i := range index {
+		if _, err := c.Nodes[i].Client.Health(ctx); err != nil {
+			c.Kill(i)
+			c.Restart(i)
+		}
+	}
+	for _, nd := range c.Nodes {
+		sbs, err := nd.Client.ListSandboxes(ctx)
+		if err != nil {
+			t.Logf("cleanup: list through %s: %v", nd.Name, err)
+			continue
+		}
+		for _, sb := range sbs {
+			if err := nd.Client.DeleteSandbox(ctx, sb.ID); err != nil && !sdk.IsNotFound(err) {
+				t.Logf("cleanup: remove %s through %s: %v", sb.ID, nd.Name, err)
+			}
+		}
+	}
+	for _, i := range index {
+		nd := c.Nodes[i]
+		waitFor(t, time.Minute, "image "+name+" removed from "+nd.Name, func() (bool, string) {
+			err := nd.Client.DeleteImage(ctx, name)
+			return err == nil || sdk.IsNotFound(err), fmt.Sprint(err)
+		})
+	}
+}
+
 // TestNetClusterForkShipsRoot: the image of a fork's parent is on its
 // node only, or another build of its name is elsewhere: n1 and n2 each
 // build their own "shipme" (n2's differs), n3 has an image directory of
@@ -48,7 +81,8 @@ func shippedRoots(t *testing.T, nd *testenv.NetNode) []string {
 // (verified) and restore on it: each child sees n1's build and the
 // parent's file. n2's own shipme stays its own (a create there sees n2's
 // build); n3 lists no image. Once the children are removed, the roots
-// shipped to n2 and n3 are collected.
+// shipped to n2 and n3 are collected. n3 SIGKILLed mid-fetch of the root
+// leaves a build directory its restart removes, and no root.
 func TestNetClusterForkShipsRoot(t *testing.T) {
 	ownImages := testenv.TempDir(t)
 	c := testenv.StartNetCluster(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", leaseTTL}, func(i int) []string {
@@ -60,17 +94,7 @@ func TestNetClusterForkShipsRoot(t *testing.T) {
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	// Removed while the daemons run (cleanups run last first), so that
 	// n1's and n2's builds leave no root in the shared image directory.
-	t.Cleanup(func() {
-		for _, nd := range c.Nodes {
-			if sbs, err := nd.Client.ListSandboxes(t.Context()); err == nil {
-				for _, sb := range sbs {
-					_ = nd.Client.DeleteSandbox(t.Context(), sb.ID)
-				}
-			}
-		}
-		_ = n1.Client.DeleteImage(t.Context(), "shipme")
-		_ = n2.Client.DeleteImage(t.Context(), "shipme")
-	})
+	t.Cleanup(func() { removeImages(t, c, "shipme", 0, 1) })
 	var wg sync.WaitGroup
 	for _, nd := range []*testenv.NetNode{n1, n2} {
 		wg.Add(1)
@@ -172,6 +196,60 @@ func TestNetClusterForkShipsRoot(t *testing.T) {
 	if err != nil || len(ents) != 0 {
 		t.Fatalf("n3's image directory keeps roots %v (%v)", ents, err)
 	}
+
+	// n3 SIGKILLed midway through the root's fetch: its children fail, it
+	// leaves a build directory, and restarted it holds no part of it.
+	c.Kill(2)
+	n3.Env = []string{"CLADE_CRASH_AT=ship-root-mid-fetch"}
+	c.Restart(2)
+	n3.Env = nil
+	res3, err := n1.Client.Fork(t.Context(), parent.ID, 6, sdk.Spread())
+	if err != nil {
+		t.Fatalf("fork with n3 crashing: %v", err)
+	}
+	failed := 0
+	for _, ch := range res3.Children {
+		switch {
+		case ch.Node == "n3" && ch.Error == "":
+			t.Fatalf("a child on n3, which crashed mid-fetch: %+v", ch)
+		case ch.Node == "n3":
+			failed++
+			t.Logf("n3's child: %s (%s)", ch.Error, ch.Code)
+		case ch.Error != "":
+			t.Fatalf("child on %s failed: %+v", ch.Node, ch)
+		}
+	}
+	if failed == 0 {
+		t.Fatalf("no child was placed on n3: %+v", res3)
+	}
+	if err := n3.Wait(); err == nil {
+		t.Fatal("n3 did not crash")
+	}
+	builds := func() []string {
+		m, _ := filepath.Glob(filepath.Join(ownImages, ".build-*"))
+		return m
+	}
+	if len(builds()) == 0 {
+		t.Fatal("n3 crashed mid-fetch but left no build directory: the crash point is not mid-fetch")
+	}
+	c.Kill(2)
+	c.Restart(2)
+	if b := builds(); len(b) != 0 {
+		t.Fatalf("restarted n3 keeps %v", b)
+	}
+	if ents, err := os.ReadDir(filepath.Join(ownImages, ".rootfs")); err != nil || len(ents) != 0 {
+		t.Fatalf("restarted n3 keeps roots %v (%v)", ents, err)
+	}
+	if got := shippedRoots(t, n3); len(got) != 0 {
+		t.Fatalf("restarted n3 records shipped roots %v", got)
+	}
+	if sbs, err := n3.Client.ListSandboxes(t.Context()); err == nil {
+		for _, sb := range sbs {
+			if sb.Node == "n3" {
+				t.Errorf("restarted n3 holds %s (%s)", sb.ID, sb.State)
+			}
+		}
+	}
 }
 
 // ociArchive writes a `docker save` archive of an image made of one layer:
@@ -253,16 +331,7 @@ func TestNetClusterWakeShipsRoot(t *testing.T) {
 		return []string{"--object-store", "s3://clade-imgship?endpoint=" + srv.Endpoint, "--object-store-credentials", creds}
 	})
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	t.Cleanup(func() {
-		for _, nd := range c.Nodes {
-			if sbs, err := nd.Client.ListSandboxes(t.Context()); err == nil {
-				for _, sb := range sbs {
-					_ = nd.Client.DeleteSandbox(t.Context(), sb.ID)
-				}
-			}
-			_ = nd.Client.DeleteImage(t.Context(), "shipoci")
-		}
-	})
+	t.Cleanup(func() { removeImages(t, c, "shipoci", 0, 1) })
 	importOn := func(nd *testenv.NetNode) {
 		t.Helper()
 		f, err := os.Open(archive)

@@ -50,6 +50,7 @@ type Images struct {
 	// shipDir holds a file per shipped root; shipMu orders fetches.
 	shipDir string
 	shipMu  sync.Mutex
+	crash   crashPoints
 
 	startMu sync.Mutex
 	started bool // guarded by startMu

@@ -169,7 +169,10 @@ func (s *Images) rootFor(ctx context.Context, name, id string, fetch RootFetch) 
 	}
 	defer rc.Close()
 	t0 := time.Now()
-	got, err := s.files.ReceiveRoot(ctx, rc, image.ReceiveOptions{MaxBytes: maxShippedRootBytes, MaxEntries: maxShippedRootEntries,
+	// A crash point once part of the root has landed (tests of restart
+	// safety: the build directory is left for the next start).
+	var in io.Reader = &hitAfter{r: rc, left: 1 << 20, hit: func() { s.crash.hit("ship-root-mid-fetch") }}
+	got, err := s.files.ReceiveRoot(ctx, in, image.ReceiveOptions{MaxBytes: maxShippedRootBytes, MaxEntries: maxShippedRootEntries,
 		Check: func(sent image.Image) error {
 			// The name is part of a built root's identity, not of a
 			// pulled one's (another node may call it otherwise).
@@ -300,4 +303,21 @@ func (s *Images) SendRoot(ctx context.Context, id string, w func() io.Writer) er
 	}
 	defer release()
 	return s.files.SendRoot(ctx, w(), img)
+}
+
+// hitAfter calls hit once left bytes have been read through it.
+type hitAfter struct {
+	r    io.Reader
+	left int64
+	hit  func()
+}
+
+func (h *hitAfter) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	if h.left > 0 {
+		if h.left -= int64(n); h.left <= 0 {
+			h.hit()
+		}
+	}
+	return n, err
 }

@@ -191,6 +191,7 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	m.events = newEventLog(cfg.EventRing, st)
 	m.admission = &admission{cfg: cfg, eng: eng, recs: st, counters: &m.counters, events: m.events, log: cfg.Log}
 	m.images = newImages(images, st, st, cfg.Log, m)
+	m.images.crash = m.crash
 	if cfg.SnapshotDir != "" {
 		// Beside the snapshots, in the daemon's state: each node's own.
 		m.images.shipDir = filepath.Join(filepath.Dir(cfg.SnapshotDir), "shipped-roots")
