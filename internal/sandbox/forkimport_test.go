@@ -16,6 +16,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/engine/fake"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
+	"github.com/clade-sandbox/clade/internal/snapstore"
 	"github.com/clade-sandbox/clade/internal/stateimg"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -248,36 +249,8 @@ func TestPorterImportShipsRoot(t *testing.T) {
 		}()
 		return pr, nil
 	}
-	// A node of its own: own store, image directory, snapshot dir.
 	node := func(name string, img *image.Image) (*Manager, store.All, *image.Store) {
-		dir := t.TempDir()
-		st, err := store.Open(t.Context(), filepath.Join(dir, name+".db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		files, err := image.NewStore(filepath.Join(dir, "images"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := Config{SnapshotDir: filepath.Join(dir, "state", "snapshots"), SleepDir: filepath.Join(dir, "state", "sleep"), MemoryFloorMiB: 1, PressureFloorMiB: -1}
-		m := New(cfg, fake.New(), st, files)
-		if img != nil {
-			var buf bytes.Buffer
-			tw := tar.NewWriter(&buf)
-			_ = tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: os.Getuid(), Gid: os.Getgid()})
-			_ = tw.WriteHeader(&tar.Header{Name: "etc/marker", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len("from " + name)), Uid: os.Getuid(), Gid: os.Getgid()})
-			_, _ = tw.Write([]byte("from " + name))
-			tw.Close()
-			own, err := files.InstallTar(t.Context(), image.Image{Name: testImage}, &buf)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if *img, err = m.images.install(t.Context(), own); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return m, st, files
+		return shipNode(t, name, img, Config{})
 	}
 	var dImg image.Image
 	c, stC, filesC := node("c", nil)
@@ -387,5 +360,127 @@ func TestPorterImportShipsRoot(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(c.images.shipDir); len(ents) != 0 {
 		t.Fatalf("files of shipped roots left: %v", ents)
+	}
+}
+
+// shipNode makes a node of its own (store, image directory, state dir)
+// with cfg; with img, an image testImage of its own build (its
+// etc/marker says "from NAME"), returned in *img.
+func shipNode(t *testing.T, name string, img *image.Image, cfg Config) (*Manager, store.All, *image.Store) {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(t.Context(), filepath.Join(dir, name+".db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	files, err := image.NewStore(filepath.Join(dir, "images"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.SnapshotDir, cfg.SleepDir = filepath.Join(dir, "state", "snapshots"), filepath.Join(dir, "state", "sleep")
+	cfg.MemoryFloorMiB, cfg.PressureFloorMiB = 1, -1
+	for _, d := range []string{cfg.SnapshotDir, cfg.SleepDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := New(cfg, fake.New(), st, files)
+	if img != nil {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		_ = tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: os.Getuid(), Gid: os.Getgid()})
+		_ = tw.WriteHeader(&tar.Header{Name: "etc/marker", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len("from " + name)), Uid: os.Getuid(), Gid: os.Getgid()})
+		_, _ = tw.Write([]byte("from " + name))
+		tw.Close()
+		own, err := files.InstallTar(t.Context(), image.Image{Name: testImage}, &buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if *img, err = m.images.install(t.Context(), own); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m, st, files
+}
+
+// rootFrom is a RootFetch from p's node that counts its calls.
+func rootFrom(p *Porter, calls *int) RootFetch {
+	return func(ctx context.Context, id string) (io.ReadCloser, error) {
+		*calls++
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(p.SendRoot(ctx, id, func() io.Writer { return pw })) }()
+		return pr, nil
+	}
+}
+
+// TestAdoptOnItsRoot: a sandbox slept on a (its sleep image in a shared
+// snapshot store) is adopted by d, which has another build of the image's
+// name: d never wakes it on its own build. With no node to fetch the root
+// from, the adopt is refused (Unavailable, saying so) and leaves nothing;
+// with a's root fetched, the sandbox is recorded asleep on it, and d's own
+// image stays d's.
+func TestAdoptOnItsRoot(t *testing.T) {
+	objects, err := snapstore.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	copies := func() *snapstore.Copies {
+		c, err := snapstore.NewCopies(objects, t.TempDir(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	var aImg, dImg image.Image
+	a, _, _ := shipNode(t, "a", &aImg, Config{Copies: copies()})
+	d, stD, _ := shipNode(t, "d", &dImg, Config{Copies: copies()})
+	sb, err := a.Create(t.Context(), CreateRequest{Image: testImage, MemoryMiB: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Sleep(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cfg.Copies.Wait(t.Context(), sleepCopy(sb.ID)); err != nil {
+		t.Fatal(err)
+	}
+	digest, err := NewMover(a).SleepImage(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := func(ctx context.Context, id string) (io.ReadCloser, error) {
+		return nil, errdefs.New(errdefs.Unavailable, "no live node holds image root %.19s", id)
+	}
+	if _, err := NewMover(d).Adopt(t.Context(), sb.ID, string(digest), nobody); !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "no live node holds") {
+		t.Fatalf("adopt with the root nowhere: %v, want unavailable", err)
+	}
+	if _, err := stD.GetSandbox(t.Context(), sb.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("d records the sandbox after a refused adopt: %v", err)
+	}
+	if ents, _ := os.ReadDir(d.cfg.SleepDir); len(ents) != 0 {
+		t.Fatalf("d's sleep dir after a refused adopt: %v", ents)
+	}
+	calls := 0
+	rec, err := NewMover(d).Adopt(t.Context(), sb.ID, string(digest), rootFrom(NewPorter(a), &calls))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 || rec.State != store.StateSleeping || rec.RootFS == dImg.RootFS {
+		t.Fatalf("adopted %+v with %d root fetches, d's own root %s", rec, calls, dImg.RootFS)
+	}
+	if b, err := os.ReadFile(filepath.Join(rec.RootFS, "etc", "marker")); err != nil || string(b) != "from a" {
+		t.Fatalf("the adopted sandbox stands on %s: marker %q %v, want a's root", rec.RootFS, b, err)
+	}
+	if img, err := d.images.Get(t.Context(), testImage); err != nil || img.RootFS != dImg.RootFS {
+		t.Fatalf("d's image after the adopt: %+v %v", img, err)
+	}
+	// It wakes there, on that root.
+	if _, err := d.Wake(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := stD.GetSandbox(t.Context(), sb.ID); err != nil || got.State != store.StateRunning || got.RootFS != rec.RootFS {
+		t.Fatalf("woken on d: %+v %v", got, err)
 	}
 }
