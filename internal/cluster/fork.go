@@ -51,8 +51,14 @@ type Porter interface {
 	// Open is the directory of an exported image, to stream.
 	Open(digest string) (dir string, release func(), err error)
 	// Import fetches (with fetch, into a new dir) and verifies the
-	// snapshot, and forks n children of it here.
-	Import(ctx context.Context, meta SnapshotMeta, n int, fetch func(ctx context.Context, dir string) error) (api.ForkResult, error)
+	// snapshot, and forks n children of it here; a node without the root
+	// meta.ImageID of its image opens it with fetchRoot (a root stream).
+	Import(ctx context.Context, meta SnapshotMeta, n int, fetch func(ctx context.Context, dir string) error,
+		fetchRoot func(ctx context.Context, id string) (io.ReadCloser, error)) (api.ForkResult, error)
+	// SendRoot writes the image root with identity id as a root stream
+	// to the writer w returns (called once the root is found): NotFound
+	// if this node holds no such root.
+	SendRoot(ctx context.Context, id string, w func() io.Writer) error
 }
 
 // forks is the part of Service that forks across nodes: it owns the
@@ -338,7 +344,9 @@ func (f *forks) planFork(ctx context.Context, meta SnapshotMeta, n int, except m
 		if except[nd.Name] {
 			continue
 		}
-		if eligible(nd, req, true) || nd.Name == f.c.cfg.Node {
+		// A node without the image gets its root from the origin (the
+		// import fetches it): only the engine and the drain count.
+		if eligible(nd, req, false) || nd.Name == f.c.cfg.Node {
 			cs = append(cs, candidate{node: nd, free: freeAfter(nd, int64(meta.MemoryMiB), f.pending.since(nd.Name, nd.RefreshedAt)) + int64(meta.MemoryMiB)})
 		}
 	}
@@ -442,8 +450,9 @@ var internalClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdle
 
 // Internal serves the routes nodes call on each other, under
 // /v1/internal/, with the cluster token only (on the unix socket too):
-// POST fork/import (fork a share of children of another node's snapshot)
-// and GET snapshots/{digest} (stream a sealed image being sent).
+// POST fork/import (fork a share of children of another node's snapshot),
+// GET snapshots/{digest} (stream a sealed image being sent) and GET
+// roots/{id} (stream an image root this node holds, by its identity).
 func (s *Service) Internal() http.Handler { return s.forks.handler() }
 
 // handler is Internal.
@@ -451,6 +460,7 @@ func (f *forks) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/internal/fork/import", f.serveImport)
 	mux.HandleFunc("GET /v1/internal/snapshots/{digest}", f.serveImage)
+	mux.HandleFunc("GET /v1/internal/roots/{id}", f.serveRoot)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || f.c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(f.c.cfg.Token)) != 1 {
@@ -497,7 +507,10 @@ func (f *forks) serveImport(w http.ResponseWriter, r *http.Request) {
 	fetch := func(ctx context.Context, dir string) error {
 		return fetchImage(ctx, f.c.cfg.Token, origin, req.Snapshot.Digest, dir)
 	}
-	res, err := f.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch)
+	fetchRoot := func(ctx context.Context, id string) (io.ReadCloser, error) {
+		return fetchRoot(ctx, f.c.cfg.Token, origin, id)
+	}
+	res, err := f.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch, fetchRoot)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -530,6 +543,32 @@ func (f *forks) serveImage(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	if err := sendImage(w, dir); err != nil {
 		f.c.cfg.Log.Warn("cluster: send a snapshot image", "digest", r.PathValue("digest"), "err", err)
+		panic(http.ErrAbortHandler) // the peer sees a cut stream, never a whole one
+	}
+}
+
+// fetchRoot opens the root stream of the image root with identity id from
+// node origin (image.ReceiveRoot checks it as it comes).
+func fetchRoot(ctx context.Context, token string, origin api.Node, id string) (io.ReadCloser, error) {
+	resp, err := internalCall(ctx, token, origin, http.MethodGet, "/v1/internal/roots/"+id, nil)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", origin.Name, err)
+	}
+	return resp.Body, nil
+}
+
+func (f *forks) serveRoot(w http.ResponseWriter, r *http.Request) {
+	started := false
+	err := f.porter.SendRoot(r.Context(), r.PathValue("id"), func() io.Writer {
+		started = true
+		w.Header().Set("Content-Type", "application/octet-stream")
+		return w
+	})
+	switch {
+	case err != nil && !started:
+		writeErr(w, err)
+	case err != nil:
+		f.c.cfg.Log.Warn("cluster: send an image root", "root", r.PathValue("id"), "err", err)
 		panic(http.ErrAbortHandler) // the peer sees a cut stream, never a whole one
 	}
 }

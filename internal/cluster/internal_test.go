@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -23,9 +24,14 @@ func (p *nullPorter) Open(digest string) (string, func(), error) {
 	return "", nil, errdefs.New(errdefs.NotFound, "no snapshot image %.80s is being sent from this node", digest)
 }
 
-func (p *nullPorter) Import(context.Context, SnapshotMeta, int, func(context.Context, string) error) (api.ForkResult, error) {
+func (p *nullPorter) Import(context.Context, SnapshotMeta, int, func(context.Context, string) error,
+	func(context.Context, string) (io.ReadCloser, error)) (api.ForkResult, error) {
 	p.imports++
 	return api.ForkResult{}, errdefs.New(errdefs.Conflict, "refused")
+}
+
+func (p *nullPorter) SendRoot(_ context.Context, id string, _ func() io.Writer) error {
+	return errdefs.New(errdefs.NotFound, "this node holds no image root %.80s", id)
 }
 
 // TestInternalRoutes: /v1/internal/ takes the cluster token only (the
@@ -56,6 +62,7 @@ func TestInternalRoutes(t *testing.T) {
 		return w.Code
 	}
 	const img = "/v1/internal/snapshots/sha256:0123456789012345678901234567890123456789012345678901234567890123"
+	const root = "/v1/internal/roots/sha256:0123456789012345678901234567890123456789012345678901234567890123"
 	for _, auth := range []string{"", "Bearer", "Bearer ", "Basic cluster-secret", "Bearer api-token", "Bearer cluster-secre", "Bearer cluster-secret2"} {
 		if got := call(http.MethodGet, img, auth, ""); got != http.StatusUnauthorized {
 			t.Errorf("GET an image with %q: %d, want 401", auth, got)
@@ -63,10 +70,16 @@ func TestInternalRoutes(t *testing.T) {
 		if got := call(http.MethodPost, "/v1/internal/fork/import", auth, `{"n":1,"origin":"b"}`); got != http.StatusUnauthorized {
 			t.Errorf("import with %q: %d, want 401", auth, got)
 		}
+		if got := call(http.MethodGet, root, auth, ""); got != http.StatusUnauthorized {
+			t.Errorf("GET an image root with %q: %d, want 401", auth, got)
+		}
 	}
 	const tok = "Bearer cluster-secret"
 	if got := call(http.MethodGet, img, tok, ""); got != http.StatusNotFound {
 		t.Errorf("GET an image not being sent: %d, want 404", got)
+	}
+	if got := call(http.MethodGet, root, tok, ""); got != http.StatusNotFound {
+		t.Errorf("GET an image root not held: %d, want 404", got)
 	}
 	for body, want := range map[string]int{
 		`{"n":1,"origin":"a"}`:             http.StatusBadRequest, // this node

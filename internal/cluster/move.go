@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -451,7 +452,9 @@ func (mv *moves) candidates(nodes []api.Node, rec Record, except string) []candi
 		others = append(others, n)
 	}
 	req := api.CreateSandboxRequest{Image: rec.Sandbox.Image, MemoryMiB: rec.Sandbox.MemoryMiB, Engine: rec.Sandbox.Engine}
-	return rank(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	// Nodes without the image come after those with it: the adopter
+	// fetches the root from a node that holds it.
+	return rankAnywhere(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
 }
 
 // adoptHere moves sleeping rec (read at rev), which names this node but
@@ -468,10 +471,10 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 		return nil, err
 	}
 	t0 := time.Now()
-	// Bounded: a hung object store must not leave the sandbox moving
-	// (and its callers waiting) for long.
+	// Bounded: a hung object store (or a root's source) must not leave
+	// the sandbox moving (and its callers waiting) for long.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mv.c.cfg.MoveTimeout)
-	sb, err := m.Adopt(actx, rec.ID, rec.SleepImage)
+	sb, err := m.Adopt(actx, rec.ID, rec.SleepImage, mv.fetchRootAnywhere)
 	timedOut := actx.Err() != nil
 	cancel()
 	if err != nil {
@@ -492,6 +495,28 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 	mv.n.Add(1)
 	mv.c.cfg.Log.Info("cluster: sleeping sandbox moved here", "sandbox", rec.ID, "digest", rec.SleepImage, "took", time.Since(t0).Round(time.Millisecond))
 	return mv.local, nil
+}
+
+// fetchRootAnywhere opens the root stream of image root id from the first
+// live node that holds it (its old node may be dead): Unavailable, naming
+// what each said, if none does.
+func (mv *moves) fetchRootAnywhere(ctx context.Context, id string) (io.ReadCloser, error) {
+	nodes, err := mv.c.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var said []string
+	for _, n := range nodes {
+		if n.Name == mv.c.cfg.Node {
+			continue
+		}
+		rc, err := fetchRoot(ctx, mv.c.cfg.Token, n, id)
+		if err == nil {
+			return rc, nil
+		}
+		said = append(said, err.Error())
+	}
+	return nil, errdefs.New(errdefs.Unavailable, "no live node holds image root %.19s (%s): try again when its node is back", id, strings.Join(said, "; "))
 }
 
 // Moves is how many sleeping sandboxes this node adopted since it started.

@@ -120,6 +120,26 @@ func imageName(req api.CreateSandboxRequest) string { return cmp.Or(req.Image, "
 // last, so that a full cluster answers with a node's own refusal.
 func rank(nodes []api.Node, req api.CreateSandboxRequest, pendingOf func(api.Node) int64, rnd func(int) int) []candidate {
 	imageSomewhere := slices.ContainsFunc(nodes, func(n api.Node) bool { return slices.Contains(n.Capacity.Images, imageName(req)) })
+	return rankFor(nodes, req, imageSomewhere, pendingOf, rnd)
+}
+
+// rankAnywhere is rank for a sandbox whose image root a node without the
+// image fetches (a moved sleeping sandbox): nodes holding the image come
+// first (no fetch), the others after them.
+func rankAnywhere(nodes []api.Node, req api.CreateSandboxRequest, pendingOf func(api.Node) int64, rnd func(int) int) []candidate {
+	with := rankFor(nodes, req, true, pendingOf, rnd)
+	for _, c := range rankFor(nodes, req, false, pendingOf, rnd) {
+		if !slices.ContainsFunc(with, func(w candidate) bool { return w.node.Name == c.node.Name }) {
+			with = append(with, c)
+		}
+	}
+	return with
+}
+
+// rankFor is rank, with only the nodes that hold req's image if
+// needImage.
+func rankFor(nodes []api.Node, req api.CreateSandboxRequest, needImage bool, pendingOf func(api.Node) int64, rnd func(int) int) []candidate {
+	imageSomewhere := needImage
 	var cs []candidate
 	for _, n := range nodes {
 		if eligible(n, req, imageSomewhere) {

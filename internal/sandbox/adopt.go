@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/snapstore"
 	"github.com/clade-sandbox/clade/internal/store"
 )
@@ -26,12 +26,17 @@ const sandboxFile = "clade-sandbox.json"
 type movedRecord struct {
 	Version int           `json:"version"`
 	Sandbox store.Sandbox `json:"sandbox"`
+	// Root is the identity (RootID) of the image root the sandbox stands
+	// on: a node that adopts it wakes it on that very root (its own image
+	// if it is that root, else fetched from a node that holds it). ""
+	// when the root is its node's only (a replaced image).
+	Root string `json:"root,omitempty"`
 }
 
-// writeSandboxFile writes rec into the sleep image in dir, before it is
-// sealed.
-func writeSandboxFile(dir string, rec store.Sandbox) error {
-	b, err := json.Marshal(movedRecord{Version: 1, Sandbox: rec})
+// writeSandboxFile writes rec, standing on the root with identity root,
+// into the sleep image in dir, before it is sealed.
+func writeSandboxFile(dir string, rec store.Sandbox, root string) error {
+	b, err := json.Marshal(movedRecord{Version: 1, Sandbox: rec, Root: root})
 	if err != nil {
 		return err
 	}
@@ -98,12 +103,14 @@ func (mv *Mover) SleepImage(ctx context.Context, id string) (snapstore.Digest, e
 
 // Adopt makes sandbox id, asleep, on this node from its image in the
 // snapshot store: fetched by digest and verified, its record recreated
-// from the image's description. The caller (the cluster) has claimed the
+// from the image's description, on the very image root it stood on (this
+// node's image if it is that root, else fetched with fetchRoot from a node
+// that holds it, verified). The caller (the cluster) has claimed the
 // sandbox for this node first; it wakes through the normal wake path.
 // Adopting a sandbox this node already has returns it as it is. A daemon
 // killed at any point leaves nothing half made: the fetch goes to a
 // directory the next start removes, the record is written last.
-func (mv *Mover) Adopt(ctx context.Context, id string, digest string) (store.Sandbox, error) {
+func (mv *Mover) Adopt(ctx context.Context, id string, digest string, fetchRoot RootFetch) (store.Sandbox, error) {
 	m := mv.m
 	d, err := snapstore.Parse(digest)
 	if err != nil {
@@ -135,22 +142,27 @@ func (mv *Mover) Adopt(ctx context.Context, id string, digest string) (store.San
 		return store.Sandbox{}, errors.Join(fmt.Errorf("sandbox %s: fetch its sleep image %s from the snapshot store: %w", id, d, err), os.RemoveAll(tmp))
 	}
 	m.crash.hit("adopt-after-fetch")
-	rec, err := readSandboxFile(tmp, id)
+	rec, root, err := readSandboxFile(tmp, id)
 	if err == nil {
 		err = movable(rec)
 	}
 	if err == nil {
 		err = mv.fits(rec)
 	}
+	if err == nil && root == "" {
+		err = errdefs.New(errdefs.Conflict, "sandbox %s's sleep image does not name the image root it stands on (its image was replaced on its node, or an older daemon slept it): it wakes only on its node", id)
+	}
 	if err != nil {
 		return store.Sandbox{}, errors.Join(err, os.RemoveAll(tmp))
 	}
-	img, err := m.images.Get(ctx, rec.Image)
+	// Never another build of the image's name: a restore on other files
+	// is wrong. Pinned until the record names it.
+	img, release, err := m.images.rootFor(ctx, rec.Image, root, fetchRoot)
 	if err != nil {
-		return store.Sandbox{}, errors.Join(fmt.Errorf("sandbox %s wakes on image %q, which this node does not have: %w", id, rec.Image, err), os.RemoveAll(tmp))
+		return store.Sandbox{}, errors.Join(errdefs.Wrap(errdefs.ClassOf(err), fmt.Errorf("sandbox %s cannot wake on this node: %w", id, err)), os.RemoveAll(tmp))
 	}
-	// This node's root of the image (the image must be the same on every
-	// node); the snapshot it was forked from stays its first node's.
+	defer release()
+	// The snapshot it was forked from stays its first node's.
 	rec.RootFS, rec.Snapshot = img.RootFS, ""
 	rec.State, rec.Error, rec.EngineID, rec.Node = store.StateSleeping, "", "", ""
 	dir := m.cfg.sleepDir(id)
@@ -187,28 +199,30 @@ func (mv *Mover) fits(rec store.Sandbox) error {
 // readSandboxFile reads the description of sandbox id in the sleep image
 // in dir: it came from the snapshot store (verified against its digest,
 // but written by another node), so it is checked as input.
-func readSandboxFile(dir, id string) (store.Sandbox, error) {
+func readSandboxFile(dir, id string) (store.Sandbox, string, error) {
 	b, err := os.ReadFile(filepath.Join(dir, sandboxFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s's sleep image does not describe the sandbox (slept by an older daemon): it wakes only on its node", id)
+		return store.Sandbox{}, "", errdefs.New(errdefs.Conflict, "sandbox %s's sleep image does not describe the sandbox (slept by an older daemon): it wakes only on its node", id)
 	}
 	if err != nil {
-		return store.Sandbox{}, err
+		return store.Sandbox{}, "", err
 	}
 	var mr movedRecord
 	if err := json.Unmarshal(b, &mr); err != nil || mr.Version != 1 {
-		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s's sleep image has a description this daemon cannot read (%v)", id, err)
+		return store.Sandbox{}, "", errdefs.New(errdefs.Conflict, "sandbox %s's sleep image has a description this daemon cannot read (%v)", id, err)
 	}
 	rec := mr.Sandbox
 	switch {
 	case rec.ID != id:
-		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "the sleep image named for sandbox %s describes sandbox %q", id, rec.ID)
-	case rec.Image == "" || strings.ContainsAny(rec.Image, "\x00\n"):
-		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s's sleep image names no usable image", id)
+		return store.Sandbox{}, "", errdefs.New(errdefs.Conflict, "the sleep image named for sandbox %s describes sandbox %q", id, rec.ID)
+	case !image.ValidName(rec.Image):
+		return store.Sandbox{}, "", errdefs.New(errdefs.Conflict, "sandbox %s's sleep image names no usable image", id)
 	case rec.MemoryMiB <= 0 || rec.CPUs < 0:
-		return store.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s's sleep image gives a bad shape (%d MiB, %g cpus)", id, rec.MemoryMiB, rec.CPUs)
+		return store.Sandbox{}, "", errdefs.New(errdefs.Conflict, "sandbox %s's sleep image gives a bad shape (%d MiB, %g cpus)", id, rec.MemoryMiB, rec.CPUs)
+	case mr.Root != "" && !validRootID(mr.Root):
+		return store.Sandbox{}, "", errdefs.New(errdefs.Conflict, "sandbox %s's sleep image names a bad image root %.80q", id, mr.Root)
 	}
-	return rec, nil
+	return rec, mr.Root, nil
 }
 
 // Disown removes this node's copy of sandbox id, which the cluster gave

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -17,17 +18,18 @@ func TestSandboxFile(t *testing.T) {
 	dir := t.TempDir()
 	rec := store.Sandbox{ID: "0123456789abcdef", Name: "web", Image: "default", MemoryMiB: 256, CPUs: 1, Env: []string{"K=V"},
 		Opts: store.Options{TrafficToken: "tok", Labels: map[string]string{"a": "b"}, IdleSleepMS: 5000, Network: &store.NetworkOptions{Mode: "none"}}}
-	if _, err := readSandboxFile(dir, rec.ID); !errdefs.Is(err, errdefs.Conflict) {
+	if _, _, err := readSandboxFile(dir, rec.ID); !errdefs.Is(err, errdefs.Conflict) {
 		t.Fatalf("no description = %v, want Conflict", err)
 	}
-	if err := writeSandboxFile(dir, rec); err != nil {
+	root := RootID(image.Image{Name: "default"})
+	if err := writeSandboxFile(dir, rec, root); err != nil {
 		t.Fatal(err)
 	}
-	got, err := readSandboxFile(dir, rec.ID)
-	if err != nil || got.Name != "web" || got.Opts.TrafficToken != "tok" || got.Env[0] != "K=V" || got.Opts.Network.Mode != "none" || got.Opts.IdleSleepMS != 5000 {
+	got, gotRoot, err := readSandboxFile(dir, rec.ID)
+	if err != nil || gotRoot != root || got.Name != "web" || got.Opts.TrafficToken != "tok" || got.Env[0] != "K=V" || got.Opts.Network.Mode != "none" || got.Opts.IdleSleepMS != 5000 {
 		t.Fatalf("round trip: %+v %v", got, err)
 	}
-	if _, err := readSandboxFile(dir, "fedcba9876543210"); !errdefs.Is(err, errdefs.Conflict) {
+	if _, _, err := readSandboxFile(dir, "fedcba9876543210"); !errdefs.Is(err, errdefs.Conflict) {
 		t.Fatalf("a description of another sandbox = %v, want Conflict", err)
 	}
 	for name, body := range map[string]string{
@@ -39,11 +41,12 @@ func TestSandboxFile(t *testing.T) {
 		"bad image":  `{"version":1,"sandbox":{"ID":"0123456789abcdef","Image":"a\nb","MemoryMiB":256}}`,
 		"other id":   `{"version":1,"sandbox":{"ID":"../../etc","Image":"default","MemoryMiB":256}}`,
 		"only a nul": "\x00",
+		"bad root":   `{"version":1,"sandbox":{"ID":"0123456789abcdef","Image":"default","MemoryMiB":256},"root":"../../x"}`,
 	} {
 		if err := os.WriteFile(filepath.Join(dir, sandboxFile), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := readSandboxFile(dir, rec.ID); !errdefs.Is(err, errdefs.Conflict) {
+		if _, _, err := readSandboxFile(dir, rec.ID); !errdefs.Is(err, errdefs.Conflict) {
 			t.Errorf("%s: %v, want Conflict", name, err)
 		}
 	}

@@ -99,20 +99,25 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 			return ForkResult{}, err
 		}
 	}
-	img, err := m.images.Get(ctx, sn.Image)
+	// The image's root, or a root the image no longer names, or one
+	// shipped from another node (the pools' sandboxes are made on the
+	// image's current root: only its children take them).
+	img, current, err := m.images.forRoot(ctx, sn.Image, sn.RootFS)
 	if err != nil {
 		return ForkResult{}, fmt.Errorf("image %s of snapshot %s: %w", sn.Image, sn.ID, err)
 	}
 	ctx = context.WithoutCancel(ctx) // children are made whole or not at all
 	res := ForkResult{Snapshot: sn.ID, Children: make([]ForkChild, len(recs))}
 	sh := shapeOf(sn.Image, sn.MemoryMiB, sn.CPUs, sn.Env, sn.Opts)
-	// Keep as many prepared for the next fork of this shape.
-	defer m.pools.warm.Want(sh, len(recs))
+	if current {
+		// Keep as many prepared for the next fork of this shape.
+		defer m.pools.warm.Want(sh, len(recs))
+	}
 	// Children's locks first (lock order: sandboxes before snapshots); the
 	// ids are new, so nobody waits on them yet.
 	unlocks := make([]func(), len(recs))
 	for i := range recs {
-		id, ok := m.pools.warm.Take(sh)
+		id, ok := takeIf(current, m.pools.warm.Take, sh)
 		if !ok {
 			id = newID()
 		}

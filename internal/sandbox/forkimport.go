@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -53,14 +54,15 @@ type Export struct {
 }
 
 // RootID is the identity of img's root filesystem, the same on every node
-// that holds the same root: for an image pulled or imported from OCI, its
-// content's digests (manifest, config, layers, platform), so that nodes
-// that pulled it apart agree; for one built here (debootstrap, a commit),
-// its whole descriptor (name, source, root id, creation time, config),
-// which only nodes sharing its image directory share.
+// that holds the same root: for an image pulled or imported from OCI or a
+// `docker save` archive, its content's digests (manifest if any, config,
+// layers, platform), so that nodes that pulled or imported it apart agree;
+// for one built here (debootstrap, a commit), its whole descriptor (name,
+// source, root id, creation time, config), which only nodes sharing its
+// image directory share, and nodes it was shipped to (roots.go).
 func RootID(img image.Image) string {
 	var b []byte
-	if img.ManifestDigest != "" {
+	if img.ManifestDigest != "" || img.ConfigDigest != "" {
 		b, _ = json.Marshal([]any{"oci", img.ManifestDigest, img.ConfigDigest, img.Layers, img.Platform})
 	} else {
 		img.Snapshot, img.RootFS = "", ""
@@ -189,14 +191,9 @@ func (p *Porter) describe(ctx context.Context, sn store.Snapshot) (Export, error
 	case len(sn.Opts.Secrets) > 0:
 		e.Local = "its sandbox takes secrets, which are this node's own"
 	}
-	img, err := m.images.Get(ctx, sn.Image)
-	switch {
-	case err != nil:
+	// The root the snapshot stands on: its image's, or one shipped here.
+	if e.ImageID, err = m.images.rootIdentity(ctx, sn.Image, sn.RootFS); err != nil {
 		e.Local = fmt.Sprintf("its image %s: %v", sn.Image, err)
-	case sn.RootFS != "" && sn.RootFS != img.RootFS:
-		e.Local = fmt.Sprintf("its image %s was replaced since the snapshot: the root it stands on is this node's only", sn.Image)
-	default:
-		e.ImageID = RootID(img)
 	}
 	return e, nil
 }
@@ -224,10 +221,11 @@ func (p *Porter) Open(digest string) (string, func(), error) {
 // fetch, into a directory that must not exist yet) and verified against
 // e's digest unless this node holds it already, recorded as an implicit
 // snapshot (it goes with its last child here), and forked with the local
-// fork. A node without e's image root, or without room, refuses before
-// fetching. A daemon killed midway leaves a fetch directory or an unused
+// fork. A node without room refuses before fetching; one without e's image
+// root (it lacks the image, or has another root of it) fetches that root
+// first with fetchRoot (image.SendRoot's stream, verified: Images.rootFor). A daemon killed midway leaves a fetch directory or an unused
 // implicit snapshot, which the restart census removes.
-func (p *Porter) Import(ctx context.Context, e Export, n int, fetch func(ctx context.Context, dir string) error) (ForkResult, error) {
+func (p *Porter) Import(ctx context.Context, e Export, n int, fetch func(ctx context.Context, dir string) error, fetchRoot RootFetch) (ForkResult, error) {
 	m := p.m
 	if n < 1 || n > m.cfg.MaxFork {
 		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "n=%d: give 1 to %d children (daemon flag --max-fork)", n, m.cfg.MaxFork)
@@ -254,12 +252,8 @@ func (p *Porter) Import(ctx context.Context, e Export, n int, fetch func(ctx con
 	if _, err := snapshotterOf(m.eng); err != nil {
 		return ForkResult{}, err
 	}
-	img, err := m.images.Get(ctx, e.Image)
-	if err != nil {
-		return ForkResult{}, errdefs.New(errdefs.Conflict, "this node cannot restore snapshot %s: its image %s: %v (images are each node's own: pull or build it here)", e.ID, e.Image, err)
-	}
-	if got := RootID(img); got != e.ImageID {
-		return ForkResult{}, errdefs.New(errdefs.Conflict, "this node cannot restore snapshot %s: its image %s here is not the one the snapshot stands on (root %.19s here, %.19s there)", e.ID, e.Image, got, e.ImageID)
+	if !validRootID(e.ImageID) {
+		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "snapshot %s names no image root (%.80q)", e.ID, e.ImageID)
 	}
 	if err := m.admission.checkDisk("fork"); err != nil {
 		return ForkResult{}, err
@@ -271,6 +265,15 @@ func (p *Porter) Import(ctx context.Context, e Export, n int, fetch func(ctx con
 	if err != nil {
 		return ForkResult{}, err
 	}
+	// The very root the snapshot stands on: this node's image if it is
+	// that root, else the root fetched (by fetchRoot) from a node that
+	// holds it.
+	img, unpinRoot, err := m.images.rootFor(ctx, e.Image, e.ImageID, fetchRoot)
+	if err != nil {
+		resv.release()
+		return ForkResult{}, errdefs.Wrap(errdefs.ClassOf(err), fmt.Errorf("this node cannot restore snapshot %s: %w", e.ID, err))
+	}
+	defer unpinRoot()
 	unpin := m.pins.pin(e.ID, "")
 	defer func() {
 		unpin()
@@ -338,6 +341,13 @@ func (p *Porter) fetchOnce(ctx context.Context, sn store.Snapshot, d snapstore.D
 	}
 	m.log.Info("snapshot imported", "snapshot", sn.ID, "digest", d, "size_mib", sn.SizeBytes>>20)
 	return nil
+}
+
+// SendRoot writes the image root with identity id (RootID), which this
+// node holds, to the writer w returns, as a root stream (image.SendRoot),
+// for another node: NotFound before w is called if it holds none.
+func (p *Porter) SendRoot(ctx context.Context, id string, w func() io.Writer) error {
+	return p.m.images.SendRoot(ctx, id, w)
 }
 
 // validID checks a snapshot id a peer sent: it names a directory here.

@@ -41,6 +41,16 @@ type Images struct {
 	// creates that use the image: a create holds it from reading the
 	// image to recording its sandbox.
 	useMu sync.Mutex
+	// shipped are the roots other nodes sent here, by identity (roots.go),
+	// rootPins the roots being sent or restored from: not collected.
+	// Both guarded by rootMu (taken after useMu).
+	rootMu   sync.Mutex
+	shipped  map[string]image.Image
+	rootPins map[string]int
+	// shipDir holds a file per shipped root; shipMu orders fetches.
+	shipDir string
+	shipMu  sync.Mutex
+	crash   crashPoints
 
 	startMu sync.Mutex
 	started bool // guarded by startMu
@@ -106,6 +116,9 @@ func (s *Images) start(ctx context.Context) error {
 		return nil
 	}
 	if err := s.store.FinishPendingImageRoots(ctx); err != nil {
+		return err
+	}
+	if err := s.loadShipped(); err != nil {
 		return err
 	}
 	descs, err := s.files.Descriptors(ctx)
@@ -339,6 +352,11 @@ func (s *Images) gcRoots(ctx context.Context) {
 	// Creates hold useMu from reading an image's root to recording it.
 	s.useMu.Lock()
 	roots, err := s.store.CollectImageRoots(ctx)
+	if err == nil {
+		s.rootMu.Lock()
+		roots, err = s.keepPinnedLocked(ctx, roots)
+		s.rootMu.Unlock()
+	}
 	s.useMu.Unlock()
 	if err != nil {
 		s.log.Warn("image root collection", "err", err)
@@ -366,6 +384,30 @@ func (s *Images) gcRoots(ctx context.Context) {
 	if err := s.files.GCBlobs(used); err != nil {
 		s.log.Warn("image blob collection", "err", err)
 	}
+}
+
+// keepPinnedLocked returns roots (collected) but those pinned, which it
+// records again (collectable once unpinned and unused); the others stop
+// being shipped roots. Guarded by useMu and rootMu.
+func (s *Images) keepPinnedLocked(ctx context.Context, roots []string) ([]string, error) {
+	var out []string
+	for _, r := range roots {
+		if s.rootPins[r] > 0 {
+			// Never removed while pinned; a failed record only means
+			// this daemon never collects it (disk, not correctness).
+			err := s.store.AddImageRoot(ctx, r)
+			if err == nil {
+				err = s.store.FinishPendingImageRoots(ctx, r)
+			}
+			if err != nil {
+				s.log.Warn("record a pinned image root again", "root", r, "err", err)
+			}
+			continue
+		}
+		s.forgetShippedLocked(r)
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // Users lists the sandboxes and snapshots made from the image called

@@ -578,3 +578,11 @@ func (m *Manager) track(id string, sb engine.Sandbox) {
 		}
 	}()
 }
+
+// takeIf takes a prepared sandbox of shape sh from the pool, if use.
+func takeIf(use bool, take func(pool.Shape) (string, bool), sh pool.Shape) (string, bool) {
+	if !use {
+		return "", false
+	}
+	return take(sh)
+}

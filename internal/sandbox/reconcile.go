@@ -504,7 +504,7 @@ func (r *reconciler) removeCutSnapshot(ctx context.Context, sn store.Snapshot) e
 // ended (the daemon stops while it reconciles) is Unavailable: it says
 // nothing of the sandbox, which callers must not destroy for it.
 func (r *reconciler) attach(ctx context.Context, rec store.Sandbox) (engine.Sandbox, error) {
-	img, err := r.images.Get(ctx, rec.Image)
+	img, _, err := r.images.forRoot(ctx, rec.Image, rec.RootFS)
 	if err != nil && rec.RootFS == "" {
 		return nil, unavailableIfEnded(ctx, err)
 	}

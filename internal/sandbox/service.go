@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"syscall"
 	"time"
@@ -190,6 +191,11 @@ func New(cfg Config, eng engine.Engine, st store.All, images *image.Store) *Mana
 	m.events = newEventLog(cfg.EventRing, st)
 	m.admission = &admission{cfg: cfg, eng: eng, recs: st, counters: &m.counters, events: m.events, log: cfg.Log}
 	m.images = newImages(images, st, st, cfg.Log, m)
+	m.images.crash = m.crash
+	if cfg.SnapshotDir != "" {
+		// Beside the snapshots, in the daemon's state: each node's own.
+		m.images.shipDir = filepath.Join(filepath.Dir(cfg.SnapshotDir), "shipped-roots")
+	}
 	m.pools = newPools(&Pools{cfg: cfg, eng: eng, marks: st, recs: st, images: m.images, admission: m.admission,
 		hooks: m.hooks, events: m.events, crash: m.crash, log: cfg.Log, life: m, wakes: m.wakes})
 	m.images.pools = m.pools

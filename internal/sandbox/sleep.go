@@ -59,6 +59,12 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 	m.crash.hit("sleep-before-engine")
 	// Sealed before the engine stops the sandbox: a daemon killed at any
 	// moment leaves it running or asleep, never gone with an unsealed image.
+	// The identity of the root it stands on, for a node that adopts it
+	// ("" if the root is this node's only: it then wakes only here).
+	root, rerr := m.images.rootIdentity(ctx, rec.Image, rec.RootFS)
+	if rerr != nil {
+		m.log.Info("a sleeping sandbox's root is this node's only: it wakes only here", "sandbox", rec.ID, "why", rerr)
+	}
 	seal := func() error {
 		m.crash.hit("sleep-before-seal")
 		if err := markFresh(ctx, dir); err != nil {
@@ -66,7 +72,7 @@ func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, r
 		}
 		// The image describes its sandbox: another node can wake it
 		// from the image alone (adopt.go).
-		if err := writeSandboxFile(dir, *rec); err != nil {
+		if err := writeSandboxFile(dir, *rec, root); err != nil {
 			return err
 		}
 		return sealImage(dir)
@@ -186,22 +192,25 @@ func (m *Manager) wakeLocked(ctx context.Context, rec *store.Sandbox) error {
 		return ctx.Err()
 	}
 	t1 := time.Now()
-	img, err := m.images.Get(ctx, rec.Image)
+	img, current, err := m.images.forRoot(ctx, rec.Image, rec.RootFS)
 	if err != nil {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx)
 	// Wake into a prepared engine sandbox of the same shape when there is
 	// one: the sandbox keeps its id, the engine's id may change.
+	// Only on the image's current root (the pools' sandboxes stand on it).
 	sh := shapeOf(rec.Image, rec.MemoryMiB, rec.CPUs, rec.Env, rec.Opts)
-	if engID, ok := m.pools.warm.Take(sh); ok {
+	if engID, ok := takeIf(current, m.pools.warm.Take, sh); ok {
 		if err := m.store.SetEngineID(ctx, rec.ID, engID); err != nil {
 			return errors.Join(err, m.pools.destroyPrepared(ctx, engID))
 		}
 		rec.EngineID = engID
 		m.crash.hit("wake-after-engine-id")
 	}
-	defer m.pools.warm.Want(sh, 1)
+	if current {
+		defer m.pools.warm.Want(sh, 1)
+	}
 	if err := m.moveLocked(ctx, rec, store.StateWaking, ""); err != nil {
 		return err
 	}

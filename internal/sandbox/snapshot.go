@@ -139,7 +139,7 @@ func (m *Manager) snapshotStoppedLocked(ctx context.Context, snapper engine.Snap
 // checkpoint in dir, keeping its id, volumes and network slot. Guarded by
 // rec's lock.
 func (m *Manager) restoreInPlaceLocked(ctx context.Context, snapper engine.Snapshotter, rec store.Sandbox, dir string) (engine.Sandbox, error) {
-	img, err := m.images.Get(ctx, rec.Image)
+	img, _, err := m.images.forRoot(ctx, rec.Image, rec.RootFS)
 	if err != nil && rec.RootFS == "" {
 		return nil, err
 	}

@@ -353,7 +353,9 @@ type Mover interface {
 	// Adopt makes sandbox id here, asleep, from its image in the
 	// snapshot store (fetched by digest and verified): the cluster has
 	// claimed it for this node. A sandbox the node has is answered as is.
-	Adopt(ctx context.Context, id, digest string) (api.Sandbox, error)
+	// The image root it stands on, if this node lacks it, is opened with
+	// fetchRoot (a root stream from a node that holds it, by identity).
+	Adopt(ctx context.Context, id, digest string, fetchRoot func(ctx context.Context, root string) (io.ReadCloser, error)) (api.Sandbox, error)
 	// Disown removes the node's copy of sandbox id, which the cluster
 	// gave to another node, keeping its copy in the snapshot store.
 	Disown(ctx context.Context, id string) error

@@ -3,6 +3,7 @@ package system
 import (
 	"context"
 	"encoding/json"
+	"io"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/cluster"
@@ -32,12 +33,17 @@ func (p porter) Export(ctx context.Context, source string, n int) (cluster.Snaps
 
 func (p porter) Open(digest string) (string, func(), error) { return p.p.Open(digest) }
 
-func (p porter) Import(ctx context.Context, meta cluster.SnapshotMeta, n int, fetch func(ctx context.Context, dir string) error) (api.ForkResult, error) {
+func (p porter) SendRoot(ctx context.Context, id string, w func() io.Writer) error {
+	return p.p.SendRoot(ctx, id, w)
+}
+
+func (p porter) Import(ctx context.Context, meta cluster.SnapshotMeta, n int, fetch func(ctx context.Context, dir string) error,
+	fetchRoot func(ctx context.Context, id string) (io.ReadCloser, error)) (api.ForkResult, error) {
 	var e sandbox.Export
 	if err := convert(meta, &e); err != nil {
 		return api.ForkResult{}, err
 	}
-	res, err := p.p.Import(ctx, e, n, fetch)
+	res, err := p.p.Import(ctx, e, n, fetch, fetchRoot)
 	if err != nil {
 		return api.ForkResult{}, err
 	}

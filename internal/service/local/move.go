@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"io"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/sandbox"
@@ -21,9 +22,10 @@ func (s *Service) SleepImage(ctx context.Context, id string) (string, error) {
 }
 
 // Adopt makes sandbox id here, asleep, from its image in the snapshot
-// store.
-func (s *Service) Adopt(ctx context.Context, id, digest string) (api.Sandbox, error) {
-	return s.one(sandbox.NewMover(s.mgr).Adopt(ctx, id, digest))
+// store, on the image root it stands on (fetched with fetchRoot if this node
+// lacks it).
+func (s *Service) Adopt(ctx context.Context, id, digest string, fetchRoot func(ctx context.Context, root string) (io.ReadCloser, error)) (api.Sandbox, error) {
+	return s.one(sandbox.NewMover(s.mgr).Adopt(ctx, id, digest, fetchRoot))
 }
 
 // Disown removes this node's copy of a sandbox the cluster moved away,
