@@ -93,6 +93,9 @@ func (a *Across) ListStats(ctx context.Context, refs []string, labels map[string
 		if have[r.ID] || !hasLabels(r.Sandbox.Labels, labels) || r.Node == self && r.State != StateLost {
 			continue
 		}
+		if g, ok := res[r.Node]; ok && g.err == nil {
+			continue // its node answered: what it did not list is gone (or not yet made)
+		}
 		st := api.SandboxStats{ID: r.ID, Name: r.Name, State: r.State, Node: r.Node, CPUs: r.Sandbox.CPUs,
 			MemoryLimitBytes: uint64(max(r.Sandbox.MemoryMiB, 0)) << 20, ReadAt: time.Now().UTC()}
 		if g, ok := res[r.Node]; ok && g.err != nil {
