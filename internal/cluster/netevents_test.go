@@ -131,7 +131,9 @@ func TestNetClusterEvents(t *testing.T) {
 			t.Fatalf("exec in %s: %+v %v", sb.ID, res, err)
 		}
 	}
+	answered := time.Now()
 	e := one.await("ev1's exec through n3", time.Minute, func(e sdk.Event) bool { return e.Type == api.EventExecEnded })
+	t.Logf("ev1's exec.ended through n3's merged stream %s after the exec answered", time.Since(answered).Round(time.Microsecond))
 	if e.Sandbox != sb1.ID || e.Node != "n1" {
 		t.Fatalf("ev1's stream: %s of %s on %q", e.Type, e.Sandbox, e.Node)
 	}
@@ -212,9 +214,10 @@ func TestNetClusterEvents(t *testing.T) {
 	})
 
 	// n2 killed: its part ends, the stream goes on.
+	killed := time.Now()
 	c.Kill(1)
 	left := all.await("node.left of n2", time.Minute, func(e sdk.Event) bool { return e.Type == api.EventNodeLeft && e.Node == "n2" })
-	t.Logf("n2's part ended: %s", left.Reason)
+	t.Logf("n2's part ended %s after its SIGKILL (lease 2 s): %s", time.Since(killed).Round(time.Millisecond), left.Reason)
 	if !strings.Contains(left.Reason, "left the cluster") {
 		t.Fatalf("node.left of n2 says %q", left.Reason)
 	}
