@@ -194,7 +194,13 @@ func (a *Across) SubscribeEvents(ctx context.Context, since api.Positions, hasSi
 				m.wg.Wait()
 				return nil, nil, o.err
 			}
-			m.failed(o.p, fmt.Sprintf("node %s does not answer: %v", o.p.node, o.err))
+			m.mu.Lock()
+			why := o.p.why
+			m.mu.Unlock()
+			if why == "" {
+				why = o.err.Error()
+			}
+			m.failed(o.p, fmt.Sprintf("node %s does not answer: %s", o.p.node, why))
 			continue
 		}
 		start[o.p.node] = o.ps.start
@@ -285,7 +291,7 @@ func (m *merged) bounded(p *part, open func(ctx context.Context)) {
 	if !t.Stop() && p.ctx.Err() != nil {
 		m.mu.Lock()
 		if p.why == "" {
-			p.why = fmt.Sprintf("did not answer within %s", m.a.wait)
+			p.why = fmt.Sprintf("no answer within %s", m.a.wait)
 		}
 		m.mu.Unlock()
 	}
