@@ -172,6 +172,15 @@ func TestNetClusterEvents(t *testing.T) {
 			t.Fatalf("stats through n3 of %s: %+v (all: %+v)", sb.ID, s, sts)
 		}
 	}
+	// Named ones, each read on its node.
+	named, err := n3.Client.StatsList(ctx, "ev2", sb1.ID)
+	if err != nil || len(named) != 2 || named[0].ID != sb2.ID || named[0].Node != "n2" || named[0].MemoryBytes == 0 ||
+		named[1].ID != sb1.ID || named[1].Node != "n1" || named[1].MemoryBytes == 0 {
+		t.Fatalf("stats of ev2 and ev1 through n3: %+v %v", named, err)
+	}
+	if _, err := n3.Client.StatsList(ctx, "ev2", "no-such-box"); !sdk.IsNotFound(err) {
+		t.Fatalf("stats of an unknown sandbox through n3: %v, want not found", err)
+	}
 	cmd := exec.Command(n3.Bin, "stats", "--no-stream", "--interval", "100ms")
 	cmd.Env = append(os.Environ(), "CLADE_HOST="+n3.Socket)
 	var out, errb bytes.Buffer
@@ -189,7 +198,11 @@ func TestNetClusterEvents(t *testing.T) {
 	start := time.Now()
 	sts, err = n3.Client.StatsList(ctx)
 	took := time.Since(start)
+	named, nerr := n3.Client.StatsList(ctx, "ev2")
 	undo()
+	if nerr != nil || len(named) != 1 || named[0].Node != "n2" || !strings.Contains(named[0].Error, "did not answer") {
+		t.Fatalf("stats of ev2 through n3 with n2 silent: %+v %v", named, nerr)
+	}
 	if err != nil {
 		t.Fatalf("stats through n3 with n2 silent: %v", err)
 	}
