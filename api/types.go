@@ -507,6 +507,12 @@ const (
 	EventStopped          = "stopped"
 	EventRemoved          = "removed"
 	EventAdmissionRefused = "admission.refused"
+	// A merged stream's (GET /v1/events?cluster=true) own: a node's part
+	// begins (a node that joined, or answered again, after the stream
+	// began; Reason says from where) or ends (its lease lapsed, it left,
+	// or it stopped answering; Reason says which). Neither has a Seq.
+	EventNodeJoined = "node.joined"
+	EventNodeLeft   = "node.left"
 )
 
 // SandboxStats is one reading of a sandbox's resource use: the body of GET
@@ -531,4 +537,8 @@ type SandboxStats struct {
 	MemoryLimitBytes uint64 `json:"memory_limit_bytes"`
 	// Pids counts the processes running inside the sandbox.
 	Pids int `json:"pids"`
+	// Node, in a cluster, is the node that holds the sandbox; Error says
+	// why there is no reading of it (its node did not answer in time).
+	Node  string `json:"node,omitempty"`
+	Error string `json:"error,omitempty"`
 }

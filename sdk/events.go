@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
@@ -19,6 +20,9 @@ type (
 	// api.EventXxx constants.
 	Event     = api.Event
 	EventExec = api.EventExec
+	// Positions is where a merged stream (EventFilter.Cluster) stands on
+	// each node: the last seq received of each.
+	Positions = api.Positions
 )
 
 // EventFilter selects and positions an event stream.
@@ -36,6 +40,17 @@ type EventFilter struct {
 	// with the next event, or with every kept event when Kept is set.
 	Since uint64
 	Kept  bool
+	// Cluster, on a daemon of a cluster, merges the events of every live
+	// node into one stream (GET /v1/events?cluster=true): each event says
+	// its Node and has that node's Seq; a node's part ends with an
+	// api.EventNodeLeft event and a node picked up later starts with
+	// api.EventNodeJoined. A daemon outside a cluster answers its own
+	// stream. A merged stream is resumed from a position per node: the
+	// iterator does it itself; Positions resumes one in a new call (a
+	// node it does not name replays every event it keeps), Since 0 with
+	// Kept (or without Follow) replays every node's kept events.
+	Cluster   bool
+	Positions Positions
 }
 
 // resumeFor bounds how long a followed stream keeps trying to reconnect
@@ -53,14 +68,46 @@ const resumeFor = 15 * time.Second
 // cannot be done it yields the error (IsNotFound when events were lost)
 // and ends. It ends without an error when ctx ends or the loop breaks.
 func (c *Client) Events(ctx context.Context, f EventFilter) (iter.Seq2[Event, error], error) {
-	body, start, err := c.openEvents(ctx, f, f.Since, f.Since != 0 || f.Kept || !f.Follow)
-	if err != nil {
-		return nil, err
+	seq, _, err := followEvents(ctx, c, "/v1/events", f)
+	return seq, err
+}
+
+// followEvents opens the event stream at path and returns its iterator
+// (see Events) and, for a followed stream, the Clade-Events-Start header.
+func followEvents(ctx context.Context, c *Client, path string, f EventFilter) (iter.Seq2[Event, error], string, error) {
+	cur := cursor{last: f.Since, pos: Positions{}}
+	for n, s := range f.Positions {
+		cur.pos[n] = s
 	}
+	if f.Cluster && f.Positions == nil && f.Since != 0 {
+		cur.pos[""] = f.Since // a daemon outside a cluster: its events have no node
+	}
+	var first url.Values
+	switch {
+	case f.Cluster && f.Positions != nil:
+		first = eventsQuery(f, f.Positions.String())
+	case f.Since != 0 || f.Kept || !f.Follow:
+		first = eventsQuery(f, strconv.FormatUint(f.Since, 10))
+	default:
+		first = eventsQuery(f, "")
+	}
+	body, start, err := openEvents(ctx, c, path, first)
+	if err != nil {
+		return nil, "", err
+	}
+	// A merged stream's start is a position per node; a daemon outside
+	// a cluster answers its own stream, with one seq (and its events no
+	// node: the cursor's node "").
+	cur.merged = f.Cluster
+	perNode := f.Cluster && (f.Positions != nil || strings.Contains(start, ":"))
+	var startPos Positions
+	if perNode {
+		startPos, _ = api.ParsePositions(start)
+	}
+	startSeq, _ := strconv.ParseUint(start, 10, 64)
 	return func(yield func(Event, error) bool) {
-		last := f.Since // the last event yielded
 		for {
-			err := readEvents(body, &last, yield)
+			err := readEvents(body, &cur, yield)
 			body.Close()
 			if errors.Is(err, errStop) || ctx.Err() != nil {
 				return
@@ -71,27 +118,75 @@ func (c *Client) Events(ctx context.Context, f EventFilter) (iter.Seq2[Event, er
 				}
 				return
 			}
-			from := last
-			if from == 0 && !f.Kept {
-				from = start // nothing received yet: from where the stream began
+			var q url.Values
+			if perNode {
+				// Nodes nothing was received of resume from where their
+				// part began.
+				pos := Positions{}
+				for n, s := range startPos {
+					pos[n] = s
+				}
+				for n, s := range cur.pos {
+					if n != "" {
+						pos[n] = s
+					}
+				}
+				q = eventsQuery(f, pos.String())
+			} else {
+				from := cur.last
+				if cur.merged {
+					from = cur.pos[""]
+				}
+				if from == 0 && !f.Kept {
+					from = startSeq // nothing received yet: from where the stream began
+				}
+				q = eventsQuery(f, strconv.FormatUint(from, 10))
 			}
-			if body, err = c.resumeEvents(ctx, f, from); err != nil {
+			if body, err = resumeEvents(ctx, c, path, q); err != nil {
 				if ctx.Err() == nil {
 					yield(Event{}, err)
 				}
 				return
 			}
 		}
-	}, nil
+	}, start, nil
+}
+
+// cursor is where a stream stands: the last seq yielded, or in a merged
+// stream the last of each node.
+type cursor struct {
+	merged bool
+	last   uint64
+	pos    Positions
+}
+
+// fresh reports whether e was not yielded yet, and moves the cursor past
+// it.
+func (c *cursor) fresh(e Event) bool {
+	if c.merged {
+		if e.Seq == 0 {
+			return true // a merged stream's own (node.joined, node.left)
+		}
+		if last, ok := c.pos[e.Node]; ok && e.Seq <= last {
+			return false
+		}
+		c.pos[e.Node] = e.Seq
+		return true
+	}
+	if e.Seq <= c.last && c.last != 0 {
+		return false // never yield one twice
+	}
+	c.last = e.Seq
+	return true
 }
 
 // errStop is readEvents' answer when the consumer stopped.
 var errStop = errors.New("stopped")
 
-// readEvents yields the events of one answer, keeping last current. It
+// readEvents yields the events of one answer, keeping cur current. It
 // returns nil at the answer's end, the error line's error, errStop when
 // the consumer stopped, or the read error.
-func readEvents(body io.Reader, last *uint64, yield func(Event, error) bool) error {
+func readEvents(body io.Reader, cur *cursor, yield func(Event, error) bool) error {
 	dec := json.NewDecoder(body)
 	for {
 		var e Event
@@ -104,23 +199,22 @@ func readEvents(body io.Reader, last *uint64, yield func(Event, error) bool) err
 		if e.Error != nil {
 			return &Error{Code: e.Error.Code, Message: e.Error.Message}
 		}
-		if e.Seq <= *last && *last != 0 {
-			continue // never yield one twice
+		if !cur.fresh(e) {
+			continue
 		}
-		*last = e.Seq
 		if !yield(e, nil) {
 			return errStop
 		}
 	}
 }
 
-// resumeEvents reconnects a followed stream after seq last, retrying
-// while the daemon is unreachable for up to resumeFor.
-func (c *Client) resumeEvents(ctx context.Context, f EventFilter, last uint64) (io.ReadCloser, error) {
+// resumeEvents reconnects a followed stream with query q, retrying while
+// the daemon is unreachable for up to resumeFor.
+func resumeEvents(ctx context.Context, c *Client, path string, q url.Values) (io.ReadCloser, error) {
 	deadline := time.Now().Add(resumeFor)
 	wait := 50 * time.Millisecond
 	for {
-		body, _, err := c.openEvents(ctx, f, last, true)
+		body, _, err := openEvents(ctx, c, path, q)
 		if err == nil {
 			return body, nil
 		}
@@ -139,13 +233,15 @@ func (c *Client) resumeEvents(ctx context.Context, f EventFilter, last uint64) (
 	}
 }
 
-// openEvents sends GET /v1/events and returns the answer's body and, for
-// a followed stream, the seq it starts after.
-func (c *Client) openEvents(ctx context.Context, f EventFilter, since uint64, withSince bool) (io.ReadCloser, uint64, error) {
+// eventsQuery is f's query with since (none when empty).
+func eventsQuery(f EventFilter, since string) url.Values {
 	q := url.Values{}
 	q.Set("follow", strconv.FormatBool(f.Follow))
-	if withSince {
-		q.Set("since", strconv.FormatUint(since, 10))
+	if since != "" {
+		q.Set("since", since)
+	}
+	if f.Cluster {
+		q.Set("cluster", "true")
 	}
 	if f.Sandbox != "" {
 		q.Set("sandbox", f.Sandbox)
@@ -153,14 +249,46 @@ func (c *Client) openEvents(ctx context.Context, f EventFilter, since uint64, wi
 	for k, v := range f.Labels {
 		q.Add("label", k+"="+v)
 	}
-	req, err := c.newRequest(ctx, http.MethodGet, "/v1/events?"+q.Encode(), nil)
+	return q
+}
+
+// openEvents sends GET path?q and returns the answer's body and, for a
+// followed stream, the Clade-Events-Start header.
+func openEvents(ctx context.Context, c *Client, path string, q url.Values) (io.ReadCloser, string, error) {
+	req, err := c.newRequest(ctx, http.MethodGet, path+"?"+q.Encode(), nil)
 	if err != nil {
-		return nil, 0, err
+		return nil, "", err
 	}
 	resp, err := c.do(req)
 	if err != nil {
+		return nil, "", err
+	}
+	return resp.Body, resp.Header.Get(api.EventsStartHeader), nil
+}
+
+// NodeEvents follows the node's own events (a cluster's nodes merge
+// each other's streams through it): f as for Events, without Cluster.
+// start is the seq the stream starts after (its Clade-Events-Start).
+func (p Peer) NodeEvents(ctx context.Context, f EventFilter) (events iter.Seq2[Event, error], start uint64, err error) {
+	f.Cluster, f.Positions = false, nil
+	seq, s, err := followEvents(ctx, p.c, "/v1/internal/events", f)
+	if err != nil {
 		return nil, 0, err
 	}
-	start, _ := strconv.ParseUint(resp.Header.Get(api.EventsStartHeader), 10, 64)
-	return resp.Body, start, nil
+	start, _ = strconv.ParseUint(s, 10, 64)
+	return seq, start, nil
 }
+
+// NodeStats reads the use of the node's own sandboxes with labels (every
+// one without).
+func (p Peer) NodeStats(ctx context.Context, labels map[string]string) ([]SandboxStats, error) {
+	q := url.Values{}
+	for k, v := range labels {
+		q.Add("label", k+"="+v)
+	}
+	var out []SandboxStats
+	return out, p.c.call(ctx, http.MethodGet, "/v1/internal/stats?"+q.Encode(), nil, &out)
+}
+
+// ParsePositions reads a merged stream's position, NODE:SEQ,NODE:SEQ,...
+func ParsePositions(s string) (Positions, error) { return api.ParsePositions(s) }

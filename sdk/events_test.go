@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -69,5 +70,68 @@ func TestEventsResume(t *testing.T) {
 	want := []string{"follow=true&sandbox=x", "follow=true&sandbox=x&since=102", "follow=true&sandbox=x&since=103"}
 	if !slices.Equal(queries, want) {
 		t.Errorf("queries %q, want %q", queries, want)
+	}
+}
+
+// TestEventsResumeMerged: a merged stream (Cluster) keeps a position per
+// node: an event of one node with a seq below another node's last is
+// yielded (seqs of different nodes are not comparable), the stream's own
+// events (no seq) are yielded, and a resume names each node's last seq,
+// or where its part began when none of it was received.
+func TestEventsResumeMerged(t *testing.T) {
+	var mu sync.Mutex
+	var queries []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		queries = append(queries, r.URL.RawQuery)
+		n := len(queries)
+		mu.Unlock()
+		w.Header().Set(api.EventsStartHeader, "n1:100,n2:5000,n3:70")
+		enc := json.NewEncoder(w)
+		switch n {
+		case 1:
+			_ = enc.Encode(api.Event{Node: "n2", Seq: 5001, Type: api.EventCreated})
+			_ = enc.Encode(api.Event{Node: "n1", Seq: 101, Type: api.EventCreated})
+			_ = enc.Encode(api.Event{Node: "n2", Type: api.EventNodeLeft, Reason: "its lease lapsed"})
+			_ = enc.Encode(api.Event{Error: &api.Error{Code: "unavailable", Message: "cut off"}})
+		case 2:
+			_ = enc.Encode(api.Event{Node: "n1", Seq: 101, Type: api.EventCreated}) // again, by mistake
+			_ = enc.Encode(api.Event{Node: "n1", Seq: 102, Type: api.EventStarted})
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_ = enc.Encode(api.Error{Code: "invalid_argument", Message: "enough"})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, err := sdk.New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := c.Events(t.Context(), sdk.EventFilter{Follow: true, Cluster: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var last error
+	for e, err := range evs {
+		if err != nil {
+			last = err
+			continue
+		}
+		got = append(got, fmt.Sprintf("%s:%d:%s", e.Node, e.Seq, e.Type))
+	}
+	want := []string{"n2:5001:created", "n1:101:created", "n2:0:node.left", "n1:102:started"}
+	if !slices.Equal(got, want) {
+		t.Errorf("yielded %q, want %q", got, want)
+	}
+	if !sdk.IsInvalidArgument(last) {
+		t.Errorf("the stream ended with %v, want the daemon's refusal", last)
+	}
+	wantQ := []string{"cluster=true&follow=true",
+		"cluster=true&follow=true&since=n1%3A101%2Cn2%3A5001%2Cn3%3A70",
+		"cluster=true&follow=true&since=n1%3A102%2Cn2%3A5001%2Cn3%3A70"}
+	if !slices.Equal(queries, wantQ) {
+		t.Errorf("queries %q, want %q", queries, wantQ)
 	}
 }

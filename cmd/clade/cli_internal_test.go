@@ -93,7 +93,10 @@ func TestBadValuesAreUsageErrors(t *testing.T) {
 		{"timeout", "box", "1h", "--on-timeout", "explode"},
 		{"exec", "--env", "=x", "box", "--", "true"},
 		{"exec", "--timeout", "-1s", "box", "--", "true"},
-		{"events", "--since", "abc"}, // cobra's, for comparison
+		{"events", "--since", "abc"},
+		{"events", "--since", "n1:x"},
+		{"events", "--since", "n1:5,n1:6"},
+		{"events", "--cluster=false", "--since", "n1:5"}, // positions are a merged stream's
 		{"create", "--label", "=x"},
 		{"cp", "a", "b"},
 		{"cp", "x:/a", "y:/b"},
@@ -138,6 +141,8 @@ func TestGoodValuesReachTheDaemon(t *testing.T) {
 		{"create", "--env", "X=", "--on-timeout", "sleep"},
 		{"timeout", "box", "1h", "--on-timeout", "rm"},
 		{"exec", "--env", "X==", "--timeout", "0s", "box", "--", "true"},
+		{"events", "--since", "5"},
+		{"events", "--since", "n1:5,n2:6"},
 	} {
 		if code := run(append([]string{"--host", host}, args...)); code != 1 {
 			t.Errorf("clade %s: exit %d, want 1 (no daemon)", strings.Join(args, " "), code)

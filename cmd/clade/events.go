@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -19,15 +20,23 @@ func newEventsCmd() *cobra.Command {
 		Long: "Prints the daemon's lifecycle events (created, started, exec.started, exec.ended,\n" +
 			"snapshotted, forked, slept, woken, stopped, removed, admission.refused), oldest\n" +
 			"first: the recent ones it keeps, or with --follow the new ones as they happen.\n" +
-			"Each line starts with the event's seq; --since SEQ resumes after it.",
+			"Each line starts with the event's seq; --since SEQ resumes after it.\n\n" +
+			"In a cluster it prints every live node's events, merged (--cluster=false: only\n" +
+			"those of the node it talks to). Each line then starts with NODE:SEQ, and a\n" +
+			"node's part ends with node.left (its lease lapsed, it restarted, it stopped\n" +
+			"answering) and one picked up later starts with node.joined. Resume a merged\n" +
+			"stream with --since NODE:SEQ,NODE:SEQ (each node's last seq; a node not named\n" +
+			"replays every event it keeps).",
 		Example: "  clade events --follow --sandbox box\n" +
 			"  last=$(clade events | tail -1 | cut -d' ' -f1)   # the newest seq (a large number)\n" +
-			"  clade events -f --since \"$last\" --json",
+			"  clade events -f --since \"$last\" --json\n" +
+			"  clade events -f --since n1:1733480000000123,n2:1733480000000456   # a cluster's, resumed",
 		Args: nargs(0, 0),
 	}
 	fs := cmd.Flags()
 	follow := fs.BoolP("follow", "f", false, "keep printing new events until interrupted")
-	since := fs.Uint64("since", 0, "print the kept events after this `seq` first (with --follow: else only new ones)")
+	since := fs.String("since", "", "print the kept events after this `seq` first (with --follow: else only new ones); in a cluster NODE:SEQ,NODE:SEQ,...")
+	cluster := fs.Bool("cluster", true, "in a cluster, every live node's events merged (false: only the node's the CLI talks to)")
 	sandbox := fs.String("sandbox", "", "only events of this sandbox (`id` or name)")
 	var labels multi
 	fs.Var(&labels, "label", "only events of sandboxes with label `K=V` (repeatable; all must match)")
@@ -38,7 +47,10 @@ func newEventsCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		f := sdk.EventFilter{Sandbox: *sandbox, Follow: *follow, Since: *since, Labels: lbl}
+		f := sdk.EventFilter{Sandbox: *sandbox, Follow: *follow, Labels: lbl, Cluster: *cluster}
+		if err := parseSince(*since, &f); err != nil {
+			return err
+		}
 		evs, err := c.Events(ctx, f)
 		if err != nil {
 			return err
@@ -61,10 +73,42 @@ func newEventsCmd() *cobra.Command {
 	return cmd
 }
 
+// parseSince sets f's position from --since: a seq, or (in a cluster's
+// merged stream) NODE:SEQ,NODE:SEQ,...
+func parseSince(v string, f *sdk.EventFilter) error {
+	if v == "" {
+		return nil
+	}
+	if strings.Contains(v, ":") {
+		if !f.Cluster {
+			return badArg("--since %s: NODE:SEQ positions are for a cluster's merged stream (without --cluster=false)", v)
+		}
+		p, err := sdk.ParsePositions(v)
+		if err != nil {
+			return badArg("--since %s: %v (give NODE:SEQ,NODE:SEQ,...)", v, err)
+		}
+		f.Positions = p
+		return nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return badArg("--since %s: give the seq of the last event printed (a whole number), or NODE:SEQ,... in a cluster", v)
+	}
+	f.Since = n
+	return nil
+}
+
 // formatEvent is one event as a line for people.
 func formatEvent(e sdk.Event) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d  %s  %-17s", e.Seq, e.Time.Local().Format("15:04:05.000"), e.Type)
+	seq := strconv.FormatUint(e.Seq, 10)
+	if e.Seq == 0 {
+		seq = "-"
+	}
+	if e.Node != "" {
+		seq = e.Node + ":" + seq // a cluster's: where the seq is of
+	}
+	fmt.Fprintf(&b, "%s  %s  %-17s", seq, e.Time.Local().Format("15:04:05.000"), e.Type)
 	if e.Sandbox != "" {
 		b.WriteString("  " + e.Sandbox)
 		if e.Name != "" {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -86,7 +87,14 @@ func writeStats(w io.Writer, prev, cur []sdk.SandboxStats) {
 		before[s.ID] = s
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tCPU %\tMEM USAGE / LIMIT\tMEM %\tPIDS")
+	// A cluster's readings say where each sandbox is, as clade ls does.
+	cluster := slices.ContainsFunc(cur, func(s sdk.SandboxStats) bool { return s.Node != "" && s.Node != "local" })
+	if cluster {
+		fmt.Fprintln(tw, "ID\tNAME\tNODE\tSTATE\tCPU %\tMEM USAGE / LIMIT\tMEM %\tPIDS")
+	} else {
+		fmt.Fprintln(tw, "ID\tNAME\tSTATE\tCPU %\tMEM USAGE / LIMIT\tMEM %\tPIDS")
+	}
+	var notes []string // why some have no reading (a node that did not answer)
 	for _, s := range cur {
 		cpu, mem, memPct, pids := "--", "--", "--", "--"
 		if s.State == "running" && s.MemoryBytes > 0 {
@@ -103,9 +111,19 @@ func writeStats(w io.Writer, prev, cur []sdk.SandboxStats) {
 		if name == "" {
 			name = "-"
 		}
+		if s.Error != "" && !slices.Contains(notes, s.Error) {
+			notes = append(notes, s.Error)
+		}
+		if cluster {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, name, s.Node, s.State, cpu, mem, memPct, pids)
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, name, s.State, cpu, mem, memPct, pids)
 	}
 	tw.Flush()
+	for _, n := range notes {
+		fmt.Fprintln(w, "note: "+n)
+	}
 }
 
 // humanBytes prints n in binary units, like docker stats: 12.5MiB.

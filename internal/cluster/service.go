@@ -722,7 +722,7 @@ func (s *Service) ChangeNetwork(ctx context.Context, ref string, ch api.NetworkC
 }
 
 // SubscribeEvents follows this node's events, each saying the node (the
-// events of other nodes are theirs to serve).
+// events of other nodes are theirs to serve; Across merges them).
 func (s *Service) SubscribeEvents(ctx context.Context, since uint64, hasSince bool, f service.EventFilter) (service.Subscription, error) {
 	sub, err := s.Service.SubscribeEvents(ctx, since, hasSince, f)
 	if err != nil {

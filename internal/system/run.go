@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/atrest"
+	"github.com/clade-sandbox/clade/internal/cluster"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
@@ -282,6 +283,7 @@ func Run(ctx context.Context, o Options) error {
 	var svc service.Service = local.New(local.Config{Version: o.Version, EngineVersion: func() string { return engineVersion(ctx, eng) }, Addr: hook.Addr,
 		Volumes: vols, Secrets: secrets, Engines: engineStatuses(eng)}, mgr)
 	var internal http.Handler // a cluster's node-to-node routes
+	var across httpapi.ClusterReads
 	if o.Cluster.Etcd != "" {
 		csvc, stop, err := joinCluster(ctx, o, svc, mgr, st, eng, log)
 		if err != nil {
@@ -290,10 +292,11 @@ func Run(ctx context.Context, o Options) error {
 		defer stop()
 		svc = csvc
 		internal = csvc.Internal()
+		across = cluster.NewAcross(csvc)
 	}
 	code := codeint.NewProxy(svc)
 	defer code.Close()
-	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code, Internal: internal}
+	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code, Internal: internal, Cluster: across}
 	if o.Cluster.Etcd != "" {
 		apiCfg.Node = o.Cluster.Node
 	}

@@ -44,6 +44,10 @@ type Config struct {
 	// on each other (cluster.Service.Internal, which checks the cluster
 	// token itself). Kept off the public spec.
 	Internal http.Handler
+	// Cluster, in a cluster, reads across the nodes: the merged events
+	// stream (GET /v1/events?cluster=true) and every node's stats (GET
+	// /v1/stats).
+	Cluster ClusterReads
 }
 
 // CodeProxy sends a request to the code interpreter server of a sandbox.
@@ -112,6 +116,9 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 	s.routePeer("POST /v1/internal/sandboxes/{id}/exec", "exec_kept", kept.exec)
 	s.routePeer("GET /v1/internal/sandboxes/{id}/kept", "kept_list", kept.list)
 	s.routePeer("POST /v1/internal/sandboxes/{id}/kept/{pid}/attach", "kept_attach", kept.attach)
+	// A node's own events and stats, which the others merge into theirs.
+	s.routePeer("GET /v1/internal/events", "events_node", nodeEvents(s))
+	s.routePeer("GET /v1/internal/stats", "stats_node", nodeStats(s))
 	var g prometheus.Gatherer = reg
 	if cfg.Node != "" {
 		g = nodeGatherer{g: reg, node: cfg.Node}

@@ -1,0 +1,200 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/service"
+)
+
+// chanLocal is a node's own service with only an event stream: what the
+// test sends on c.
+type chanLocal struct {
+	service.Service
+	c chan api.Event
+}
+
+type chanSub struct {
+	c    chan api.Event
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *chanLocal) SubscribeEvents(ctx context.Context, since uint64, hasSince bool, f service.EventFilter) (service.Subscription, error) {
+	s := &chanSub{c: make(chan api.Event, 16), done: make(chan struct{})}
+	go func() {
+		for {
+			select {
+			case e := <-l.c:
+				select {
+				case s.c <- e:
+				case <-s.done:
+					return
+				}
+			case <-s.done:
+				return
+			}
+		}
+	}()
+	return s, nil
+}
+
+func (s *chanSub) Start() uint64         { return 5 }
+func (s *chanSub) Backlog() []api.Event  { return nil }
+func (s *chanSub) C() <-chan api.Event   { return s.c }
+func (s *chanSub) Done() <-chan struct{} { return s.done }
+func (s *chanSub) Err() error            { return errdefs.New(errdefs.Unavailable, "closed") }
+func (s *chanSub) Close()                { s.once.Do(func() { close(s.done) }) }
+
+// peerNode is another node's API as a merged stream reads it: its own
+// events (GET /v1/internal/events), from a backlog and then c; queries
+// are the queries it got.
+type peerNode struct {
+	srv     *httptest.Server
+	c       chan api.Event
+	backlog []api.Event
+	mu      sync.Mutex
+	queries []string
+}
+
+func newPeerNode(t *testing.T, backlog ...api.Event) *peerNode {
+	p := &peerNode{c: make(chan api.Event, 16), backlog: backlog}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/internal/events" || r.Header.Get("Authorization") != "Bearer cluster-secret" {
+			http.Error(w, `{"code":"not_found","message":"no"}`, http.StatusNotFound)
+			return
+		}
+		p.mu.Lock()
+		p.queries = append(p.queries, r.URL.RawQuery)
+		p.mu.Unlock()
+		w.Header().Set(api.EventsStartHeader, "100")
+		w.WriteHeader(http.StatusOK)
+		enc := json.NewEncoder(w)
+		if r.URL.Query().Get("since") == "0" {
+			for _, e := range p.backlog {
+				_ = enc.Encode(e)
+			}
+		}
+		w.(http.Flusher).Flush()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case e := <-p.c:
+				_ = enc.Encode(e)
+				w.(http.Flusher).Flush()
+			}
+		}
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *peerNode) query(i int) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i >= len(p.queries) {
+		return ""
+	}
+	return p.queries[i]
+}
+
+func joinAt(t *testing.T, cli *clientv3.Client, name, addr string) *Cluster {
+	t.Helper()
+	c, err := Join(t.Context(), cli, Config{Node: name, Addr: addr, LeaseTTL: 2 * time.Second, Token: "cluster-secret"})
+	if err != nil {
+		t.Fatalf("join %s: %v", name, err)
+	}
+	return c
+}
+
+// TestMergeParts: a merged stream over an embedded etcd, this node's own
+// events and other nodes' APIs on loopback. It starts with each live
+// node's part (the start header names each), carries each node's events
+// with its node, picks up a node that joins later (node.joined, and of its
+// kept events only those since the stream began), ends the part of a node
+// that leaves with node.left saying so and goes on; closed, it leaves
+// nothing running.
+func TestMergeParts(t *testing.T) {
+	cli := startEtcd(t)
+	b := newPeerNode(t)
+	ca := joinAt(t, cli, "a", "127.0.0.1:1")
+	defer ca.Close()
+	cb := joinAt(t, cli, "b", b.srv.Listener.Addr().String())
+	local := &chanLocal{c: make(chan api.Event, 16)}
+	s := NewService(ca, local)
+	a := NewAcross(s)
+	a.poll = 100 * time.Millisecond
+	sub, start, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if start.String() != "a:5,b:100" {
+		t.Fatalf("start %s, want a:5,b:100", start)
+	}
+	if q := b.query(0); strings.Contains(q, "since") {
+		t.Fatalf("b's part opened with %q: a new stream starts from now", q)
+	}
+	next := func(what string) api.Event {
+		t.Helper()
+		select {
+		case e := <-sub.C():
+			return e
+		case <-sub.Done():
+			t.Fatalf("%s: the stream ended: %v", what, sub.Err())
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: nothing within 30 s", what)
+		}
+		return api.Event{}
+	}
+	local.c <- api.Event{Seq: 6, Type: api.EventCreated, Sandbox: "s1"}
+	if e := next("a's event"); e.Node != "a" || e.Seq != 6 || e.Sandbox != "s1" {
+		t.Fatalf("a's event: %+v", e)
+	}
+	b.c <- api.Event{Seq: 101, Type: api.EventCreated, Sandbox: "s2", Time: time.Now()}
+	if e := next("b's event"); e.Node != "b" || e.Seq != 101 || e.Sandbox != "s2" {
+		t.Fatalf("b's event: %+v", e)
+	}
+
+	// c joins: picked up, its kept events since the stream began only.
+	old := api.Event{Seq: 40, Type: api.EventCreated, Sandbox: "before", Time: time.Now().Add(-time.Hour)}
+	c := newPeerNode(t, old, api.Event{Seq: 41, Type: api.EventCreated, Sandbox: "after", Time: time.Now()})
+	cc := joinAt(t, cli, "c", c.srv.Listener.Addr().String())
+	defer cc.Close()
+	if e := next("c joined"); e.Type != api.EventNodeJoined || e.Node != "c" || e.Seq != 0 || !strings.Contains(e.Reason, "since the stream began") {
+		t.Fatalf("c joined: %+v", e)
+	}
+	if e := next("c's kept event"); e.Node != "c" || e.Sandbox != "after" {
+		t.Fatalf("c's kept event: %+v (the one before the stream began must not come)", e)
+	}
+	if q := c.query(0); !strings.Contains(q, "since=0") {
+		t.Fatalf("c's part opened with %q, want since=0", q)
+	}
+
+	// b leaves: its part ends, saying so; the others go on.
+	cb.Close()
+	if e := next("b left"); e.Type != api.EventNodeLeft || e.Node != "b" || !strings.Contains(e.Reason, "left the cluster") {
+		t.Fatalf("b left: %+v", e)
+	}
+	c.c <- api.Event{Seq: 42, Type: api.EventRemoved, Sandbox: "after", Time: time.Now()}
+	if e := next("c's event after b left"); e.Node != "c" || e.Seq != 42 {
+		t.Fatalf("c's event after b left: %+v", e)
+	}
+	sub.Close()
+	select {
+	case <-sub.Done():
+	default:
+		t.Fatal("closed, the stream is not done")
+	}
+}
