@@ -280,15 +280,24 @@ func (s *Images) List(ctx context.Context) ([]image.Image, error) {
 // Inspect returns the image ref names (see Images.Get) and the
 // sandboxes and snapshots made from it.
 func (s *Images) Inspect(ctx context.Context, ref string) (image.Image, []string, error) {
-	img, err := s.Get(ctx, ref)
-	if errdefs.IsUnavailable(err) {
-		err = errdefs.New(errdefs.NotFound, "no image %q yet: the daemon is building it", ref)
-	}
+	img, err := s.Find(ctx, ref)
 	if err != nil {
 		return image.Image{}, nil, err
 	}
 	users, err := s.store.ImageUsers(ctx, img.Name)
 	return img, users, err
+}
+
+// Find is Inspect without the users: the image's record only, read from
+// the store's cache of image records. Listing the users is a query, which
+// on the store's one connection waits for, and holds up, the writes of
+// creates.
+func (s *Images) Find(ctx context.Context, ref string) (image.Image, error) {
+	img, err := s.Get(ctx, ref)
+	if errdefs.IsUnavailable(err) {
+		err = errdefs.New(errdefs.NotFound, "no image %q yet: the daemon is building it", ref)
+	}
+	return img, err
 }
 
 // install records img, just installed, as its name; an image of that name

@@ -148,6 +148,13 @@ func TestImageMigration(t *testing.T) {
 	if err != nil || byRef.Name != "app" {
 		t.Fatalf("app by its reference: %+v %v", byRef, err)
 	}
+	// Find is Inspect's image without its users.
+	if found, err := m.Images().Find(ctx, "127.0.0.1:5000/team/app:v1"); err != nil || found.Name != "app" || found.RootFS != app.RootFS || !found.CreatedAt.Equal(app.CreatedAt) {
+		t.Fatalf("finding app by its reference: %+v %v", found, err)
+	}
+	if _, err := m.Images().Find(ctx, "nosuch"); !errdefs.IsNotFound(err) {
+		t.Fatalf("finding an image the daemon does not have: %v", err)
+	}
 	if old, _, err := m.Images().Inspect(ctx, "old"); err != nil || old.RootFS != filepath.Join(imagesDir, "old/rootfs") || old.Ref != "" {
 		t.Fatalf("an image from before versioned roots: %+v %v", old, err)
 	}

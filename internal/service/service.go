@@ -260,6 +260,24 @@ func PidsWanted(ctx context.Context) bool {
 	return !no
 }
 
+type noUsersKey struct{}
+
+// WithoutUsers marks ctx for Image lookups that need only the image's
+// record: their UsedBy may be empty. On a node the users are a store
+// query, which waits for the store's writes (a create's) and holds them
+// up; the record is read from memory. For a caller that looks an image up
+// on each create (the E2B front, its base image's).
+func WithoutUsers(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noUsersKey{}, true)
+}
+
+// UsersWanted reports whether an Image lookup under ctx must list the
+// image's users (no WithoutUsers).
+func UsersWanted(ctx context.Context) bool {
+	no, _ := ctx.Value(noUsersKey{}).(bool)
+	return !no
+}
+
 // Stats is resource use.
 type Stats interface {
 	// Stats reads a sandbox's use; it never wakes it nor counts as use. A
@@ -278,7 +296,8 @@ type ImportImage struct {
 // Images is the node's image store.
 type Images interface {
 	ListImages(ctx context.Context) ([]api.Image, error)
-	// Image reads an image, with the sandboxes and snapshots that use it.
+	// Image reads an image, with the sandboxes and snapshots that use it
+	// (none under WithoutUsers).
 	Image(ctx context.Context, ref string) (api.Image, error)
 	RemoveImage(ctx context.Context, ref string) error
 	PullImage(ctx context.Context, req api.PullImageRequest, progress func(api.ImageProgress)) (api.Image, error)

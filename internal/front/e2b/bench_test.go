@@ -97,10 +97,11 @@ func BenchmarkE2BFront(b *testing.B) {
 }
 
 // BenchmarkE2BCreateHot compares, on one daemon with hot pools of both
-// images, a create through clade's own API (the Go SDK, default image)
-// with E2B's create of `base` (on e2b-base) through the E2B front: the
-// same Go HTTP client sending the JS SDK's request (the server's time,
-// comparable with the SDK's), and the unmodified JS SDK's Sandbox.create()
+// images, a create through clade's own API (the Go SDK, default image;
+// over its unix socket, and over TCP on loopback as the E2B front is
+// reached) with E2B's create of `base` (on e2b-base) through the E2B
+// front: the same Go HTTP client sending the JS SDK's request (the
+// server's time, comparable with the SDK's), and the unmodified JS SDK's Sandbox.create()
 // timed inside node, against the daemon and against a stub that answers at
 // once (the client's own floor). Each round times one create of each kind
 // in a rotating order, each once the pools are full again (a claim, not a
@@ -110,8 +111,13 @@ func BenchmarkE2BCreateHot(b *testing.B) {
 	dir := jsDir(b)
 	testenv.BuiltinImage(b, image.E2BBase)
 	const perImage = 2
-	d, url, key := startE2B(b, "--e2b-base-image", image.E2BBase, "--hot-pool", fmt.Sprintf("default=%d,%s=%d", perImage, image.E2BBase, perImage))
+	tcp := freeAddr(b)
+	d, url, key := startE2B(b, "--e2b-base-image", image.E2BBase, "--hot-pool", fmt.Sprintf("default=%d,%s=%d", perImage, image.E2BBase, perImage), "--listen", tcp)
 	ctx := b.Context()
+	tcpClient, err := sdk.New("http://"+tcp, sdk.WithToken(key))
+	if err != nil {
+		b.Fatal(err)
+	}
 	full := func() {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
@@ -184,19 +190,28 @@ func BenchmarkE2BCreateHot(b *testing.B) {
 	d.Client.DeleteSandbox(ctx, id)
 	d.Client.DeleteSandbox(ctx, httpCreate())
 	jsCreate(stub.URL)
+	full()
+	if sb, err := tcpClient.CreateSandbox(ctx, sdk.CreateSandboxRequest{}); err != nil {
+		b.Fatal(err)
+	} else {
+		d.Client.DeleteSandbox(ctx, sb.ID)
+	}
 
-	sides := []struct {
-		name   string
-		create func() (float64, string)
-	}{
-		{"clade-sdk", func() (float64, string) {
+	cladeCreate := func(c *sdk.Client) func() (float64, string) {
+		return func() (float64, string) {
 			start := time.Now()
-			sb, err := d.Client.CreateSandbox(ctx, sdk.CreateSandboxRequest{})
+			sb, err := c.CreateSandbox(ctx, sdk.CreateSandboxRequest{})
 			if err != nil {
 				b.Fatal(err)
 			}
 			return float64(time.Since(start).Microseconds()) / 1000, sb.ID
-		}},
+		}
+	}
+	sides := []struct {
+		name   string
+		create func() (float64, string)
+	}{
+		{"clade-sdk", cladeCreate(d.Client)},
 		{"e2b-http", func() (float64, string) {
 			start := time.Now()
 			id := httpCreate()
@@ -204,6 +219,7 @@ func BenchmarkE2BCreateHot(b *testing.B) {
 		}},
 		{"e2b-js", func() (float64, string) { return jsCreate(url) }},
 		{"js-floor", func() (float64, string) { ms, _ := jsCreate(stub.URL); return ms, "" }},
+		{"clade-tcp", cladeCreate(tcpClient)},
 	}
 	ms := make([][]float64, len(sides))
 	round := 0
@@ -228,8 +244,10 @@ func BenchmarkE2BCreateHot(b *testing.B) {
 		b.ReportMetric(p50[i], s.name+"-p50-ms")
 		b.ReportMetric(ms[i][min(len(ms[i])-1, len(ms[i])*99/100)], s.name+"-p99-ms")
 	}
-	// The servers compared: E2B's create over HTTP against clade's own.
+	// The servers compared: E2B's create over HTTP against clade's own,
+	// on its unix socket and on TCP as the front is reached.
 	b.ReportMetric(p50[1]/p50[0], "e2b/clade-p50")
+	b.ReportMetric(p50[1]/p50[4], "e2b/clade-tcp-p50")
 	b.ReportMetric(0, "ns/op")
 	b.Logf("hot-pool hits %d; daemon log tail:\n%s", metric(b, d, "clade_hot_pool_hits_total"), tail(grepLines(d.Log(), "e2b create"), 4000))
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/hostmask"
+	"github.com/clade-sandbox/clade/internal/service"
 	"github.com/clade-sandbox/clade/internal/steps"
 )
 
@@ -226,20 +227,19 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		creq.Env = append(creq.Env, k+"="+v)
 	}
 	slices.Sort(creq.Env)
+	st.Mark("decode")
 	base := req.TemplateID == "" || req.TemplateID == DefaultTemplate
-	var rootc <-chan string
+	var root string
 	if base {
 		if img := s.baseImage(); img != DefaultImage {
 			creq.Image = img
 		}
+		root = s.baseRoot(r.Context())
 	} else {
-		root, err := s.resolveTemplate(r.Context(), req.TemplateID, &creq)
-		if err != nil {
+		var err error
+		if root, err = s.resolveTemplate(r.Context(), req.TemplateID, &creq); err != nil {
 			return err
 		}
-		c := make(chan string, 1)
-		c <- root
-		rootc = c
 	}
 	st.Mark("resolve")
 	timeout := defaultTimeout
@@ -285,14 +285,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 			creq.HostMask = *n.MaskRequestHost
 		}
 	}
-	if base {
-		// The base template's image is looked up (for the key of its
-		// root, accounts.go) beside the create, not before it: the lookup
-		// (the image's record and its users) costs as much as a hot claim.
-		rootc = s.baseRoot(r.Context())
-	}
 	sb, err := s.svc.Create(r.Context(), creq)
-	root := <-rootc
 	if err != nil {
 		if base && errdefs.IsNotFound(err) && creq.Image != "" {
 			return errdefs.New(errdefs.NotFound, "the %q template runs on the image %s, which this daemon does not have: pull or import it, or start the daemon with --e2b-base-image default", DefaultTemplate, creq.Image)
@@ -330,24 +323,21 @@ func (s *Server) baseImage() string {
 }
 
 // baseRoot looks up the key of the root of the base template's image
-// (accounts.go), "" when it cannot tell, on a goroutine of its own: it
-// runs beside the create. The image can be replaced between the lookup
-// and the create's own (the create holds the image's use, not the
-// lookup): a sandbox made then on a root without E2B's account, under the
-// key of one with it, runs commands as the user only after an account is
-// made, as one whose setup failed. It takes an image replaced within the
-// millisecond of a create of it.
-func (s *Server) baseRoot(ctx context.Context) <-chan string {
-	c := make(chan string, 1)
-	go func() {
-		img, err := s.svc.Image(ctx, s.baseImage())
-		if err != nil {
-			c <- ""
-			return
-		}
-		c <- imageRoot(img)
-	}()
-	return c
+// (accounts.go), "" when it cannot tell. It reads the image's record only
+// (service.WithoutUsers): the list of its users is a store query, which
+// waits for the store's writes and holds them up, and took more than the
+// claim of a hot sandbox (docs/benchmarks.md). The image can be replaced
+// between the lookup and the create's own (the create holds the image's
+// use, not the lookup): a sandbox made then on a root without E2B's
+// account, under the key of one with it, runs commands as the user only
+// after an account is made, as one whose setup failed. It takes an image
+// replaced within the microseconds between the two.
+func (s *Server) baseRoot(ctx context.Context) string {
+	img, err := s.svc.Image(service.WithoutUsers(ctx), s.baseImage())
+	if err != nil {
+		return ""
+	}
+	return imageRoot(img)
 }
 
 // resolveTemplate maps an E2B template other than base onto a clade
@@ -363,7 +353,7 @@ func (s *Server) resolveTemplate(ctx context.Context, t string, creq *api.Create
 	} else if !errdefs.IsNotFound(err) {
 		return "", err
 	}
-	img, err := s.svc.Image(ctx, t)
+	img, err := s.svc.Image(service.WithoutUsers(ctx), t)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return "", errdefs.New(errdefs.NotFound, "template %q not found: name a clade image, snapshot or template (%q is the default image)", t, DefaultTemplate)

@@ -685,6 +685,13 @@ func (s *Service) ListImages(ctx context.Context) ([]api.Image, error) {
 }
 
 func (s *Service) Image(ctx context.Context, ref string) (api.Image, error) {
+	if !service.UsersWanted(ctx) {
+		img, err := s.mgr.Images().Find(ctx, ref)
+		if err != nil {
+			return api.Image{}, err
+		}
+		return imageToAPI(img, nil), nil
+	}
 	img, users, err := s.mgr.Images().Inspect(ctx, ref)
 	if err != nil {
 		return api.Image{}, err
