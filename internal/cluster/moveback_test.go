@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"io"
 	"sync"
 	"testing"
 
@@ -27,6 +28,11 @@ type sleeper struct {
 	removes  []string
 }
 
+// The moves find a node's Mover by a type assertion: a fake that falls
+// behind the interface must not compile rather than turn into "this node
+// cannot adopt sandboxes".
+var _ service.Mover = (*sleeper)(nil)
+
 func (f *sleeper) Running(string) bool { return false }
 
 func (f *sleeper) Get(_ context.Context, id string) (api.Sandbox, error) {
@@ -48,7 +54,7 @@ func (f *sleeper) SleepImage(_ context.Context, id string) (string, error) {
 	return d, nil
 }
 
-func (f *sleeper) Adopt(_ context.Context, id, digest string) (api.Sandbox, error) {
+func (f *sleeper) Adopt(_ context.Context, id, digest string, _ func(context.Context, string) (io.ReadCloser, error)) (api.Sandbox, error) {
 	if f.onAdopt != nil {
 		f.onAdopt()
 	}
