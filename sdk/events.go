@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"iter"
 	"net/http"
@@ -112,6 +113,11 @@ func followEvents(ctx context.Context, c *Client, path string, f EventFilter) (i
 			if errors.Is(err, errStop) || ctx.Err() != nil {
 				return
 			}
+			if errors.Is(err, ErrCorruptEvents) {
+				// Not a cut to resume from: the sender's bytes are bad.
+				yield(Event{}, err)
+				return
+			}
 			if !f.Follow {
 				if err != nil {
 					yield(Event{}, err)
@@ -180,6 +186,36 @@ func (c *cursor) fresh(e Event) bool {
 	return true
 }
 
+// ErrCorruptEvents is an event stream's error when its bytes are no
+// events (not JSON, or one event over maxEventBytes): such a stream is not
+// resumed.
+var ErrCorruptEvents = errors.New("corrupt event stream")
+
+// maxEventBytes bounds one event of a stream (an event is at most a few
+// MiB: requests are bounded to 1 MiB), so that a sender of an endless one
+// is not held in memory.
+const maxEventBytes = 16 << 20
+
+var errEventTooBig = errors.New("event too big")
+
+// eventLimit reads at most left bytes from r (errEventTooBig after).
+type eventLimit struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *eventLimit) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errEventTooBig
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
 // errStop is readEvents' answer when the consumer stopped.
 var errStop = errors.New("stopped")
 
@@ -187,12 +223,21 @@ var errStop = errors.New("stopped")
 // returns nil at the answer's end, the error line's error, errStop when
 // the consumer stopped, or the read error.
 func readEvents(body io.Reader, cur *cursor, yield func(Event, error) bool) error {
-	dec := json.NewDecoder(body)
+	lr := &eventLimit{r: body}
+	dec := json.NewDecoder(lr)
 	for {
 		var e Event
+		lr.left = maxEventBytes
 		if err := dec.Decode(&e); err != nil {
-			if err == io.EOF {
+			var se *json.SyntaxError
+			var te *json.UnmarshalTypeError
+			switch {
+			case err == io.EOF:
 				return nil
+			case errors.Is(err, errEventTooBig):
+				return fmt.Errorf("%w: an event of more than %d bytes", ErrCorruptEvents, maxEventBytes)
+			case errors.As(err, &se) || errors.As(err, &te):
+				return fmt.Errorf("%w: %v", ErrCorruptEvents, err)
 			}
 			return err
 		}
