@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"io"
 	"sync"
 	"testing"
 
@@ -48,7 +49,11 @@ func (f *sleeper) SleepImage(_ context.Context, id string) (string, error) {
 	return d, nil
 }
 
-func (f *sleeper) Adopt(_ context.Context, id, digest string) (api.Sandbox, error) {
+// A Mover: an Adopt of another signature would make it none (the node
+// then "cannot adopt sandboxes").
+var _ service.Mover = (*sleeper)(nil)
+
+func (f *sleeper) Adopt(_ context.Context, id, digest string, _ func(context.Context, string) (io.ReadCloser, error)) (api.Sandbox, error) {
 	if f.onAdopt != nil {
 		f.onAdopt()
 	}
