@@ -331,9 +331,31 @@ func (p Peer) NodeStats(ctx context.Context, labels map[string]string) ([]Sandbo
 	for k, v := range labels {
 		q.Add("label", k+"="+v)
 	}
+	req, err := p.c.newRequest(ctx, http.MethodGet, "/v1/internal/stats?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.c.do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	// Another node's answer is input: bounded, not held whole however
+	// long it is.
+	lr := &eventLimit{r: resp.Body, left: maxNodeStatsBytes}
 	var out []SandboxStats
-	return out, p.c.call(ctx, http.MethodGet, "/v1/internal/stats?"+q.Encode(), nil, &out)
+	if err := json.NewDecoder(lr).Decode(&out); err != nil {
+		if errors.Is(err, errEventTooBig) {
+			return nil, fmt.Errorf("the node's stats answer is over %d bytes", maxNodeStatsBytes)
+		}
+		return nil, err
+	}
+	return out, nil
 }
+
+// maxNodeStatsBytes bounds a node's stats answer (a few hundred bytes a
+// sandbox).
+const maxNodeStatsBytes = 64 << 20
 
 // ParsePositions reads a merged stream's position, NODE:SEQ,NODE:SEQ,...
 func ParsePositions(s string) (Positions, error) { return api.ParsePositions(s) }

@@ -229,3 +229,38 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	c.mu.Unlock()
 	return k, err
 }
+
+// TestNodeStatsHostile: a node's stats answer that does not end (a peer's
+// garbage) is refused after a bounded read, not held in memory whole.
+func TestNodeStatsHostile(t *testing.T) {
+	var mu sync.Mutex
+	var served int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		cw := &countingWriter{w: w, mu: &mu, n: &served}
+		if _, err := io.WriteString(cw, `[{"id":"`); err != nil {
+			return
+		}
+		chunk := bytes.Repeat([]byte("a"), 1<<20)
+		for range 256 {
+			if _, err := cw.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := sdk.New(srv.URL, sdk.WithToken("cluster-secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.Peer().NodeStats(t.Context(), nil)
+	mu.Lock()
+	defer mu.Unlock()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if served > 128<<20 {
+		t.Errorf("%d MiB read of one answer before it was refused", served>>20)
+	}
+	t.Logf("%v (%d MiB served)", err, served>>20)
+}
