@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"iter"
 	"net/http"
@@ -112,6 +113,11 @@ func followEvents(ctx context.Context, c *Client, path string, f EventFilter) (i
 			if errors.Is(err, errStop) || ctx.Err() != nil {
 				return
 			}
+			if errors.Is(err, ErrCorruptEvents) {
+				// Not a cut to resume from: the sender's bytes are bad.
+				yield(Event{}, err)
+				return
+			}
 			if !f.Follow {
 				if err != nil {
 					yield(Event{}, err)
@@ -180,6 +186,36 @@ func (c *cursor) fresh(e Event) bool {
 	return true
 }
 
+// ErrCorruptEvents is an event stream's error when its bytes are no
+// events (not JSON, or one event over maxEventBytes): such a stream is not
+// resumed.
+var ErrCorruptEvents = errors.New("corrupt event stream")
+
+// maxEventBytes bounds one event of a stream (an event is at most a few
+// MiB: requests are bounded to 1 MiB), so that a sender of an endless one
+// is not held in memory.
+const maxEventBytes = 16 << 20
+
+var errEventTooBig = errors.New("event too big")
+
+// eventLimit reads at most left bytes from r (errEventTooBig after).
+type eventLimit struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *eventLimit) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errEventTooBig
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
 // errStop is readEvents' answer when the consumer stopped.
 var errStop = errors.New("stopped")
 
@@ -187,12 +223,21 @@ var errStop = errors.New("stopped")
 // returns nil at the answer's end, the error line's error, errStop when
 // the consumer stopped, or the read error.
 func readEvents(body io.Reader, cur *cursor, yield func(Event, error) bool) error {
-	dec := json.NewDecoder(body)
+	lr := &eventLimit{r: body}
+	dec := json.NewDecoder(lr)
 	for {
 		var e Event
+		lr.left = maxEventBytes
 		if err := dec.Decode(&e); err != nil {
-			if err == io.EOF {
+			var se *json.SyntaxError
+			var te *json.UnmarshalTypeError
+			switch {
+			case err == io.EOF:
 				return nil
+			case errors.Is(err, errEventTooBig):
+				return fmt.Errorf("%w: an event of more than %d bytes", ErrCorruptEvents, maxEventBytes)
+			case errors.As(err, &se) || errors.As(err, &te):
+				return fmt.Errorf("%w: %v", ErrCorruptEvents, err)
 			}
 			return err
 		}
@@ -286,9 +331,31 @@ func (p Peer) NodeStats(ctx context.Context, labels map[string]string) ([]Sandbo
 	for k, v := range labels {
 		q.Add("label", k+"="+v)
 	}
+	req, err := p.c.newRequest(ctx, http.MethodGet, "/v1/internal/stats?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.c.do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	// Another node's answer is input: bounded, not held whole however
+	// long it is.
+	lr := &eventLimit{r: resp.Body, left: maxNodeStatsBytes}
 	var out []SandboxStats
-	return out, p.c.call(ctx, http.MethodGet, "/v1/internal/stats?"+q.Encode(), nil, &out)
+	if err := json.NewDecoder(lr).Decode(&out); err != nil {
+		if errors.Is(err, errEventTooBig) {
+			return nil, fmt.Errorf("the node's stats answer is over %d bytes", maxNodeStatsBytes)
+		}
+		return nil, err
+	}
+	return out, nil
 }
+
+// maxNodeStatsBytes bounds a node's stats answer (a few hundred bytes a
+// sandbox).
+const maxNodeStatsBytes = 64 << 20
 
 // ParsePositions reads a merged stream's position, NODE:SEQ,NODE:SEQ,...
 func ParsePositions(s string) (Positions, error) { return api.ParsePositions(s) }

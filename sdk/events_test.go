@@ -1,14 +1,17 @@
 package sdk_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/sdk"
@@ -134,4 +137,130 @@ func TestEventsResumeMerged(t *testing.T) {
 	if !slices.Equal(queries, wantQ) {
 		t.Errorf("queries %q, want %q", queries, wantQ)
 	}
+}
+
+// TestEventsHostileStream: a stream that sends one endless event (a peer
+// node's garbage, read by a merged stream) or bytes that are no JSON is
+// refused with an error after a bounded read, not held in memory whole
+// nor reconnected to again and again.
+func TestEventsHostileStream(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		body func(w io.Writer) error
+	}{
+		{"endless event", func(w io.Writer) error {
+			if _, err := io.WriteString(w, `{"seq":101,"type":"created","sandbox":"`); err != nil {
+				return err
+			}
+			chunk := bytes.Repeat([]byte("a"), 1<<20)
+			for range 256 {
+				if _, err := w.Write(chunk); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"garbage", func(w io.Writer) error {
+			_, err := io.WriteString(w, "{\"seq\":101,\"type\":\"created\"}\n\x00\x01 not json\n")
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var mu sync.Mutex
+			conns := 0
+			var served int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				conns++
+				n := conns
+				mu.Unlock()
+				w.Header().Set(api.EventsStartHeader, "100")
+				if n > 3 {
+					<-r.Context().Done() // resumed again and again: the test tells
+					return
+				}
+				cw := &countingWriter{w: w, mu: &mu, n: &served}
+				_ = c.body(cw)
+			}))
+			t.Cleanup(srv.Close)
+			cl, err := sdk.New(srv.URL, sdk.WithToken("cluster-secret"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+			defer cancel()
+			evs, _, err := cl.Peer().NodeEvents(ctx, sdk.EventFilter{Follow: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var last error
+			for _, err := range evs {
+				if err != nil {
+					last = err
+					break
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if last == nil || ctx.Err() != nil {
+				t.Fatalf("the stream ended with %v (ctx: %v), want an error of its own", last, ctx.Err())
+			}
+			if conns != 1 {
+				t.Errorf("the stream was opened %d times: a corrupt stream is no cut to resume from", conns)
+			}
+			if served > 64<<20 {
+				t.Errorf("%d MiB read of one event before it was refused", served>>20)
+			}
+			t.Logf("ended with: %v (%d MiB served)", last, served>>20)
+		})
+	}
+}
+
+type countingWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+	n  *int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	k, err := c.w.Write(p)
+	c.mu.Lock()
+	*c.n += int64(k)
+	c.mu.Unlock()
+	return k, err
+}
+
+// TestNodeStatsHostile: a node's stats answer that does not end (a peer's
+// garbage) is refused after a bounded read, not held in memory whole.
+func TestNodeStatsHostile(t *testing.T) {
+	var mu sync.Mutex
+	var served int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		cw := &countingWriter{w: w, mu: &mu, n: &served}
+		if _, err := io.WriteString(cw, `[{"id":"`); err != nil {
+			return
+		}
+		chunk := bytes.Repeat([]byte("a"), 1<<20)
+		for range 256 {
+			if _, err := cw.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := sdk.New(srv.URL, sdk.WithToken("cluster-secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.Peer().NodeStats(t.Context(), nil)
+	mu.Lock()
+	defer mu.Unlock()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if served > 128<<20 {
+		t.Errorf("%d MiB read of one answer before it was refused", served>>20)
+	}
+	t.Logf("%v (%d MiB served)", err, served>>20)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/events"
 	"github.com/clade-sandbox/clade/internal/service"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -583,7 +584,19 @@ func (a *Across) kept(ctx context.Context, n api.Node, since uint64, f service.E
 		if err != nil {
 			return nil, classifySDK(err)
 		}
+		if len(out) == maxKeptOfNode {
+			// Another node's bytes are input: a node keeps far fewer.
+			return nil, errdefs.New(errdefs.Unavailable, "it sent more than %d kept events", maxKeptOfNode)
+		}
 		out = append(out, e)
+	}
+	if err := ctx.Err(); err != nil {
+		// The iterator ends quietly with ctx: what came is not all.
+		return nil, err
 	}
 	return out, nil
 }
+
+// maxKeptOfNode bounds the kept events read of another node (each keeps
+// its last events.DefaultRing).
+const maxKeptOfNode = 16 * events.DefaultRing

@@ -394,7 +394,7 @@ func boolInt(b bool) int {
 
 // importTimeout bounds a node's import of a share: the fetch of the image
 // and the restores.
-const importTimeout = 10 * time.Minute
+var importTimeout = 10 * time.Minute
 
 // importOn asks node n to fetch the snapshot from this node and fork its
 // share of children.
@@ -504,11 +504,24 @@ func (f *forks) serveImport(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	// The import goes on if the origin goes away (its children are then
+	// settled), but its fetches from the origin keep the bound: one that
+	// stops sending mid-stream held the root's fetch, the snapshot's lock
+	// and the children's memory for ever.
+	deadline, _ := ctx.Deadline()
 	fetch := func(ctx context.Context, dir string) error {
+		ctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
 		return fetchImage(ctx, f.c.cfg.Token, origin, req.Snapshot.Digest, dir)
 	}
 	fetchRoot := func(ctx context.Context, id string) (io.ReadCloser, error) {
-		return fetchRoot(ctx, f.c.cfg.Token, origin, id)
+		ctx, cancel := context.WithDeadline(ctx, deadline)
+		rc, err := fetchRoot(ctx, f.c.cfg.Token, origin, id)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		return cancelOnClose{rc, cancel}, nil
 	}
 	res, err := f.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch, fetchRoot)
 	if err != nil {
@@ -555,6 +568,18 @@ func fetchRoot(ctx context.Context, token string, origin api.Node, id string) (i
 		return nil, fmt.Errorf("node %s: %w", origin.Name, err)
 	}
 	return resp.Body, nil
+}
+
+// cancelOnClose is a body whose request's context ends with Close.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
 }
 
 func (f *forks) serveRoot(w http.ResponseWriter, r *http.Request) {

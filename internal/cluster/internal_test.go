@@ -97,3 +97,85 @@ func TestInternalRoutes(t *testing.T) {
 		t.Fatalf("%d imports ran", p.imports)
 	}
 }
+
+// readingPorter imports by reading the root it is sent (to its end or an
+// error) and then fetching the snapshot, as sandbox.Porter does.
+type readingPorter struct {
+	nullPorter
+	rootErr, snapErr chan error
+}
+
+func (p *readingPorter) Import(ctx context.Context, _ SnapshotMeta, _ int, fetch func(context.Context, string) error,
+	fetchRoot func(context.Context, string) (io.ReadCloser, error)) (api.ForkResult, error) {
+	rc, err := fetchRoot(ctx, "sha256:0123456789012345678901234567890123456789012345678901234567890123")
+	if err == nil {
+		_, err = io.Copy(io.Discard, rc)
+		rc.Close()
+	}
+	p.rootErr <- err
+	p.snapErr <- fetch(ctx, "/nonexistent/dir")
+	return api.ForkResult{}, errdefs.New(errdefs.Conflict, "refused")
+}
+
+// TestImportFetchBounded: an import's fetches from an origin that stops
+// sending mid-stream (partitioned, stuck) end within the import's bound
+// (the origin gave up on the import by then): they held the root's fetch,
+// the snapshot's lock and the children's memory for ever.
+func TestImportFetchBounded(t *testing.T) {
+	defer func(d time.Duration) { importTimeout = d }(importTimeout)
+	importTimeout = 2 * time.Second
+	gone := make(chan struct{})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte{0, 0})
+		w.(http.Flusher).Flush()
+		select { // and nothing more
+		case <-r.Context().Done():
+		case <-gone:
+		}
+	}))
+	defer origin.Close()
+	defer close(gone)
+	cli := startEtcd(t)
+	c := joinAt(t, cli, "a", "127.0.0.1:1")
+	defer c.Close()
+	b := joinAt(t, cli, "b", origin.Listener.Addr().String())
+	defer b.Close()
+	s := NewService(c, nil)
+	p := &readingPorter{rootErr: make(chan error, 1), snapErr: make(chan error, 1)}
+	s.SetPorter(p)
+	answered := make(chan int, 1)
+	go func() {
+		r := httptest.NewRequest(http.MethodPost, "/v1/internal/fork/import", strings.NewReader(`{"n":1,"origin":"b"}`))
+		r.Header.Set("Authorization", "Bearer cluster-secret")
+		w := httptest.NewRecorder()
+		s.Internal().ServeHTTP(w, r)
+		answered <- w.Code
+	}()
+	for what, ch := range map[string]chan error{"the root's fetch": p.rootErr} {
+		select {
+		case err := <-ch:
+			if err == nil {
+				t.Fatalf("%s: no error from a cut stream", what)
+			}
+			t.Logf("%s: %v", what, err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s from an origin that stopped sending still waits 30 s on (the import's bound is %s)", what, importTimeout)
+		}
+	}
+	select {
+	case err := <-p.snapErr:
+		if err == nil {
+			t.Fatal("the snapshot's fetch: no error")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the snapshot's fetch from an origin that stopped sending still waits 30 s on")
+	}
+	select {
+	case code := <-answered:
+		t.Logf("import answered %d", code)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer to the import")
+	}
+}

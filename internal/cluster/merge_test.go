@@ -198,3 +198,82 @@ func TestMergeParts(t *testing.T) {
 		t.Fatal("closed, the stream is not done")
 	}
 }
+
+// TestEventsSinceFlooded: a node that answers a read of its kept events
+// with events that do not end (a peer's garbage) is cut off after a
+// bounded count, said in its node.left, and the others' events come: it
+// was read, and held, until the wait ran out.
+func TestEventsSinceFlooded(t *testing.T) {
+	cli := startEtcd(t)
+	flood := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(api.EventsStartHeader, "0")
+		w.WriteHeader(http.StatusOK)
+		enc := json.NewEncoder(w)
+		for i := uint64(1); r.Context().Err() == nil; i++ {
+			if enc.Encode(api.Event{Seq: i, Type: api.EventCreated, Sandbox: "s"}) != nil {
+				return
+			}
+		}
+	}))
+	defer flood.Close()
+	ca := joinAt(t, cli, "a", "127.0.0.1:1")
+	defer ca.Close()
+	cb := joinAt(t, cli, "b", flood.Listener.Addr().String())
+	defer cb.Close()
+	s := NewService(ca, &keptLocal{})
+	a := NewAcross(s)
+	a.wait = 60 * time.Second
+	t0 := time.Now()
+	evs, err := a.EventsSince(t.Context(), api.Positions{}, service.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	if len(evs) != 1 || evs[0].Type != api.EventNodeLeft || evs[0].Node != "b" || !strings.Contains(evs[0].Reason, "more than") {
+		t.Fatalf("%d events, the last %+v: want b's node.left saying it sent too many", len(evs), evs[len(evs)-1])
+	}
+	if took > a.wait/2 {
+		t.Fatalf("took %s (the wait is %s)", took, a.wait)
+	}
+	t.Logf("%s: %s", took, evs[0].Reason)
+}
+
+// keptLocal is a node's own service without kept events.
+type keptLocal struct{ service.Service }
+
+func (keptLocal) EventsSince(context.Context, uint64, service.EventFilter) ([]api.Event, error) {
+	return nil, nil
+}
+
+// TestEventsSinceCutByWait: a node whose kept events do not all come
+// within the wait is said in a node.left, not answered with the part that
+// came as if it were all of them.
+func TestEventsSinceCutByWait(t *testing.T) {
+	cli := startEtcd(t)
+	gone := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(api.EventsStartHeader, "0")
+		w.WriteHeader(http.StatusOK)
+		_ = json.NewEncoder(w).Encode(api.Event{Seq: 1, Type: api.EventCreated, Sandbox: "s"})
+		w.(http.Flusher).Flush()
+		select { // the rest never comes
+		case <-r.Context().Done():
+		case <-gone:
+		}
+	}))
+	defer slow.Close()
+	defer close(gone)
+	ca := joinAt(t, cli, "a", "127.0.0.1:1")
+	defer ca.Close()
+	cb := joinAt(t, cli, "b", slow.Listener.Addr().String())
+	defer cb.Close()
+	a := NewAcross(NewService(ca, &keptLocal{}))
+	a.wait = time.Second
+	evs, err := a.EventsSince(t.Context(), api.Positions{}, service.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].Type != api.EventNodeLeft || evs[0].Node != "b" || !strings.Contains(evs[0].Reason, "within") {
+		t.Fatalf("events %+v: want only b's node.left saying it did not answer within the wait", evs)
+	}
+}

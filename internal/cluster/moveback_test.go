@@ -28,11 +28,6 @@ type sleeper struct {
 	removes  []string
 }
 
-// The moves find a node's Mover by a type assertion: a fake that falls
-// behind the interface must not compile rather than turn into "this node
-// cannot adopt sandboxes".
-var _ service.Mover = (*sleeper)(nil)
-
 func (f *sleeper) Running(string) bool { return false }
 
 func (f *sleeper) Get(_ context.Context, id string) (api.Sandbox, error) {
@@ -53,6 +48,10 @@ func (f *sleeper) SleepImage(_ context.Context, id string) (string, error) {
 	}
 	return d, nil
 }
+
+// A Mover: an Adopt of another signature would make it none (the node
+// then "cannot adopt sandboxes").
+var _ service.Mover = (*sleeper)(nil)
 
 func (f *sleeper) Adopt(_ context.Context, id, digest string, _ func(context.Context, string) (io.ReadCloser, error)) (api.Sandbox, error) {
 	if f.onAdopt != nil {

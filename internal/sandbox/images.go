@@ -47,10 +47,12 @@ type Images struct {
 	rootMu   sync.Mutex
 	shipped  map[string]image.Image
 	rootPins map[string]int
-	// shipDir holds a file per shipped root; shipMu orders fetches.
-	shipDir string
-	shipMu  sync.Mutex
-	crash   crashPoints
+	// shipDir holds a file per shipped root; fetching, the roots being
+	// fetched (closed when the fetch ends; guarded by rootMu): a root is
+	// fetched once at a time, another root beside it.
+	shipDir  string
+	fetching map[string]chan struct{}
+	crash    crashPoints
 
 	startMu sync.Mutex
 	started bool // guarded by startMu

@@ -148,14 +148,38 @@ func (s *Images) rootFor(ctx context.Context, name, id string, fetch RootFetch) 
 		return img, s.pinLocked(img.RootFS), nil
 	}
 	s.useMu.Unlock()
-	s.shipMu.Lock()
-	defer s.shipMu.Unlock()
-	s.rootMu.Lock()
-	if img, ok := s.shipped[id]; ok {
-		defer s.rootMu.Unlock()
-		return img, s.pinLocked(img.RootFS), nil
+	// One fetch of a root at a time: a second waits for the first (within
+	// its context: a fetch that hangs holds up no one past theirs), then
+	// uses what it installed or, if it failed, fetches itself.
+	for {
+		s.rootMu.Lock()
+		if img, ok := s.shipped[id]; ok {
+			defer s.rootMu.Unlock()
+			return img, s.pinLocked(img.RootFS), nil
+		}
+		ch, busy := s.fetching[id]
+		if !busy {
+			if s.fetching == nil {
+				s.fetching = map[string]chan struct{}{}
+			}
+			ch = make(chan struct{})
+			s.fetching[id] = ch
+			s.rootMu.Unlock()
+			defer func() {
+				s.rootMu.Lock()
+				delete(s.fetching, id)
+				s.rootMu.Unlock()
+				close(ch)
+			}()
+			break
+		}
+		s.rootMu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return image.Image{}, nil, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("waiting for this node's fetch of root %.19s of image %s: %w", id, name, ctx.Err()))
+		}
 	}
-	s.rootMu.Unlock()
 	here := "this node has no image " + name
 	if err == nil {
 		here = "this node's image " + name + " is another root (" + RootID(img)[:19] + ")"
