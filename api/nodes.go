@@ -1,6 +1,9 @@
 package api
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Node is one daemon of a cluster (GET /v1/nodes).
 type Node struct {
@@ -86,4 +89,29 @@ type NodeCapacity struct {
 	// Engines are the engines it runs; Images the images it has.
 	Engines []string `json:"engines,omitempty"`
 	Images  []string `json:"images,omitempty"`
+}
+
+// SnapshotExport describes a sealed snapshot that another node of a
+// cluster may restore (a fork across nodes): what its record holds, the
+// identity of its image root and its sealed image's digest. Sent between
+// nodes on the peer-only /v1/internal/ routes (cluster token); not part of
+// the public API.
+type SnapshotExport struct {
+	ID      string `json:"id"`
+	Name    string `json:"name,omitempty"`
+	Sandbox string `json:"sandbox,omitempty"`
+	Image   string `json:"image"`
+	// ImageID is the identity of the image root the snapshot stands on
+	// (sandbox.RootID): a target restores it only on the very same root.
+	ImageID   string          `json:"image_id"`
+	MemoryMiB int             `json:"memory_mib"`
+	CPUs      float64         `json:"cpus"`
+	Env       []string        `json:"env,omitempty"`
+	Opts      json.RawMessage `json:"opts,omitempty"`
+	Engine    string          `json:"engine,omitempty"`
+	Digest    string          `json:"digest"`
+	SizeBytes int64           `json:"size_bytes"`
+	// Local, when set, says why the snapshot's children stay on its node
+	// (volumes and secrets are each node's own).
+	Local string `json:"local,omitempty"`
 }

@@ -22,38 +22,18 @@ import (
 	"github.com/clade-sandbox/clade/internal/service/remote"
 )
 
-// SnapshotMeta is what a node sends another with a fork's children: the
-// snapshot's record (image and the identity of its root, memory, cpus,
-// env, options) and its sealed image's digest (sandbox.Export).
-type SnapshotMeta struct {
-	ID        string          `json:"id"`
-	Name      string          `json:"name,omitempty"`
-	Sandbox   string          `json:"sandbox,omitempty"`
-	Image     string          `json:"image"`
-	ImageID   string          `json:"image_id"`
-	MemoryMiB int             `json:"memory_mib"`
-	CPUs      float64         `json:"cpus"`
-	Env       []string        `json:"env,omitempty"`
-	Opts      json.RawMessage `json:"opts,omitempty"`
-	Engine    string          `json:"engine,omitempty"`
-	Digest    string          `json:"digest"`
-	SizeBytes int64           `json:"size_bytes"`
-	// Local says why the children stay on the snapshot's node.
-	Local string `json:"local,omitempty"`
-}
-
 // Porter is the node's lifecycle side of a fork across nodes
 // (sandbox.Porter, adapted in internal/system).
 type Porter interface {
 	// Export readies source (a snapshot, or a running sandbox snapshotted
 	// now) for n children on other nodes until release.
-	Export(ctx context.Context, source string, n int) (SnapshotMeta, func(), error)
+	Export(ctx context.Context, source string, n int) (api.SnapshotExport, func(), error)
 	// Open is the directory of an exported image, to stream.
 	Open(digest string) (dir string, release func(), err error)
 	// Import fetches (with fetch, into a new dir) and verifies the
 	// snapshot, and forks n children of it here; a node without the root
 	// meta.ImageID of its image opens it with fetchRoot (a root stream).
-	Import(ctx context.Context, meta SnapshotMeta, n int, fetch func(ctx context.Context, dir string) error,
+	Import(ctx context.Context, meta api.SnapshotExport, n int, fetch func(ctx context.Context, dir string) error,
 		fetchRoot func(ctx context.Context, id string) (io.ReadCloser, error)) (api.ForkResult, error)
 	// SendRoot writes the image root with identity id as a root stream
 	// to the writer w returns (called once the root is found): NotFound
@@ -88,8 +68,8 @@ func (s *Service) SetPorter(p Porter) { s.forks.porter = p }
 
 // importRequest is the body of POST /v1/internal/fork/import.
 type importRequest struct {
-	Snapshot SnapshotMeta `json:"snapshot"`
-	N        int          `json:"n"`
+	Snapshot api.SnapshotExport `json:"snapshot"`
+	N        int                `json:"n"`
 	// Origin is the node to fetch the image from (its address is read
 	// from the directory, never taken from the request).
 	Origin string `json:"origin"`
@@ -266,7 +246,7 @@ func (f *forks) spread(ctx context.Context, req api.ForkRequest) (api.ForkResult
 // forkShares makes each share's children, all shares at once, and answers
 // their entries by share, and which shares their node refused (see
 // forkShare).
-func (f *forks) forkShares(ctx context.Context, meta SnapshotMeta, shares []share) ([][]api.ForkChild, []bool) {
+func (f *forks) forkShares(ctx context.Context, meta api.SnapshotExport, shares []share) ([][]api.ForkChild, []bool) {
 	outs, refused := make([][]api.ForkChild, len(shares)), make([]bool, len(shares))
 	var wg sync.WaitGroup
 	for i, sh := range shares {
@@ -293,7 +273,7 @@ type share struct {
 // its own (no room, its disk floor, another image root): another node may
 // take it. A node that did not answer (gone, killed mid-import) may have
 // made some of it: not refused.
-func (f *forks) forkShare(ctx context.Context, meta SnapshotMeta, sh share) (out []api.ForkChild, refused bool) {
+func (f *forks) forkShare(ctx context.Context, meta api.SnapshotExport, sh share) (out []api.ForkChild, refused bool) {
 	var res api.ForkResult
 	var err error
 	if sh.node.Name == f.c.cfg.Node {
@@ -333,7 +313,7 @@ func (e noAnswer) Unwrap() error { return e.error }
 // of their own: that node's admission decides (its capacity in the
 // directory is up to a second old), and its refusal says why. Nodes in
 // except (they refused a share of this fork) are left out.
-func (f *forks) planFork(ctx context.Context, meta SnapshotMeta, n int, except map[string]bool) (plan, overflow []share, err error) {
+func (f *forks) planFork(ctx context.Context, meta api.SnapshotExport, n int, except map[string]bool) (plan, overflow []share, err error) {
 	nodes, err := f.c.Nodes(ctx)
 	if err != nil {
 		return nil, nil, errdefs.New(errdefs.Unavailable, "cluster: cannot place the fork's children: %v", err)

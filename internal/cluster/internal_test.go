@@ -16,15 +16,15 @@ import (
 // nullPorter answers every image as not being sent and refuses imports.
 type nullPorter struct{ imports int }
 
-func (p *nullPorter) Export(context.Context, string, int) (SnapshotMeta, func(), error) {
-	return SnapshotMeta{}, nil, errdefs.New(errdefs.NotFound, "none")
+func (p *nullPorter) Export(context.Context, string, int) (api.SnapshotExport, func(), error) {
+	return api.SnapshotExport{}, nil, errdefs.New(errdefs.NotFound, "none")
 }
 
 func (p *nullPorter) Open(digest string) (string, func(), error) {
 	return "", nil, errdefs.New(errdefs.NotFound, "no snapshot image %.80s is being sent from this node", digest)
 }
 
-func (p *nullPorter) Import(context.Context, SnapshotMeta, int, func(context.Context, string) error,
+func (p *nullPorter) Import(context.Context, api.SnapshotExport, int, func(context.Context, string) error,
 	func(context.Context, string) (io.ReadCloser, error)) (api.ForkResult, error) {
 	p.imports++
 	return api.ForkResult{}, errdefs.New(errdefs.Conflict, "refused")
@@ -105,7 +105,7 @@ type readingPorter struct {
 	rootErr, snapErr chan error
 }
 
-func (p *readingPorter) Import(ctx context.Context, _ SnapshotMeta, _ int, fetch func(context.Context, string) error,
+func (p *readingPorter) Import(ctx context.Context, _ api.SnapshotExport, _ int, fetch func(context.Context, string) error,
 	fetchRoot func(context.Context, string) (io.ReadCloser, error)) (api.ForkResult, error) {
 	rc, err := fetchRoot(ctx, "sha256:0123456789012345678901234567890123456789012345678901234567890123")
 	if err == nil {

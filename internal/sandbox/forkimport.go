@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/snapstore"
@@ -21,7 +22,7 @@ import (
 )
 
 // Porter is the lifecycle's side of a fork across nodes (internal/cluster
-// drives it): the owner exports a sealed snapshot (Export, then Open to
+// drives it): the owner exports a sealed snapshot (api.SnapshotExport, then Open to
 // stream its image to a peer), a target imports it (Import: fetched by
 // digest, verified, recorded as an implicit snapshot of its own, forked
 // with the local fork). It is a part of its own so that the Manager keeps
@@ -30,28 +31,6 @@ type Porter struct{ m *Manager }
 
 // NewPorter returns m's Porter.
 func NewPorter(m *Manager) *Porter { return &Porter{m: m} }
-
-// Export describes a sealed snapshot another node may restore: what its
-// record holds, the identity of its image root and its image's digest.
-type Export struct {
-	ID      string `json:"id"`
-	Name    string `json:"name,omitempty"`
-	Sandbox string `json:"sandbox,omitempty"`
-	Image   string `json:"image"`
-	// ImageID is the identity of the image root the snapshot stands on
-	// (RootID): a target restores it only on the very same root.
-	ImageID   string          `json:"image_id"`
-	MemoryMiB int             `json:"memory_mib"`
-	CPUs      float64         `json:"cpus"`
-	Env       []string        `json:"env,omitempty"`
-	Opts      json.RawMessage `json:"opts,omitempty"`
-	Engine    string          `json:"engine,omitempty"`
-	Digest    string          `json:"digest"`
-	SizeBytes int64           `json:"size_bytes"`
-	// Local, when set, says why the snapshot's children stay on this
-	// node (volumes and secrets are each node's own).
-	Local string `json:"local,omitempty"`
-}
 
 // RootID is the identity of img's root filesystem, the same on every node
 // that holds the same root: for an image pulled or imported from OCI or a
@@ -126,28 +105,28 @@ func (p *pins) lookup(digest string) (string, bool) {
 // a running sandbox snapshotted now (implicitly: the snapshot goes with its
 // last child here, and at release when it has none). The snapshot is
 // pinned, and its image served by Open, until release.
-func (p *Porter) Export(ctx context.Context, source string, n int) (Export, func(), error) {
+func (p *Porter) Export(ctx context.Context, source string, n int) (api.SnapshotExport, func(), error) {
 	m := p.m
 	if n < 1 || n > m.cfg.MaxFork {
-		return Export{}, nil, errdefs.New(errdefs.InvalidArgument, "n=%d: give 1 to %d children per fork (daemon flag --max-fork)", n, m.cfg.MaxFork)
+		return api.SnapshotExport{}, nil, errdefs.New(errdefs.InvalidArgument, "n=%d: give 1 to %d children per fork (daemon flag --max-fork)", n, m.cfg.MaxFork)
 	}
 	if _, err := snapshotterOf(m.eng); err != nil {
-		return Export{}, nil, err
+		return api.SnapshotExport{}, nil, err
 	}
 	sn, err := m.store.GetSnapshot(ctx, source)
 	if errdefs.IsNotFound(err) {
 		if _, perr := m.store.GetSandbox(ctx, source); errdefs.IsNotFound(perr) {
-			return Export{}, nil, errdefs.New(errdefs.NotFound, "no snapshot or sandbox called %s (see `clade snapshot ls` and `clade ls`)", source)
+			return api.SnapshotExport{}, nil, errdefs.New(errdefs.NotFound, "no snapshot or sandbox called %s (see `clade snapshot ls` and `clade ls`)", source)
 		} else if perr != nil {
-			return Export{}, nil, perr
+			return api.SnapshotExport{}, nil, perr
 		}
 		if sn, err = m.Snapshot(ctx, source, "", true); err != nil {
-			return Export{}, nil, err
+			return api.SnapshotExport{}, nil, err
 		}
 	} else if err != nil {
-		return Export{}, nil, err
+		return api.SnapshotExport{}, nil, err
 	} else if sn.State != store.SnapshotReady {
-		return Export{}, nil, errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", source)
+		return api.SnapshotExport{}, nil, errdefs.New(errdefs.Conflict, "snapshot %s is still being taken", source)
 	}
 	unpin := m.pins.pin(sn.ID, "")
 	release := func() {
@@ -157,33 +136,33 @@ func (p *Porter) Export(ctx context.Context, source string, n int) (Export, func
 	e, err := p.describe(ctx, sn)
 	if err != nil {
 		release()
-		return Export{}, nil, err
+		return api.SnapshotExport{}, nil, err
 	}
 	unpinDigest := m.pins.pin(sn.ID, e.Digest)
 	return e, func() { unpinDigest(); release() }, nil
 }
 
-// describe is sn's Export, its image restored from the snapshot store if
+// describe is sn's export, its image restored from the snapshot store if
 // the local copy is gone and verified.
-func (p *Porter) describe(ctx context.Context, sn store.Snapshot) (Export, error) {
+func (p *Porter) describe(ctx context.Context, sn store.Snapshot) (api.SnapshotExport, error) {
 	m := p.m
 	if _, err := m.cfg.Copies.Restore(ctx, snapshotCopy(sn.ID), sn.Path); err != nil {
-		return Export{}, err
+		return api.SnapshotExport{}, err
 	}
 	if !stateimg.Sealed(sn.Path) {
-		return Export{}, errdefs.New(errdefs.Conflict, "snapshot %s has no sealed image (taken by an older clade): its children stay on its node", sn.ID)
+		return api.SnapshotExport{}, errdefs.New(errdefs.Conflict, "snapshot %s has no sealed image (taken by an older clade): its children stay on its node", sn.ID)
 	}
 	if err := stateimg.VerifyAs(sn.Path, "snapshot "+sn.ID); err != nil {
-		return Export{}, err
+		return api.SnapshotExport{}, err
 	}
 	d, _, err := snapstore.DigestOf(sn.Path)
 	if err != nil {
-		return Export{}, err
+		return api.SnapshotExport{}, err
 	}
-	e := Export{ID: sn.ID, Name: sn.Name, Sandbox: sn.Sandbox, Image: sn.Image, MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs,
+	e := api.SnapshotExport{ID: sn.ID, Name: sn.Name, Sandbox: sn.Sandbox, Image: sn.Image, MemoryMiB: sn.MemoryMiB, CPUs: sn.CPUs,
 		Env: sn.Env, Engine: sn.Opts.Engine, Digest: string(d), SizeBytes: sn.SizeBytes}
 	if e.Opts, err = json.Marshal(sn.Opts); err != nil {
-		return Export{}, err
+		return api.SnapshotExport{}, err
 	}
 	switch {
 	case len(sn.Opts.Volumes) > 0:
@@ -225,7 +204,7 @@ func (p *Porter) Open(digest string) (string, func(), error) {
 // root (it lacks the image, or has another root of it) fetches that root
 // first with fetchRoot (image.SendRoot's stream, verified: Images.rootFor). A daemon killed midway leaves a fetch directory or an unused
 // implicit snapshot, which the restart census removes.
-func (p *Porter) Import(ctx context.Context, e Export, n int, fetch func(ctx context.Context, dir string) error, fetchRoot RootFetch) (ForkResult, error) {
+func (p *Porter) Import(ctx context.Context, e api.SnapshotExport, n int, fetch func(ctx context.Context, dir string) error, fetchRoot RootFetch) (ForkResult, error) {
 	m := p.m
 	if n < 1 || n > m.cfg.MaxFork {
 		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "n=%d: give 1 to %d children (daemon flag --max-fork)", n, m.cfg.MaxFork)

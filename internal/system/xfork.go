@@ -2,7 +2,6 @@ package system
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 
 	"github.com/clade-sandbox/clade/api"
@@ -18,17 +17,8 @@ type porter struct{ p *sandbox.Porter }
 
 var _ cluster.Porter = porter{}
 
-func (p porter) Export(ctx context.Context, source string, n int) (cluster.SnapshotMeta, func(), error) {
-	e, release, err := p.p.Export(ctx, source, n)
-	if err != nil {
-		return cluster.SnapshotMeta{}, nil, err
-	}
-	var m cluster.SnapshotMeta
-	if err := convert(e, &m); err != nil {
-		release()
-		return cluster.SnapshotMeta{}, nil, err
-	}
-	return m, release, nil
+func (p porter) Export(ctx context.Context, source string, n int) (api.SnapshotExport, func(), error) {
+	return p.p.Export(ctx, source, n)
 }
 
 func (p porter) Open(digest string) (string, func(), error) { return p.p.Open(digest) }
@@ -37,13 +27,9 @@ func (p porter) SendRoot(ctx context.Context, id string, w func() io.Writer) err
 	return p.p.SendRoot(ctx, id, w)
 }
 
-func (p porter) Import(ctx context.Context, meta cluster.SnapshotMeta, n int, fetch func(ctx context.Context, dir string) error,
+func (p porter) Import(ctx context.Context, meta api.SnapshotExport, n int, fetch func(ctx context.Context, dir string) error,
 	fetchRoot func(ctx context.Context, id string) (io.ReadCloser, error)) (api.ForkResult, error) {
-	var e sandbox.Export
-	if err := convert(meta, &e); err != nil {
-		return api.ForkResult{}, err
-	}
-	res, err := p.p.Import(ctx, e, n, fetch, fetchRoot)
+	res, err := p.p.Import(ctx, meta, n, fetch, fetchRoot)
 	if err != nil {
 		return api.ForkResult{}, err
 	}
@@ -55,13 +41,4 @@ func (p porter) Import(ctx context.Context, meta cluster.SnapshotMeta, n int, fe
 		}
 	}
 	return out, nil
-}
-
-// convert copies one of the two mirror types into the other.
-func convert(from, to any) error {
-	b, err := json.Marshal(from)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, to)
 }
