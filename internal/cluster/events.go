@@ -52,13 +52,9 @@ func (a *Across) client(n api.Node) (*sdk.Client, error) {
 	if c, ok := a.clients[n.Addr]; ok {
 		return c, nil
 	}
-	host := n.Addr
-	if !strings.Contains(host, "://") {
-		host = "http://" + host
-	}
-	c, err := sdk.New(host, sdk.WithToken(a.s.c.cfg.Token))
+	c, err := peerClient(n, a.s.c.cfg.Token)
 	if err != nil {
-		return nil, errdefs.New(errdefs.Unavailable, "node %s's address %q: %v", n.Name, n.Addr, err)
+		return nil, err
 	}
 	if len(a.clients) > 1000 {
 		clear(a.clients) // addresses of nodes long gone

@@ -463,17 +463,26 @@ func (s *Service) remote(n api.Node) (*remote.Service, error) {
 	if r, ok := s.remotes[n.Addr]; ok {
 		return r, nil
 	}
-	host := n.Addr
-	if !strings.Contains(host, "://") {
-		host = "http://" + host
-	}
-	c, err := sdk.New(host, sdk.WithToken(s.c.cfg.Token))
+	c, err := peerClient(n, s.c.cfg.Token)
 	if err != nil {
-		return nil, errdefs.New(errdefs.Unavailable, "node %s's address %q: %v", n.Name, n.Addr, err)
+		return nil, err
 	}
 	r := remote.New(c, n.Name)
 	s.remotes[n.Addr] = r
 	return r, nil
+}
+
+// peerClient is a new SDK client of node n's API with the cluster token.
+func peerClient(n api.Node, token string) (*sdk.Client, error) {
+	host := n.Addr
+	if !strings.Contains(host, "://") {
+		host = "http://" + host
+	}
+	c, err := sdk.New(host, sdk.WithToken(token))
+	if err != nil {
+		return nil, errdefs.New(errdefs.Unavailable, "node %s's address %q: %v", n.Name, n.Addr, err)
+	}
+	return c, nil
 }
 
 // lostRecord is the record of ref when the directory says it is lost.
