@@ -6,8 +6,8 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/cluster"
-	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/sandbox"
+	"github.com/clade-sandbox/clade/internal/service/local"
 )
 
 // porter adapts the lifecycle's sandbox.Porter to cluster.Porter: a fork
@@ -33,12 +33,5 @@ func (p porter) Import(ctx context.Context, meta api.SnapshotExport, n int, fetc
 	if err != nil {
 		return api.ForkResult{}, err
 	}
-	out := api.ForkResult{Snapshot: res.Snapshot, Children: make([]api.ForkChild, len(res.Children))}
-	for i, c := range res.Children {
-		out.Children[i] = api.ForkChild{ID: c.ID}
-		if c.Err != nil {
-			out.Children[i] = api.ForkChild{Error: c.Err.Error(), Code: string(errdefs.ClassOf(c.Err))}
-		}
-	}
-	return out, nil
+	return local.ForkResult(res), nil
 }

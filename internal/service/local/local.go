@@ -217,6 +217,12 @@ func (s *Service) Fork(ctx context.Context, source string, n int) (api.ForkResul
 	if err != nil {
 		return api.ForkResult{}, err
 	}
+	return ForkResult(res), nil
+}
+
+// ForkResult is the API's form of a fork's result: each child's id, or
+// its error and the error's class.
+func ForkResult(res sandbox.ForkResult) api.ForkResult {
 	out := api.ForkResult{Snapshot: res.Snapshot, Children: make([]api.ForkChild, len(res.Children))}
 	for i, c := range res.Children {
 		out.Children[i] = api.ForkChild{ID: c.ID}
@@ -224,7 +230,7 @@ func (s *Service) Fork(ctx context.Context, source string, n int) (api.ForkResul
 			out.Children[i] = api.ForkChild{Error: c.Err.Error(), Code: string(errdefs.ClassOf(c.Err))}
 		}
 	}
-	return out, nil
+	return out
 }
 
 func (s *Service) GetSnapshot(ctx context.Context, ref string) (api.Snapshot, error) {
