@@ -1212,6 +1212,12 @@ type proc struct {
 
 // processes lists the processes whose command line contains s.
 func (e *Engine) processes(s string) []proc {
+	return procsWhere(func(cmdline string) bool { return strings.Contains(cmdline, s) })
+}
+
+// procsWhere lists the processes, this one aside, whose command line (its
+// arguments NUL-separated, as /proc has it) match takes.
+func procsWhere(match func(cmdline string) bool) []proc {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -1223,7 +1229,7 @@ func (e *Engine) processes(s string) []proc {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(b), s) {
+		if err == nil && match(string(b)) {
 			out = append(out, proc{pid, string(b)})
 		}
 	}

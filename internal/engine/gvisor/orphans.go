@@ -2,9 +2,6 @@ package gvisor
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -62,26 +59,11 @@ func ownedBy(args []string, runRoot, dir, id string) bool {
 
 // idProcesses lists the processes of sandbox id (ownedBy), this one aside.
 func (e *Engine) idProcesses(id string) []proc {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	dir := e.dir(id)
-	var out []proc
-	for _, d := range ents {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
-		if err != nil || len(b) == 0 { // gone, a kernel thread, or a zombie
-			continue
-		}
-		if ownedBy(strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"), e.runRoot, dir, id) {
-			out = append(out, proc{pid, string(b)})
-		}
-	}
-	return out
+	return procsWhere(func(cmdline string) bool {
+		// Empty: a kernel thread or a zombie.
+		return cmdline != "" && ownedBy(strings.Split(strings.TrimSuffix(cmdline, "\x00"), "\x00"), e.runRoot, dir, id)
+	})
 }
 
 // endProcesses SIGKILLs every process of id and waits until none is left
