@@ -199,32 +199,7 @@ func TestNetClusterForkShipsRoot(t *testing.T) {
 
 	// n3 SIGKILLed midway through the root's fetch: its children fail, it
 	// leaves a build directory, and restarted it holds no part of it.
-	c.Kill(2)
-	n3.Env = []string{"CLADE_CRASH_AT=ship-root-mid-fetch"}
-	c.Restart(2)
-	n3.Env = nil
-	res3, err := n1.Client.Fork(t.Context(), parent.ID, 6, sdk.Spread())
-	if err != nil {
-		t.Fatalf("fork with n3 crashing: %v", err)
-	}
-	failed := 0
-	for _, ch := range res3.Children {
-		switch {
-		case ch.Node == "n3" && ch.Error == "":
-			t.Fatalf("a child on n3, which crashed mid-fetch: %+v", ch)
-		case ch.Node == "n3":
-			failed++
-			t.Logf("n3's child: %s (%s)", ch.Error, ch.Code)
-		case ch.Error != "":
-			t.Fatalf("child on %s failed: %+v", ch.Node, ch)
-		}
-	}
-	if failed == 0 {
-		t.Fatalf("no child was placed on n3: %+v", res3)
-	}
-	if err := n3.Wait(); err == nil {
-		t.Fatal("n3 did not crash")
-	}
+	forkThroughCrash(t, c, parent.ID, "ship-root-mid-fetch")
 	builds := func() []string {
 		m, _ := filepath.Glob(filepath.Join(ownImages, ".build-*"))
 		return m

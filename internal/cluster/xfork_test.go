@@ -137,32 +137,7 @@ func TestNetClusterFork(t *testing.T) {
 
 	// A target SIGKILLed after fetching, before recording: the owner
 	// names its children failed; restarted, it holds nothing of the fork.
-	c.Kill(2)
-	n3.Env = []string{"CLADE_CRASH_AT=xfork-import-fetched"}
-	c.Restart(2)
-	n3.Env = nil
-	res, err = n1.Client.Fork(t.Context(), parent.ID, 6, sdk.Spread())
-	if err != nil {
-		t.Fatalf("fork with n3 crashing: %v", err)
-	}
-	failed := 0
-	for _, ch := range res.Children {
-		switch {
-		case ch.Node == "n3" && ch.Error == "":
-			t.Fatalf("a child on n3, which crashed mid-import: %+v", ch)
-		case ch.Node == "n3":
-			failed++
-			t.Logf("n3's child: %s (%s)", ch.Error, ch.Code)
-		case ch.Error != "":
-			t.Fatalf("child on %s failed: %+v", ch.Node, ch)
-		}
-	}
-	if failed == 0 {
-		t.Fatalf("no child was placed on n3: %+v", res)
-	}
-	if err := n3.Wait(); err == nil {
-		t.Fatalf("n3 did not crash")
-	}
+	res = forkThroughCrash(t, c, parent.ID, "xfork-import-fetched")
 	c.Kill(2)
 	c.Restart(2)
 	sbs, err := n3.Client.ListSandboxes(t.Context())
@@ -375,4 +350,40 @@ func TestNetClusterForkOwnerKilled(t *testing.T) {
 	if err != nil || sb.State != "running" && sb.State != "lost" {
 		t.Fatalf("the parent after n1's restart: %+v %v", sb, err)
 	}
+}
+
+// forkThroughCrash restarts c's third node with the crash point at and
+// forks 6 children of parent with the spread through the first: the
+// children placed on the third fail (at least one is placed there), the
+// others are made, and the third node crashed.
+func forkThroughCrash(t *testing.T, c *testenv.NetCluster, parent, at string) sdk.ForkResult {
+	t.Helper()
+	n1, n3 := c.Nodes[0], c.Nodes[2]
+	c.Kill(2)
+	n3.Env = []string{"CLADE_CRASH_AT=" + at}
+	c.Restart(2)
+	n3.Env = nil
+	res, err := n1.Client.Fork(t.Context(), parent, 6, sdk.Spread())
+	if err != nil {
+		t.Fatalf("fork with n3 crashing at %s: %v", at, err)
+	}
+	failed := 0
+	for _, ch := range res.Children {
+		switch {
+		case ch.Node == "n3" && ch.Error == "":
+			t.Fatalf("a child on n3, which crashed at %s: %+v", at, ch)
+		case ch.Node == "n3":
+			failed++
+			t.Logf("n3's child: %s (%s)", ch.Error, ch.Code)
+		case ch.Error != "":
+			t.Fatalf("child on %s failed: %+v", ch.Node, ch)
+		}
+	}
+	if failed == 0 {
+		t.Fatalf("no child was placed on n3: %+v", res)
+	}
+	if err := n3.Wait(); err == nil {
+		t.Fatalf("n3 did not crash at %s", at)
+	}
+	return res
 }
