@@ -25,8 +25,18 @@ func TestReapProcesses(t *testing.T) {
 	// init or the daemon.
 	done := make(chan error, 1)
 	go func() { done <- left.Wait() }()
-	// Once bash has exec'd sleep under that name.
-	for deadline := time.Now().Add(10 * time.Second); len(ProcessesMentioning(dir+"/runsc\x00")) == 0; {
+	// Once bash has exec'd sleep under that name: bash's own command line
+	// names the directory too (as its last argument), and a process caught
+	// mid-exec shows no command line at all, so wait for argv[0].
+	execd := func() bool {
+		for _, p := range ProcessesMentioning(dir + "/runsc\x00") {
+			if _, cmd, _ := strings.Cut(p, " "); strings.HasPrefix(cmd, dir+"/runsc 1000") {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); !execd(); {
 		if time.Now().After(deadline) {
 			t.Fatal("the process never showed under its name")
 		}
