@@ -35,10 +35,13 @@ type channel struct {
 	stdout *wire.Sender
 	stderr *wire.Sender
 
-	mu      sync.Mutex
-	proc    *os.Process
-	sock    io.Closer // an OpDial's connection, an OpWatch's inotify
-	pty     *os.File  // a TTY exec's terminal (master side), until it ends
+	mu   sync.Mutex
+	proc *os.Process
+	sock io.Closer // an OpDial's connection, an OpWatch's inotify
+	pty  *os.File  // a TTY exec's terminal (master side), until it ends
+	// sizes counts the host's resizes of pty; a hold (see holdSize) ends
+	// when a later one comes.
+	sizes   uint64
 	aborted bool
 	done    chan struct{}
 	// kept and att: the kept command the channel follows (see kept.go).

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/clade-sandbox/clade/internal/agent/wire"
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -73,13 +74,69 @@ func setSize(master *os.File, rows, cols uint16) error {
 	})
 }
 
+// getSize returns a terminal's size.
+func getSize(master *os.File) (unix.Winsize, error) {
+	var ws *unix.Winsize
+	err := control(master, func(fd int) error {
+		var err error
+		ws, err = unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
+		return err
+	})
+	if err != nil {
+		return unix.Winsize{}, err
+	}
+	return *ws, nil
+}
+
 // resize sets the channel's terminal size; a channel without a terminal
-// (or whose process has ended) ignores it.
+// (or whose process has ended) ignores it. The size is then held for a
+// moment against readline's write-back (see holdSize).
 func (ch *channel) resize(rows, cols uint16) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if ch.pty != nil {
-		_ = setSize(ch.pty, rows, cols)
+	if ch.pty == nil {
+		return
+	}
+	old, err := getSize(ch.pty)
+	if err != nil || setSize(ch.pty, rows, cols) != nil {
+		return
+	}
+	ch.sizes++
+	if old.Row != rows || old.Col != cols {
+		go ch.holdSize(ch.sizes, old, rows, cols)
+	}
+}
+
+// sizeChecks are the waits between holdSize's looks at a terminal: about
+// a second in all, most of the looks early.
+var sizeChecks = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond,
+	8 * time.Millisecond, 16 * time.Millisecond, 32 * time.Millisecond, 64 * time.Millisecond,
+	128 * time.Millisecond, 256 * time.Millisecond, 512 * time.Millisecond}
+
+// holdSize puts a resize back when the terminal's size returns to the one
+// before it, for about a second after it. Readline (bash's prompt) reads
+// the size and writes the same value back each time it prepares the
+// terminal (rltty.c set_winsize, TIOCGWINSZ then TIOCSWINSZ), to stop a
+// background readline before it touches the terminal. A resize that lands
+// between the two is undone, silently: `stty size` then prints the old
+// size. On Linux the two calls are a few hundred nanoseconds apart; under
+// gVisor, on a loaded host, they can be milliseconds apart, and a resize
+// sent as a shell starts (E2B's pty.create, then pty.resize) was lost about
+// once in two hundred times. Nothing tells the agent of a size change, so
+// it looks. A size set to something else (`stty rows N` in the sandbox)
+// is left alone, and a later resize ends the hold.
+func (ch *channel) holdSize(n uint64, old unix.Winsize, rows, cols uint16) {
+	for _, d := range sizeChecks {
+		time.Sleep(d) // no event says the size changed: look again
+		ch.mu.Lock()
+		if ch.pty == nil || ch.sizes != n {
+			ch.mu.Unlock()
+			return
+		}
+		if cur, err := getSize(ch.pty); err == nil && cur.Row == old.Row && cur.Col == old.Col {
+			_ = setSize(ch.pty, rows, cols)
+		}
+		ch.mu.Unlock()
 	}
 }
 
