@@ -5,8 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,7 +21,7 @@ import (
 // on the e2b-base image: the tools E2B's base holds, the user `user` with
 // passwordless sudo, and /home/user as the working directory.
 func TestBaseTemplate(t *testing.T) {
-	dir := jsDir(t)
+	jsDir(t) // before the daemon: skips without node
 	testenv.BuiltinImage(t, image.E2BBase)
 	// A hot pool of E2B's base image only (--e2b keeps it hot beside the
 	// default image's): the SDK's create must claim one of them.
@@ -31,15 +29,7 @@ func TestBaseTemplate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	waitHot(ctx, t, d, 1)
-	cmd := exec.CommandContext(ctx, "node", "base.mjs", "e2b")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url)
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil || !strings.Contains(string(out), "PASS e2b") {
-		t.Fatalf("the base template failed: %v\ndaemon log tail:\n%s", err, tail(d.Log(), 3000))
-	}
+	runJS(t, d, url, key, 3*time.Minute, "base.mjs", "e2b")
 	if h := metric(t, d, "clade_hot_pool_hits_total"); h < 1 {
 		t.Fatalf("the create of `base` claimed no hot sandbox of %s (%d hot-pool hits)", image.E2BBase, h)
 	}

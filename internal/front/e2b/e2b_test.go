@@ -27,7 +27,7 @@ func jsDir(t testing.TB) string {
 		t.Skip("node is not installed: the E2B compatibility test drives the real E2B JS SDK (install Node >= 20)")
 	}
 	dir := filepath.Join(testenv.ModuleRoot(), "internal", "front", "e2b", "testdata", "js")
-	for _, m := range []string{"e2b", "e2b-2.50"} {
+	for _, m := range sdkModules {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", m, "package.json")); err != nil {
 			t.Fatalf("the E2B SDK %s is not installed in %s: run `make deps-test` (`make test` does) (%v)", m, dir, err)
 		}
@@ -61,24 +61,37 @@ func startE2B(t testing.TB, extraArgs ...string) (*testenv.Daemon, string, strin
 // TestRealSDK runs the unmodified E2B JS SDK, at each pinned version,
 // through every call clade's E2B front serves, against real sandboxes.
 func TestRealSDK(t *testing.T) {
-	dir := jsDir(t)
+	jsDir(t) // before the daemon: skips without node
 	ingress, domain := freeAddr(t), "clade.localhost"
 	d, url, key := startE2B(t, "--ingress", ingress, "--ingress-domain", domain)
-	for _, mod := range []string{"e2b", "e2b-2.50"} {
+	for _, mod := range sdkModules {
 		t.Run(mod, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, "node", "compat.mjs", mod)
-			cmd.Dir = dir
-			cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url,
-				"CLADE_INGRESS_ADDR="+ingress, "CLADE_INGRESS_DOMAIN="+domain)
-			cmd.WaitDelay = 5 * time.Second
-			out, err := cmd.CombinedOutput()
-			t.Logf("%s", out)
-			if err != nil || !strings.Contains(string(out), "PASS "+mod) {
-				t.Fatalf("the E2B SDK %s failed against clade: %v\ndaemon log tail:\n%s", mod, err, tail(d.Log(), 3000))
-			}
+			runJS(t, d, url, key, 5*time.Minute, "compat.mjs", mod, "CLADE_INGRESS_ADDR="+ingress, "CLADE_INGRESS_DOMAIN="+domain)
 		})
+	}
+}
+
+// sdkModules are the pinned E2B JS clients (package.json) the scripts run
+// with: the newest and the one before.
+var sdkModules = []string{"e2b", "e2b-2.50"}
+
+// runJS runs `node SCRIPT ARG` in jsDir against the E2B front at url
+// (E2B_API_URL and E2B_SANDBOX_URL) with key and env added, and fails the
+// test, with what the script printed and the tail of d's log, unless it
+// ends well having printed "PASS ARG". ARG names the SDK module the script
+// loads (or, for a script of one module, its own tag).
+func runJS(t *testing.T, d *testenv.Daemon, url, key string, timeout time.Duration, script, arg string, env ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", script, arg)
+	cmd.Dir = jsDir(t)
+	cmd.Env = append(append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url), env...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(string(out), "PASS "+arg) {
+		t.Fatalf("node %s %s failed against clade: %v\ndaemon log tail:\n%s", script, arg, err, tail(d.Log(), 3000))
 	}
 }
 

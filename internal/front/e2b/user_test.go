@@ -1,10 +1,6 @@
 package e2b_test
 
 import (
-	"context"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 )
@@ -13,21 +9,9 @@ import (
 // (testdata/js/user.mjs): commands and files as `user` unless the client
 // asks for root, and the owners list and getInfo report.
 func TestRealSDKUser(t *testing.T) {
-	dir := jsDir(t)
+	jsDir(t) // before the daemon: skips without node
 	d, url, key := startE2B(t)
-	for _, mod := range []string{"e2b", "e2b-2.50"} {
-		t.Run(mod, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, "node", "user.mjs", mod)
-			cmd.Dir = dir
-			cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url)
-			cmd.WaitDelay = 5 * time.Second
-			out, err := cmd.CombinedOutput()
-			t.Logf("%s", out)
-			if err != nil || !strings.Contains(string(out), "PASS "+mod) {
-				t.Fatalf("the E2B SDK %s failed against clade: %v\ndaemon log tail:\n%s", mod, err, tail(d.Log(), 3000))
-			}
-		})
+	for _, mod := range sdkModules {
+		t.Run(mod, func(t *testing.T) { runJS(t, d, url, key, 3*time.Minute, "user.mjs", mod) })
 	}
 }
