@@ -89,6 +89,11 @@ type NodeCapacity struct {
 	// Engines are the engines it runs; Images the images it has.
 	Engines []string `json:"engines,omitempty"`
 	Images  []string `json:"images,omitempty"`
+	// StoreKey says which key its copies in the object store are sealed
+	// under: "plain" (no --encrypt-at-rest), "sealed:ID" (an identifier
+	// of the key, not the key), empty without --object-store. A sleeping
+	// sandbox moves only to a node whose StoreKey is its image's.
+	StoreKey string `json:"store_key,omitempty"`
 }
 
 // SnapshotExport describes a sealed snapshot that another node of a

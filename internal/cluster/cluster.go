@@ -70,6 +70,11 @@ type Config struct {
 	// snapshot store (default 2 min): a hung store must not leave a
 	// sandbox moving for long.
 	MoveTimeout time.Duration
+	// StoreKey is the KeyID of the node's object store (snapstore:
+	// "plain", "sealed:ID"; empty without one): written into the records
+	// of its sleeping sandboxes with their image, whose moves go only to
+	// nodes that publish the same (NodeCapacity.StoreKey).
+	StoreKey string
 	// Capacity reads what the node has now.
 	Capacity func(ctx context.Context) (api.NodeCapacity, error)
 	Log      *slog.Logger

@@ -32,6 +32,9 @@ type Record struct {
 	// SleepImage is the digest of a sleeping sandbox's image in the
 	// snapshot store (--object-store): any node can wake it (move.go).
 	SleepImage string `json:"sleep_image,omitempty"`
+	// SleepKey is the StoreKey of the node that sealed the image: only a
+	// node with the same key opens it (empty in an older node's record).
+	SleepKey string `json:"sleep_key,omitempty"`
 }
 
 // nameValue is a names/NAME key's value: the sandbox that has the name,
@@ -134,6 +137,9 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string) error
 		return unavailable("read the record of "+sb.ID, err)
 	}
 	rec := Record{ID: sb.ID, Node: c.cfg.Node, State: sb.State, Name: sb.Name, Epoch: 1, UpdatedAt: time.Now().UTC(), Sandbox: summary(sb, c.cfg.Node), SleepImage: img}
+	if img != "" {
+		rec.SleepKey = c.cfg.StoreKey
+	}
 	var conds []clientv3.Cmp
 	var then []clientv3.Op
 	var old Record

@@ -146,7 +146,7 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 			if full, err := mv.local.Get(ctx, sb.ID); err == nil {
 				sb = full // the record's view: image, engine, shape
 			}
-			if why := mv.whyStays(nodes, sb); why != "" {
+			if why := mv.whyStays(nodes, Record{ID: sb.ID, Node: mv.c.cfg.Node, Sandbox: sb, SleepKey: mv.c.cfg.StoreKey}); why != "" {
 				hold(sb, false, why)
 				continue
 			}
@@ -213,7 +213,7 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 		p.Settled = false // sealed: the record names it at the next write
 		return
 	}
-	if why := mv.whyStays(nodes, rec.Sandbox); why != "" {
+	if why := mv.whyStays(nodes, rec); why != "" {
 		hold(sb, false, why)
 		return
 	}
@@ -248,9 +248,13 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 // whyStays says why sb can go to no other node now ("" when one takes
 // it): no other live node that is not draining runs its engine, has its
 // image and takes its size.
-func (mv *moves) whyStays(nodes []api.Node, sb api.Sandbox) string {
-	if len(mv.candidates(nodes, Record{ID: sb.ID, Node: mv.c.cfg.Node, Sandbox: sb}, "")) > 0 {
+func (mv *moves) whyStays(nodes []api.Node, rec Record) string {
+	if len(mv.candidates(nodes, rec, "")) > 0 {
 		return ""
+	}
+	sb := rec.Sandbox
+	if other := otherKeys(nodes, rec, ""); len(other) > 0 {
+		return fmt.Sprintf("no other node takes it now: its sleep image is %s, and %s (every node needs --encrypt-at-rest and the same --key-file to wake another node's image)", imageKeyWords(rec.SleepKey), strings.Join(other, ", "))
 	}
 	names := make([]string, 0, len(nodes))
 	for _, n := range nodes {

@@ -376,6 +376,19 @@ func (mv *moves) routeSleeping(ctx context.Context, ref string, rec Record) (svc
 			if _, err := mv.local.Get(ctx, rec.ID); err == nil {
 				return mv.local, true, nil // adopted meanwhile (another call's move)
 			}
+			if !opens(api.Node{Capacity: api.NodeCapacity{StoreKey: mv.c.cfg.StoreKey}}, rec) {
+				// Given here by a node that could not tell (or before
+				// this node's key changed): this node cannot open the
+				// image, so it claims nothing and gives the record on.
+				why := fmt.Sprintf("sandbox %s was given to node %s, which cannot open its sleep image: it is %s in the object store, and this node has %s; "+
+					"every node must have --encrypt-at-rest and the same host key (--key-file or $CLADE_KEY) to wake another node's image",
+					rec.ID, mv.c.cfg.Node, imageKeyWords(rec.SleepKey), keyWords(mv.c.cfg.StoreKey))
+				mv.c.cfg.Log.Warn("cluster: "+why+": giving it to another node", "sandbox", rec.ID)
+				if gerr := mv.giveOn(ctx, rec.ID); gerr != nil {
+					return nil, true, errdefs.New(errdefs.Unavailable, "%s; no other node takes it now (%v): it stays asleep, try again later", why, gerr)
+				}
+				continue
+			}
 			svc, err := mv.adoptHere(ctx, rec, rev)
 			if errors.Is(err, errMoveRace) {
 				continue
@@ -432,6 +445,12 @@ func (mv *moves) reassign(ctx context.Context, rec Record, rev int64, gone bool,
 	}
 	cs := mv.candidates(nodes, rec, except)
 	if len(cs) == 0 {
+		if other := otherKeys(nodes, rec, except); len(other) > 0 {
+			return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and the other live nodes that take sandboxes cannot open its sleep image: "+
+				"it is %s in the object store, and %s; every node must have --encrypt-at-rest and the same host key (--key-file or $CLADE_KEY) to wake another node's image. "+
+				"It stays asleep: it wakes when node %s is back, or on a node with its key",
+				rec.ID, rec.Node, imageKeyWords(rec.SleepKey), strings.Join(other, ", "), rec.Node)
+		}
 		return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and no other live node that is not draining runs its engine, has its image and takes its size (%d MiB, %g CPUs): try again later",
 			rec.ID, rec.Node, rec.Sandbox.MemoryMiB, rec.Sandbox.CPUs)
 	}
@@ -445,7 +464,7 @@ func (mv *moves) candidates(nodes []api.Node, rec Record, except string) []candi
 	var others []api.Node
 	for _, n := range nodes {
 		c := n.Capacity
-		if n.Name == rec.Node || n.Name == except ||
+		if n.Name == rec.Node || n.Name == except || !opens(n, rec) ||
 			c.MaxMemoryMiB > 0 && int64(rec.Sandbox.MemoryMiB) > c.MaxMemoryMiB || c.MaxCPUs > 0 && rec.Sandbox.CPUs > c.MaxCPUs {
 			continue
 		}
@@ -455,6 +474,44 @@ func (mv *moves) candidates(nodes []api.Node, rec Record, except string) []candi
 	// Nodes without the image come after those with it: the adopter
 	// fetches the root from a node that holds it.
 	return rankAnywhere(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+}
+
+// opens is whether node n can open rec's sleep image: its object store
+// key is the one the image was sealed under (a record an older node wrote
+// does not say: any node may try).
+func opens(n api.Node, rec Record) bool {
+	return rec.SleepKey == "" || n.Capacity.StoreKey == rec.SleepKey
+}
+
+// otherKeys describes the live nodes (but rec's own and except) that
+// cannot open rec's image for their key.
+func otherKeys(nodes []api.Node, rec Record, except string) []string {
+	var out []string
+	for _, n := range nodes {
+		if n.Name != rec.Node && n.Name != except && !opens(n, rec) {
+			out = append(out, fmt.Sprintf("node %s has %s", n.Name, keyWords(n.Capacity.StoreKey)))
+		}
+	}
+	return out
+}
+
+// keyWords says what a node's store key is, for messages.
+func keyWords(k string) string {
+	switch k {
+	case "":
+		return "no --object-store"
+	case "plain":
+		return "no --encrypt-at-rest (its store key is plain)"
+	}
+	return "host key " + k
+}
+
+// imageKeyWords says how an image of store key k is kept, for messages.
+func imageKeyWords(k string) string {
+	if k == "plain" {
+		return "in plaintext (its node has no --encrypt-at-rest)"
+	}
+	return "sealed under host key " + k
 }
 
 // adoptHere moves sleeping rec (read at rev), which names this node but

@@ -77,6 +77,21 @@ func (c *Copies) Store() Store {
 	return c.store
 }
 
+// KeyPlain is the KeyID of a store whose objects are not sealed.
+const KeyPlain = "plain"
+
+// KeyID says which key the store's objects are sealed under ("" for a nil
+// Copies, KeyPlain for a store that seals nothing): see S3.KeyID.
+func (c *Copies) KeyID() string {
+	if c == nil {
+		return ""
+	}
+	if k, ok := c.store.(interface{ KeyID() string }); ok {
+		return k.KeyID()
+	}
+	return KeyPlain
+}
+
 func (c *Copies) recordPath(name string) (string, error) {
 	if !nameRE.MatchString(name) {
 		return "", errdefs.New(errdefs.InvalidArgument, "bad image name %q", name)

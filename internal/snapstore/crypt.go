@@ -49,6 +49,17 @@ func newSealer(key []byte) (*sealer, error) {
 	return &sealer{key: key, nameKey: nk}, nil
 }
 
+// id names the key without revealing it: "sealed:" and 8 bytes derived
+// from it (HKDF), the same on every daemon with the same host key. Nodes
+// compare it to tell whether one can open another's objects.
+func (s *sealer) id() string {
+	b, err := hkdf.Key(sha256.New, s.key, nil, "object store key id", 8)
+	if err != nil {
+		panic(err) // only for lengths HKDF cannot make
+	}
+	return "sealed:" + hex.EncodeToString(b)
+}
+
 // prefix hides a digest (which names the plaintext manifest) behind a
 // keyed hash.
 func (s *sealer) prefix(d Digest) string {

@@ -120,6 +120,16 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 	return s, nil
 }
 
+// KeyID says which key the store's objects are sealed under: "plain"
+// without one, else "sealed:" and an identifier of the key (not the key).
+// Two daemons open each other's objects only when their KeyIDs are equal.
+func (s *S3) KeyID() string {
+	if s.seal == nil {
+		return KeyPlain
+	}
+	return s.seal.id()
+}
+
 func (s *S3) unavailable(what string, err error) error {
 	return errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("object store %s: %s: %w", s.endpoint, what, err))
 }
@@ -187,6 +197,11 @@ type readCloser struct {
 func (s *S3) manifest(ctx context.Context, d Digest) ([]stateimg.File, error) {
 	r, err := s.get(ctx, s.base(d)+"m")
 	if errors.Is(err, os.ErrNotExist) {
+		if s.seal != nil {
+			// Its objects' names are keyed too: an image sealed under
+			// another key is not found rather than refused.
+			return nil, errdefs.New(errdefs.NotFound, "stored image %s not found in %s under this daemon's key (%s): it is not there, or it was sealed under another host key (every node must have the same --key-file or $CLADE_KEY)", short(d), s.endpoint, s.seal.id())
+		}
 		return nil, errdefs.New(errdefs.NotFound, "stored image %s not found in %s", short(d), s.endpoint)
 	}
 	if errors.Is(err, errSealed) {

@@ -85,7 +85,7 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	stops = append(stops, func() { cli.Close() })
 	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, o, local, st, eng) }
 	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: co.token(o.Token),
-		Version: o.Version, LeaseTTL: co.LeaseTTL, MoveTimeout: co.MoveTimeout, LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
+		Version: o.Version, LeaseTTL: co.LeaseTTL, MoveTimeout: co.MoveTimeout, StoreKey: o.Sandbox.Copies.KeyID(), LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -114,7 +114,7 @@ func cmpOr(a, b string) string {
 
 // nodeCapacity is what the node tells the cluster it has.
 func nodeCapacity(ctx context.Context, o Options, local service.Service, st *store.Store, eng *multi.Engine) (api.NodeCapacity, error) {
-	c := api.NodeCapacity{Cores: runtime.NumCPU()}
+	c := api.NodeCapacity{Cores: runtime.NumCPU(), StoreKey: o.Sandbox.Copies.KeyID()}
 	var errs []error
 	var err error
 	if c.MemoryTotalMiB, err = hostinfo.MemTotalMiB(); err != nil {
