@@ -37,14 +37,14 @@ type env struct {
 	hook *recordingHook
 }
 
-func newEnv(t *testing.T, cfg Config) *env {
+func newEnv(t testing.TB, cfg Config) *env {
 	t.Helper()
 	return newEnvDB(t, cfg, "")
 }
 
 // newEnvDB is newEnv with the database at db (if not empty; beside the
 // rest otherwise).
-func newEnvDB(t *testing.T, cfg Config, db string) *env {
+func newEnvDB(t testing.TB, cfg Config, db string) *env {
 	t.Helper()
 	dir := t.TempDir()
 	if db == "" {
