@@ -930,9 +930,9 @@ func setState(t *testing.T, e *env, id, state string) {
 }
 
 func TestPressureSleepsLeastRecentlyUsed(t *testing.T) {
-	old := idleAfter
-	idleAfter = 0
-	t.Cleanup(func() { idleAfter = old })
+	old, oldGrace := idleAfter, lookupGrace
+	idleAfter, lookupGrace = 0, 0
+	t.Cleanup(func() { idleAfter, lookupGrace = old, oldGrace })
 	e := newEnv(t, Config{})
 	a := e.create(t, 128)
 	b := e.create(t, 128)
