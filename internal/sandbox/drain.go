@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -43,34 +42,16 @@ func (mv *Mover) SleepIdle(ctx context.Context, id string) (busy string, err err
 	if err := movable(rec); err != nil {
 		return "", err
 	}
-	if why := m.traffic.busyWhy(id); why != "" {
+	if why := m.traffic.busyWhy(id, idleAfter); why != "" {
 		return why, nil
 	}
 	if err := m.admission.checkDisk("sleep"); err != nil {
 		return err.Error(), nil
 	}
-	if err := m.sleepLocked(context.WithoutCancel(ctx), snapper, &rec); err != nil {
-		return "", err
+	busy, err = m.sleepIdleLocked(context.WithoutCancel(ctx), snapper, &rec, idleAfter)
+	if busy != "" || err != nil {
+		return busy, err
 	}
 	m.log.Info("drain: idle sandbox put to sleep to move it to another node", "sandbox", id)
 	return "", nil
-}
-
-// busyWhy says why live sandbox id is not idle for a drain ("" when it
-// is): what it is doing now, or how recently it was used.
-func (t *Traffic) busyWhy(id string) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	sb := t.live[id]
-	switch {
-	case sb == nil:
-		return "it is not live"
-	case sb.Guest().Active() > 0:
-		return fmt.Sprintf("%d exec, attach or file calls in flight", sb.Guest().Active())
-	case t.holds[id] > 0:
-		return fmt.Sprintf("%d connections or proxied requests open", t.holds[id])
-	case time.Since(t.lastUsed[id]) < idleAfter:
-		return fmt.Sprintf("used in the last %s", idleAfter)
-	}
-	return ""
 }

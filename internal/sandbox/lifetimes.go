@@ -90,10 +90,12 @@ type Lifetimes struct {
 }
 
 // lifetimeOps is what the lifetime policy needs of the lifecycle: a sleep
-// and a removal of a sandbox whose lock it holds, and the collection of
-// the implicit snapshot a removed sandbox stood on.
+// (sleepIdleLocked: only if the sandbox is idle, for the idle and pressure
+// sleepers) and a removal of a sandbox whose lock it holds, and the
+// collection of the implicit snapshot a removed sandbox stood on.
 type lifetimeOps interface {
 	sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error
+	sleepIdleLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, quiet time.Duration) (busy string, err error)
 	destroyLocked(ctx context.Context, rec store.Sandbox) error
 	gcSnapshot(ctx context.Context, id string)
 }
@@ -206,9 +208,13 @@ func (l *Lifetimes) sleepIdle(ctx context.Context, id string) {
 		l.log.Warn("idle sleep refused", "sandbox", id, "err", err)
 		return
 	}
-	if err := l.life.sleepLocked(context.WithoutCancel(ctx), snapper, &rec); err != nil {
+	busy, err := l.life.sleepIdleLocked(context.WithoutCancel(ctx), snapper, &rec, time.Duration(rec.Opts.IdleSleepMS)*time.Millisecond)
+	if err != nil {
 		l.log.Warn("idle sleep failed", "sandbox", id, "err", err)
 		return
+	}
+	if busy != "" {
+		return // used since the first look
 	}
 	l.counters.IdleSleeps.Add(1)
 	l.log.Info("idle sandbox put to sleep; it wakes on its next request", "sandbox", id, "idle_sleep", time.Duration(rec.Opts.IdleSleepMS)*time.Millisecond)

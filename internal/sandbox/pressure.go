@@ -75,13 +75,16 @@ func (l *Lifetimes) sleepForPressure(ctx context.Context, snapper engine.Snapsho
 	if err != nil || rec.State != store.StateRunning {
 		return false
 	}
-	idle := l.traffic.idleNow(id)
-	if !idle || l.admission.checkDisk("sleep") != nil {
+	if l.traffic.busyWhy(id, idleAfter) != "" || l.admission.checkDisk("sleep") != nil {
 		return false
 	}
-	if err := l.life.sleepLocked(ctx, snapper, &rec); err != nil {
+	busy, err := l.life.sleepIdleLocked(ctx, snapper, &rec, idleAfter)
+	if err != nil {
 		l.log.Warn("memory pressure: sleep failed", "sandbox", id, "err", err)
 		return false
+	}
+	if busy != "" {
+		return false // used since idleLRU's look
 	}
 	l.counters.PressureSleeps.Add(1)
 	l.log.Warn("memory pressure: put the least recently used idle sandbox to sleep; it wakes on its next request",

@@ -37,14 +37,14 @@ type env struct {
 	hook *recordingHook
 }
 
-func newEnv(t *testing.T, cfg Config) *env {
+func newEnv(t testing.TB, cfg Config) *env {
 	t.Helper()
 	return newEnvDB(t, cfg, "")
 }
 
 // newEnvDB is newEnv with the database at db (if not empty; beside the
 // rest otherwise).
-func newEnvDB(t *testing.T, cfg Config, db string) *env {
+func newEnvDB(t testing.TB, cfg Config, db string) *env {
 	t.Helper()
 	dir := t.TempDir()
 	if db == "" {
@@ -930,9 +930,9 @@ func setState(t *testing.T, e *env, id, state string) {
 }
 
 func TestPressureSleepsLeastRecentlyUsed(t *testing.T) {
-	old := idleAfter
-	idleAfter = 0
-	t.Cleanup(func() { idleAfter = old })
+	old, oldGrace := idleAfter, lookupGrace
+	idleAfter, lookupGrace = 0, 0
+	t.Cleanup(func() { idleAfter, lookupGrace = old, oldGrace })
 	e := newEnv(t, Config{})
 	a := e.create(t, 128)
 	b := e.create(t, 128)

@@ -41,16 +41,52 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 	return rec, m.sleepLocked(context.WithoutCancel(ctx), snapper, &rec)
 }
 
-// sleepLocked puts rec to sleep. Guarded by rec's lock.
+// sleepLocked puts rec to sleep, as asked (Sleep, a timeout): calls in
+// flight on it fail. Guarded by rec's lock.
 func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error {
-	st := steps.New(m.log)
-	defer st.Log(m.log, "sleep timings", "sandbox", rec.ID)
-	dir := m.cfg.sleepDir(rec.ID)
-	if err := os.RemoveAll(dir); err != nil {
+	if err := os.RemoveAll(m.cfg.sleepDir(rec.ID)); err != nil {
 		return err
 	}
 	// Requests that come now wait for the lock, then wake the sandbox.
-	sb := m.traffic.drop(rec.ID)
+	return m.sleepRetired(ctx, snapper, rec, m.traffic.drop(rec.ID))
+}
+
+// sleepIdleLocked puts rec to sleep if it is idle for quiet (the sleepers
+// of idle sandboxes: the idle sleep, memory pressure, a drain). Whether it
+// is idle and its leaving service are one step (Traffic.retire): a call
+// that found it live first makes it busy, one that comes after waits for
+// the sleep and wakes it. busy says why it stays ("" when it slept).
+// Guarded by rec's lock.
+func (m *Manager) sleepIdleLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, quiet time.Duration) (busy string, err error) {
+	if sleepRaceHook != nil {
+		sleepRaceHook("idle", rec.ID)
+	}
+	sb, busy := m.traffic.retire(rec.ID, quiet)
+	if busy != "" {
+		return busy, nil
+	}
+	if sleepRaceHook != nil {
+		sleepRaceHook("retired", rec.ID)
+	}
+	if err := os.RemoveAll(m.cfg.sleepDir(rec.ID)); err != nil {
+		m.traffic.relive(rec.ID, sb)
+		return "", err
+	}
+	return "", m.sleepRetired(ctx, snapper, rec, sb)
+}
+
+// sleepRaceHook, set by tests only, is called by sleepIdleLocked: with
+// "idle" once the sleeper's first look found the sandbox idle, and with
+// "retired" once the sandbox is out of service, before its checkpoint.
+var sleepRaceHook func(point, id string)
+
+// sleepRetired puts rec to sleep once it is out of Traffic (sb is what was
+// live, put back if the sleep fails) and its sleep dir is empty. Guarded
+// by rec's lock.
+func (m *Manager) sleepRetired(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, sb engine.Sandbox) error {
+	st := steps.New(m.log)
+	defer st.Log(m.log, "sleep timings", "sandbox", rec.ID)
+	dir := m.cfg.sleepDir(rec.ID)
 	if err := m.moveLocked(ctx, rec, store.StateSuspending, ""); err != nil {
 		m.traffic.relive(rec.ID, sb)
 		return err

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"slices"
@@ -107,20 +108,91 @@ func (t *Traffic) woke(id string) {
 // path and wait for the sandbox's lock. It returns what was live.
 func (t *Traffic) drop(id string) engine.Sandbox {
 	t.mu.Lock()
+	sb, conns := t.dropLocked(id)
+	t.mu.Unlock()
+	closeConns(conns)
+	return sb
+}
+
+// dropLocked is drop's part under mu: it returns what was live and the
+// connections dialed to it, for the caller to close once mu is released.
+func (t *Traffic) dropLocked(id string) (engine.Sandbox, []net.Conn) {
 	sb := t.live[id]
 	delete(t.live, id)
 	delete(t.lastUsed, id)
 	delete(t.wokeAt, id)
 	conns := t.dialed[sb]
 	delete(t.dialed, sb)
-	t.mu.Unlock()
-	// Their clients see an EOF and dial again (a wake). A drop undone
-	// (relive: a sleep that failed) costs them a reconnection only.
+	return sb, conns
+}
+
+// closeConns closes the connections a drop took from a sandbox. Their
+// clients see an EOF and dial again (a wake). A drop undone (relive: a
+// sleep that failed) costs them a reconnection only.
+func closeConns(conns []net.Conn) {
 	for _, c := range conns {
 		c.Close()
 	}
-	return sb
 }
+
+// retire takes live sandbox id out of service for a sleep if it is idle:
+// no exec, attach or file call in flight on its agent, no hold (a proxied
+// request or connection), and no request for quiet (nor for
+// lookupGrace). The look and the drop are one step under mu, so a call is
+// on one side of it: one that found the sandbox live before (its lookup
+// counts as a use) makes the sleeper back off, one that comes after finds
+// it gone from live and waits for the sandbox's lock, which the sleeper
+// holds, then wakes it (or is refused, if it does not wake). It returns
+// what was live (the caller's to relive if the sleep fails) and "", or
+// nil and why the sandbox is busy.
+func (t *Traffic) retire(id string, quiet time.Duration) (engine.Sandbox, string) {
+	t.mu.Lock()
+	why := t.busyLocked(id, quiet)
+	var (
+		sb    engine.Sandbox
+		conns []net.Conn
+	)
+	if why == "" {
+		sb, conns = t.dropLocked(id)
+	}
+	t.mu.Unlock()
+	closeConns(conns)
+	return sb, why
+}
+
+// busyWhy says why live sandbox id is not idle for quiet ("" when it is):
+// what it is doing now, or how recently it was used. It is a first look
+// only (the sandbox may be used right after it): retire decides.
+func (t *Traffic) busyWhy(id string, quiet time.Duration) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.busyLocked(id, quiet)
+}
+
+// busyLocked is busyWhy under mu.
+func (t *Traffic) busyLocked(id string, quiet time.Duration) string {
+	sb := t.live[id]
+	quiet = max(quiet, lookupGrace)
+	switch {
+	case sb == nil:
+		return "it is not live"
+	case sb.Guest().Active() > 0:
+		return fmt.Sprintf("%d exec, attach or file calls in flight", sb.Guest().Active())
+	case t.holds[id] > 0:
+		return fmt.Sprintf("%d connections or proxied requests open", t.holds[id])
+	case time.Since(t.lastUsed[id]) < quiet:
+		return fmt.Sprintf("used in the last %s", quiet)
+	}
+	return ""
+}
+
+// lookupGrace is how long after a request looked a sandbox up (use: an
+// exec, a file call, a dial) the sandbox counts as used whatever its idle
+// time: the request holds the engine sandbox from its lookup on, but its
+// agent counts its call (Active) or its proxy its hold only a moment
+// later, and a sleep between the two would fail it. A second is far more
+// than that moment, even on a loaded host.
+var lookupGrace = time.Second
 
 // track keeps c, dialed to sb by a PortDialer hook, for drop to close.
 // It reports false (c is the caller's to close) when sb is no longer
@@ -162,9 +234,7 @@ func (t *Traffic) dropIf(id string, sb engine.Sandbox) bool {
 	conns := t.dialed[sb]
 	delete(t.dialed, sb)
 	t.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
-	}
+	closeConns(conns)
 	return current
 }
 
@@ -400,12 +470,4 @@ func (t *Traffic) idleLRU() []string {
 		ids[i] = c.id
 	}
 	return ids
-}
-
-// idleNow reports whether id has had no request for idleAfter and holds
-// no traffic (the pressure sleeper's second look, under id's lock).
-func (t *Traffic) idleNow(id string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return time.Since(t.lastUsed[id]) >= idleAfter && t.holds[id] == 0
 }

@@ -218,3 +218,31 @@ func TestReadsNeverWake(t *testing.T) {
 		t.Fatalf("DialWaking and GuestWaking woke the sandbox %d times, want 2", n)
 	}
 }
+
+// TestRetireSparesLookedUp: a sandbox a request has just looked up (an
+// exec on its way to the agent, which counts the call only once it is
+// opened) is not taken out of service for a sleep within lookupGrace,
+// however short the idle time asked; one unused for longer is, in the
+// same step: it is no longer live.
+func TestRetireSparesLookedUp(t *testing.T) {
+	e := newEnv(t, Config{})
+	sb := e.create(t, 128)
+	if _, err := e.m.GuestWaking(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if live, why := e.m.traffic.retire(sb.ID, time.Millisecond); live != nil || why == "" {
+		t.Fatalf("retire just after a lookup: %v %q, want busy", live, why)
+	}
+	if !e.m.Traffic().Running(sb.ID) {
+		t.Fatal("a refused retire took the sandbox out of service")
+	}
+	unused(e.m, sb.ID)
+	live, why := e.m.traffic.retire(sb.ID, time.Millisecond)
+	if live == nil || why != "" {
+		t.Fatalf("retire of an unused sandbox: %v %q, want it retired", live, why)
+	}
+	if e.m.Traffic().Running(sb.ID) {
+		t.Fatal("a retired sandbox is still live")
+	}
+	e.m.traffic.relive(sb.ID, live)
+}
