@@ -104,9 +104,14 @@ func StartNetClusterWith(t testing.TB, n int, extra []string, perNode func(i int
 		extra = append(append([]string(nil), extra...), setup(netip.AddrFrom4([4]byte{10, 250, byte(plan.index), 1}))...)
 	}
 	for i, nd := range c.Nodes {
+		// A lease of 4s, above the default 3s: a test kills nodes and waits
+		// for their leases to lapse, but a node of a test that kills none
+		// must not drop out because a loaded host (the tests' own runsc
+		// sandboxes, CI's other packages) held its refresh back for 2s.
+		// A test may give another (a later flag wins).
 		args := append([]string{"--cluster", "embed", "--node", nd.Name, "--listen", nd.API, "--token-file", c.Token,
 			"--cluster-listen", nd.Etcd, "--cluster-peer-listen", netip.AddrPortFrom(nd.Addr, clusterPeerPort).String(),
-			"--cluster-lease-ttl", "2s"}, extra...)
+			"--cluster-lease-ttl", "4s"}, extra...)
 		if n > 1 {
 			args = append(args, "--cluster-peers", strings.Join(peers, ","))
 		}
