@@ -230,7 +230,7 @@ func TestNetClusterEvents(t *testing.T) {
 	killed := time.Now()
 	c.Kill(1)
 	left := all.await("node.left of n2", time.Minute, func(e sdk.Event) bool { return e.Type == api.EventNodeLeft && e.Node == "n2" })
-	t.Logf("n2's part ended %s after its SIGKILL (lease 2 s): %s", time.Since(killed).Round(time.Millisecond), left.Reason)
+	t.Logf("n2's part ended %s after its SIGKILL (lease 4 s): %s", time.Since(killed).Round(time.Millisecond), left.Reason)
 	if !strings.Contains(left.Reason, "left the cluster") {
 		t.Fatalf("node.left of n2 says %q", left.Reason)
 	}
