@@ -39,9 +39,9 @@ type channel struct {
 	proc *os.Process
 	sock io.Closer // an OpDial's connection, an OpWatch's inotify
 	pty  *os.File  // a TTY exec's terminal (master side), until it ends
-	// sizes counts the host's resizes of pty; a hold (see holdSize) ends
-	// when a later one comes.
-	sizes   uint64
+	// hold is the resize being held against readline's write-back (see
+	// holdSize), nil when none is.
+	hold    *sizeHold
 	aborted bool
 	done    chan struct{}
 	// kept and att: the kept command the channel follows (see kept.go).

@@ -101,10 +101,25 @@ func (ch *channel) resize(rows, cols uint16) {
 	if err != nil || setSize(ch.pty, rows, cols) != nil {
 		return
 	}
-	ch.sizes++
-	if old.Row != rows || old.Col != cols {
-		go ch.holdSize(ch.sizes, old, rows, cols)
+	if h := ch.hold; h != nil {
+		// The goroutine holding the last one holds this one (a host that
+		// resizes often costs one goroutine, not one a resize).
+		h.old, h.rows, h.cols = old, rows, cols
+		h.n++
+		return
 	}
+	if old.Row != rows || old.Col != cols {
+		ch.hold = &sizeHold{old: old, rows: rows, cols: cols}
+		go ch.holdSize()
+	}
+}
+
+// sizeHold is a resize holdSize holds: back to rows x cols when the size
+// returns to old.
+type sizeHold struct {
+	old        unix.Winsize
+	rows, cols uint16
+	n          uint64 // resizes it took over; one restarts the looks
 }
 
 // sizeChecks are the waits between holdSize's looks at a terminal: about
@@ -113,28 +128,38 @@ var sizeChecks = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * tim
 	8 * time.Millisecond, 16 * time.Millisecond, 32 * time.Millisecond, 64 * time.Millisecond,
 	128 * time.Millisecond, 256 * time.Millisecond, 512 * time.Millisecond}
 
-// holdSize puts a resize back when the terminal's size returns to the one
-// before it, for about a second after it. Readline (bash's prompt) reads
-// the size and writes the same value back each time it prepares the
-// terminal (rltty.c set_winsize, TIOCGWINSZ then TIOCSWINSZ), to stop a
-// background readline before it touches the terminal. A resize that lands
-// between the two is undone, silently: `stty size` then prints the old
-// size. On Linux the two calls are a few hundred nanoseconds apart; under
-// gVisor, on a loaded host, they can be milliseconds apart, and a resize
-// sent as a shell starts (E2B's pty.create, then pty.resize) was lost about
-// once in two hundred times. Nothing tells the agent of a size change, so
-// it looks. A size set to something else (`stty rows N` in the sandbox)
-// is left alone, and a later resize ends the hold.
-func (ch *channel) holdSize(n uint64, old unix.Winsize, rows, cols uint16) {
-	for _, d := range sizeChecks {
-		time.Sleep(d) // no event says the size changed: look again
+// holdSize puts the channel's last resize back when the terminal's size
+// returns to the one before it, for about a second after it. Readline
+// (bash's prompt) reads the size and writes the same value back each time
+// it prepares the terminal (rltty.c set_winsize, TIOCGWINSZ then
+// TIOCSWINSZ), to stop a background readline before it touches the
+// terminal. A resize that lands between the two is undone, silently:
+// `stty size` then prints the old size. On Linux the two calls are a few
+// hundred nanoseconds apart; under gVisor, on a loaded host, they can be
+// milliseconds apart, and a resize sent as a shell starts (E2B's
+// pty.create, then pty.resize) was lost about once in two hundred times.
+// Nothing tells the agent of a size change, so it looks. A size set to
+// something else (`stty rows N` in the sandbox) is left alone.
+func (ch *channel) holdSize() {
+	var n uint64
+	for i := 0; ; i++ {
 		ch.mu.Lock()
-		if ch.pty == nil || ch.sizes != n {
+		h := ch.hold
+		if h.n != n {
+			n, i = h.n, 0 // a later resize: look as if it were the first
+		}
+		if ch.pty == nil || i == len(sizeChecks) {
+			ch.hold = nil
 			ch.mu.Unlock()
 			return
 		}
-		if cur, err := getSize(ch.pty); err == nil && cur.Row == old.Row && cur.Col == old.Col {
-			_ = setSize(ch.pty, rows, cols)
+		ch.mu.Unlock()
+		time.Sleep(sizeChecks[i]) // no event says the size changed: look again
+		ch.mu.Lock()
+		if ch.pty != nil && h.n == n {
+			if cur, err := getSize(ch.pty); err == nil && cur.Row == h.old.Row && cur.Col == h.old.Col {
+				_ = setSize(ch.pty, h.rows, h.cols)
+			}
 		}
 		ch.mu.Unlock()
 	}
