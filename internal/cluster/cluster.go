@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -70,6 +71,10 @@ type Config struct {
 	// snapshot store (default 2 min): a hung store must not leave a
 	// sandbox moving for long.
 	MoveTimeout time.Duration
+	// StoreRoot, when set, opens the root stream of an image root from
+	// the object store (snapstore.Copies.OpenRoot): where a root no live
+	// node holds is fetched from (the receiver verifies it).
+	StoreRoot func(ctx context.Context, id string) (io.ReadCloser, error)
 	// Capacity reads what the node has now.
 	Capacity func(ctx context.Context) (api.NodeCapacity, error)
 	Log      *slog.Logger

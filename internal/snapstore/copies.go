@@ -41,6 +41,11 @@ type Copies struct {
 	bg        sync.WaitGroup
 	ctx       context.Context
 	cancel    context.CancelFunc
+
+	// roots names and sends the image root a copy stands on (SetRoots);
+	// rootBusy the roots being copied now, guarded by mu.
+	roots    RootSource
+	rootBusy map[string]chan struct{}
 }
 
 type putJob struct {
@@ -126,6 +131,8 @@ func (c *Copies) put(ctx context.Context, name, dir string) error {
 	if err != nil {
 		return err
 	}
+	// Its root before its record: a copy named anywhere has its root.
+	c.copyRoot(ctx, name, dir, in.Digest)
 	if err := ctx.Err(); err != nil {
 		return err // dropped meanwhile: no record
 	}
@@ -260,6 +267,7 @@ func (c *Copies) Drop(name string) error {
 		defer c.bg.Done()
 		ctx, cancel := context.WithTimeout(c.ctx, 5*time.Minute)
 		defer cancel()
+		c.unrefRoot(ctx, r.Digest)
 		if err := c.store.Delete(ctx, r.Digest); err != nil {
 			c.log.Warn("snapshot store: delete failed; the object stays behind", "image", name, "digest", short(r.Digest), "err", err)
 		}
