@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -44,8 +45,9 @@ type Copies struct {
 
 	// roots names and sends the image root a copy stands on (SetRoots);
 	// rootBusy the roots being copied now, guarded by mu.
-	roots    RootSource
-	rootBusy map[string]chan struct{}
+	roots     RootSource
+	rootBusy  map[string]chan struct{}
+	rootGrace atomic.Int64 // a time.Duration
 }
 
 type putJob struct {
@@ -71,7 +73,13 @@ func NewCopies(s Store, dir string, log *slog.Logger) (*Copies, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Copies{store: s, dir: dir, log: log, inflight: map[string]*putJob{}, ctx: ctx, cancel: cancel}, nil
+	c := &Copies{store: s, dir: dir, log: log, inflight: map[string]*putJob{}, ctx: ctx, cancel: cancel}
+	c.rootGrace.Store(int64(DefaultRootGrace))
+	if _, ok := s.(RootStore); ok {
+		c.bg.Add(1)
+		go c.sweepLoop()
+	}
+	return c, nil
 }
 
 // Store returns the store the copies go to (nil for a nil Copies).

@@ -3,6 +3,8 @@ package snapstore
 import (
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -48,6 +50,8 @@ func (c *Copies) copyRoot(ctx context.Context, name, dir string, d Digest) {
 		c.log.Warn("snapshot store: the image's root is not copied (it wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
 		return
 	}
+	// Named again: no longer a candidate for deletion.
+	_ = os.Remove(filepath.Join(c.dir, unneededDir, Digest(id).hex()))
 	for {
 		c.mu.Lock()
 		ch, busy := c.rootBusy[id]
@@ -115,14 +119,98 @@ func (c *Copies) OpenRoot(ctx context.Context, id string) (io.ReadCloser, error)
 	return rc, err
 }
 
-// unrefRoot drops image d's ref on its root, deleting the root once no
-// image names it: before d itself is deleted.
+// unrefRoot drops image d's ref on its root before d is deleted. A root
+// no image names any more is deleted RootGrace later (at once with no
+// grace), if none names it then: a sandbox woken and slept again meanwhile
+// (the common cycle of an idle sandbox on a root nothing else stands on)
+// finds its root still there and uploads nothing. The candidate is a file
+// of this node's records (unneeded-roots/HEX), so a restart sweeps it too.
 func (c *Copies) unrefRoot(ctx context.Context, d Digest) {
 	rs, ok := c.store.(RootStore)
 	if !ok {
 		return
 	}
-	if id, err := rs.UnrefRoot(ctx, d); err != nil {
+	id, unneeded, err := rs.UnrefRoot(ctx, d)
+	if err != nil {
 		c.log.Warn("snapshot store: drop an image's ref on its root (the root object may stay behind)", "digest", short(d), "root", id, "err", err)
+		return
+	}
+	if !unneeded {
+		return
+	}
+	if c.rootGrace.Load() <= 0 {
+		c.deleteRoot(ctx, rs, id)
+		return
+	}
+	p := filepath.Join(c.dir, unneededDir, Digest(id).hex())
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
+		err = os.WriteFile(p, []byte(id), 0o600)
+	}
+	if err != nil {
+		c.log.Warn("snapshot store: note an unneeded image root (its object stays behind)", "root", id, "err", err)
+	}
+}
+
+const unneededDir = "unneeded-roots"
+
+// DefaultRootGrace is how long a root no stored image names stays in the
+// store before it is deleted.
+const DefaultRootGrace = time.Hour
+
+// SetRootGrace sets how long a root no stored image names stays (0: it is
+// deleted at once). Called before use.
+func (c *Copies) SetRootGrace(d time.Duration) {
+	if c != nil {
+		c.rootGrace.Store(int64(d))
+	}
+}
+
+func (c *Copies) deleteRoot(ctx context.Context, rs RootStore, id string) {
+	deleted, err := rs.DeleteRootUnneeded(ctx, id)
+	switch {
+	case err != nil:
+		c.log.Warn("snapshot store: delete an unneeded image root (its object stays behind)", "root", id, "err", err)
+	case deleted:
+		c.log.Info("snapshot store: image root deleted (no stored image names it)", "root", id)
+	}
+}
+
+// sweepRoots deletes the noted unneeded roots older than the grace that
+// still no image names (a root named again is kept, its note dropped).
+func (c *Copies) sweepRoots(ctx context.Context, now time.Time) {
+	rs, ok := c.store.(RootStore)
+	if !ok {
+		return
+	}
+	dir := filepath.Join(c.dir, unneededDir)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		in, err := e.Info()
+		if err != nil || now.Sub(in.ModTime()) < time.Duration(c.rootGrace.Load()) {
+			continue
+		}
+		id := "sha256:" + e.Name()
+		if validRoot(id) == nil {
+			c.deleteRoot(ctx, rs, id)
+		}
+		if err := ctx.Err(); err != nil {
+			return // kept for the next sweep
+		}
+		_ = os.Remove(filepath.Join(dir, e.Name()))
+	}
+}
+
+// sweepLoop sweeps the unneeded roots every minute until Close.
+func (c *Copies) sweepLoop() {
+	defer c.bg.Done()
+	tk := time.NewTicker(time.Minute)
+	defer tk.Stop()
+	for {
+		c.sweepRoots(c.ctx, time.Now())
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-tk.C:
+		}
 	}
 }

@@ -31,8 +31,8 @@ import (
 // NAME is sha256-HEX of the identity, or e-HMAC when encrypted (as images:
 // the bucket learns no identity). A root object is put whole (an S3 PUT is
 // atomic) and streaming (a multipart upload of 16 MiB parts: no root is
-// held in memory). It goes when the last image naming it is deleted
-// (UnrefRoot): never while a ref names it.
+// held in memory). Once the last image naming it is deleted (UnrefRoot)
+// it is deleted too, after a grace (Copies): never while a ref names it.
 
 // RootStore is a Store that also keeps image roots (S3 does).
 type RootStore interface {
@@ -45,10 +45,12 @@ type RootStore interface {
 	OpenRoot(ctx context.Context, id string) (io.ReadCloser, error)
 	// RefRoot records that stored image d stands on root id.
 	RefRoot(ctx context.Context, id string, d Digest) error
-	// UnrefRoot drops image d's ref (before d is deleted) and deletes its
-	// root once no image names it; the root's identity, or "" if d named
-	// none.
-	UnrefRoot(ctx context.Context, d Digest) (string, error)
+	// UnrefRoot drops image d's ref (before d is deleted): the root's
+	// identity ("" if d named none) and whether no image names it now.
+	UnrefRoot(ctx context.Context, d Digest) (id string, unneeded bool, err error)
+	// DeleteRootUnneeded deletes root id if no image names it (a ref
+	// written since keeps it), and reports whether it did.
+	DeleteRootUnneeded(ctx context.Context, id string) (bool, error)
 }
 
 var _ RootStore = (*S3)(nil)
@@ -148,39 +150,55 @@ func (s *S3) RefRoot(ctx context.Context, id string, d Digest) error {
 }
 
 // UnrefRoot implements RootStore.
-func (s *S3) UnrefRoot(ctx context.Context, d Digest) (string, error) {
+func (s *S3) UnrefRoot(ctx context.Context, d Digest) (string, bool, error) {
 	r, err := s.get(ctx, s.base(d)+"root")
 	if errors.Is(err, os.ErrNotExist) {
-		return "", nil
+		return "", false, nil
 	}
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	b, err := io.ReadAll(io.LimitReader(r, 128))
 	r.Close()
 	if err != nil {
-		return "", s.unavailable("read the root of "+short(d), err)
+		return "", false, s.unavailable("read the root of "+short(d), err)
 	}
 	id := string(b)
 	if validRoot(id) != nil {
-		return "", fmt.Errorf("stored image %s names a bad image root %.80q", short(d), id)
+		return "", false, fmt.Errorf("stored image %s names a bad image root %.80q", short(d), id)
 	}
-	base := s.rootBase(id)
-	if err := s.cli.RemoveObject(ctx, s.bucket, base+"refs/"+s.refName(d), minio.RemoveObjectOptions{}); err != nil && !noSuchKey(err) {
-		return id, s.unavailable("drop a ref of root "+short(Digest(id)), err)
+	if err := s.cli.RemoveObject(ctx, s.bucket, s.rootBase(id)+"refs/"+s.refName(d), minio.RemoveObjectOptions{}); err != nil && !noSuchKey(err) {
+		return id, false, s.unavailable("drop a ref of root "+short(Digest(id)), err)
 	}
+	named, err := s.rootNamed(ctx, id)
+	return id, err == nil && !named, err
+}
+
+// rootNamed reports whether any image names root id.
+func (s *S3) rootNamed(ctx context.Context, id string) (bool, error) {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the lister's goroutine
-	for o := range s.cli.ListObjects(lctx, s.bucket, minio.ListObjectsOptions{Prefix: base + "refs/", MaxKeys: 1}) {
+	for o := range s.cli.ListObjects(lctx, s.bucket, minio.ListObjectsOptions{Prefix: s.rootBase(id) + "refs/", MaxKeys: 1}) {
 		if o.Err != nil {
-			return id, s.unavailable("list the refs of root "+short(Digest(id)), o.Err)
+			return false, s.unavailable("list the refs of root "+short(Digest(id)), o.Err)
 		}
-		return id, nil // another image names it: kept
+		return true, nil
 	}
-	if err := s.cli.RemoveObject(ctx, s.bucket, base+"root", minio.RemoveObjectOptions{}); err != nil && !noSuchKey(err) {
-		return id, s.unavailable("delete root "+short(Digest(id)), err)
+	return false, nil
+}
+
+// DeleteRootUnneeded implements RootStore.
+func (s *S3) DeleteRootUnneeded(ctx context.Context, id string) (bool, error) {
+	if err := validRoot(id); err != nil {
+		return false, err
 	}
-	return id, nil
+	if named, err := s.rootNamed(ctx, id); err != nil || named {
+		return false, err
+	}
+	if err := s.cli.RemoveObject(ctx, s.bucket, s.rootBase(id)+"root", minio.RemoveObjectOptions{}); err != nil && !noSuchKey(err) {
+		return false, s.unavailable("delete root "+short(Digest(id)), err)
+	}
+	return true, nil
 }
 
 // encryptStream is encrypt for a stream of unknown length: the last chunk

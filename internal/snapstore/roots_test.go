@@ -188,8 +188,32 @@ func TestCopiesRoots(t *testing.T) {
 			}
 			gone("mine")
 			gone("c")
+			// No image names it now: it stays for the grace.
+			c2.SweepRootsAt(t.Context(), time.Now())
+			if has, err := s.HasRoot(t.Context(), id); !has || err != nil {
+				t.Fatalf("within its grace the root is gone: %v %v", has, err)
+			}
+			// Named again within the grace (a sandbox slept again): nothing
+			// uploaded, and a sweep past the grace keeps it.
+			imgs["e"] = storetest.MakeImage(t, filepath.Join(base, "img", "e"), 70<<10)
+			c1.Put("sleep/e", imgs["e"])
+			if err := c1.Wait(t.Context(), "sleep/e"); err != nil {
+				t.Fatal(err)
+			}
+			if got := sends.Load(); got != 1 {
+				t.Fatalf("the root was sent %d times, want 1 (it was still stored)", got)
+			}
+			c2.SweepRootsAt(t.Context(), time.Now().Add(2*snapstore.DefaultRootGrace))
+			if has, err := s.HasRoot(t.Context(), id); !has || err != nil {
+				t.Fatalf("a sweep deleted a root an image names: %v %v", has, err)
+			}
+			if err := c1.Drop("sleep/e"); err != nil {
+				t.Fatal(err)
+			}
+			gone("e")
+			c1.SweepRootsAt(t.Context(), time.Now().Add(2*snapstore.DefaultRootGrace))
 			if has, err := s.HasRoot(t.Context(), id); has || err != nil {
-				t.Fatalf("with no image naming it the root stays: %v %v", has, err)
+				t.Fatalf("past its grace, with no image naming it, the root stays: %v %v", has, err)
 			}
 			c1.Close()
 			c2.Close()
