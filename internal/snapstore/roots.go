@@ -30,8 +30,8 @@ import (
 //
 // NAME is sha256-HEX of the identity, or e-HMAC when encrypted (as images:
 // the bucket learns no identity). A root object is put whole (an S3 PUT is
-// atomic) and streaming (a multipart upload of 16 MiB parts: no root is
-// held in memory). Once the last image naming it is deleted (UnrefRoot)
+// atomic) and streaming (a multipart upload of 16 MiB parts, two in memory at
+// most). Once the last image naming it is deleted (UnrefRoot)
 // it is deleted too, after a grace (Copies): never while a ref names it.
 
 // RootStore is a Store that also keeps image roots (S3 does).
@@ -109,11 +109,12 @@ func (s *S3) PutRoot(ctx context.Context, id string, send func(w io.Writer) erro
 		}
 		r = er
 	}
-	// Unknown size: minio uploads it in parts of PartSize, one buffer
-	// at a time. A send that fails fails the upload, which is then
+	// Unknown size: minio uploads it in parts of PartSize, filling one
+	// buffer while the other is sent (two buffers: 32 MiB, whatever the
+	// root's size). A send that fails fails the upload, which is then
 	// aborted: no object is made.
 	_, err := s.cli.PutObject(ctx, s.bucket, key, r, -1, minio.PutObjectOptions{
-		ContentType: "application/octet-stream", PartSize: 16 << 20,
+		ContentType: "application/octet-stream", PartSize: 16 << 20, NumThreads: 2, ConcurrentStreamParts: true,
 	})
 	if err != nil {
 		return s.unavailable("put root "+short(Digest(id)), err)

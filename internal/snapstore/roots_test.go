@@ -58,6 +58,20 @@ func TestCopiesRoots(t *testing.T) {
 					return err
 				}, nil
 			}
+			// A send that fails midway (past a part) makes no object.
+			failID := "sha256:" + hex.EncodeToString(make([]byte, 32))
+			err := s.PutRoot(t.Context(), failID, func(w io.Writer) error {
+				if _, err := w.Write(root[:20<<20]); err != nil {
+					return err
+				}
+				return fmt.Errorf("the root went")
+			})
+			if err == nil || !strings.Contains(err.Error(), "the root went") {
+				t.Fatalf("PutRoot of a failed send: %v", err)
+			}
+			if has, err := s.HasRoot(t.Context(), failID); has || err != nil {
+				t.Fatalf("a failed send left a root: %v %v", has, err)
+			}
 			base := t.TempDir()
 			node := func(name string) *snapstore.Copies {
 				c, err := snapstore.NewCopies(s, filepath.Join(base, name), nil)
