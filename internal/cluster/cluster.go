@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -75,6 +76,10 @@ type Config struct {
 	// of its sleeping sandboxes with their image, whose moves go only to
 	// nodes that publish the same (NodeCapacity.StoreKey).
 	StoreKey string
+	// StoreRoot, when set, opens the root stream of an image root from
+	// the object store (snapstore.Copies.OpenRoot): where a root no live
+	// node holds is fetched from (the receiver verifies it).
+	StoreRoot func(ctx context.Context, id string) (io.ReadCloser, error)
 	// Capacity reads what the node has now.
 	Capacity func(ctx context.Context) (api.NodeCapacity, error)
 	Log      *slog.Logger

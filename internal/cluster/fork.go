@@ -498,8 +498,13 @@ func (f *forks) serveImport(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithDeadline(ctx, deadline)
 		rc, err := fetchRoot(ctx, f.c.cfg.Token, origin, id)
 		if err != nil {
-			cancel()
-			return nil, err
+			// The origin serves the snapshot, so it holds the root
+			// unless it went away meanwhile: then the store's copy.
+			var serr error
+			if rc, serr = f.c.storeRoot(ctx, id); serr != nil {
+				cancel()
+				return nil, err
+			}
 		}
 		return cancelOnClose{rc, cancel}, nil
 	}

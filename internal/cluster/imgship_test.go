@@ -365,9 +365,13 @@ func TestNetClusterWakeShipsRoot(t *testing.T) {
 		return ok && names == "n2,n3", names
 	})
 
-	// No live node holds the root: refused, still asleep.
+	// No live node holds the root, and the store's copy of it (n1 put it
+	// there with the sleep image) is gone: refused, still asleep.
 	if err := n2.Client.DeleteImage(t.Context(), "shipoci"); err != nil {
 		t.Fatal(err)
+	}
+	if keys := dropStoredRoots(t, s3cfg); len(keys) != 1 {
+		t.Fatalf("image roots in the store: %v, want the one n1 put", keys)
 	}
 	_, err = n2.Client.Wake(t.Context(), id)
 	if err == nil || !strings.Contains(err.Error(), "no live node holds image root") {

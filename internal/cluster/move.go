@@ -15,6 +15,7 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/service"
 )
 
@@ -543,6 +544,11 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 			return nil, errdefs.New(errdefs.Unavailable, "sandbox %s: its sleep image did not come from the object store within %s (--cluster-move-timeout), so its move to node %s was given up; it stays asleep: try again",
 				rec.ID, mv.c.cfg.MoveTimeout, mv.c.cfg.Node)
 		}
+		if errors.Is(err, image.ErrRootStream) {
+			// A root a node or the store sent that does not verify: not
+			// the caller's fault; the sandbox stays asleep.
+			return nil, errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("cluster: move sandbox %s here: %w (it stays asleep)", rec.ID, err))
+		}
 		return nil, fmt.Errorf("cluster: move sandbox %s here: %w", rec.ID, err)
 	}
 	if err := mv.svc.publish(ctx, sb); err != nil {
@@ -555,8 +561,10 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 }
 
 // fetchRootAnywhere opens the root stream of image root id from the first
-// live node that holds it (its old node may be dead): Unavailable, naming
-// what each said, if none does.
+// live node that holds it (its old node may be dead), else from the object
+// store (the sleeping node copied it there beside the sleep image):
+// Unavailable, naming what each said, if none does. Live nodes first: they
+// are nearer, and cost no egress.
 func (mv *moves) fetchRootAnywhere(ctx context.Context, id string) (io.ReadCloser, error) {
 	nodes, err := mv.c.Nodes(ctx)
 	if err != nil {
@@ -573,7 +581,26 @@ func (mv *moves) fetchRootAnywhere(ctx context.Context, id string) (io.ReadClose
 		}
 		said = append(said, err.Error())
 	}
+	if rc, err := mv.c.storeRoot(ctx, id); err == nil {
+		return rc, nil
+	} else if mv.c.cfg.StoreRoot != nil {
+		said = append(said, "the object store: "+err.Error())
+	}
 	return nil, errdefs.New(errdefs.Unavailable, "no live node holds image root %.19s (%s): try again when its node is back", id, strings.Join(said, "; "))
+}
+
+// storeRoot opens image root id from the object store (NotFound without
+// one), logging where the root came from.
+func (c *Cluster) storeRoot(ctx context.Context, id string) (io.ReadCloser, error) {
+	if c.cfg.StoreRoot == nil {
+		return nil, errdefs.New(errdefs.NotFound, "this node has no object store")
+	}
+	rc, err := c.cfg.StoreRoot(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	c.cfg.Log.Info("cluster: image root fetched from the object store", "root", id)
+	return rc, nil
 }
 
 // Moves is how many sleeping sandboxes this node adopted since it started.

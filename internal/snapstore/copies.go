@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -41,6 +42,12 @@ type Copies struct {
 	bg        sync.WaitGroup
 	ctx       context.Context
 	cancel    context.CancelFunc
+
+	// roots names and sends the image root a copy stands on (SetRoots);
+	// rootBusy the roots being copied now, guarded by mu.
+	roots     RootSource
+	rootBusy  map[string]chan struct{}
+	rootGrace atomic.Int64 // a time.Duration
 }
 
 type putJob struct {
@@ -66,7 +73,13 @@ func NewCopies(s Store, dir string, log *slog.Logger) (*Copies, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Copies{store: s, dir: dir, log: log, inflight: map[string]*putJob{}, ctx: ctx, cancel: cancel}, nil
+	c := &Copies{store: s, dir: dir, log: log, inflight: map[string]*putJob{}, ctx: ctx, cancel: cancel}
+	c.rootGrace.Store(int64(DefaultRootGrace))
+	if _, ok := s.(RootStore); ok {
+		c.bg.Add(1)
+		go c.sweepLoop()
+	}
+	return c, nil
 }
 
 // Store returns the store the copies go to (nil for a nil Copies).
@@ -141,6 +154,8 @@ func (c *Copies) put(ctx context.Context, name, dir string) error {
 	if err != nil {
 		return err
 	}
+	// Its root before its record: a copy named anywhere has its root.
+	c.copyRoot(ctx, name, dir, in.Digest)
 	if err := ctx.Err(); err != nil {
 		return err // dropped meanwhile: no record
 	}
@@ -275,6 +290,7 @@ func (c *Copies) Drop(name string) error {
 		defer c.bg.Done()
 		ctx, cancel := context.WithTimeout(c.ctx, 5*time.Minute)
 		defer cancel()
+		c.unrefRoot(ctx, r.Digest)
 		if err := c.store.Delete(ctx, r.Digest); err != nil {
 			c.log.Warn("snapshot store: delete failed; the object stays behind", "image", name, "digest", short(r.Digest), "err", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/hostinfo"
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/service"
+	"github.com/clade-sandbox/clade/internal/snapstore"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -85,7 +87,8 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	stops = append(stops, func() { cli.Close() })
 	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, o, local, st, eng) }
 	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: co.token(o.Token),
-		Version: o.Version, LeaseTTL: co.LeaseTTL, MoveTimeout: co.MoveTimeout, StoreKey: o.Sandbox.Copies.KeyID(), LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
+		Version: o.Version, LeaseTTL: co.LeaseTTL, MoveTimeout: co.MoveTimeout, StoreKey: o.Sandbox.Copies.KeyID(), StoreRoot: storeRoot(o.Sandbox.Copies),
+		LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -103,6 +106,15 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	}()
 	stops = append(stops, func() { cancel(); <-done })
 	return svc, stop, nil
+}
+
+// storeRoot is where a node fetches an image root no live node holds:
+// the object store (nil without one).
+func storeRoot(c *snapstore.Copies) func(ctx context.Context, id string) (io.ReadCloser, error) {
+	if c == nil {
+		return nil
+	}
+	return c.OpenRoot
 }
 
 func cmpOr(a, b string) string {

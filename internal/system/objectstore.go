@@ -69,6 +69,16 @@ func openObjectStore(ctx context.Context, o Options, key *secret.Key, log *slog.
 	if err != nil {
 		return nil, err
 	}
+	// How long an image root no stored image names stays in the store
+	// (snapstore.DefaultRootGrace; 0: deleted with the last image).
+	if g := os.Getenv("CLADE_STORE_ROOT_GRACE"); g != "" {
+		d, err := time.ParseDuration(g)
+		if err != nil || d < 0 {
+			c.Close()
+			return nil, fmt.Errorf("CLADE_STORE_ROOT_GRACE=%q: want a duration (e.g. 1h, 0s)", g)
+		}
+		c.SetRootGrace(d)
+	}
 	log.Info("snapshot store: sleep images and snapshots are copied to it", "store", redactStore(o.ObjectStore), "encrypted", o.EncryptAtRest && strings.HasPrefix(o.ObjectStore, "s3://"))
 	return c, nil
 }

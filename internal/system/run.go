@@ -246,6 +246,8 @@ func Run(ctx context.Context, o Options) error {
 	o.Sandbox.Copies = copies
 	mgr := sandbox.New(o.Sandbox, eng, st, images)
 	defer mgr.Close()
+	// Each copy's image root goes to the store with it (once per root).
+	copies.SetRoots(sandbox.NewMover(mgr).CopyRoot)
 	// Before mgr.Close closes the engine, which can no longer list then,
 	// and after the pools are drained: their sandboxes do not outlive the
 	// daemon, so they must not keep the encrypted view mounted.

@@ -1,0 +1,366 @@
+package cluster_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/clade-sandbox/clade/internal/snapstore"
+	"github.com/clade-sandbox/clade/internal/snapstore/weedtest"
+	"github.com/clade-sandbox/clade/internal/testenv"
+	"github.com/clade-sandbox/clade/sdk"
+)
+
+// TestNetClusterWakeRootFromStore: a sandbox on an image only n1 holds
+// (the default image: n2 and n3 have image directories of their own, with
+// no image) sleeps on n1, which puts the image root in the object store
+// beside the sleep image before the record names it; n1 is SIGKILLed, so
+// no live node holds the root. With the root's object damaged the wake is
+// refused, nothing of the root is left on the nodes, and the sandbox stays
+// asleep; with the object whole again the wake moves it to another node,
+// which fetches the root from the store: its file is there and its process
+// counts on. The wake dropped the last image naming the root, so the root's
+// object goes too; slept again on its new node (a shipped root), the root
+// goes back to the store. The root's upload and the wake from the store are
+// logged (docs/benchmarks.md).
+func TestNetClusterWakeRootFromStore(t *testing.T) {
+	creds := filepath.Join(testenv.TempDir(t), "creds")
+	var s3cfg snapstore.S3Config
+	own := []string{testenv.TempDir(t), testenv.TempDir(t)}
+	c := testenv.StartNetClusterWith(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}, func(i int) []string {
+		if i > 0 {
+			return []string{"--images-dir", own[i-1]}
+		}
+		return nil
+	}, func(br netip.Addr) []string {
+		srv := weedtest.StartAt(t, br.String())
+		s3cfg = srv.Config("clade-rootstore")
+		st, err := snapstore.NewS3(t.Context(), s3cfg)
+		if err == nil {
+			err = st.Probe(t.Context())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(creds, fmt.Appendf(nil, "AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", s3cfg.AccessKey, s3cfg.SecretKey), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return []string{"--object-store", "s3://clade-rootstore?endpoint=" + srv.Endpoint, "--object-store-credentials", creds}
+	})
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	byName := map[string]*testenv.NetNode{"n1": n1, "n2": n2, "n3": n3}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{n2.Etcd, n3.Etcd, n1.Etcd}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s3, err := snapstore.NewS3(t.Context(), s3cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawStore(t, s3cfg)
+	record := func(id string) dirRecord {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		var rec dirRecord
+		if r, err := cli.Get(ctx, "/clade/sandboxes/"+id); err == nil && len(r.Kvs) == 1 {
+			_ = json.Unmarshal(r.Kvs[0].Value, &rec)
+		}
+		return rec
+	}
+	exec := func(nd *testenv.NetNode, id, script string) string {
+		t.Helper()
+		return strings.TrimSpace(sh(t, nd.Client, id, script))
+	}
+	// hasRoot: the store holds root (its object, read by the test as
+	// the bucket's).
+	hasRoot := func(root string) (bool, error) {
+		_, err := raw.StatObject(t.Context(), s3cfg.Bucket, "roots/sha256-"+strings.TrimPrefix(root, "sha256:")+"/root", minio.StatObjectOptions{})
+		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	// rootCopied is the root identity, size and time the node's last
+	// "image root copied" line logs.
+	rootLine := regexp.MustCompile(`"snapshot store: image root copied".* root=(sha256:[0-9a-f]{64}) size_mib=(\d+) took=(\S+)`)
+	rootCopied := func(nd *testenv.NetNode) (string, string, string) {
+		all := rootLine.FindAllStringSubmatch(nd.Log(), -1)
+		if len(all) == 0 {
+			return "", "", ""
+		}
+		m := all[len(all)-1]
+		return m[1], m[2], m[3]
+	}
+	sleepNamed := func(nd *testenv.NetNode, id string) dirRecord {
+		t.Helper()
+		t0 := time.Now()
+		if _, err := nd.Client.Sleep(t.Context(), id); err != nil {
+			t.Fatalf("sleep through %s: %v", nd.Name, err)
+		}
+		var rec dirRecord
+		waitFor(t, 10*time.Minute, "the record names the sleep image's copy", func() (bool, string) {
+			rec = record(id)
+			if rec.State != "sleeping" || rec.SleepImage == "" {
+				return false, fmt.Sprintf("%+v", rec)
+			}
+			has, err := snapstore.Has(t.Context(), s3, snapstore.Digest(rec.SleepImage))
+			return has, fmt.Sprintf("%+v in the store: %v %v", rec, has, err)
+		})
+		t.Logf("slept on %s; the record named its image %s after the sleep call", nd.Name, time.Since(t0).Round(time.Millisecond))
+		return rec
+	}
+	// leftovers is what a refused root fetch must not leave on a node.
+	leftovers := func(nd *testenv.NetNode, dir string) []string {
+		var found []string
+		for _, d := range []string{nd.DataDir, dir} {
+			_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+				if err == nil && (strings.HasPrefix(e.Name(), ".build-ship-") || strings.HasPrefix(e.Name(), ".adopt-") ||
+					filepath.Base(filepath.Dir(p)) == "shipped-roots" || filepath.Base(filepath.Dir(p)) == ".rootfs") {
+					found = append(found, p)
+				}
+				return nil
+			})
+		}
+		return found
+	}
+
+	sb, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1", MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	exec(n1, id, `echo root-from-store > /root/f
+setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' >/dev/null 2>&1 </dev/null &
+sleep 0.5; test -s /tmp/count`)
+	rec := sleepNamed(n1, id)
+	// Errors, not fatal, up to the wake: without the root in the store
+	// the wake below is the 503 (no live node holds the root).
+	root, size, took := rootCopied(n1)
+	if root == "" {
+		t.Errorf("n1 logs no image root copied to the store; its log:\n%s", tail(n1.Log(), 30))
+	} else {
+		t.Logf("n1 copied root %s (%s MiB) of image default to the store in %s", root[:19], size, took)
+		if has, err := hasRoot(root); !has || err != nil {
+			t.Errorf("the record names the sleep image, but the store has its root: %v %v", has, err)
+		}
+	}
+	before, _ := strconv.Atoi(exec(n1, id, "cat /tmp/count")) // a local wake
+	if before <= 0 {
+		t.Fatalf("count %d before the move", before)
+	}
+	rec = sleepNamed(n1, id)
+	if again, _, _ := rootCopied(n1); len(rootLine.FindAllString(n1.Log(), -1)) != 1 || again != root {
+		t.Errorf("the second sleep on the root uploaded it again: %q", rootLine.FindAllString(n1.Log(), -1))
+	}
+
+	c.Kill(0)
+	waitFor(t, time.Minute, "n1 leaves the cluster", func() (bool, string) {
+		ok, names := nodeNames(t, n3.Client)
+		return ok && names == "n2,n3", names
+	})
+	for _, nd := range []*testenv.NetNode{n2, n3} {
+		if imgs, err := nd.Client.ListImages(t.Context()); err != nil || len(imgs) != 0 {
+			t.Fatalf("%s's images: %+v %v, want none (n1 alone holds the root)", nd.Name, imgs, err)
+		}
+	}
+
+	// The root's object damaged: one byte flipped in its middle.
+	key := "roots/sha256-" + strings.TrimPrefix(root, "sha256:") + "/root"
+	flip := func() {
+		t.Helper()
+		ctx := t.Context()
+		st, err := raw.StatObject(ctx, s3cfg.Bucket, key, minio.StatObjectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj, err := raw.GetObject(ctx, s3cfg.Bucket, key, minio.GetObjectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer obj.Close()
+		tmp := filepath.Join(testenv.TempDir(t), "root")
+		f, err := os.Create(tmp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := io.Copy(f, obj); err != nil {
+			t.Fatal(err)
+		}
+		b := []byte{0}
+		at := st.Size / 2
+		if _, err := f.ReadAt(b, at); err != nil {
+			t.Fatal(err)
+		}
+		b[0] ^= 0x40
+		if _, err := f.WriteAt(b, at); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.PutObject(ctx, s3cfg.Bucket, key, f, st.Size, minio.PutObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// refused: a wake with the root's object damaged is a 503, leaves
+	// nothing of the root on n2 or n3, and the sandbox stays asleep.
+	refused := func() {
+		t.Helper()
+		_, err := n2.Client.Wake(t.Context(), id)
+		if err == nil || !strings.Contains(err.Error(), "bad image root stream") || !sdk.IsUnavailable(err) {
+			t.Fatalf("wake on a damaged root object: %v, want a 503 naming the bad root stream", err)
+		}
+		t.Logf("refused: %v", err)
+		for i, nd := range []*testenv.NetNode{n2, n3} {
+			if l := leftovers(nd, own[i]); len(l) != 0 {
+				t.Fatalf("the refused root left on %s: %v", nd.Name, l)
+			}
+		}
+		r := record(id)
+		if r.State != "sleeping" || r.SleepImage != rec.SleepImage || (r.Node != "n2" && r.Node != "n3") {
+			t.Fatalf("the directory's record after the refused wake: %+v (before %+v)", r, rec)
+		}
+		// Listed asleep through the node it was not given to (a node lists
+		// a record given to it only once it adopted it).
+		other := n2
+		if r.Node == "n2" {
+			other = n3
+		}
+		sbs, err := other.Client.ListSandboxes(t.Context())
+		if err != nil || len(sbs) != 1 || sbs[0].ID != id || sbs[0].State != "sleeping" || sbs[0].Node != r.Node {
+			t.Fatalf("after the refused wake, through %s: %+v %v, want it sleeping on %s", other.Name, sbs, err, r.Node)
+		}
+	}
+	if root != "" {
+		flip()
+		refused()
+		flip()
+	}
+	// Whole again: the wake fetches the root from the store.
+	t0 := time.Now()
+	woke, err := n2.Client.Wake(t.Context(), id)
+	if err != nil {
+		t.Fatalf("wake through n2: %v", err)
+	}
+	wakeTook := time.Since(t0)
+	holder := byName[woke.Node]
+	if woke.State != "running" || holder == nil || holder == n1 {
+		t.Fatalf("woke %+v, want running on n2 or n3", woke)
+	}
+	if got := exec(n2, id, "cat /root/f"); got != "root-from-store" {
+		t.Fatalf("the woken sandbox's file: %q", got)
+	}
+	waitFor(t, 30*time.Second, "the count goes on", func() (bool, string) {
+		n, _ := strconv.Atoi(exec(holder, id, "cat /tmp/count"))
+		return n > before, fmt.Sprintf("%d (before the move: %d)", n, before)
+	})
+	log := holder.Log()
+	if !strings.Contains(log, `"cluster: image root fetched from the object store"`) {
+		t.Fatalf("%s does not log a root fetched from the object store", holder.Name)
+	}
+	shipped := regexp.MustCompile(`"image root shipped here".*`).FindString(log)
+	if shipped == "" || len(shippedRoots(t, holder)) != 1 {
+		t.Fatalf("%s logs no shipped root (%q) or records %v", holder.Name, shipped, shippedRoots(t, holder))
+	}
+	t.Logf("woke on %s through n2 in %s, its root from the object store: %s", holder.Name, wakeTook.Round(time.Millisecond), shipped)
+
+	// The wake dropped the sleep image, the last naming the root: the
+	// holder notes the root as unneeded, to be deleted after the grace
+	// (an hour) if no image names it then.
+	note := func() string {
+		var found string
+		_ = filepath.WalkDir(holder.DataDir, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && filepath.Base(filepath.Dir(p)) == "unneeded-roots" && e.Name() == strings.TrimPrefix(root, "sha256:") {
+				found = p
+			}
+			return nil
+		})
+		return found
+	}
+	waitFor(t, time.Minute, "the holder notes the root as unneeded", func() (bool, string) {
+		return note() != "", "no note"
+	})
+	if has, err := hasRoot(root); !has || err != nil {
+		t.Fatalf("within its grace the root's object is gone: %v %v", has, err)
+	}
+	// Gone from the store, the root is put back from the holder's
+	// shipped root when the sandbox sleeps there.
+	if err := raw.RemoveObject(t.Context(), s3cfg.Bucket, key, minio.RemoveObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	last := sleepNamed(holder, id)
+	if n := note(); n != "" {
+		t.Fatalf("named again, the root is still noted unneeded: %s", n)
+	}
+	if again, _, took := rootCopied(holder); again != root {
+		t.Fatalf("%s did not copy the shipped root %s to the store (%q)", holder.Name, root[:19], again)
+	} else {
+		t.Logf("%s copied the shipped root back in %s", holder.Name, took)
+	}
+	if has, err := hasRoot(root); !has || err != nil {
+		t.Fatalf("slept on %s, the store has the root: %v %v", holder.Name, has, err)
+	}
+	if err := n2.Client.DeleteSandbox(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the removed sandbox's image leaves the store", func() (bool, string) {
+		has, err := snapstore.Has(t.Context(), s3, snapstore.Digest(last.SleepImage))
+		return err == nil && !has, fmt.Sprint(has, err)
+	})
+	waitFor(t, time.Minute, "the holder notes the root as unneeded again", func() (bool, string) {
+		return note() != "", "no note"
+	})
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(s, "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
+// rawStore is a plain S3 client of the store cfg names (the test's view
+// of the bucket).
+func rawStore(t *testing.T, cfg snapstore.S3Config) *minio.Client {
+	t.Helper()
+	eu := strings.TrimPrefix(strings.TrimPrefix(cfg.Endpoint, "http://"), "https://")
+	raw, err := minio.New(eu, &minio.Options{Creds: credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// dropStoredRoots deletes every image root object in the store cfg
+// names, and returns their keys.
+func dropStoredRoots(t *testing.T, cfg snapstore.S3Config) []string {
+	t.Helper()
+	raw := rawStore(t, cfg)
+	var keys []string
+	for o := range raw.ListObjects(t.Context(), cfg.Bucket, minio.ListObjectsOptions{Prefix: "roots/", Recursive: true}) {
+		if o.Err != nil {
+			t.Fatal(o.Err)
+		}
+		if strings.HasSuffix(o.Key, "/root") {
+			keys = append(keys, o.Key)
+			if err := raw.RemoveObject(t.Context(), cfg.Bucket, o.Key, minio.RemoveObjectOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return keys
+}

@@ -1,0 +1,216 @@
+package snapstore
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// RootSource names the image root that the sealed image in dir (copied
+// as name: "sleep/ID", "snapshot/ID") stands on, by identity (RootID), and
+// writes that root's stream (image.SendRoot) when asked. An id of "" is a
+// root no other node could use (the image's root is this node's only):
+// nothing is copied.
+type RootSource func(ctx context.Context, name, dir string) (id string, send func(ctx context.Context, w io.Writer) error, err error)
+
+// SetRoots makes every copy also copy the image root it stands on, once
+// per root, into a store that keeps roots (RootStore), before the copy's
+// record is written: a copy that Digest names has its root in the store
+// too (unless that copy failed: then it is logged and the record written
+// all the same, and the image wakes only where a live node holds the
+// root, as before). Called once, before the first Put.
+func (c *Copies) SetRoots(src RootSource) {
+	if c == nil {
+		return
+	}
+	c.roots = src
+}
+
+// copyRoot copies the root of the image d (in dir, copied as name) into
+// the store unless it is there, after recording that d stands on it.
+// Concurrent copies of images on one root upload it once.
+func (c *Copies) copyRoot(ctx context.Context, name, dir string, d Digest) {
+	rs, ok := c.store.(RootStore)
+	if !ok || c.roots == nil {
+		return
+	}
+	id, send, err := c.roots(ctx, name, dir)
+	if err != nil || id == "" {
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("snapshot store: the image's root is not copied (it wakes only where a live node holds its root)", "image", name, "err", err)
+		}
+		return
+	}
+	// The ref first: a collection racing this copy sees the root named.
+	if err := rs.RefRoot(ctx, id, d); err != nil {
+		c.log.Warn("snapshot store: the image's root is not copied (it wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
+		return
+	}
+	// Named again: no longer a candidate for deletion.
+	_ = os.Remove(filepath.Join(c.dir, unneededDir, Digest(id).hex()))
+	for {
+		c.mu.Lock()
+		ch, busy := c.rootBusy[id]
+		if !busy {
+			if c.rootBusy == nil {
+				c.rootBusy = map[string]chan struct{}{}
+			}
+			ch = make(chan struct{})
+			c.rootBusy[id] = ch
+			c.mu.Unlock()
+			defer func() {
+				c.mu.Lock()
+				delete(c.rootBusy, id)
+				c.mu.Unlock()
+				close(ch)
+			}()
+			break
+		}
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+	has, err := rs.HasRoot(ctx, id)
+	if err == nil && has {
+		return
+	}
+	t0 := time.Now()
+	var n countWriter
+	err = rs.PutRoot(ctx, id, func(w io.Writer) error { return send(ctx, io.MultiWriter(w, &n)) })
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("snapshot store: copy of an image root failed (the image wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
+		}
+		return
+	}
+	c.log.Info("snapshot store: image root copied", "image", name, "root", id, "size_mib", int64(n)>>20, "took", time.Since(t0).Round(time.Millisecond))
+}
+
+type countWriter int64
+
+func (n *countWriter) Write(p []byte) (int, error) {
+	*n += countWriter(len(p))
+	return len(p), nil
+}
+
+// OpenRoot opens the root stream of the image root with identity id from
+// the store: NotFound when the store does not hold it (or keeps no roots).
+// What it reads is unverified: the caller checks it (image.ReceiveRoot).
+func (c *Copies) OpenRoot(ctx context.Context, id string) (io.ReadCloser, error) {
+	if c == nil {
+		return nil, errdefs.New(errdefs.NotFound, "this node has no object store to fetch image root %.19s from", id)
+	}
+	rs, ok := c.store.(RootStore)
+	if !ok {
+		return nil, errdefs.New(errdefs.NotFound, "this node's object store keeps no image roots")
+	}
+	t0 := time.Now()
+	rc, err := rs.OpenRoot(ctx, id)
+	if err == nil {
+		c.log.Info("snapshot store: image root opened", "root", id, "took", time.Since(t0).Round(time.Millisecond))
+	}
+	return rc, err
+}
+
+// unrefRoot drops image d's ref on its root before d is deleted. A root
+// no image names any more is deleted RootGrace later (at once with no
+// grace), if none names it then: a sandbox woken and slept again meanwhile
+// (the common cycle of an idle sandbox on a root nothing else stands on)
+// finds its root still there and uploads nothing. The candidate is a file
+// of this node's records (unneeded-roots/HEX), so a restart sweeps it too.
+func (c *Copies) unrefRoot(ctx context.Context, d Digest) {
+	rs, ok := c.store.(RootStore)
+	if !ok {
+		return
+	}
+	id, unneeded, err := rs.UnrefRoot(ctx, d)
+	if err != nil {
+		c.log.Warn("snapshot store: drop an image's ref on its root (the root object may stay behind)", "digest", short(d), "root", id, "err", err)
+		return
+	}
+	if !unneeded {
+		return
+	}
+	if c.rootGrace.Load() <= 0 {
+		c.deleteRoot(ctx, rs, id)
+		return
+	}
+	p := filepath.Join(c.dir, unneededDir, Digest(id).hex())
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
+		err = os.WriteFile(p, []byte(id), 0o600)
+	}
+	if err != nil {
+		c.log.Warn("snapshot store: note an unneeded image root (its object stays behind)", "root", id, "err", err)
+	}
+}
+
+const unneededDir = "unneeded-roots"
+
+// DefaultRootGrace is how long a root no stored image names stays in the
+// store before it is deleted.
+const DefaultRootGrace = time.Hour
+
+// SetRootGrace sets how long a root no stored image names stays (0: it is
+// deleted at once). Called before use.
+func (c *Copies) SetRootGrace(d time.Duration) {
+	if c != nil {
+		c.rootGrace.Store(int64(d))
+	}
+}
+
+func (c *Copies) deleteRoot(ctx context.Context, rs RootStore, id string) {
+	deleted, err := rs.DeleteRootUnneeded(ctx, id)
+	switch {
+	case err != nil:
+		c.log.Warn("snapshot store: delete an unneeded image root (its object stays behind)", "root", id, "err", err)
+	case deleted:
+		c.log.Info("snapshot store: image root deleted (no stored image names it)", "root", id)
+	}
+}
+
+// sweepRoots deletes the noted unneeded roots older than the grace that
+// still no image names (a root named again is kept, its note dropped).
+func (c *Copies) sweepRoots(ctx context.Context, now time.Time) {
+	rs, ok := c.store.(RootStore)
+	if !ok {
+		return
+	}
+	dir := filepath.Join(c.dir, unneededDir)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		in, err := e.Info()
+		if err != nil || now.Sub(in.ModTime()) < time.Duration(c.rootGrace.Load()) {
+			continue
+		}
+		id := "sha256:" + e.Name()
+		if validRoot(id) == nil {
+			c.deleteRoot(ctx, rs, id)
+		}
+		if err := ctx.Err(); err != nil {
+			return // kept for the next sweep
+		}
+		_ = os.Remove(filepath.Join(dir, e.Name()))
+	}
+}
+
+// sweepLoop sweeps the unneeded roots every minute until Close.
+func (c *Copies) sweepLoop() {
+	defer c.bg.Done()
+	tk := time.NewTicker(time.Minute)
+	defer tk.Stop()
+	for {
+		c.sweepRoots(c.ctx, time.Now())
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-tk.C:
+		}
+	}
+}

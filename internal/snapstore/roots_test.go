@@ -1,0 +1,252 @@
+package snapstore_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/snapstore"
+	"github.com/clade-sandbox/clade/internal/snapstore/storetest"
+	"github.com/clade-sandbox/clade/internal/snapstore/weedtest"
+	"github.com/minio/minio-go/v7"
+)
+
+// TestCopiesRoots: a copy's image root goes to the store before the
+// copy's record, once per root (two copies at once on one node, and a
+// second node's copy, upload it once), streamed (a root of several parts),
+// sealed under a key when there is one (no byte or identity in the clear);
+// it reads back whole, and goes only when the last image naming it goes.
+func TestCopiesRoots(t *testing.T) {
+	srv := weedtest.Start(t)
+	raw := rawClient(t, srv)
+	for _, enc := range []bool{false, true} {
+		t.Run(fmt.Sprintf("encrypted=%v", enc), func(t *testing.T) {
+			var key []byte
+			if enc {
+				key = make([]byte, 32)
+				_, _ = rand.Read(key)
+			}
+			s, bucket := newBucket(t, srv, key)
+			marker := []byte("clade-root-marker-" + fmt.Sprint(enc))
+			// 40 MiB: three parts of the upload, most of it random.
+			root := make([]byte, 40<<20)
+			_, _ = rand.Read(root)
+			for i := 0; i < len(root); i += 1 << 20 {
+				copy(root[i:], marker)
+			}
+			sum := sha256.Sum256([]byte("a root identity"))
+			id := "sha256:" + hex.EncodeToString(sum[:])
+			var sends atomic.Int32
+			src := func(ctx context.Context, name, dir string) (string, func(context.Context, io.Writer) error, error) {
+				if strings.HasSuffix(name, "/mine") {
+					return "", nil, nil // a root this node's only
+				}
+				return id, func(ctx context.Context, w io.Writer) error {
+					sends.Add(1)
+					_, err := io.Copy(w, bytes.NewReader(root))
+					return err
+				}, nil
+			}
+			// A send that fails midway (past a part) makes no object.
+			failID := "sha256:" + hex.EncodeToString(make([]byte, 32))
+			err := s.PutRoot(t.Context(), failID, func(w io.Writer) error {
+				if _, err := w.Write(root[:20<<20]); err != nil {
+					return err
+				}
+				return fmt.Errorf("the root went")
+			})
+			if err == nil || !strings.Contains(err.Error(), "the root went") {
+				t.Fatalf("PutRoot of a failed send: %v", err)
+			}
+			if has, err := s.HasRoot(t.Context(), failID); has || err != nil {
+				t.Fatalf("a failed send left a root: %v %v", has, err)
+			}
+			base := t.TempDir()
+			node := func(name string) *snapstore.Copies {
+				c, err := snapstore.NewCopies(s, filepath.Join(base, name), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.SetRoots(src)
+				return c
+			}
+			c1, c2 := node("n1"), node("n2")
+			imgs := map[string]string{}
+			for _, n := range []string{"a", "b", "c", "mine"} {
+				imgs[n] = storetest.MakeImage(t, filepath.Join(base, "img", n), 64<<10+len(n))
+			}
+			var wg sync.WaitGroup
+			for _, n := range []string{"a", "b"} {
+				c1.Put("sleep/"+n, imgs[n])
+			}
+			for _, n := range []string{"a", "b"} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := c1.Wait(t.Context(), "sleep/"+n); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+			for _, n := range []string{"a", "b"} {
+				if _, err := c1.Digest("sleep/" + n); err != nil {
+					t.Fatalf("no record of sleep/%s: %v", n, err)
+				}
+			}
+			if has, err := s.HasRoot(t.Context(), id); !has || err != nil {
+				t.Fatalf("after two copies the store has the root: %v %v", has, err)
+			}
+			c2.Put("sleep/c", imgs["c"])
+			c2.Put("sleep/mine", imgs["mine"])
+			if err := errorsJoin(c2.Wait(t.Context(), "sleep/c"), c2.Wait(t.Context(), "sleep/mine")); err != nil {
+				t.Fatal(err)
+			}
+			if got := sends.Load(); got != 1 {
+				t.Fatalf("the root was sent %d times for three copies on it, want 1", got)
+			}
+			rc, err := c2.OpenRoot(t.Context(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, err := io.ReadAll(rc)
+			rc.Close()
+			if err != nil || !bytes.Equal(back, root) {
+				t.Fatalf("the root read back: %d bytes (want %d), equal %v, %v", len(back), len(root), bytes.Equal(back, root), err)
+			}
+			other := sha256.Sum256([]byte("no such root"))
+			if _, err := c2.OpenRoot(t.Context(), "sha256:"+hex.EncodeToString(other[:])); !errdefs.IsNotFound(err) {
+				t.Fatalf("OpenRoot of a root not stored: %v, want NotFound", err)
+			}
+			if _, err := c2.OpenRoot(t.Context(), "sha256:../x"); !errdefs.Is(err, errdefs.InvalidArgument) {
+				t.Fatalf("OpenRoot of a bad id: %v, want InvalidArgument", err)
+			}
+			var keys []string
+			for o := range raw.ListObjects(t.Context(), bucket, minio.ListObjectsOptions{Recursive: true}) {
+				if o.Err != nil {
+					t.Fatal(o.Err)
+				}
+				keys = append(keys, o.Key)
+				if !enc {
+					continue
+				}
+				obj, err := raw.GetObject(t.Context(), bucket, o.Key, minio.GetObjectOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := io.ReadAll(obj)
+				obj.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if bytes.Contains(b, marker) || bytes.Contains(b, []byte(id)) {
+					t.Fatalf("object %s holds the root's bytes or its identity in the clear", o.Key)
+				}
+			}
+			hexID := strings.TrimPrefix(id, "sha256:")
+			if named := strings.Contains(strings.Join(keys, " "), hexID); named == enc {
+				t.Fatalf("encrypted %v: a key names the root's identity: %v (%v)", enc, named, keys)
+			}
+			t.Logf("objects: %d", len(keys))
+
+			// Dropped: the root stays while an image names it, on either node.
+			for _, n := range []string{"a", "b"} {
+				if err := c1.Drop("sleep/" + n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The image's delete follows its root's unref, in the background.
+			gone := func(n string) {
+				t.Helper()
+				d, _, err := snapstore.DigestOf(imgs[n])
+				if err != nil {
+					t.Fatal(err)
+				}
+				deadline := time.Now().Add(time.Minute)
+				for {
+					has, err := snapstore.Has(t.Context(), s, d)
+					if err == nil && !has {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("image %s still stored a minute after its drop: %v", n, err)
+					}
+					select {
+					case <-t.Context().Done():
+						t.Fatal(t.Context().Err())
+					case <-time.After(50 * time.Millisecond): // polling the store
+					}
+				}
+			}
+			gone("a")
+			gone("b")
+			if has, err := s.HasRoot(t.Context(), id); !has || err != nil {
+				t.Fatalf("with sleep/c still stored the root is gone: %v %v", has, err)
+			}
+			if err := c2.Drop("sleep/mine"); err != nil {
+				t.Fatal(err)
+			}
+			if err := c2.Drop("sleep/c"); err != nil {
+				t.Fatal(err)
+			}
+			gone("mine")
+			gone("c")
+			// No image names it now: it stays for the grace.
+			c2.SweepRootsAt(t.Context(), time.Now())
+			if has, err := s.HasRoot(t.Context(), id); !has || err != nil {
+				t.Fatalf("within its grace the root is gone: %v %v", has, err)
+			}
+			// Named again within the grace (a sandbox slept again): nothing
+			// uploaded, and a sweep past the grace keeps it.
+			imgs["e"] = storetest.MakeImage(t, filepath.Join(base, "img", "e"), 70<<10)
+			c1.Put("sleep/e", imgs["e"])
+			if err := c1.Wait(t.Context(), "sleep/e"); err != nil {
+				t.Fatal(err)
+			}
+			if got := sends.Load(); got != 1 {
+				t.Fatalf("the root was sent %d times, want 1 (it was still stored)", got)
+			}
+			c2.SweepRootsAt(t.Context(), time.Now().Add(2*snapstore.DefaultRootGrace))
+			if has, err := s.HasRoot(t.Context(), id); !has || err != nil {
+				t.Fatalf("a sweep deleted a root an image names: %v %v", has, err)
+			}
+			if err := c1.Drop("sleep/e"); err != nil {
+				t.Fatal(err)
+			}
+			gone("e")
+			c1.SweepRootsAt(t.Context(), time.Now().Add(2*snapstore.DefaultRootGrace))
+			if has, err := s.HasRoot(t.Context(), id); has || err != nil {
+				t.Fatalf("past its grace, with no image naming it, the root stays: %v %v", has, err)
+			}
+			c1.Close()
+			c2.Close()
+			var left []string
+			for o := range raw.ListObjects(t.Context(), bucket, minio.ListObjectsOptions{Recursive: true}) {
+				left = append(left, o.Key)
+			}
+			if len(left) != 0 {
+				t.Fatalf("objects left after every copy was dropped: %v", left)
+			}
+		})
+	}
+}
+
+func errorsJoin(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
