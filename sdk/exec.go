@@ -103,29 +103,172 @@ type execStream struct {
 // run runs the exec stream: plain when only output comes down, else on a
 // two-way stream (upgrade).
 func (e execStream) run(ctx context.Context, req ExecRequest) (ExitStatus, error) {
-	c, path, body := e.c, e.path, e.body
 	if req.Stdin != nil || req.Signals != nil || req.Resizes != nil {
 		return e.upgrade(ctx, req)
 	}
-	hreq, err := c.newRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
+	s, err := e.start(ctx)
 	if err != nil {
 		return ExitStatus{}, err
+	}
+	defer s.Close()
+	return s.copyTo(req)
+}
+
+// start sends a plain exec request and returns its stream once the
+// daemon answered.
+func (e execStream) start(ctx context.Context) (*ExecStream, error) {
+	hreq, err := e.c.newRequest(ctx, http.MethodPost, e.path, bytes.NewReader(e.body))
+	if err != nil {
+		return nil, err
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set(stream.VersionHeader, strconv.Itoa(stream.Version))
-	resp, err := c.do(hreq)
+	resp, err := e.c.do(hreq)
 	if err != nil {
-		return ExitStatus{}, err
+		return nil, err
 	}
-	defer resp.Body.Close()
-	st, err := readStream(resp.Body, req)
-	if err == nil || st.Code == -1 {
+	// The transport reads the body through a buffer of its own: the
+	// frames' small reads need none more.
+	return &ExecStream{body: resp.Body, r: stream.NewReader(resp.Body)}, nil
+}
+
+// StartExec starts a command as Exec does, and returns once the daemon
+// answered: the command started (its output follows, through Next), or
+// the daemon refused it (the error is Exec's). It is for a caller that
+// relays the stream (a cluster's node proxying an exec to the node that
+// holds the sandbox): the frames come in the order the daemon sent them,
+// stdout and stderr interleaved as produced, read in the caller's
+// goroutine, and the daemon's sending waits for the caller's reading. It
+// takes no Stdin, Signals, TTY or Resizes (use Exec), and does not use
+// req's Stdout, Stderr or Started. The caller closes the stream.
+func (c *Client) StartExec(ctx context.Context, ref string, req ExecRequest) (*ExecStream, error) {
+	if req.Stdin != nil || req.Signals != nil || req.Resizes != nil || req.TTY {
+		return nil, &Error{Code: "invalid_argument", Message: "StartExec streams output only: stdin, signals and a terminal need Exec"}
+	}
+	ms, err := timeoutMS(req.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(api.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, TimeoutMS: ms, User: req.User, Keep: req.Keep, Tag: req.Tag})
+	if err != nil {
+		return nil, err
+	}
+	path := "/v1/sandboxes/" + url.PathEscape(ref) + "/exec"
+	if req.Keep || req.Tag != "" {
+		path = "/v1/internal/sandboxes/" + url.PathEscape(ref) + "/exec"
+	}
+	return execStream{c, path, body}.start(ctx)
+}
+
+// ExecStream is a started command's stream of frames (api/stream), read
+// by Next. It is not safe for concurrent use, but Close may be called
+// while a Next waits (cancel the call's context to end a Next at once).
+type ExecStream struct {
+	body  io.ReadCloser // nil for an upgraded stream's (its caller closes the connection)
+	r     *stream.Reader
+	ended bool // the exit frame was read
+	exit  ExitStatus
+	err   error // the end: io.EOF after the exit frame, else why it ended
+}
+
+// Next returns the stream's next frame before its exit: stream.Started
+// (JSON api.Started), stream.Stdout or stream.Stderr data, or a frame of
+// a type this SDK does not know (to be skipped). The payload is valid
+// until the next call. At the exit frame it returns io.EOF, and Exit says
+// how the command ended; any other error ends the stream too (a stream
+// cut before its exit is io.ErrUnexpectedEOF wrapped).
+func (s *ExecStream) Next() (stream.Frame, error) {
+	if s.err != nil {
+		return stream.Frame{}, s.err
+	}
+	f, err := s.r.Read()
+	switch {
+	case err != nil:
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		s.err = fmt.Errorf("exec stream: %w", err)
+	case f.Type == stream.Exit:
+		s.err = io.EOF
+		if err := json.Unmarshal(f.Payload, &s.exit); err != nil {
+			s.exit, s.err = ExitStatus{}, fmt.Errorf("exec stream: exit frame: %w", err)
+			return stream.Frame{}, s.err
+		}
+		s.ended = true
+	default:
+		return f, nil
+	}
+	return stream.Frame{}, s.err
+}
+
+// Exit is how the command ended, once Next returned io.EOF: its exit
+// status, with an error as Exec's when the daemon could not tell it (code
+// -1 with its reason). Before, or after a stream that broke, it is the
+// stream's error.
+func (s *ExecStream) Exit() (ExitStatus, error) {
+	if !s.ended {
+		if s.err == nil {
+			return ExitStatus{}, fmt.Errorf("exec stream: not at its end")
+		}
+		return ExitStatus{}, s.err
+	}
+	if s.exit.Code == -1 && s.exit.Error != "" {
+		return s.exit, &Error{Code: s.exit.ErrorClass, Message: s.exit.Error}
+	}
+	return s.exit, nil
+}
+
+// Close ends the stream. After the exit frame the connection goes back to
+// the client's pool for its next call; before, it is dropped, and the
+// daemon kills the command.
+func (s *ExecStream) Close() error {
+	if s.body == nil {
+		return nil
+	}
+	if s.ended {
 		// The exit frame is the stream's last: read the response's end
-		// too, so the connection goes back to the pool for the next
-		// call (a body closed early takes its connection along).
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		// too, so the connection is kept (a body closed early takes its
+		// connection along).
+		_, _ = io.Copy(io.Discard, io.LimitReader(s.body, 4096))
 	}
-	return st, err
+	return s.body.Close()
+}
+
+// copyTo writes the stream's output to req's writers (Started to its
+// callback) until the exit frame; frames of types it does not know are
+// skipped.
+func (s *ExecStream) copyTo(req ExecRequest) (ExitStatus, error) {
+	stdout, stderr := req.Stdout, req.Stderr
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	for {
+		f, err := s.Next()
+		if err == io.EOF {
+			return s.Exit()
+		}
+		if err != nil {
+			return ExitStatus{}, err
+		}
+		switch f.Type {
+		case stream.Started:
+			var st api.Started
+			if req.Started != nil && json.Unmarshal(f.Payload, &st) == nil && st.PID > 0 {
+				req.Started(st.PID)
+			}
+		case stream.Stdout:
+			if _, err := stdout.Write(f.Payload); err != nil {
+				return ExitStatus{}, fmt.Errorf("write stdout: %w", err)
+			}
+		case stream.Stderr:
+			if _, err := stderr.Write(f.Payload); err != nil {
+				return ExitStatus{}, fmt.Errorf("write stderr: %w", err)
+			}
+		}
+	}
 }
 
 // Peer is the calls only a cluster's nodes make on each other: they go
@@ -176,47 +319,8 @@ func timeoutMS(d time.Duration) (int64, error) {
 // readStream writes output frames to req's writers until the exit frame;
 // frames of types it does not know are skipped.
 func readStream(r io.Reader, req ExecRequest) (ExitStatus, error) {
-	stdout, stderr := req.Stdout, req.Stderr
-	if stdout == nil {
-		stdout = io.Discard
-	}
-	if stderr == nil {
-		stderr = io.Discard
-	}
-	fr := stream.NewReader(bufio.NewReaderSize(r, 64<<10))
-	for {
-		f, err := fr.Read()
-		if err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return ExitStatus{}, fmt.Errorf("exec stream: %w", err)
-		}
-		switch f.Type {
-		case stream.Started:
-			var st api.Started
-			if req.Started != nil && json.Unmarshal(f.Payload, &st) == nil && st.PID > 0 {
-				req.Started(st.PID)
-			}
-		case stream.Stdout:
-			if _, err := stdout.Write(f.Payload); err != nil {
-				return ExitStatus{}, fmt.Errorf("write stdout: %w", err)
-			}
-		case stream.Stderr:
-			if _, err := stderr.Write(f.Payload); err != nil {
-				return ExitStatus{}, fmt.Errorf("write stderr: %w", err)
-			}
-		case stream.Exit:
-			var st ExitStatus
-			if err := json.Unmarshal(f.Payload, &st); err != nil {
-				return ExitStatus{}, fmt.Errorf("exec stream: exit frame: %w", err)
-			}
-			if st.Code == -1 && st.Error != "" {
-				return st, &Error{Code: st.ErrorClass, Message: st.Error}
-			}
-			return st, nil
-		}
-	}
+	s := &ExecStream{r: stream.NewReader(bufio.NewReaderSize(r, 64<<10))}
+	return s.copyTo(req)
 }
 
 // upgrade runs an exec on a two-way stream: stdin and signals go up,

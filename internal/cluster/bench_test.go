@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	osexec "os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -92,9 +93,12 @@ func (w *writeCounter) settle() {
 	}
 }
 
-func p50(ds []time.Duration) time.Duration {
+func p50(ds []time.Duration) time.Duration { return pct(ds, 50) }
+
+// pct is the q-th percentile of ds (sorted in place).
+func pct(ds []time.Duration, q int) time.Duration {
 	slices.Sort(ds)
-	return ds[len(ds)/2]
+	return ds[min(len(ds)*q/100, len(ds)-1)]
 }
 
 // TestNetClusterCosts measures, on three nodes in namespaces, the extra
@@ -102,8 +106,18 @@ func p50(ds []time.Duration) time.Duration {
 // (side by side with a direct one) and counts etcd writes per create and
 // per exec; it holds the write targets (<= 2 per create, 0 per exec) and
 // logs the figures for docs/benchmarks.md.
+//
+// With CLADE_HOP_PROFILE=FILE, n2 serves --pprof on its loopback and,
+// after the measured rounds, a 15 s CPU profile of it is written to FILE
+// while a loop of proxied execs runs through it (go tool pprof FILE).
 func TestNetClusterCosts(t *testing.T) {
-	c := testenv.StartNetCluster(t, 3, nil, nil)
+	profile := os.Getenv("CLADE_HOP_PROFILE")
+	c := testenv.StartNetCluster(t, 3, nil, func(i int) []string {
+		if i == 1 && profile != "" {
+			return []string{"--pprof", "127.0.0.1:6060"}
+		}
+		return nil
+	})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	w := countWrites(t, n1.Etcd)
 
@@ -153,33 +167,33 @@ func TestNetClusterCosts(t *testing.T) {
 		exec(n1.Client)
 		exec(n2.Client)
 	}
-	const rounds = 100
+	const rounds = 200
 	var direct, proxied []time.Duration
 	// The CPU the proxying daemon spends: the hop's cost whatever the
-	// host's load does to its wall time.
-	// What it spends idle (its lease and capacity refreshes, once a
-	// second) is measured over a window first and taken off.
-	const idleWindow = 5 * time.Second
-	idle0 := procCPU(t, n2.Pid())
-	select {
-	case <-time.After(idleWindow): // a measurement window, not a wait for an event
-	case <-t.Context().Done():
-		t.Fatal(t.Context().Err())
+	// host's load does to its wall time. n2's CPU time (its threads' run
+	// time, to the nanosecond) is read around each exec: over the direct
+	// ones it is n2's idle work alone (its lease and capacity refreshes,
+	// its etcd member), over the proxied ones that and the hop, so the
+	// difference of the two sums is the hop's.
+	var cpuDirect, cpuProxied time.Duration
+	timed := func(cl *sdk.Client, sum *time.Duration) time.Duration {
+		c0 := threadsCPU(t, n2.Pid())
+		d := exec(cl)
+		*sum += threadsCPU(t, n2.Pid()) - c0
+		return d
 	}
-	idleRate := float64(procCPU(t, n2.Pid())-idle0) / float64(idleWindow)
-	cpu0, loop0 := procCPU(t, n2.Pid()), time.Now()
 	for range rounds {
-		direct = append(direct, exec(n1.Client))
-		proxied = append(proxied, exec(n2.Client))
+		direct = append(direct, timed(n1.Client, &cpuDirect))
+		proxied = append(proxied, timed(n2.Client, &cpuProxied))
 	}
-	cpu := procCPU(t, n2.Pid()) - cpu0
-	idle := time.Duration(idleRate * float64(time.Since(loop0)))
-	t.Logf("the proxying daemon (n2) used %s of CPU over the %d rounds, %s of it idle work (%.1f ms/s measured idle): %s per proxied exec",
-		cpu, rounds, idle.Round(time.Millisecond), idleRate*1000, ((cpu - idle) / rounds).Round(10*time.Microsecond))
+	t.Logf("the proxying daemon (n2) used %s of CPU over the %d proxied execs and %s over the %d direct ones (its idle work): %s per proxied exec",
+		cpuProxied.Round(time.Millisecond), rounds, cpuDirect.Round(time.Millisecond), rounds, ((cpuProxied - cpuDirect) / rounds).Round(10*time.Microsecond))
 	w.settle()
 	execWrites := len(w.of(execKey)) - atCreate
 	d, p := p50(direct), p50(proxied)
 	t.Logf("exec p50 over %d side by side: direct (n1 holds it) %s, proxied through n2 %s: extra hop %s", rounds, d, p, p-d)
+	d90, p90 := pct(direct, 90), pct(proxied, 90)
+	t.Logf("exec p90: direct %s, proxied %s: %s", d90, p90, p90-d90)
 	t.Logf("etcd writes: %d for %d execs (the sandbox's record: %d writes by its create)", execWrites, 2*rounds+10, atCreate)
 	if atCreate != 1 {
 		t.Errorf("%d etcd writes for an unnamed create, want 1", atCreate)
@@ -187,22 +201,64 @@ func TestNetClusterCosts(t *testing.T) {
 	if execWrites != 0 {
 		t.Errorf("%d etcd writes of the sandbox's record during its execs, want 0", execWrites)
 	}
+	if profile != "" {
+		profileProxying(t, n2.NS, profile, func() { exec(n2.Client) })
+	}
 }
 
-// procCPU is the user and system CPU time process pid has used.
-func procCPU(t *testing.T, pid int) time.Duration {
+// profileProxying writes a 15 s CPU profile of the daemon serving
+// --pprof on 127.0.0.1:6060 in network namespace ns to file, while call
+// runs in a loop.
+func profileProxying(t *testing.T, ns, file string, call func()) {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	cmd := osexec.Command("nsenter", "--net="+ns, "curl", "-sS", "--fail", "-o", file, "http://127.0.0.1:6060/debug/pprof/profile?seconds=15")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	n := 0
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("profile: %v\n%s", err, out.String())
+			}
+			t.Logf("CPU profile of n2 over %d proxied execs written to %s", n, file)
+			return
+		default:
+		}
+		call()
+		n++
+	}
+}
+
+// threadsCPU is the time process pid's threads have run, to the
+// nanosecond (the sum of /proc/PID/task/*/schedstat's first field; a
+// thread that ended meanwhile is left out).
+func threadsCPU(t testing.TB, pid int) time.Duration {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// After the command's ")": state is field 3, utime 14, stime 15.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("/proc/%d/stat: %q", pid, b)
+	var sum time.Duration
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/%d/task/%s/schedstat: %q", pid, task.Name(), b)
+		}
+		sum += time.Duration(ns)
 	}
-	const hz = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / hz
+	return sum
 }

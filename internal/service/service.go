@@ -21,6 +21,7 @@ import (
 	"syscall"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/api/stream"
 )
 
 // Service is everything a front asks of a node.
@@ -128,6 +129,19 @@ type Process interface {
 	Wait(ctx context.Context) (api.ExitStatus, error)
 	// Close kills the process if it still runs and frees what it holds.
 	Close()
+}
+
+// Frames is what a Process may also be when its output already arrives
+// as an exec stream (api/stream): a remote node's plain exec
+// (service.Plain). NextFrame returns its stdout and stderr frames in the
+// order they were sent, in the caller's goroutine, until an error (io.EOF
+// at the exit; Wait then says how it ended). A front that relays them
+// sends its client the same frames without the copies, pipes and
+// goroutines of reading Stdout and Stderr apart. A process is read one
+// way or the other: after the first NextFrame, Stdout and Stderr answer an
+// error, and after Stdout or Stderr, NextFrame does.
+type Frames interface {
+	NextFrame() (stream.Frame, error)
 }
 
 // FileInfo describes a path inside a sandbox.

@@ -125,17 +125,40 @@ func streamProcess(r *http.Request, p service.Process, out *stream.Writer) {
 	// A client that goes away takes its command with it.
 	stop := context.AfterFunc(r.Context(), p.Close)
 	defer stop()
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); _ = out.Copy(stream.Stdout, p.Stdout()) }()
-	go func() { defer wg.Done(); _ = out.Copy(stream.Stderr, p.Stderr()) }()
-	wg.Wait()
+	if fs, ok := p.(service.Frames); ok {
+		relayFrames(fs, p, out)
+	} else {
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = out.Copy(stream.Stdout, p.Stdout()) }()
+		go func() { defer wg.Done(); _ = out.Copy(stream.Stderr, p.Stderr()) }()
+		wg.Wait()
+	}
 	st, err := p.Wait(r.Context())
 	if err != nil {
 		st = api.ExitStatus{Code: -1, Error: err.Error(), ErrorClass: string(errdefs.ClassOf(err))}
 	}
 	b, _ := json.Marshal(st)
 	_ = out.WriteLast(stream.Exit, b)
+}
+
+// relayFrames sends the client a remote node's output frames as they
+// come, in their order, in this goroutine (the proxied exec's hop): the
+// next is read once the client took the last, so the holder's sending
+// waits for the client. A client gone ends the process; its stream is
+// read to its end still.
+func relayFrames(fs service.Frames, p service.Process, out *stream.Writer) {
+	failed := false
+	for {
+		f, err := fs.NextFrame()
+		if err != nil {
+			return
+		}
+		if out.Write(f.Type, f.Payload) != nil && !failed {
+			failed = true
+			p.Close()
+		}
+	}
 }
 
 var errClientGone = errors.New("the client went away")

@@ -204,10 +204,13 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 	sreq := sdk.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, Timeout: time.Duration(req.TimeoutMS) * time.Millisecond,
 		TTY: req.TTY, Size: sdk.WindowSize{Rows: req.Rows, Cols: req.Cols}, User: req.User, Keep: req.Keep, Tag: req.Tag}
 	// A caller that only reads the output (service.Plain) gets a plain
-	// request on one of the client's kept-alive connections; signals,
-	// stdin or a terminal need a two-way stream, a connection of its own.
-	signals := !service.IsPlain(ctx) || req.Stdin || req.TTY
-	p := s.start(ctx, sreq, signals, req.Stdin, func(ctx context.Context, sreq sdk.ExecRequest) (api.ExitStatus, error) {
+	// request on one of the client's kept-alive connections, its frames
+	// relayed as they come (startPlain); signals, stdin or a terminal
+	// need a two-way stream, a connection of its own.
+	if service.IsPlain(ctx) && !req.Stdin && !req.TTY {
+		return s.startPlain(ctx, id, sreq)
+	}
+	p := s.start(ctx, sreq, true, req.Stdin, func(ctx context.Context, sreq sdk.ExecRequest) (api.ExitStatus, error) {
 		return s.c.Exec(ctx, id, sreq)
 	})
 	if wake {

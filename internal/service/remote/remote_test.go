@@ -29,6 +29,29 @@ func TestConformance(t *testing.T) {
 // another node of the cluster reaches it. (TestConformance's caller, on
 // the unix socket, is refused them: Unauthenticated.)
 func TestConformanceKept(t *testing.T) {
+	svc := peerService(t)
+	servicetest.RunOnly(t, func(t *testing.T) servicetest.Env {
+		return servicetest.Env{Service: svc, Processes: true}
+	}, "KeptAcrossSleep", "Exec", "ExecStdin")
+}
+
+// TestConformancePlain runs the suite's execs as the HTTP API does when it
+// relays another node's exec (service.Plain): a plain request per exec on
+// the peer's kept-alive connections, its frames relayed (service.Frames)
+// or pumped into Stdout and Stderr.
+func TestConformancePlain(t *testing.T) {
+	svc := peerService(t)
+	servicetest.RunOnly(t, func(t *testing.T) servicetest.Env {
+		return servicetest.Env{Service: svc, Processes: true, Plain: true}
+	}, "Exec")
+}
+
+// peerService is the remote service of a one-node cluster's daemon
+// (embedded etcd) reached over TCP with the cluster token (its API
+// token: no --cluster-token-file), as another node of the cluster
+// reaches it.
+func peerService(t *testing.T) *remote.Service {
+	t.Helper()
 	dir := testenv.TempDir(t)
 	tok := filepath.Join(dir, "token")
 	if err := os.WriteFile(tok, []byte("peer-"+filepath.Base(dir)+"\n"), 0o600); err != nil {
@@ -45,10 +68,7 @@ func TestConformanceKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := remote.New(c, "k1")
-	servicetest.RunOnly(t, func(t *testing.T) servicetest.Env {
-		return servicetest.Env{Service: svc, Processes: true}
-	}, "KeptAcrossSleep", "Exec", "ExecStdin")
+	return remote.New(c, "k1")
 }
 
 func loopbackAddr(t *testing.T) string {

@@ -33,6 +33,19 @@ type Env struct {
 	// lifecycle, snapshots, sleep and events only; the gvisor and remote
 	// runs check everything.
 	Processes bool
+	// Plain runs the execs that only read their output as the HTTP API
+	// does, with service.Plain (a remote service then relays a plain
+	// request's frames); a process that is also a service.Frames is then
+	// read through NextFrame in testExec.
+	Plain bool
+}
+
+// execCtx is the context of an exec that only reads its output.
+func (e Env) execCtx(t *testing.T) context.Context {
+	if e.Plain {
+		return service.Plain(t.Context())
+	}
+	return t.Context()
 }
 
 // Run runs the suite; newEnv makes a fresh node per test.
@@ -443,7 +456,7 @@ func testKeptAcrossSleep(t *testing.T, e Env) {
 
 func run(t *testing.T, e Env, id string, argv ...string) (string, api.ExitStatus) {
 	t.Helper()
-	p, err := e.Service.Exec(t.Context(), id, service.Wake, api.ExecRequest{Cmd: argv})
+	p, err := e.Service.Exec(e.execCtx(t), id, service.Wake, api.ExecRequest{Cmd: argv})
 	if err != nil {
 		t.Fatalf("exec %v: %v", argv, err)
 	}
@@ -458,7 +471,7 @@ func run(t *testing.T, e Env, id string, argv ...string) (string, api.ExitStatus
 
 func testExec(t *testing.T, e Env) {
 	sb := create(t, e, "")
-	p, err := e.Service.Exec(t.Context(), sb.ID, service.NoWake, api.ExecRequest{Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, Env: []string{"X=1"}})
+	p, err := e.Service.Exec(e.execCtx(t), sb.ID, service.NoWake, api.ExecRequest{Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, Env: []string{"X=1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,6 +481,9 @@ func testExec(t *testing.T, e Env) {
 	if err != nil || st.Code != 3 || out != "out\n" || errOut != "err\n" {
 		t.Fatalf("exec: code %d out %q err %q (%v)", st.Code, out, errOut, err)
 	}
+	if e.Plain {
+		testExecFrames(t, e, sb.ID)
+	}
 	if out, _ := run(t, e, sb.ID, "sh", "-c", "echo $HOME"); strings.TrimSpace(out) == "" {
 		t.Errorf("no HOME in the exec's environment")
 	}
@@ -475,7 +491,7 @@ func testExec(t *testing.T, e Env) {
 		t.Errorf("SupportsUser of a new sandbox: %v, %v, want true", ok, err)
 	}
 	// A command that does not start has no pid; Wait says why.
-	p, err = e.Service.Exec(t.Context(), sb.ID, service.Wake, api.ExecRequest{Cmd: []string{"/no/such/command"}})
+	p, err = e.Service.Exec(e.execCtx(t), sb.ID, service.Wake, api.ExecRequest{Cmd: []string{"/no/such/command"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,7 +505,7 @@ func testExec(t *testing.T, e Env) {
 	p.Close()
 	// A process that is closed while it runs is killed; its pid is its
 	// own inside the sandbox.
-	p, err = e.Service.Exec(t.Context(), sb.ID, service.Wake, api.ExecRequest{Cmd: []string{"sleep", "600"}})
+	p, err = e.Service.Exec(e.execCtx(t), sb.ID, service.Wake, api.ExecRequest{Cmd: []string{"sleep", "600"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,6 +523,44 @@ func testExec(t *testing.T, e Env) {
 		if time.Now().After(deadline) {
 			t.Fatalf("a closed process still runs 10 s later: %q sleeps", out)
 		}
+	}
+}
+
+// testExecFrames reads a plain exec's output through service.Frames, if
+// the process is one: stdout and stderr frames in the order the command
+// wrote them, then the exit; Stdout is then refused.
+func testExecFrames(t *testing.T, e Env, id string) {
+	p, err := e.Service.Exec(e.execCtx(t), id, service.Wake, api.ExecRequest{Cmd: []string{"sh", "-c", "echo 1; sleep 0.2; echo 2 >&2; sleep 0.2; echo 3; exit 4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	fs, ok := p.(service.Frames)
+	if !ok {
+		t.Log("not run: this implementation's plain process is no service.Frames")
+		_, _ = drain(p)
+		return
+	}
+	if p.PID() <= 0 {
+		t.Errorf("a started command's pid is %d", p.PID())
+	}
+	var got []string
+	for {
+		f, err := fs.NextFrame()
+		if err != nil {
+			break
+		}
+		got = append(got, fmt.Sprintf("%d:%s", f.Type, f.Payload))
+	}
+	want := []string{"4:1\n", "5:2\n", "4:3\n"}
+	if !slices.Equal(got, want) {
+		t.Errorf("frames %q, want %q (stdout 4, stderr 5, in order)", got, want)
+	}
+	if st, err := p.Wait(t.Context()); err != nil || st.Code != 4 {
+		t.Errorf("exit: %+v %v, want code 4", st, err)
+	}
+	if _, err := p.Stdout().Read(make([]byte, 1)); err == nil || err == io.EOF {
+		t.Errorf("Stdout of a process read through NextFrame: %v, want an error", err)
 	}
 }
 
