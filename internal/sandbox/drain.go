@@ -48,7 +48,7 @@ func (mv *Mover) SleepIdle(ctx context.Context, id string) (busy string, err err
 	if err := m.admission.checkDisk("sleep"); err != nil {
 		return err.Error(), nil
 	}
-	busy, err = m.sleepIdleLocked(context.WithoutCancel(ctx), snapper, &rec, idleAfter)
+	busy, err = m.sleepLocked(context.WithoutCancel(ctx), snapper, &rec, idleAfter)
 	if busy != "" || err != nil {
 		return busy, err
 	}

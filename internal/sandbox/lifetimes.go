@@ -90,12 +90,11 @@ type Lifetimes struct {
 }
 
 // lifetimeOps is what the lifetime policy needs of the lifecycle: a sleep
-// (sleepIdleLocked: only if the sandbox is idle, for the idle and pressure
-// sleepers) and a removal of a sandbox whose lock it holds, and the
+// (sleepLocked: as asked, or only if the sandbox is idle, for the idle and
+// pressure sleepers) and a removal of a sandbox whose lock it holds, and the
 // collection of the implicit snapshot a removed sandbox stood on.
 type lifetimeOps interface {
-	sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error
-	sleepIdleLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, quiet time.Duration) (busy string, err error)
+	sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, quiet time.Duration) (busy string, err error)
 	destroyLocked(ctx context.Context, rec store.Sandbox) error
 	gcSnapshot(ctx context.Context, id string)
 }
@@ -208,7 +207,7 @@ func (l *Lifetimes) sleepIdle(ctx context.Context, id string) {
 		l.log.Warn("idle sleep refused", "sandbox", id, "err", err)
 		return
 	}
-	busy, err := l.life.sleepIdleLocked(context.WithoutCancel(ctx), snapper, &rec, time.Duration(rec.Opts.IdleSleepMS)*time.Millisecond)
+	busy, err := l.life.sleepLocked(context.WithoutCancel(ctx), snapper, &rec, time.Duration(rec.Opts.IdleSleepMS)*time.Millisecond)
 	if err != nil {
 		l.log.Warn("idle sleep failed", "sandbox", id, "err", err)
 		return
@@ -243,7 +242,7 @@ func (l *Lifetimes) expire(ctx context.Context, id string) {
 				err = l.admission.checkDisk("sleep")
 			}
 			if err == nil {
-				err = l.life.sleepLocked(ctx, snapper, &rec)
+				_, err = l.life.sleepLocked(ctx, snapper, &rec, asAsked)
 			}
 			if err != nil {
 				l.log.Warn("timeout: sleep failed; retrying", "sandbox", id, "err", err)

@@ -78,7 +78,7 @@ func (l *Lifetimes) sleepForPressure(ctx context.Context, snapper engine.Snapsho
 	if l.traffic.busyWhy(id, idleAfter) != "" || l.admission.checkDisk("sleep") != nil {
 		return false
 	}
-	busy, err := l.life.sleepIdleLocked(ctx, snapper, &rec, idleAfter)
+	busy, err := l.life.sleepLocked(ctx, snapper, &rec, idleAfter)
 	if err != nil {
 		l.log.Warn("memory pressure: sleep failed", "sandbox", id, "err", err)
 		return false

@@ -38,58 +38,53 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (store.Sandbox, error) 
 	if err := m.admission.checkDisk("sleep"); err != nil {
 		return store.Sandbox{}, err
 	}
-	return rec, m.sleepLocked(context.WithoutCancel(ctx), snapper, &rec)
+	_, err = m.sleepLocked(context.WithoutCancel(ctx), snapper, &rec, asAsked)
+	return rec, err
 }
 
-// sleepLocked puts rec to sleep, as asked (Sleep, a timeout): calls in
-// flight on it fail. Guarded by rec's lock.
-func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox) error {
-	if err := os.RemoveAll(m.cfg.sleepDir(rec.ID)); err != nil {
-		return err
-	}
-	// Requests that come now wait for the lock, then wake the sandbox.
-	return m.sleepRetired(ctx, snapper, rec, m.traffic.drop(rec.ID))
-}
+// sleepRaceHook, set by tests only, is called by sleepLocked for an idle
+// sleep: with "idle" once the sleeper's first look found the sandbox idle,
+// and with "retired" once the sandbox is out of service, before its
+// checkpoint.
+var sleepRaceHook func(point, id string)
 
-// sleepIdleLocked puts rec to sleep if it is idle for quiet (the sleepers
-// of idle sandboxes: the idle sleep, memory pressure, a drain). Whether it
-// is idle and its leaving service are one step (Traffic.retire): a call
-// that found it live first makes it busy, one that comes after waits for
-// the sleep and wakes it. busy says why it stays ("" when it slept).
-// Guarded by rec's lock.
-func (m *Manager) sleepIdleLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, quiet time.Duration) (busy string, err error) {
-	if sleepRaceHook != nil {
-		sleepRaceHook("idle", rec.ID)
-	}
-	sb, busy := m.traffic.retire(rec.ID, quiet)
-	if busy != "" {
-		return busy, nil
-	}
-	if sleepRaceHook != nil {
-		sleepRaceHook("retired", rec.ID)
+// asAsked is sleepLocked's quiet for a sleep that was asked for (Sleep,
+// a timeout): it does not wait for the sandbox to be idle, and calls in
+// flight on it fail.
+const asAsked time.Duration = -1
+
+// sleepLocked puts rec to sleep: as asked (quiet is asAsked), or only if
+// it is idle for quiet (the sleepers of idle sandboxes: the idle sleep,
+// memory pressure, a drain). For those, whether it is idle and its leaving
+// service are one step (Traffic.retire): a call that found it live first
+// makes it busy, one that comes after waits for the sleep and wakes it.
+// busy says why it stays ("" when it slept). Guarded by rec's lock.
+func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, quiet time.Duration) (busy string, err error) {
+	var sb engine.Sandbox
+	if quiet == asAsked {
+		// Requests that come now wait for the lock, then wake the sandbox.
+		sb = m.traffic.drop(rec.ID)
+	} else {
+		if sleepRaceHook != nil {
+			sleepRaceHook("idle", rec.ID)
+		}
+		if sb, busy = m.traffic.retire(rec.ID, quiet); busy != "" {
+			return busy, nil
+		}
+		if sleepRaceHook != nil {
+			sleepRaceHook("retired", rec.ID)
+		}
 	}
 	if err := os.RemoveAll(m.cfg.sleepDir(rec.ID)); err != nil {
 		m.traffic.relive(rec.ID, sb)
 		return "", err
 	}
-	return "", m.sleepRetired(ctx, snapper, rec, sb)
-}
-
-// sleepRaceHook, set by tests only, is called by sleepIdleLocked: with
-// "idle" once the sleeper's first look found the sandbox idle, and with
-// "retired" once the sandbox is out of service, before its checkpoint.
-var sleepRaceHook func(point, id string)
-
-// sleepRetired puts rec to sleep once it is out of Traffic (sb is what was
-// live, put back if the sleep fails) and its sleep dir is empty. Guarded
-// by rec's lock.
-func (m *Manager) sleepRetired(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, sb engine.Sandbox) error {
 	st := steps.New(m.log)
 	defer st.Log(m.log, "sleep timings", "sandbox", rec.ID)
 	dir := m.cfg.sleepDir(rec.ID)
 	if err := m.moveLocked(ctx, rec, store.StateSuspending, ""); err != nil {
 		m.traffic.relive(rec.ID, sb)
-		return err
+		return "", err
 	}
 	st.Mark("suspending")
 	m.crash.hit("sleep-before-engine")
@@ -113,12 +108,12 @@ func (m *Manager) sleepRetired(ctx context.Context, snapper engine.Snapshotter, 
 		}
 		return sealImage(dir)
 	}
-	err := snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), dir, false)
+	err = snapper.Checkpoint(engine.WithSeal(ctx, seal), rec.Engine(), dir, false)
 	st.Mark("checkpoint")
 	if err != nil {
 		// The engine leaves a sandbox whose checkpoint failed running.
 		m.traffic.relive(rec.ID, sb)
-		return errors.Join(fmt.Errorf("sleep %s: %w", rec.ID, err), os.RemoveAll(dir), m.rollbackLocked(ctx, rec, store.StateRunning))
+		return "", errors.Join(fmt.Errorf("sleep %s: %w", rec.ID, err), os.RemoveAll(dir), m.rollbackLocked(ctx, rec, store.StateRunning))
 	}
 	sealed := time.Now()
 	m.crash.hit("sleep-after-checkpoint")
@@ -137,13 +132,13 @@ func (m *Manager) sleepRetired(ctx context.Context, snapper engine.Snapshotter, 
 		m.reaper.reapLater(*rec)
 	}
 	if err != nil {
-		return err
+		return "", err
 	}
 	go preverify(m.bg, dir, sealed)
 	m.cfg.Copies.Put(sleepCopy(rec.ID), dir)
 	m.pools.prepareForSleepers(ctx, *rec)
 	m.log.Info("sandbox asleep", "sandbox", rec.ID)
-	return nil
+	return "", nil
 }
 
 // preverify checks a new sleep image in the background once its files
