@@ -192,3 +192,22 @@ func TestBadDaemonNumbersAreUsageErrors(t *testing.T) {
 		t.Errorf("a refused daemon start left %v in its dirs", ents)
 	}
 }
+
+// TestEncryptAtRestRefusesDirectoryStore: --encrypt-at-rest with a
+// directory --object-store is refused at start: only an S3 store's objects
+// are sealed in the daemon, and a directory store (another disk, a shared
+// mount) got every sleep image, sandbox memory included, in plaintext,
+// from a daemon told to keep its state encrypted at rest.
+func TestEncryptAtRestRefusesDirectoryStore(t *testing.T) {
+	dir := t.TempDir()
+	safe := []string{"daemon", "--data-dir", dir + "/data", "--socket", dir + "/s.sock", "--runsc", dir + "/no-runsc",
+		"--build-default-image=false", "--network-prefix", "cbad", "--network-range", "10.251.0.0/24", "--encrypt-at-rest"}
+	for _, store := range []string{dir + "/store", "file://" + dir + "/store"} {
+		if code := run(append(slices.Clone(safe), "--object-store", store)); code != 2 {
+			t.Errorf("clade daemon --encrypt-at-rest --object-store %s: exit %d, want 2", store, code)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a refused daemon start left %v in its dirs", ents)
+	}
+}
