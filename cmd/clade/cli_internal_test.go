@@ -2,9 +2,13 @@ package main
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/clade-sandbox/clade/internal/atrest"
 
 	"github.com/spf13/cobra"
 )
@@ -209,5 +213,31 @@ func TestEncryptAtRestRefusesDirectoryStore(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("a refused daemon start left %v in its dirs", ents)
+	}
+}
+
+// TestFailedEncryptedStartUnmounts: a daemon with --encrypt-at-rest whose
+// start fails after it mounted the encrypted view (here: no runsc) leaves
+// no mount behind: before, the view and its gocryptfs stayed, until the
+// host rebooted or an operator unmounted it. (A view the previous daemon
+// left mounted for its running sandboxes is still kept.)
+func TestFailedEncryptedStartUnmounts(t *testing.T) {
+	if _, err := exec.LookPath("gocryptfs"); err != nil {
+		t.Skip("no gocryptfs")
+	}
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "data", "plain")
+	t.Cleanup(func() {
+		if atrest.Mounted(plain) {
+			_ = atrest.UnmountDir(plain)
+		}
+	})
+	args := []string{"daemon", "--data-dir", dir + "/data", "--socket", dir + "/s.sock", "--runsc", dir + "/no-runsc",
+		"--build-default-image=false", "--network-prefix", "cbad", "--network-range", "10.251.0.0/24", "--encrypt-at-rest"}
+	if code := run(args); code == 0 {
+		t.Fatal("the daemon started without runsc")
+	}
+	if atrest.Mounted(plain) {
+		t.Errorf("a failed start left the encrypted view %s mounted", plain)
 	}
 }
