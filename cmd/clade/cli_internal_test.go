@@ -2,9 +2,13 @@ package main
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/clade-sandbox/clade/internal/atrest"
 
 	"github.com/spf13/cobra"
 )
@@ -190,5 +194,50 @@ func TestBadDaemonNumbersAreUsageErrors(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("a refused daemon start left %v in its dirs", ents)
+	}
+}
+
+// TestEncryptAtRestRefusesDirectoryStore: --encrypt-at-rest with a
+// directory --object-store is refused at start: only an S3 store's objects
+// are sealed in the daemon, and a directory store (another disk, a shared
+// mount) got every sleep image, sandbox memory included, in plaintext,
+// from a daemon told to keep its state encrypted at rest.
+func TestEncryptAtRestRefusesDirectoryStore(t *testing.T) {
+	dir := t.TempDir()
+	safe := []string{"daemon", "--data-dir", dir + "/data", "--socket", dir + "/s.sock", "--runsc", dir + "/no-runsc",
+		"--build-default-image=false", "--network-prefix", "cbad", "--network-range", "10.251.0.0/24", "--encrypt-at-rest"}
+	for _, store := range []string{dir + "/store", "file://" + dir + "/store"} {
+		if code := run(append(slices.Clone(safe), "--object-store", store)); code != 2 {
+			t.Errorf("clade daemon --encrypt-at-rest --object-store %s: exit %d, want 2", store, code)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a refused daemon start left %v in its dirs", ents)
+	}
+}
+
+// TestFailedEncryptedStartUnmounts: a daemon with --encrypt-at-rest whose
+// start fails after it mounted the encrypted view (here: no runsc) leaves
+// no mount behind: before, the view and its gocryptfs stayed, until the
+// host rebooted or an operator unmounted it. (A view the previous daemon
+// left mounted for its running sandboxes is still kept.)
+func TestFailedEncryptedStartUnmounts(t *testing.T) {
+	if _, err := exec.LookPath("gocryptfs"); err != nil {
+		t.Skip("no gocryptfs")
+	}
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "data", "plain")
+	t.Cleanup(func() {
+		if atrest.Mounted(plain) {
+			_ = atrest.UnmountDir(plain)
+		}
+	})
+	args := []string{"daemon", "--data-dir", dir + "/data", "--socket", dir + "/s.sock", "--runsc", dir + "/no-runsc",
+		"--build-default-image=false", "--network-prefix", "cbad", "--network-range", "10.251.0.0/24", "--encrypt-at-rest"}
+	if code := run(args); code == 0 {
+		t.Fatal("the daemon started without runsc")
+	}
+	if atrest.Mounted(plain) {
+		t.Errorf("a failed start left the encrypted view %s mounted", plain)
 	}
 }

@@ -126,6 +126,11 @@ func newDaemonCmd() *cobra.Command {
 				return err
 			}
 		}
+		if o.EncryptAtRest && o.ObjectStore != "" && !strings.HasPrefix(o.ObjectStore, "s3://") {
+			// Only an S3 store's objects are sealed in the daemon: a
+			// directory store would get sandbox memory in plaintext.
+			return usagef(cmd, "--encrypt-at-rest with a directory --object-store (%s) would copy sleep images and snapshots, sandbox memory included, there in plaintext: only an s3:// store's objects are encrypted; use one, or no --object-store", o.ObjectStore)
+		}
 		if err := clusterFlags(cmd, &o.Cluster, *clusterTokenFile, *clusterPasswordFile); err != nil {
 			return err
 		}

@@ -103,23 +103,60 @@ func (ch *channel) resize(rows, cols uint16) {
 	}
 	if h := ch.hold; h != nil {
 		// The goroutine holding the last one holds this one (a host that
-		// resizes often costs one goroutine, not one a resize).
-		h.old, h.rows, h.cols = old, rows, cols
+		// resizes often costs one goroutine, not one a resize). Readline
+		// may write back the size it read before any of the resizes held,
+		// not only the one before this (a size sent twice, resizes in a
+		// row): each stays an old size.
+		h.addOld(old)
+		h.rows, h.cols = rows, cols
 		h.n++
 		return
 	}
 	if old.Row != rows || old.Col != cols {
-		ch.hold = &sizeHold{old: old, rows: rows, cols: cols}
+		ch.hold = &sizeHold{olds: []unix.Winsize{old}, rows: rows, cols: cols}
 		go ch.holdSize()
 	}
 }
 
 // sizeHold is a resize holdSize holds: back to rows x cols when the size
-// returns to old.
+// returns to one of olds.
 type sizeHold struct {
-	old        unix.Winsize
+	// olds are the sizes the terminal had since the hold began (the last
+	// maxOlds of them), the first the one before its first resize.
+	olds       []unix.Winsize
 	rows, cols uint16
 	n          uint64 // resizes it took over; one restarts the looks
+}
+
+// maxOlds bounds a hold's old sizes (a host resizing in a tight loop).
+const maxOlds = 8
+
+// addOld adds ws to the hold's old sizes, once; the oldest past maxOlds
+// are forgotten but the first.
+func (h *sizeHold) addOld(ws unix.Winsize) {
+	for _, o := range h.olds {
+		if o.Row == ws.Row && o.Col == ws.Col {
+			return
+		}
+	}
+	if len(h.olds) == maxOlds {
+		h.olds = append(h.olds[:1], h.olds[2:]...)
+	}
+	h.olds = append(h.olds, ws)
+}
+
+// undone reports whether the terminal's size cur is one of the hold's old
+// sizes, not the one it holds: a write-back undid the resize.
+func (h *sizeHold) undone(cur unix.Winsize) bool {
+	if cur.Row == h.rows && cur.Col == h.cols {
+		return false
+	}
+	for _, o := range h.olds {
+		if o.Row == cur.Row && o.Col == cur.Col {
+			return true
+		}
+	}
+	return false
 }
 
 // sizeChecks are the waits between holdSize's looks at a terminal: about
@@ -129,7 +166,8 @@ var sizeChecks = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * tim
 	128 * time.Millisecond, 256 * time.Millisecond, 512 * time.Millisecond}
 
 // holdSize puts the channel's last resize back when the terminal's size
-// returns to the one before it, for about a second after it. Readline
+// returns to one it had before (since the hold began), for about a second
+// after it. Readline
 // (bash's prompt) reads the size and writes the same value back each time
 // it prepares the terminal (rltty.c set_winsize, TIOCGWINSZ then
 // TIOCSWINSZ), to stop a background readline before it touches the
@@ -157,7 +195,7 @@ func (ch *channel) holdSize() {
 		time.Sleep(sizeChecks[i]) // no event says the size changed: look again
 		ch.mu.Lock()
 		if ch.pty != nil && h.n == n {
-			if cur, err := getSize(ch.pty); err == nil && cur.Row == h.old.Row && cur.Col == h.old.Col {
+			if cur, err := getSize(ch.pty); err == nil && h.undone(cur) {
 				_ = setSize(ch.pty, h.rows, h.cols)
 			}
 		}

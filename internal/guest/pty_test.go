@@ -63,6 +63,28 @@ func sizeWriteBack() int {
 // does this each time it shows a prompt; a resize sent as a shell started
 // was undone so about once in two hundred times under gVisor.)
 func TestResizeSurvivesSizeWriteBack(t *testing.T) {
+	resizeAgainstWriteBack(t, [2]uint16{21, 91})
+}
+
+// The write-back is undone too after a resize sent twice (a client that
+// sends its size on every layout event) and after resizes in a row (a
+// window dragged as a shell starts): readline may write back the size it
+// read before the first of them. Before, the second resize made the hold
+// guard the size of the first, and the write-back of the size before it
+// stayed.
+func TestResizesSurviveSizeWriteBack(t *testing.T) {
+	t.Run("same size twice", func(t *testing.T) {
+		resizeAgainstWriteBack(t, [2]uint16{21, 91}, [2]uint16{21, 91})
+	})
+	t.Run("in a row", func(t *testing.T) {
+		resizeAgainstWriteBack(t, [2]uint16{30, 100}, [2]uint16{31, 101}, [2]uint16{21, 91})
+	})
+}
+
+// resizeAgainstWriteBack starts a process that reads its terminal's size
+// (24x80), sends it the resizes, then has it write the size it read back,
+// and wants the last resize's size to stay.
+func resizeAgainstWriteBack(t *testing.T, sizes ...[2]uint16) {
 	g := agentConn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -90,14 +112,17 @@ func TestResizeSurvivesSizeWriteBack(t *testing.T) {
 	}
 	// The resize frame goes before the line on the one connection, so the
 	// agent has set 21x91 when the process writes 24x80 back.
-	if err := p.Resize(21, 91); err != nil {
-		t.Fatal(err)
+	for _, sz := range sizes {
+		if err := p.Resize(sz[0], sz[1]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := p.Stdin.Write([]byte("go\n")); err != nil {
 		t.Fatal(err)
 	}
-	if m := next(regexp.MustCompile(`size (\d+) (\d+)`)); m[1] != "21" || m[2] != "91" {
-		t.Fatalf("after the write-back: %s, want the resize's 21 91", m[0])
+	last := sizes[len(sizes)-1]
+	if m := next(regexp.MustCompile(`size (\d+) (\d+)`)); m[1] != fmt.Sprint(last[0]) || m[2] != fmt.Sprint(last[1]) {
+		t.Fatalf("after the write-back: %s, want the last resize's %d %d", m[0], last[0], last[1])
 	}
 	if st, err := p.Wait(ctx); err != nil || st.Code != 0 {
 		t.Fatalf("exit %+v, %v", st, err)

@@ -87,13 +87,18 @@ func (t *Traffic) put(id string, sb engine.Sandbox) {
 	t.mu.Unlock()
 }
 
-// relive puts back a live engine sandbox that an operation had dropped.
+// relive puts back a live engine sandbox that an operation had dropped
+// (a sleep that failed). Its idle time starts again: the drop forgot its
+// last use, and a sandbox that looked idle for ever would be tried again
+// by the idle sleeper every tick (a checkpoint each time), and first by
+// the pressure sleeper.
 func (t *Traffic) relive(id string, sb engine.Sandbox) {
 	if sb == nil {
 		return
 	}
 	t.mu.Lock()
 	t.live[id] = sb
+	t.lastUsed[id] = time.Now()
 	t.mu.Unlock()
 }
 

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,4 +246,37 @@ func TestRetireSparesLookedUp(t *testing.T) {
 		t.Fatal("a retired sandbox is still live")
 	}
 	e.m.traffic.relive(sb.ID, live)
+}
+
+// TestFailedIdleSleepBacksOff: a sandbox whose idle sleep failed (its
+// checkpoint refused) is idle again only after its idle time, not at once:
+// before, the failed sleep's drop forgot when it was last used and the
+// relive did not put it back, so it looked idle for ever and the idle
+// sleeper tried a checkpoint again every tick (200 ms), the pressure
+// sleeper took it first.
+func TestFailedIdleSleepBacksOff(t *testing.T) {
+	e := newEnv(t, Config{})
+	sb := e.createOpts(t, store.Options{IdleSleepMS: 300})
+	var tries atomic.Int32
+	e.eng.OnCheckpoint = func(string) error {
+		tries.Add(1)
+		return errdefs.New(errdefs.Internal, "checkpoint refused")
+	}
+	e.m.traffic.mu.Lock()
+	e.m.traffic.lastUsed[sb.ID] = time.Now().Add(-time.Hour)
+	e.m.traffic.mu.Unlock()
+	e.m.lifetimes.sleepIdle(t.Context(), sb.ID)
+	if tries.Load() != 1 {
+		t.Fatalf("%d checkpoints, want the idle sleep's 1", tries.Load())
+	}
+	if e.state(t, sb.ID) != store.StateRunning {
+		t.Fatalf("after a failed idle sleep the sandbox is %s", e.state(t, sb.ID))
+	}
+	if e.m.traffic.idleFor(sb.ID, 300*time.Millisecond) {
+		t.Error("right after a failed idle sleep the sandbox counts as idle for its idle time: the sleeper would try again at once")
+	}
+	e.m.lifetimes.sleepIdle(t.Context(), sb.ID)
+	if n := tries.Load(); n != 1 {
+		t.Errorf("%d checkpoints, want 1: the idle sleeper tried again right after the failure", n)
+	}
 }

@@ -20,8 +20,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 )
@@ -68,7 +70,7 @@ func LoadKey(file, env string, create bool) (*Key, error) {
 			return NewKey(raw, "$"+env)
 		}
 	}
-	b, err := os.ReadFile(file)
+	b, err := readKeyFile(file)
 	if errors.Is(err, os.ErrNotExist) && !create {
 		return nil, errdefs.New(errdefs.NotFound, "key file %s is missing, but this data dir holds values sealed with a key: put the key file back (or pass the key in $%s); nothing was changed or deleted", file, env)
 	}
@@ -96,14 +98,45 @@ func LoadKey(file, env string, create bool) (*Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read key file %s: %w", file, err)
 	}
-	if fi, err := os.Stat(file); err == nil && fi.Mode().Perm()&0o077 != 0 {
-		return nil, errdefs.New(errdefs.InvalidArgument, "key file %s is readable by others (mode %v): chmod 600 it", file, fi.Mode().Perm())
-	}
 	raw, err := decodeKey(string(b))
 	if err != nil {
 		return nil, fmt.Errorf("key file %s: %w", file, err)
 	}
 	return NewKey(raw, file)
+}
+
+// maxKeyFile bounds a key file: a key is 64 hex digits and a newline; a
+// longer file is the wrong file.
+const maxKeyFile = 4 << 10
+
+// readKeyFile reads a key file: a regular file of at most maxKeyFile
+// bytes, readable by its owner only. A FIFO, a device (/dev/zero), a
+// directory or an oversized file is refused before a byte is read (opened
+// without blocking), never read until it ends: a daemon's start would
+// hang on a FIFO, or fill its memory.
+func readKeyFile(file string) ([]byte, error) {
+	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !fi.Mode().IsRegular():
+		return nil, errdefs.New(errdefs.InvalidArgument, "key file %s is not a regular file (%s): give the file that holds the key, hex or base64 of %d bytes", file, fi.Mode().Type(), KeySize)
+	case fi.Mode().Perm()&0o077 != 0:
+		return nil, errdefs.New(errdefs.InvalidArgument, "key file %s is readable by others (mode %v): chmod 600 it", file, fi.Mode().Perm())
+	case fi.Size() > maxKeyFile:
+		return nil, errdefs.New(errdefs.InvalidArgument, "key file %s is over %d bytes (%d): it must hold only the key, hex or base64 of %d bytes", file, maxKeyFile, fi.Size(), KeySize)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
+	if err == nil && len(b) > maxKeyFile {
+		err = errdefs.New(errdefs.InvalidArgument, "key file %s is over %d bytes: it must hold only the key, hex or base64 of %d bytes", file, maxKeyFile, KeySize)
+	}
+	return b, err
 }
 
 func decodeKey(s string) ([]byte, error) {

@@ -163,7 +163,15 @@ func Run(ctx context.Context, o Options) error {
 	liveEngineSandboxes := func() int { return 1 } // set once the engine exists
 	liveAtExit := -1                               // counted before the engine closes
 	if o.EncryptAtRest {
-		fs, err := atrest.Mount(ctx, filepath.Join(o.DataDir, "encrypted"), filepath.Join(o.DataDir, "plain"), secrets.Key().Derive(atrest.Purpose))
+		plain := filepath.Join(o.DataDir, "plain")
+		// A view the previous daemon left mounted may have sandboxes on
+		// it until the engine says otherwise; one this start mounts has
+		// none before the engine exists (a start that fails before then
+		// unmounts it).
+		if !atrest.Mounted(plain) {
+			liveEngineSandboxes = func() int { return 0 }
+		}
+		fs, err := atrest.Mount(ctx, filepath.Join(o.DataDir, "encrypted"), plain, secrets.Key().Derive(atrest.Purpose))
 		if err != nil {
 			return err
 		}
