@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -20,7 +19,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/clade-sandbox/clade/internal/snapstore"
-	"github.com/clade-sandbox/clade/internal/snapstore/weedtest"
 	"github.com/clade-sandbox/clade/internal/tarx"
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
@@ -283,27 +281,11 @@ func ociArchive(t *testing.T) string {
 func TestNetClusterWakeShipsRoot(t *testing.T) {
 	archive := ociArchive(t)
 	ownImages := testenv.TempDir(t)
-	creds := filepath.Join(testenv.TempDir(t), "creds")
-	var s3cfg snapstore.S3Config
-	c := testenv.StartNetClusterWith(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}, func(i int) []string {
+	c, s3cfg := storeCluster(t, 3, "clade-imgship", []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}, func(i int) []string {
 		if i == 2 {
 			return []string{"--images-dir", ownImages}
 		}
 		return nil
-	}, func(br netip.Addr) []string {
-		srv := weedtest.StartAt(t, br.String())
-		s3cfg = srv.Config("clade-imgship")
-		st, err := snapstore.NewS3(t.Context(), s3cfg)
-		if err == nil {
-			err = st.Probe(t.Context())
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(creds, fmt.Appendf(nil, "AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", s3cfg.AccessKey, s3cfg.SecretKey), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return []string{"--object-store", "s3://clade-imgship?endpoint=" + srv.Endpoint, "--object-store-credentials", creds}
 	})
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	t.Cleanup(func() { removeImages(t, c, "shipoci", 0, 1) })
