@@ -32,8 +32,20 @@ func TestCandidatesStoreKey(t *testing.T) {
 	}
 	old := rec
 	old.SleepKey = ""
-	if got := names(mv.candidates(nodes, old, "")); len(got) != 4 || slices.Contains(got, "a") {
-		t.Fatalf("candidates for a record without sleep_key: %v, want b, c, d and e", got)
+	// Placement samples placeK of the nodes each time: every node but a is
+	// one, and over many tries each of them comes up.
+	seen := map[string]bool{}
+	for range 100 {
+		got := names(mv.candidates(nodes, old, ""))
+		if len(got) < placeK || slices.Contains(got, "a") {
+			t.Fatalf("candidates for a record without sleep_key: %v, want %d of b, c, d and e", got, placeK)
+		}
+		for _, n := range got {
+			seen[n] = true
+		}
+	}
+	if len(seen) != 4 {
+		t.Fatalf("candidates for a record without sleep_key over 100 tries: %v, want b, c, d and e", seen)
 	}
 	nodes[1].Draining = true
 	if got := names(mv.candidates(nodes, rec, "")); len(got) != 0 {
