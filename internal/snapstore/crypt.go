@@ -1,6 +1,7 @@
 package snapstore
 
 import (
+	"bufio"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
@@ -102,7 +103,7 @@ func nonce(i uint64, last bool) []byte {
 type encrypter struct {
 	r      io.Reader
 	aead   cipher.AEAD
-	left   int64 // plaintext bytes not yet sealed
+	left   int64 // plaintext bytes not yet sealed; -1: unknown (a stream, r a *bufio.Reader)
 	i      uint64
 	buf    []byte
 	out    []byte
@@ -110,6 +111,7 @@ type encrypter struct {
 	header []byte
 }
 
+// encrypt seals r, of size bytes (-1: a stream of unknown length).
 func (s *sealer) encrypt(r io.Reader, size int64, object string) (io.Reader, error) {
 	salt := make([]byte, saltSize)
 	if _, err := rand.Read(salt); err != nil {
@@ -118,6 +120,9 @@ func (s *sealer) encrypt(r io.Reader, size int64, object string) (io.Reader, err
 	a, err := s.aead(salt, object)
 	if err != nil {
 		return nil, err
+	}
+	if size < 0 {
+		r = bufio.NewReaderSize(r, 64<<10) // chunk reads one byte ahead
 	}
 	return &encrypter{r: r, aead: a, left: size, buf: make([]byte, chunkSize), header: append([]byte(cryptMagic), salt...)}, nil
 }
@@ -132,15 +137,10 @@ func (e *encrypter) Read(p []byte) (int, error) {
 		if e.done {
 			return 0, io.EOF
 		}
-		n := min(int64(chunkSize), e.left)
-		if _, err := io.ReadFull(e.r, e.buf[:n]); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF // the file shrank under us
-			}
+		n, last, err := e.chunk()
+		if err != nil {
 			return 0, err
 		}
-		e.left -= n
-		last := e.left == 0
 		e.out = e.aead.Seal(e.out[:0], nonce(e.i, last), e.buf[:n], nil)
 		e.i++
 		e.done = last
@@ -148,6 +148,37 @@ func (e *encrypter) Read(p []byte) (int, error) {
 	n := copy(p, e.out)
 	e.out = e.out[n:]
 	return n, nil
+}
+
+// chunk reads the next chunk of plaintext into buf: its length, and
+// whether it is the last. With a known length that is where left ends; in
+// a stream, where the reader has nothing after it (read one byte ahead).
+func (e *encrypter) chunk() (int, bool, error) {
+	if e.left < 0 {
+		br := e.r.(*bufio.Reader)
+		n, err := io.ReadFull(br, e.buf)
+		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			return 0, false, err
+		}
+		if err != nil {
+			return n, true, nil
+		}
+		if _, perr := br.Peek(1); errors.Is(perr, io.EOF) {
+			return n, true, nil
+		} else if perr != nil {
+			return 0, false, perr
+		}
+		return n, false, nil
+	}
+	n := min(int64(chunkSize), e.left)
+	if _, err := io.ReadFull(e.r, e.buf[:n]); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // the file shrank under us
+		}
+		return 0, false, err
+	}
+	e.left -= n
+	return int(n), e.left == 0, nil
 }
 
 // errSealed is any failure to open a sealed object: wrong key, tampering,

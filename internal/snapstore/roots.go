@@ -1,9 +1,7 @@
 package snapstore
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -103,7 +101,7 @@ func (s *S3) PutRoot(ctx context.Context, id string, send func(w io.Writer) erro
 	defer pr.Close()
 	var r io.Reader = pr
 	if s.seal != nil {
-		er, err := s.seal.encryptStream(pr, key)
+		er, err := s.seal.encrypt(pr, -1, key) // a stream: its length is unknown
 		if err != nil {
 			return err
 		}
@@ -200,57 +198,4 @@ func (s *S3) DeleteRootUnneeded(ctx context.Context, id string) (bool, error) {
 		return false, s.unavailable("delete root "+short(Digest(id)), err)
 	}
 	return true, nil
-}
-
-// encryptStream is encrypt for a stream of unknown length: the last chunk
-// is the one after which r has nothing more (read one byte ahead).
-func (s *sealer) encryptStream(r io.Reader, object string) (io.Reader, error) {
-	salt := make([]byte, saltSize)
-	if _, err := rand.Read(salt); err != nil {
-		return nil, err
-	}
-	a, err := s.aead(salt, object)
-	if err != nil {
-		return nil, err
-	}
-	br := bufio.NewReaderSize(r, 64<<10)
-	e := &encrypter{r: br, aead: a, buf: make([]byte, chunkSize), header: append([]byte(cryptMagic), salt...)}
-	return &streamEncrypter{e: e, br: br}, nil
-}
-
-type streamEncrypter struct {
-	e  *encrypter
-	br *bufio.Reader
-}
-
-func (s *streamEncrypter) Read(p []byte) (int, error) {
-	e := s.e
-	if len(e.header) > 0 {
-		n := copy(p, e.header)
-		e.header = e.header[n:]
-		return n, nil
-	}
-	for len(e.out) == 0 {
-		if e.done {
-			return 0, io.EOF
-		}
-		n, err := io.ReadFull(s.br, e.buf)
-		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-			return 0, err
-		}
-		last := err != nil
-		if !last {
-			if _, perr := s.br.Peek(1); errors.Is(perr, io.EOF) {
-				last = true
-			} else if perr != nil {
-				return 0, perr
-			}
-		}
-		e.out = e.aead.Seal(e.out[:0], nonce(e.i, last), e.buf[:n], nil)
-		e.i++
-		e.done = last
-	}
-	n := copy(p, e.out)
-	e.out = e.out[n:]
-	return n, nil
 }
