@@ -119,7 +119,7 @@ func StartNetClusterWith(t testing.TB, n int, extra []string, perNode func(i int
 			args = append(args, perNode(i)...)
 		}
 		nd.Daemon = NewDaemon(t, args...)
-		nd.Wrap = []string{"nsenter", "--net=" + nd.NS}
+		nd.Wrap, nd.NetNS = []string{"nsenter", "--net=" + nd.NS}, nd.NS
 	}
 	// After the daemons' own cleanups are registered, so it runs first.
 	t.Cleanup(c.cleanup)

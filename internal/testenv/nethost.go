@@ -66,6 +66,19 @@ func ReserveNet(t testing.TB) NetPlan {
 			f.Close()
 			continue
 		}
+		// Links or an nftables table of the prefix with no daemon using it
+		// are a leftover of an earlier run (a test binary killed at its
+		// timeout, a daemon stopped with sandboxes that a later run
+		// removed): a daemon started on the share in the host's namespace
+		// takes them back, but one in a namespace of the test's (a cluster
+		// node) never sees them, and the leak census would blame its test.
+		if left := network.Resources(fmt.Sprintf("ct%d", i)); len(left) > 0 {
+			if err := network.RemoveResources(fmt.Sprintf("ct%d", i)); err != nil {
+				f.Close()
+				continue
+			}
+			t.Logf("network share ct%d: removed the leftovers of an earlier run: %s", i, strings.Join(left, ", "))
+		}
 		t.Cleanup(func() { f.Close() })
 		return NetPlan{Prefix: fmt.Sprintf("ct%d", i), Range: netip.MustParsePrefix(fmt.Sprintf("10.201.%d.0/24", i)),
 			HostNet:    netip.MustParsePrefix(fmt.Sprintf("198.18.%d.0/29", i)),
@@ -83,6 +96,19 @@ func (p NetPlan) DaemonArgs() []string {
 // NetLeaks lists network resources of the plan's prefix still on the
 // machine.
 func (p NetPlan) NetLeaks() []string { return network.Resources(p.Prefix) }
+
+// NetLeaksIn is NetLeaks for a daemon that ran in the network namespace
+// ns: its links and nftables table are there, not in the host's.
+func (p NetPlan) NetLeaksIn(ns string) []string {
+	if ns == "" {
+		return p.NetLeaks()
+	}
+	var out []string
+	if err := InNetNS(ns, func() error { out = network.Resources(p.Prefix); return nil }); err != nil {
+		return []string{fmt.Sprintf("network namespace %s: %v", ns, err)}
+	}
+	return out
+}
 
 // RemoveNetLeaks removes what NetLeaks lists (see network.RemoveResources).
 func (p NetPlan) RemoveNetLeaks() error { return network.RemoveResources(p.Prefix) }

@@ -227,6 +227,10 @@ type Daemon struct {
 	// Wrap, when set, is put before the daemon's command line (e.g.
 	// nsenter --net=NS to run it in a network namespace of the test's).
 	Wrap []string
+	// NetNS is the network namespace the daemon runs in (through Wrap),
+	// if not the host's: the leak census looks for its links and its
+	// nftables table there.
+	NetNS string
 }
 
 // StartDaemon starts `clade daemon` on a fresh data dir. At the end of the
@@ -382,7 +386,7 @@ func (d *Daemon) cleanup() {
 		_ = d.cmd.Process.Signal(syscall.SIGTERM)
 		_ = d.Wait()
 	}
-	leaks := append(Leaks(d.DataDir), d.Net.NetLeaks()...)
+	leaks := append(Leaks(d.DataDir), d.Net.NetLeaksIn(d.NetNS)...)
 	if len(leaks) > 0 {
 		d.t.Errorf("leaked after the test:\n  %s\ndaemon log:\n%s", strings.Join(leaks, "\n  "), tailString(d.Log(), 4000))
 	}
