@@ -63,11 +63,21 @@ test-bin:
 	CGO_ENABLED=0 $(GO) build -o $(TEST_BIN)/clade ./cmd/clade
 	CGO_ENABLED=0 $(GO) build -o $(TEST_BIN)/clade-agent ./cmd/clade-agent
 
-test: deps-test ## run the whole test suite (needs root: real runsc) but the long tests of test-slow; installs what it needs first
+test: deps-test ## run the whole test suite (needs root: real runsc) but the long tests of test-slow and the three-node clusters of test-cluster; installs what it needs first
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	@$(MAKE) --no-print-directory test-bin
-	CLADE_TEST_BIN=$(abspath $(TEST_BIN)) $(GO) test -count=1 -timeout 45m ./...
+	CLADE_TEST_BIN=$(abspath $(TEST_BIN)) $(GO) test -count=1 -timeout 45m -skip '$(CLUSTER_TESTS)' ./...
+
+# The cluster tests that run several daemons in network namespaces with a
+# 3-member etcd among them and real SeaweedFS (TestNetCluster*): 15-30 min
+# on 2 cores, so they have a target of their own, which CI runs too. The
+# cluster's other tests (one node, logic) stay in `make test`.
+CLUSTER_TESTS := ^TestNetCluster
+
+test-cluster: deps-test ## the multi-node cluster tests (daemons in network namespaces, a 3-member etcd, SeaweedFS's S3) that `make test` leaves out (CI runs both)
+	@$(MAKE) --no-print-directory test-bin
+	CLADE_TEST_BIN=$(abspath $(TEST_BIN)) $(GO) test -count=1 -timeout 60m -run '$(CLUSTER_TESTS)' ./internal/cluster/
 
 # Tests too long for `make test` (they call testenv.Slow): a soak, a kill
 # loop, a sweep. CI runs them too; testenv's TestSlowTestsListed keeps these

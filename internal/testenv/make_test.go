@@ -104,3 +104,70 @@ func mustRel(t *testing.T, base, p string) string {
 	}
 	return r
 }
+
+// TestClusterTestsListed: every test that starts a cluster of daemons in
+// network namespaces is named for the Makefile's CLUSTER_TESTS (which
+// `make test` skips and `make test-cluster` runs) and lives in
+// internal/cluster (test-cluster's package), so none runs twice or nowhere.
+func TestClusterTestsListed(t *testing.T) {
+	root := ModuleRoot()
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^CLUSTER_TESTS := (.*)$`).FindSubmatch(mk)
+	if m == nil {
+		t.Fatal("the Makefile sets no CLUSTER_TESTS")
+	}
+	listed, err := regexp.Compile(string(m[1]))
+	if err != nil {
+		t.Fatalf("CLUSTER_TESTS: %v", err)
+	}
+	funcRE := regexp.MustCompile(`(?m)^func (\w+)[\[(]`)
+	starts := regexp.MustCompile(`\b(testenv\.)?StartNetCluster(With)?\(|\bstoreCluster\(`)
+	n := 0
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "tools" || strings.HasPrefix(d.Name(), ".")) && p != root {
+			return filepath.SkipDir
+		}
+		if !strings.HasSuffix(p, "_test.go") || filepath.Base(p) == "make_test.go" {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		pkg := filepath.ToSlash(mustRel(t, root, filepath.Dir(p)))
+		funcs := funcRE.FindAllSubmatchIndex(b, -1)
+		for _, f := range funcs {
+			if name := string(b[f[2]:f[3]]); strings.HasPrefix(name, "Test") && listed.MatchString(name) && pkg != "internal/cluster" {
+				t.Errorf("%s (%s) matches CLUSTER_TESTS but `make test-cluster` runs only ./internal/cluster/: it would run nowhere", name, pkg)
+			}
+		}
+		for _, call := range starts.FindAllIndex(b, -1) {
+			name := ""
+			for _, f := range funcs {
+				if f[0] < call[0] {
+					name = string(b[f[2]:f[3]])
+				}
+			}
+			if !strings.HasPrefix(name, "Test") { // a helper, a benchmark
+				continue
+			}
+			n++
+			if !listed.MatchString(name) {
+				t.Errorf("%s (%s) starts a cluster in network namespaces but does not match the Makefile's CLUSTER_TESTS %q: `make test` would run it (15-30 min of them belong in `make test-cluster`)", name, pkg, m[1])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Error("no test starts a cluster: CLUSTER_TESTS and `make test-cluster` are left over")
+	}
+}
