@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -30,6 +31,8 @@ type Embed struct {
 	// Auth, with a CA, makes the member serve TLS on both listeners
 	// and require the CA's certificates (see EtcdAuth).
 	Auth EtcdAuth
+	// Log, when set, gets the member's warnings and its leader changes.
+	Log *slog.Logger
 }
 
 // Etcd is a running embedded member.
@@ -50,6 +53,18 @@ func StartEmbed(ctx context.Context, c Embed) (*Etcd, error) {
 	cfg.Dir = c.Dir
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	if c.Log != nil {
+		cfg.LogLevel = "warn"
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(c.Log))
+	}
+	// Heartbeats every 200 ms and an election after 2 s without one
+	// (etcd's defaults are 100 ms and 1 s): a clade node shares its cores
+	// with the sandboxes it runs and its disk with their snapshots, and
+	// under that load a 1 s election timeout sees leaders that are only
+	// slow. Each new leader renews every lease, so a cluster that keeps
+	// electing never lets a gone node's lease lapse. A failover takes a
+	// second longer.
+	cfg.TickMs, cfg.ElectionMs = 200, 2000
 	cu, err := hostURL(c.Client, "--cluster-listen")
 	if err != nil {
 		return nil, err
@@ -90,6 +105,9 @@ func StartEmbed(ctx context.Context, c Embed) (*Etcd, error) {
 	case <-ctx.Done():
 		e.Close()
 		return nil, ctx.Err()
+	}
+	if c.Log != nil {
+		go logLeaders(e, c.Log)
 	}
 	return &Etcd{e: e, Endpoints: []string{cu.String()}}, nil
 }

@@ -66,7 +66,7 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	var endpoints []string
 	if co.Etcd == "embed" {
 		e, err := cluster.StartEmbed(ctx, cluster.Embed{Name: co.Node, Dir: filepath.Join(o.DataDir, "etcd"),
-			Client: co.EmbedListen, Peer: co.EmbedPeerListen, Peers: co.EmbedPeers, Auth: co.EtcdAuth})
+			Client: co.EmbedListen, Peer: co.EmbedPeerListen, Peers: co.EmbedPeers, Auth: co.EtcdAuth, Log: log})
 		if err != nil {
 			return nil, nil, err
 		}
