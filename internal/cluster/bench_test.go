@@ -143,6 +143,14 @@ func TestNetClusterCosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every create's record is written before the execs are counted: a
+	// loaded host once delayed one past settle's 3 quiet seconds (the
+	// create answers once its record is written, but the watch that counts
+	// it may lag, and a write etcd refused in time is redone from the
+	// create's event).
+	for _, k := range append(keys, []string{"/clade/sandboxes/" + sb.ID}) {
+		waitFor(t, 60*time.Second, "the record of "+k[0]+" written", func() (bool, string) { return len(w.of(k...)) > 0, "" })
+	}
 	w.settle()
 	createWrites := 0
 	for _, k := range keys {
