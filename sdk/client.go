@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/deadpeer"
 )
 
 // Types of the API, re-exported for SDK users.
@@ -51,6 +52,8 @@ type Client struct {
 	dial func(ctx context.Context) (net.Conn, error)
 	hc   *http.Client
 	host string // as given, for messages
+	// deadPeer is WithDeadPeerTimeout's (TCP only).
+	deadPeer time.Duration
 }
 
 // Option configures a Client.
@@ -70,7 +73,7 @@ func New(host string, opts ...Option) (*Client, error) {
 	if host == "" {
 		host = DefaultSocket
 	}
-	c := &Client{token: os.Getenv("CLADE_TOKEN"), host: host}
+	c := &Client{token: os.Getenv("CLADE_TOKEN"), host: host, deadPeer: DefaultDeadPeerTimeout}
 	var network, addr string
 	switch {
 	case strings.HasPrefix(host, "unix://"):
@@ -90,8 +93,11 @@ func New(host string, opts ...Option) (*Client, error) {
 	if network == "tcp" {
 		c.base = "http://" + addr
 	}
-	d := &net.Dialer{Timeout: 5 * time.Second}
 	c.dial = func(ctx context.Context) (net.Conn, error) {
+		d := &net.Dialer{Timeout: 5 * time.Second}
+		if network == "tcp" {
+			d = deadpeer.Dialer(5*time.Second, c.deadPeer)
+		}
 		conn, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, &ConnectError{Host: host, Err: err}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/deadpeer"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/service"
 	"github.com/clade-sandbox/clade/internal/service/remote"
@@ -426,7 +427,8 @@ func internalCall(ctx context.Context, token string, n api.Node, method, path st
 	return nil, errdefs.New(errdefs.Class(ae.Code), "%s", ae.Message)
 }
 
-var internalClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second}}
+var internalClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second,
+	DialContext: deadpeer.Dialer(5*time.Second, peerDeadTimeout).DialContext}}
 
 // Internal serves the routes nodes call on each other, under
 // /v1/internal/, with the cluster token only (on the unix socket too):

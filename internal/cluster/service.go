@@ -472,13 +472,20 @@ func (s *Service) remote(n api.Node) (*remote.Service, error) {
 	return r, nil
 }
 
+// peerDeadTimeout is how long a call to another node waits on a link that
+// went silent (a partition, a vanished host) before it fails: the kernel
+// alone would retransmit for ~15 minutes, and a call through n1 on a
+// sandbox of a cut-off n3 would hang that long instead of failing until
+// n3's lease lapses and n1 answers "lost" itself.
+const peerDeadTimeout = 10 * time.Second
+
 // peerClient is a new SDK client of node n's API with the cluster token.
 func peerClient(n api.Node, token string) (*sdk.Client, error) {
 	host := n.Addr
 	if !strings.Contains(host, "://") {
 		host = "http://" + host
 	}
-	c, err := sdk.New(host, sdk.WithToken(token))
+	c, err := sdk.New(host, sdk.WithToken(token), sdk.WithDeadPeerTimeout(peerDeadTimeout))
 	if err != nil {
 		return nil, errdefs.New(errdefs.Unavailable, "node %s's address %q: %v", n.Name, n.Addr, err)
 	}

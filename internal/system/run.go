@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/clade-sandbox/clade/internal/codeint"
 	"log/slog"
 	"maps"
 	"net"
@@ -20,6 +19,8 @@ import (
 
 	"github.com/clade-sandbox/clade/internal/atrest"
 	"github.com/clade-sandbox/clade/internal/cluster"
+	"github.com/clade-sandbox/clade/internal/codeint"
+	"github.com/clade-sandbox/clade/internal/deadpeer"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/front/httpapi"
 	"github.com/clade-sandbox/clade/internal/image"
@@ -337,7 +338,10 @@ func Run(ctx context.Context, o Options) error {
 		if o.Token == "" {
 			return errors.New("--listen needs --token-file: a TCP API without a token would let anyone who reaches the port run code")
 		}
-		tln, err := net.Listen("tcp", o.Listen)
+		// A client or peer node behind a cut link would hold an exec's
+		// handler (and the exec, which keeps its sandbox busy) for the
+		// kernel's ~15 minutes: its connection closes within 30 s.
+		tln, err := deadpeer.ListenConfig(deadpeer.Default).Listen(ctx, "tcp", o.Listen)
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w", o.Listen, err)
 		}
