@@ -244,6 +244,9 @@ type part struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	why    string // why it was ended from outside; guarded by merged.mu
+	// probing is whether a probe of its node is under way; guarded by
+	// merged.mu.
+	probing bool
 }
 
 func (m *merged) newPart(n api.Node) *part {
@@ -415,7 +418,36 @@ func (m *merged) watch() {
 				starts = append(starts, n)
 			}
 		}
+		// A live node's part may wait on a node that is silent (it
+		// accepts connections and answers nothing): each is probed, and
+		// one that does not answer is ended like one that left; the
+		// others' parts never wait on it.
+		var probes []*part
+		for name, p := range m.parts {
+			if _, live := nodes[name]; live && name != m.a.self() && !p.probing && p.ctx.Err() == nil {
+				p.probing = true
+				probes = append(probes, p)
+			}
+		}
 		m.mu.Unlock()
+		for _, p := range probes {
+			n := nodes[p.node]
+			m.wg.Add(1)
+			go func() {
+				defer m.wg.Done()
+				err := m.a.answers(p.ctx, n)
+				m.mu.Lock()
+				p.probing = false
+				silent := err != nil && p.ctx.Err() == nil
+				if silent && p.why == "" {
+					p.why = fmt.Sprintf("node %s does not answer (%v) though its lease is live: its events are held until it answers again", n.Name, err)
+				}
+				m.mu.Unlock()
+				if silent {
+					p.cancel()
+				}
+			}()
+		}
 		for _, n := range starts {
 			p := m.newPart(n)
 			m.wg.Add(1)
@@ -460,6 +492,26 @@ func (m *merged) watch() {
 			}()
 		}
 	}
+}
+
+// answers probes whether node n's API answers within the wait: any
+// answer counts (an error status too), only silence does not.
+func (a *Across) answers(ctx context.Context, n api.Node) error {
+	c, err := a.client(n)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.wait)
+	defer cancel()
+	_, err = c.Health(ctx)
+	var se *sdk.Error
+	switch {
+	case err == nil || errors.As(err, &se):
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("no answer within %s", a.wait)
+	}
+	return err
 }
 
 func sortedNodes(nodes map[string]api.Node) []api.Node {
