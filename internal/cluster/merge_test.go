@@ -321,7 +321,8 @@ func TestEventsSinceCutByWait(t *testing.T) {
 // hold back the others: their events come while it is silent, its part
 // ends with a node.left saying it does not answer, and once it answers
 // again its part starts anew (node.joined) from its last event sent, so
-// that the event it had while silent comes.
+// that the event it had while silent comes. A stream opened while the node
+// is known silent answers at once, without waiting on it.
 func TestMergeSilentNode(t *testing.T) {
 	cli := startEtcd(t)
 	b := newPeerNode(t)
@@ -331,7 +332,7 @@ func TestMergeSilentNode(t *testing.T) {
 	defer cb.Close()
 	local := &chanLocal{c: make(chan api.Event, 16)}
 	a := NewAcross(NewService(ca, local))
-	a.poll, a.wait = 100*time.Millisecond, time.Second
+	a.poll, a.wait = 100*time.Millisecond, 2*time.Second
 	sub, start, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
 	if err != nil {
 		t.Fatal(err)
@@ -369,6 +370,26 @@ func TestMergeSilentNode(t *testing.T) {
 		t.Fatalf("b silent: %+v, want its node.left saying it does not answer", left)
 	}
 	t.Logf("b's part ended %s after it went silent: %s", time.Since(t0).Round(time.Millisecond), left.Reason)
+	// Another stream opened now does not wait on b.
+	t1 := time.Now()
+	sub2, start2, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
+	took := time.Since(t1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if start2.String() != "a:5" || took >= a.wait/2 {
+		t.Fatalf("a stream opened while b is silent: start %s after %s, want a:5 at once (the wait is %s)", start2, took, a.wait)
+	}
+	select {
+	case e := <-sub2.C():
+		if e.Type != api.EventNodeLeft || e.Node != "b" || !strings.Contains(e.Reason, "does not answer") {
+			t.Fatalf("the second stream's first event: %+v, want b's node.left", e)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second stream says nothing of b")
+	}
+	sub2.Close()
+	t.Logf("a stream opened while b is silent answered in %s", took.Round(time.Millisecond))
 	local.c <- api.Event{Seq: 7, Type: api.EventCreated, Sandbox: "s4"}
 	if e := next("a's event after b's node.left", 30*time.Second); e.Node != "a" || e.Seq != 7 {
 		t.Fatalf("a's event after b's node.left: %+v", e)

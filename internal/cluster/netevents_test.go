@@ -199,7 +199,19 @@ func TestNetClusterEvents(t *testing.T) {
 	sts, err = n3.Client.StatsList(ctx)
 	took := time.Since(start)
 	named, nerr := n3.Client.StatsList(ctx, "ev2")
+	// The merged stream says n2 does not answer, its lease live (the
+	// probe of its API), without waiting for the lease.
+	quiet := all.await("node.left of silent n2", time.Minute, func(e sdk.Event) bool { return e.Type == api.EventNodeLeft && e.Node == "n2" })
+	silentFor := time.Since(start)
 	undo()
+	if !strings.Contains(quiet.Reason, "does not answer") || !strings.Contains(quiet.Reason, "lease is live") {
+		t.Fatalf("node.left of silent n2 says %q", quiet.Reason)
+	}
+	back := all.await("node.joined of n2 answering again", time.Minute, func(e sdk.Event) bool { return e.Type == api.EventNodeJoined && e.Node == "n2" })
+	if !strings.Contains(back.Reason, "answers again") {
+		t.Fatalf("node.joined of n2 after its silence says %q", back.Reason)
+	}
+	t.Logf("silent n2 (its lease live) said in the merged stream within %s: %s; then: %s", silentFor.Round(time.Millisecond), quiet.Reason, back.Reason)
 	if nerr != nil || len(named) != 1 || named[0].Node != "n2" || !strings.Contains(named[0].Error, "did not answer") {
 		t.Fatalf("stats of ev2 through n3 with n2 silent: %+v %v", named, nerr)
 	}
