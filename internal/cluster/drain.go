@@ -322,7 +322,12 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 	// wake is done (the moves of a pass run together).
 	wake := st.isWoken(sb.ID)
 	to, done, err := mv.give(ctx, rec, rev, wake)
-	if err != nil {
+	var room errNoRoom
+	switch {
+	case errors.As(err, &room):
+		hold(sb, false, room.why) // it moves at a pass that finds room
+		return
+	case err != nil:
 		p.Settled = false
 		if !errors.Is(err, errMoveRace) {
 			hold(sb, false, err.Error())

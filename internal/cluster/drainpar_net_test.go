@@ -238,3 +238,108 @@ func TestNetClusterDrainParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNetClusterDrainRoom: the drain's moves run together, yet two never
+// take a node's room for one. n2 and n3 each have room (their overcommit
+// cap) for one sandbox of the size the test picks, n1 for many; n1 holds
+// three idle ones and is drained: one moves to each of n2 and n3, and the
+// third stays on n1, held with the words that no other node has memory
+// for it now (before, the drain gave it to a node without room, whose wake
+// refused it). Undrained, it runs on n1 again.
+func TestNetClusterDrainRoom(t *testing.T) {
+	creds := filepath.Join(testenv.TempDir(t), "creds")
+	c := testenv.StartNetClusterWith(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}, func(i int) []string {
+		if i == 0 {
+			return []string{"--memory-overcommit", "0"}
+		}
+		return []string{"--memory-overcommit", "0.1"}
+	}, func(br netip.Addr) []string {
+		srv := weedtest.StartAt(t, br.String())
+		w := srv.Config("clade-drainroom")
+		st, err := snapstore.NewS3(t.Context(), w)
+		if err == nil {
+			err = st.Probe(t.Context()) // makes the bucket
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(creds, fmt.Appendf(nil, "AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", w.AccessKey, w.SecretKey), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return []string{"--object-store", "s3://clade-drainroom?endpoint=" + srv.Endpoint, "--object-store-credentials", creds}
+	})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	ns, err := n2.Client.ListNodes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := int64(-1)
+	for _, n := range ns {
+		if n.Name == "n1" {
+			continue
+		}
+		r := n.Capacity.MemoryLimitMiB - n.Capacity.MemoryAdmittedMiB
+		if n.Capacity.MemoryLimitMiB <= 0 || r <= 0 {
+			t.Fatalf("node %s has no overcommit cap: %+v", n.Name, n.Capacity)
+		}
+		if room < 0 || r < room {
+			room = r
+		}
+	}
+	size := int(room * 2 / 3) // one fits a node, two do not
+	t.Logf("n2 and n3 have room for %d MiB each; sandboxes of %d MiB", room, size)
+	var ids []string
+	for range 3 {
+		sb, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1", MemoryMiB: size})
+		if err != nil || sb.Node != "n1" {
+			t.Fatalf("create on n1: %+v %v", sb, err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	out, err := exec.Command(n1.Bin, "--host", n1.Socket, "node", "drain", "n1", "--wait", "10m").CombinedOutput()
+	t.Logf("clade node drain n1:\n%s", out)
+	if err != nil {
+		t.Fatalf("clade node drain n1: %v", err)
+	}
+	if !strings.Contains(string(out), "n1: 2 moved; 1 stay, holding the drain") || !strings.Contains(string(out), "no other node has memory for it now") {
+		t.Fatalf("clade node drain n1 does not end with 2 moved and 1 held for room:\n%s", out)
+	}
+	on := map[string][]string{}
+	for _, id := range ids {
+		sb, err := n2.Client.GetSandbox(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		on[sb.Node] = append(on[sb.Node], sb.State)
+	}
+	if len(on["n2"]) != 1 || len(on["n3"]) != 1 || len(on["n1"]) != 1 || on["n2"][0] != "running" || on["n3"][0] != "running" {
+		t.Fatalf("after the drain: %v, want one running on each of n2 and n3 and one left on n1", on)
+	}
+	ns, err = n2.Client.ListNodes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		if n.Name != "n1" && n.Capacity.MemoryAdmittedMiB > n.Capacity.MemoryLimitMiB {
+			t.Fatalf("node %s admitted %d MiB over its cap of %d", n.Name, n.Capacity.MemoryAdmittedMiB, n.Capacity.MemoryLimitMiB)
+		}
+	}
+	if _, err := n1.Client.UndrainNode(t.Context(), "n1"); err != nil {
+		t.Fatal(err)
+	}
+	left := ""
+	for _, id := range ids {
+		if sb, err := n2.Client.GetSandbox(t.Context(), id); err == nil && sb.Node == "n1" {
+			left = id
+		}
+	}
+	waitFor(t, 2*time.Minute, "the held one runs on n1 again after the undrain", func() (bool, string) {
+		sb, err := n2.Client.GetSandbox(t.Context(), left)
+		return err == nil && sb.Node == "n1" && sb.State == "running", fmt.Sprintf("%+v %v", sb, err)
+	})
+	for _, id := range ids {
+		if err := n2.Client.DeleteSandbox(t.Context(), id); err != nil {
+			t.Fatalf("remove %s: %v", id, err)
+		}
+	}
+}

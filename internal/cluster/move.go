@@ -503,7 +503,7 @@ func (mv *moves) reserve(nodes []api.Node, rec Record, room bool) (api.Node, fun
 		return cs[0].node, func(bool) {}, nil
 	}
 	if cs[0].free < 0 {
-		return api.Node{}, nil, errdefs.New(errdefs.Unavailable, "%s", roomWords(cs))
+		return api.Node{}, nil, errNoRoom{roomWords(cs)}
 	}
 	n := cs[0].node
 	return n, mv.pending.add(n.Name, cmpInt(int64(rec.Sandbox.MemoryMiB), n.Capacity.DefaultMemoryMiB)), nil
@@ -520,6 +520,12 @@ func (mv *moves) noRoom(nodes []api.Node, rec Record) string {
 	}
 	return roomWords(cs)
 }
+
+// errNoRoom is a move that waits for room: no node it may go to has the
+// memory for it now.
+type errNoRoom struct{ why string }
+
+func (e errNoRoom) Error() string { return e.why }
 
 // roomWords says that none of cs has room now.
 func roomWords(cs []candidate) string {
