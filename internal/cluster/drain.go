@@ -180,8 +180,8 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 	d, _ := mv.local.(service.Drainer)
 	results := make([]*api.DrainProgress, len(sbs))
 	var mu sync.Mutex // guards results
-	sum := func(settled bool) *api.DrainProgress {
-		q := &api.DrainProgress{Pass: st.pass, Settled: settled}
+	sum := func() *api.DrainProgress {
+		q := &api.DrainProgress{Pass: st.pass, Settled: true}
 		for i, r := range results {
 			if r == nil { // not looked at yet: left, as it was (unless given away)
 				if st.isMoved(sbs[i].ID) {
@@ -214,13 +214,13 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 			mu.Lock()
 			defer mu.Unlock()
 			results[i] = r
-			interim := sum(true)
+			interim := sum()
 			interim.Settled = false // the pass goes on
 			mv.c.drain.Store(interim)
 		})
 	}
 	wg.Wait()
-	return sum(true)
+	return sum()
 }
 
 // drainOne is a drain pass's look at one sandbox: its part of the
