@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -42,11 +43,20 @@ import (
 // drainEvery is how often a drained node looks at what it holds.
 const drainEvery = time.Second
 
+// drainParallel is how many sandboxes a drain pass moves at once: each
+// move is a sleep here, or a give and a wake on another node (a fetch and
+// a restore there), mostly waiting on disks, the object store and other
+// nodes, so a node of many idle sandboxes empties about this many times
+// faster than one at a time; more would only queue on the same disks.
+const drainParallel = 4
+
 // drainState is the drain's bookkeeping on the drained node; only the
-// drain loop touches it.
+// drain loop touches it, and a pass's moves under mu.
 type drainState struct {
 	on   bool
 	pass int64
+
+	mu sync.Mutex // guards moved and woken while a pass's moves run
 	// moved are the sandboxes given away since the drain began (each
 	// counted once).
 	moved map[string]bool
@@ -55,12 +65,46 @@ type drainState struct {
 	woken map[string]bool
 }
 
+func (st *drainState) setMoved(id string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.moved[id] = true
+}
+
+func (st *drainState) isMoved(id string) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.moved[id]
+}
+
+func (st *drainState) nMoved() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.moved)
+}
+
+func (st *drainState) setWoken(id string, on bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if on {
+		st.woken[id] = true
+	} else {
+		delete(st.woken, id)
+	}
+}
+
+func (st *drainState) isWoken(id string) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.woken[id]
+}
+
 // drainLoop runs the drain passes of this node while it is drained,
 // until ctx ends.
 func (mv *moves) drainLoop(ctx context.Context) {
 	t := time.NewTicker(drainEvery)
 	defer t.Stop()
-	var st drainState
+	st := &drainState{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -74,16 +118,16 @@ func (mv *moves) drainLoop(ctx context.Context) {
 		if !on {
 			if st.on {
 				mv.undrained(ctx, st.woken)
-				st = drainState{}
+				st = &drainState{}
 				mv.c.drain.Store(nil)
 			}
 			continue
 		}
 		if !st.on {
-			st = drainState{on: true, moved: map[string]bool{}, woken: map[string]bool{}}
+			st = &drainState{on: true, moved: map[string]bool{}, woken: map[string]bool{}}
 			mv.c.cfg.Log.Info("cluster: this node is drained: moving its sandboxes to other nodes")
 		}
-		mv.c.drain.Store(mv.drainPass(ctx, &st))
+		mv.c.drain.Store(mv.drainPass(ctx, st))
 	}
 }
 
@@ -115,7 +159,11 @@ func (c *Cluster) drained(ctx context.Context) (bool, error) {
 	return r.Count > 0, nil
 }
 
-// drainPass is one look at what the drained node holds (see above).
+// drainPass is one look at what the drained node holds (see above). It
+// moves up to drainParallel sandboxes at once, and writes the progress as
+// each is done: what moved, and what is left (those not looked at yet
+// counted by their state), so that a long pass shows its moves as they
+// go.
 func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgress {
 	st.pass++
 	p := &api.DrainProgress{Pass: st.pass, Settled: true}
@@ -129,54 +177,106 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 		p.Settled, p.Note = false, err.Error()
 		return p
 	}
+	d, _ := mv.local.(service.Drainer)
+	results := make([]*api.DrainProgress, len(sbs))
+	var mu sync.Mutex // guards results
+	sum := func() *api.DrainProgress {
+		q := &api.DrainProgress{Pass: st.pass, Settled: true}
+		for i, r := range results {
+			if r == nil { // not looked at yet: left, as it was (unless given away)
+				if st.isMoved(sbs[i].ID) {
+					continue
+				}
+				if sbs[i].State == "sleeping" {
+					q.Sleeping++
+				} else {
+					q.Running++
+				}
+				q.Settled = false
+				continue
+			}
+			q.Running += r.Running
+			q.Sleeping += r.Sleeping
+			q.Held = append(q.Held, r.Held...)
+			q.Settled = q.Settled && r.Settled
+			q.Note = cmpOr(r.Note, q.Note)
+		}
+		q.Moved = st.nMoved()
+		return q
+	}
+	sem := make(chan struct{}, drainParallel)
+	var wg sync.WaitGroup
+	for i, sb := range sbs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r := mv.drainOne(ctx, st, nodes, d, sb)
+			mu.Lock()
+			defer mu.Unlock()
+			results[i] = r
+			interim := sum()
+			interim.Settled = false // the pass goes on
+			mv.c.drain.Store(interim)
+		})
+	}
+	wg.Wait()
+	return sum()
+}
+
+// drainOne is a drain pass's look at one sandbox: its part of the
+// progress (Settled true when nothing of it is under way).
+func (mv *moves) drainOne(ctx context.Context, st *drainState, nodes []api.Node, d service.Drainer, sb api.Sandbox) *api.DrainProgress {
+	p := &api.DrainProgress{Settled: true}
 	hold := func(sb api.Sandbox, busy bool, why string) {
 		p.Held = append(p.Held, api.DrainHold{ID: sb.ID, Name: sb.Name, State: sb.State, Busy: busy, Why: why})
 	}
-	d, _ := mv.local.(service.Drainer)
-	for _, sb := range sbs {
-		switch sb.State {
-		case "sleeping":
-			mv.drainSleeper(ctx, st, p, nodes, sb, hold)
-		case "running":
-			p.Running++
-			if d == nil {
-				hold(sb, false, "this node cannot put its sandboxes to sleep to move them")
-				continue
-			}
-			if full, err := mv.local.Get(ctx, sb.ID); err == nil {
-				sb = full // the record's view: image, engine, shape
-			}
-			if why := mv.whyStays(nodes, Record{ID: sb.ID, Node: mv.c.cfg.Node, Sandbox: sb, SleepKey: mv.c.cfg.StoreKey}); why != "" {
-				hold(sb, false, why)
-				continue
-			}
-			busy, err := d.SleepIdle(ctx, sb.ID)
-			switch {
-			case errdefs.IsNotFound(err):
-				p.Running--
-			case errdefs.Is(err, errdefs.Conflict):
-				if strings.Contains(err.Error(), "--object-store") {
-					p.Note = err.Error()
-				}
-				hold(sb, false, err.Error())
-			case err != nil:
-				p.Settled = false
-				hold(sb, false, "its sleep failed: "+err.Error())
-			case busy != "":
-				hold(sb, true, busy)
-			default:
-				p.Running--
-				p.Sleeping++
-				p.Settled = false
-				st.woken[sb.ID] = true
-			}
-		default:
-			// Being made, put to sleep, woken or removed: the next pass.
-			p.Running++
-			p.Settled = false
+	switch sb.State {
+	case "sleeping":
+		mv.drainSleeper(ctx, st, p, nodes, sb, hold)
+	case "running":
+		p.Running++
+		if d == nil {
+			hold(sb, false, "this node cannot put its sandboxes to sleep to move them")
+			return p
 		}
+		if full, err := mv.local.Get(ctx, sb.ID); err == nil {
+			sb = full // the record's view: image, engine, shape
+		}
+		rec := Record{ID: sb.ID, Node: mv.c.cfg.Node, Sandbox: sb, SleepKey: mv.c.cfg.StoreKey}
+		if why := mv.whyStays(nodes, rec); why != "" {
+			hold(sb, false, why)
+			return p
+		}
+		if why := mv.noRoom(nodes, rec); why != "" {
+			// Put to sleep now, it would wait asleep for room.
+			hold(sb, false, why)
+			return p
+		}
+		busy, err := d.SleepIdle(ctx, sb.ID)
+		switch {
+		case errdefs.IsNotFound(err):
+			p.Running--
+		case errdefs.Is(err, errdefs.Conflict):
+			if strings.Contains(err.Error(), "--object-store") {
+				p.Note = err.Error()
+			}
+			hold(sb, false, err.Error())
+		case err != nil:
+			p.Settled = false
+			hold(sb, false, "its sleep failed: "+err.Error())
+		case busy != "":
+			hold(sb, true, busy)
+		default:
+			p.Running--
+			p.Sleeping++
+			p.Settled = false
+			st.setWoken(sb.ID, true)
+		}
+	default:
+		// Being made, put to sleep, woken or removed: the next pass.
+		p.Running++
+		p.Settled = false
 	}
-	p.Moved = len(st.moved)
 	return p
 }
 
@@ -194,7 +294,7 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 		// Given away (by the drain call, or a call through another
 		// node): this copy is gone now.
 		p.Sleeping--
-		st.moved[sb.ID] = true
+		st.setMoved(sb.ID)
 		return
 	case !ok || claimed || rec.Node != mv.c.cfg.Node || rec.State != "sleeping":
 		// Its record is not written yet, or it is being moved.
@@ -217,28 +317,39 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 		hold(sb, false, why)
 		return
 	}
-	to, err := mv.reassign(ctx, rec, rev, false, "")
-	if err != nil {
+	// One the drain put to sleep is woken there at once: only a node with
+	// room for it now takes it, its memory counted on that node until the
+	// wake is done (the moves of a pass run together).
+	wake := st.isWoken(sb.ID)
+	to, done, err := mv.give(ctx, rec, rev, wake)
+	var room errNoRoom
+	switch {
+	case errors.As(err, &room):
+		hold(sb, false, room.why) // it moves at a pass that finds room
+		return
+	case err != nil:
 		p.Settled = false
 		if !errors.Is(err, errMoveRace) {
 			hold(sb, false, err.Error())
 		}
 		return
 	}
-	st.moved[sb.ID] = true
+	st.setMoved(sb.ID)
 	p.Sleeping--
 	p.Settled = false
-	if !st.woken[sb.ID] {
+	if !wake {
 		mv.movedAway(ctx, sb.ID) // this copy goes now
 		return
 	}
-	delete(st.woken, sb.ID)
+	st.setWoken(sb.ID, false)
 	// Running before the drain: woken on its new node now.
 	mv.svc.forgetRoute(sb.ID)
 	wctx, cancel := context.WithTimeout(ctx, moveWait)
 	defer cancel()
 	t0 := time.Now()
-	if _, err := mv.svc.Wake(wctx, sb.ID); err != nil {
+	_, err = mv.svc.Wake(wctx, sb.ID)
+	done(err == nil)
+	if err != nil {
 		mv.c.cfg.Log.Warn("cluster: drain: wake a moved sandbox on its new node (it wakes at its next call)", "sandbox", sb.ID, "node", to.Node, "err", err)
 		return
 	}

@@ -27,6 +27,10 @@ type Across struct {
 
 	mu      sync.Mutex
 	clients map[string]*sdk.Client // by address; guarded by mu
+	// silent are the nodes whose last probe (any stream's) found them
+	// silent, and why; guarded by mu. A stream that opens meanwhile does
+	// not wait for them.
+	silent map[string]silence
 
 	// poll is how often a merged stream reads the live nodes; wait how
 	// long a node has to answer a stats read or to open its part of a
@@ -35,6 +39,16 @@ type Across struct {
 	poll, wait, slow time.Duration
 }
 
+// silence is a node's last probe that found it silent.
+type silence struct {
+	at  time.Time
+	why string
+}
+
+// silentFor is how long a probe that found a node silent spares new
+// streams the wait on it (the streams' own probes say it again).
+const silentFor = 10 * time.Second
+
 // mergedBuffer is how many events a merged stream holds for its client
 // (the bus's own bound per subscriber): with each node's part holding at
 // most one more, a slow client costs the node a bounded amount of memory.
@@ -42,7 +56,7 @@ const mergedBuffer = 1024
 
 // NewAcross returns the reads across the nodes of s's cluster.
 func NewAcross(s *Service) *Across {
-	return &Across{s: s, clients: map[string]*sdk.Client{}, poll: time.Second, wait: 3 * time.Second, slow: 10 * time.Second}
+	return &Across{s: s, clients: map[string]*sdk.Client{}, silent: map[string]silence{}, poll: time.Second, wait: 3 * time.Second, slow: 10 * time.Second}
 }
 
 // client is the SDK client of node n's API, with the cluster token.
@@ -172,6 +186,18 @@ func (a *Across) SubscribeEvents(ctx context.Context, since api.Positions, hasSi
 	var rmu sync.Mutex
 	for _, n := range sortedNodes(nodes) {
 		p := m.newPart(n)
+		if why := a.silentNow(n.Name); why != "" && n.Name != a.self() {
+			// Found silent by a probe just now: not waited for (the
+			// watch opens it once it answers).
+			m.mu.Lock()
+			p.why = why
+			m.mu.Unlock()
+			p.cancel()
+			rmu.Lock()
+			res = append(res, opened{p: p, err: errors.New(why)})
+			rmu.Unlock()
+			continue
+		}
 		wg.Go(func() {
 			ps, why, err := m.openPart(p, n, false)
 			rmu.Lock()
@@ -197,7 +223,10 @@ func (a *Across) SubscribeEvents(ctx context.Context, since api.Positions, hasSi
 			if why == "" {
 				why = o.err.Error()
 			}
-			m.failed(o.p, fmt.Sprintf("node %s does not answer: %s", o.p.node, why))
+			if !strings.HasPrefix(why, "node ") {
+				why = fmt.Sprintf("node %s does not answer: %s", o.p.node, why)
+			}
+			m.failed(o.p, why)
 			continue
 		}
 		start[o.p.node] = o.ps.start
@@ -244,6 +273,11 @@ type part struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	why    string // why it was ended from outside; guarded by merged.mu
+	// probing is whether a probe of its node is under way, running
+	// whether its stream is open (an opening one is bounded by the wait
+	// already), seen when its last event came; guarded by merged.mu.
+	probing, running bool
+	seen             time.Time
 }
 
 func (m *merged) newPart(n api.Node) *part {
@@ -298,6 +332,9 @@ func (m *merged) bounded(p *part, open func(ctx context.Context)) {
 // before notBefore (a part opened from every kept event because its node
 // is new to the stream) are not sent.
 func (m *merged) run(p *part, ps partStream, notBefore time.Time) {
+	m.mu.Lock()
+	p.running = true
+	m.mu.Unlock()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -315,11 +352,12 @@ func (m *merged) run(p *part, ps partStream, notBefore time.Time) {
 				p.cancel()
 				return
 			}
+			m.mu.Lock()
+			p.seen = time.Now()
 			if e.Seq != 0 {
-				m.mu.Lock()
 				m.pos[p.node] = e.Seq
-				m.mu.Unlock()
 			}
+			m.mu.Unlock()
 		}
 		p.cancel()
 		if m.ctx.Err() != nil {
@@ -415,7 +453,39 @@ func (m *merged) watch() {
 				starts = append(starts, n)
 			}
 		}
+		// A live node's part may wait on a node that is silent (it
+		// accepts connections and answers nothing): each is probed, and
+		// one that does not answer is ended like one that left; the
+		// others' parts never wait on it.
+		var probes []*part
+		for name, p := range m.parts {
+			if _, live := nodes[name]; live && name != m.a.self() && p.running && !p.probing && p.ctx.Err() == nil {
+				p.probing = true
+				probes = append(probes, p)
+			}
+		}
 		m.mu.Unlock()
+		for _, p := range probes {
+			n := nodes[p.node]
+			m.wg.Add(1)
+			go func() {
+				defer m.wg.Done()
+				t0 := time.Now()
+				err := m.a.answers(p.ctx, n)
+				m.mu.Lock()
+				p.probing = false
+				// An event that came meanwhile says the node answers (a
+				// probe's connection can fail after the node is back).
+				silent := err != nil && p.ctx.Err() == nil && !p.seen.After(t0)
+				if silent && p.why == "" {
+					p.why = silentWords(n.Name, err)
+				}
+				m.mu.Unlock()
+				if silent {
+					p.cancel()
+				}
+			}()
+		}
 		for _, n := range starts {
 			p := m.newPart(n)
 			m.wg.Add(1)
@@ -455,11 +525,64 @@ func (m *merged) watch() {
 				m.mu.Lock()
 				m.down[n.Name] = false
 				m.mu.Unlock()
+				m.a.answered(n.Name)
 				m.send(api.Event{Type: api.EventNodeJoined, Node: n.Name, Time: time.Now().UTC(), Reason: why})
 				m.run(p, ps, notBefore)
 			}()
 		}
 	}
+}
+
+// answers probes whether node n's API answers within the wait: any
+// answer counts (an error status too), only silence does not.
+func (a *Across) answers(ctx context.Context, n api.Node) error {
+	c, err := a.client(n)
+	if err != nil {
+		return err
+	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, a.wait)
+	defer cancel()
+	_, err = c.Health(ctx)
+	var se *sdk.Error
+	switch {
+	case err == nil || errors.As(err, &se):
+		err = nil
+	case ctx.Err() != nil:
+		err = fmt.Errorf("no answer within %s", a.wait)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err == nil {
+		delete(a.silent, n.Name)
+	} else if parent.Err() == nil { // not a stream that ended
+		a.silent[n.Name] = silence{at: time.Now(), why: silentWords(n.Name, err)}
+	}
+	return err
+}
+
+// silentWords says that node does not answer, though its lease lives.
+func silentWords(node string, err error) string {
+	return fmt.Sprintf("node %s does not answer (%v) though its lease is live: its events are held until it answers again", node, err)
+}
+
+// answered forgets that node was found silent: it answers.
+func (a *Across) answered(node string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.silent, node)
+}
+
+// silentNow is why node was found silent by a probe within silentFor
+// ("" if it was not).
+func (a *Across) silentNow(node string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.silent[node]
+	if !ok || time.Since(s.at) > silentFor {
+		return ""
+	}
+	return s.why
 }
 
 func sortedNodes(nodes map[string]api.Node) []api.Node {

@@ -65,11 +65,45 @@ type peerNode struct {
 	backlog []api.Event
 	mu      sync.Mutex
 	queries []string
+	quiet   chan struct{} // while set, the node answers nothing (closed when it answers again); guarded by mu
+}
+
+// silence makes the node accept connections and answer nothing, its
+// open streams included (on), or answer again (off).
+func (p *peerNode) silence(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case on && p.quiet == nil:
+		p.quiet = make(chan struct{})
+	case !on && p.quiet != nil:
+		close(p.quiet)
+		p.quiet = nil
+	}
+}
+
+// hold waits while the node is silent: false when the request ended.
+func (p *peerNode) hold(r *http.Request) bool {
+	p.mu.Lock()
+	q := p.quiet
+	p.mu.Unlock()
+	if q == nil {
+		return true
+	}
+	select {
+	case <-q:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 func newPeerNode(t *testing.T, backlog ...api.Event) *peerNode {
 	p := &peerNode{c: make(chan api.Event, 16), backlog: backlog}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !p.hold(r) {
+			return
+		}
 		if r.URL.Path != "/v1/internal/events" || r.Header.Get("Authorization") != "Bearer cluster-secret" {
 			http.Error(w, `{"code":"not_found","message":"no"}`, http.StatusNotFound)
 			return
@@ -91,6 +125,10 @@ func newPeerNode(t *testing.T, backlog ...api.Event) *peerNode {
 			case <-r.Context().Done():
 				return
 			case e := <-p.c:
+				if !p.hold(r) {
+					p.c <- e // not sent: the next stream's
+					return
+				}
 				_ = enc.Encode(e)
 				w.(http.Flusher).Flush()
 			}
@@ -275,5 +313,99 @@ func TestEventsSinceCutByWait(t *testing.T) {
 	}
 	if len(evs) != 1 || evs[0].Type != api.EventNodeLeft || evs[0].Node != "b" || !strings.Contains(evs[0].Reason, "within") {
 		t.Fatalf("events %+v: want only b's node.left saying it did not answer within the wait", evs)
+	}
+}
+
+// TestMergeSilentNode: a node whose lease lives but whose API accepts
+// connections and answers nothing (its open stream included) does not
+// hold back the others: their events come while it is silent, its part
+// ends with a node.left saying it does not answer, and once it answers
+// again its part starts anew (node.joined) from its last event sent, so
+// that the event it had while silent comes. A stream opened while the node
+// is known silent answers at once, without waiting on it.
+func TestMergeSilentNode(t *testing.T) {
+	cli := startEtcd(t)
+	b := newPeerNode(t)
+	ca := joinAt(t, cli, "a", "127.0.0.1:1")
+	defer ca.Close()
+	cb := joinAt(t, cli, "b", b.srv.Listener.Addr().String())
+	defer cb.Close()
+	local := &chanLocal{c: make(chan api.Event, 16)}
+	a := NewAcross(NewService(ca, local))
+	a.poll, a.wait = 100*time.Millisecond, 2*time.Second
+	sub, start, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if start.String() != "a:5,b:100" {
+		t.Fatalf("start %s, want a:5,b:100", start)
+	}
+	next := func(what string, within time.Duration) api.Event {
+		t.Helper()
+		select {
+		case e := <-sub.C():
+			return e
+		case <-sub.Done():
+			t.Fatalf("%s: the stream ended: %v", what, sub.Err())
+		case <-time.After(within):
+			t.Fatalf("%s: nothing within %s", what, within)
+		}
+		return api.Event{}
+	}
+	b.c <- api.Event{Seq: 101, Type: api.EventCreated, Sandbox: "s1", Time: time.Now()}
+	if e := next("b's event", 30*time.Second); e.Node != "b" || e.Seq != 101 {
+		t.Fatalf("b's event: %+v", e)
+	}
+
+	b.silence(true)
+	t0 := time.Now()
+	local.c <- api.Event{Seq: 6, Type: api.EventCreated, Sandbox: "s2"}
+	if e := next("a's event while b is silent", 30*time.Second); e.Node != "a" || e.Seq != 6 {
+		t.Fatalf("a's event while b is silent: %+v", e)
+	}
+	b.c <- api.Event{Seq: 102, Type: api.EventCreated, Sandbox: "s3", Time: time.Now()}
+	left := next("b's node.left", 30*time.Second)
+	if left.Type != api.EventNodeLeft || left.Node != "b" || !strings.Contains(left.Reason, "does not answer") || !strings.Contains(left.Reason, "lease is live") {
+		t.Fatalf("b silent: %+v, want its node.left saying it does not answer", left)
+	}
+	t.Logf("b's part ended %s after it went silent: %s", time.Since(t0).Round(time.Millisecond), left.Reason)
+	// Another stream opened now does not wait on b.
+	t1 := time.Now()
+	sub2, start2, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
+	took := time.Since(t1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if start2.String() != "a:5" || took >= a.wait/2 {
+		t.Fatalf("a stream opened while b is silent: start %s after %s, want a:5 at once (the wait is %s)", start2, took, a.wait)
+	}
+	select {
+	case e := <-sub2.C():
+		if e.Type != api.EventNodeLeft || e.Node != "b" || !strings.Contains(e.Reason, "does not answer") {
+			t.Fatalf("the second stream's first event: %+v, want b's node.left", e)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second stream says nothing of b")
+	}
+	sub2.Close()
+	t.Logf("a stream opened while b is silent answered in %s", took.Round(time.Millisecond))
+	local.c <- api.Event{Seq: 7, Type: api.EventCreated, Sandbox: "s4"}
+	if e := next("a's event after b's node.left", 30*time.Second); e.Node != "a" || e.Seq != 7 {
+		t.Fatalf("a's event after b's node.left: %+v", e)
+	}
+
+	b.silence(false)
+	if e := next("b's node.joined", 30*time.Second); e.Type != api.EventNodeJoined || e.Node != "b" || !strings.Contains(e.Reason, "answers again") {
+		t.Fatalf("b answers again: %+v", e)
+	}
+	if e := next("b's event from while it was silent", 30*time.Second); e.Node != "b" || e.Seq != 102 {
+		t.Fatalf("b's event from while it was silent: %+v", e)
+	}
+	b.mu.Lock()
+	last := b.queries[len(b.queries)-1]
+	b.mu.Unlock()
+	if !strings.Contains(last, "since=101") {
+		t.Fatalf("b's part opened again with %q, want since=101 (its last event sent)", last)
 	}
 }

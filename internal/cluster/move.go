@@ -185,9 +185,12 @@ type moves struct {
 	pending *pending
 	svc     moveOps
 
-	await  awaiting     // sleeping sandboxes whose copy is not sealed yet
-	moving sync.Map     // ids this process is adopting
-	n      atomic.Int64 // sandboxes adopted
+	// placeMu makes a move's pick and its count in pending one step:
+	// the drain's moves run together.
+	placeMu sync.Mutex
+	await   awaiting     // sleeping sandboxes whose copy is not sealed yet
+	moving  sync.Map     // ids this process is adopting
+	n       atomic.Int64 // sandboxes adopted
 }
 
 // moveOps is what a move calls back into the node's Service for: a
@@ -446,16 +449,91 @@ func (mv *moves) reassign(ctx context.Context, rec Record, rev int64, gone bool,
 	}
 	cs := mv.candidates(nodes, rec, except)
 	if len(cs) == 0 {
-		if other := otherKeys(nodes, rec, except); len(other) > 0 {
-			return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and the other live nodes that take sandboxes cannot open its sleep image: "+
-				"it is %s in the object store, and %s; every node must have --encrypt-at-rest and the same host key (--key-file or $CLADE_KEY) to wake another node's image. "+
-				"It stays asleep: it wakes when node %s is back, or on a node with its key",
-				rec.ID, rec.Node, imageKeyWords(rec.SleepKey), strings.Join(other, ", "), rec.Node)
-		}
-		return Record{}, errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and no other live node that is not draining runs its engine, has its image and takes its size (%d MiB, %g CPUs): try again later",
-			rec.ID, rec.Node, rec.Sandbox.MemoryMiB, rec.Sandbox.CPUs)
+		return Record{}, noCandidate(nodes, rec, except)
 	}
 	return mv.c.Reassign(ctx, rec, rev, cs[0].node.Name, gone)
+}
+
+// noCandidate is the error of a sleeping rec that no live node but its
+// own (and except) may be given.
+func noCandidate(nodes []api.Node, rec Record, except string) error {
+	if other := otherKeys(nodes, rec, except); len(other) > 0 {
+		return errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and the other live nodes that take sandboxes cannot open its sleep image: "+
+			"it is %s in the object store, and %s; every node must have --encrypt-at-rest and the same host key (--key-file or $CLADE_KEY) to wake another node's image. "+
+			"It stays asleep: it wakes when node %s is back, or on a node with its key",
+			rec.ID, rec.Node, imageKeyWords(rec.SleepKey), strings.Join(other, ", "), rec.Node)
+	}
+	return errdefs.New(errdefs.Unavailable, "sandbox %s sleeps on node %s, which cannot wake it, and no other live node that is not draining runs its engine, has its image and takes its size (%d MiB, %g CPUs): try again later",
+		rec.ID, rec.Node, rec.Sandbox.MemoryMiB, rec.Sandbox.CPUs)
+}
+
+// give gives sleeping rec (read at rev) to the node placement picks, as
+// reassign does. With wake (a drain wakes it there at once) only a node
+// with room for it now takes it, and its memory counts on that node (as
+// a create's does, placement's pending) until done says how the wake
+// ended: moves that run together do not all pick the node that looked
+// freest, nor two of them a node with room for one.
+func (mv *moves) give(ctx context.Context, rec Record, rev int64, wake bool) (Record, func(ok bool), error) {
+	nodes, err := mv.c.Nodes(ctx)
+	if err != nil {
+		return Record{}, nil, err
+	}
+	n, done, err := mv.reserve(nodes, rec, wake)
+	if err != nil {
+		return Record{}, nil, err
+	}
+	to, err := mv.c.Reassign(ctx, rec, rev, n.Name, false)
+	if err != nil {
+		done(false)
+		return Record{}, nil, err
+	}
+	return to, done, nil
+}
+
+// reserve picks the node for rec among nodes (see give): with room, the
+// node's room is taken for it until done.
+func (mv *moves) reserve(nodes []api.Node, rec Record, room bool) (api.Node, func(ok bool), error) {
+	mv.placeMu.Lock()
+	defer mv.placeMu.Unlock()
+	cs := mv.candidates(nodes, rec, "")
+	if len(cs) == 0 {
+		return api.Node{}, nil, noCandidate(nodes, rec, "")
+	}
+	if !room {
+		return cs[0].node, func(bool) {}, nil
+	}
+	if cs[0].free < 0 {
+		return api.Node{}, nil, errNoRoom{roomWords(cs)}
+	}
+	n := cs[0].node
+	return n, mv.pending.add(n.Name, cmpInt(int64(rec.Sandbox.MemoryMiB), n.Capacity.DefaultMemoryMiB)), nil
+}
+
+// noRoom says why no node other than its own has room now for running
+// sandbox rec ("" when one has, counting the moves under way).
+func (mv *moves) noRoom(nodes []api.Node, rec Record) string {
+	mv.placeMu.Lock()
+	defer mv.placeMu.Unlock()
+	cs := mv.candidates(nodes, rec, "")
+	if len(cs) == 0 || cs[0].free >= 0 {
+		return ""
+	}
+	return roomWords(cs)
+}
+
+// errNoRoom is a move that waits for room: no node it may go to has the
+// memory for it now.
+type errNoRoom struct{ why string }
+
+func (e errNoRoom) Error() string { return e.why }
+
+// roomWords says that none of cs has room now.
+func roomWords(cs []candidate) string {
+	var each []string
+	for _, c := range cs {
+		each = append(each, fmt.Sprintf("node %s would be %d MiB short", c.node.Name, -c.free))
+	}
+	return "no other node has memory for it now (" + strings.Join(each, ", ") + "): it moves once one has"
 }
 
 // candidates ranks the nodes rec may be given to: live, not its own nor

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -82,5 +83,68 @@ func TestPending(t *testing.T) {
 	}
 	if count["a"] != 2 || count["b"] != 2 || count["c"] != 2 {
 		t.Fatalf("placed %v, want 2 each", count)
+	}
+}
+
+// TestDrainReserve: the drain's moves run together, and each that wakes
+// its sandbox on the node it is given to takes that node's room until its
+// wake is done: of three moves at once onto two nodes with room for one
+// each, one lands on each and the third is refused for room (saying each
+// node's shortfall); a move whose wake failed gives its room back; a
+// sleeping one given lazily (no wake) needs no room.
+func TestDrainReserve(t *testing.T) {
+	mv := &moves{c: &Cluster{cfg: Config{Node: "a"}}, pending: &pending{}}
+	nodes := []api.Node{node("a", 1<<20, 0, 0, 0), node("b", 1<<20, 0, 1000, 0), node("c", 1<<20, 0, 1000, 0)}
+	rec := Record{ID: "s", Node: "a", Sandbox: api.Sandbox{Image: "default", MemoryMiB: 512}}
+	type got struct {
+		node string
+		done func(bool)
+		err  error
+	}
+	res := make(chan got, 3)
+	start := make(chan struct{})
+	for range 3 {
+		go func() {
+			<-start
+			n, done, err := mv.reserve(nodes, rec, true)
+			res <- got{n.Name, done, err}
+		}()
+	}
+	close(start)
+	on := map[string]func(bool){}
+	var refused []error
+	for range 3 {
+		g := <-res
+		switch {
+		case g.err != nil:
+			refused = append(refused, g.err)
+		case on[g.node] != nil:
+			t.Fatalf("two moves on node %s, which has room for one", g.node)
+		default:
+			on[g.node] = g.done
+		}
+	}
+	if len(on) != 2 || len(refused) != 1 || !strings.Contains(refused[0].Error(), "no other node has memory for it now") ||
+		!strings.Contains(refused[0].Error(), "node b would be 24 MiB short") {
+		t.Fatalf("placed on %d nodes, refused %v: want one on each of b and c and the third refused for room", len(on), refused)
+	}
+	if why := mv.noRoom(nodes, rec); why == "" {
+		t.Fatal("noRoom says a node has room while both are taken")
+	}
+	on["b"](false) // b's wake failed: its room is free again
+	if n, _, err := mv.reserve(nodes, rec, true); err != nil || n.Name != "b" {
+		t.Fatalf("after b's move failed: %s %v, want b", n.Name, err)
+	}
+	if n, done, err := mv.reserve(nodes, rec, false); err != nil || n.Name == "a" || done == nil {
+		t.Fatalf("a lazy give without room: %q %v, want b or c", n.Name, err)
+	}
+	// A wake done counts until the node's capacity, read after it, shows
+	// the sandbox.
+	on["c"](true)
+	later := nodes[2]
+	later.RefreshedAt = time.Now().Add(time.Second)
+	later.Capacity.MemoryAdmittedMiB = 512
+	if n, _, err := mv.reserve([]api.Node{nodes[0], later}, rec, true); err == nil {
+		t.Fatalf("c, its capacity showing the moved sandbox, took another: %s", n.Name)
 	}
 }

@@ -340,32 +340,52 @@ func cmpInt(a, b int64) int64 {
 
 // List is the node's sandboxes and, from the directory, the other live
 // nodes' (without what stays on their node: environment, traffic token).
+// A move's window is listed once, by its record: a sandbox given to this
+// node that it has not adopted yet (sleeping here, or moving while it is
+// fetched) is listed though the node does not have it, and this node's
+// copy of one given to another node (fenced, removed at its next check)
+// is not.
 func (s *Service) List(ctx context.Context) ([]api.Sandbox, error) {
 	own, err := s.Service.List(ctx)
 	if err != nil {
 		return nil, err
 	}
+	self := s.c.cfg.Node
 	for i := range own {
-		own[i].Node = s.c.cfg.Node
+		own[i].Node = self
 	}
 	recs, err := s.c.Records(ctx)
 	if err != nil {
 		s.c.cfg.Log.Warn("cluster: list without the other nodes", "err", err)
 		return own, nil
 	}
-	have := map[string]bool{}
-	for _, sb := range own {
-		have[sb.ID] = true
-	}
+	elsewhere := map[string]bool{} // given to another node
 	for _, r := range recs {
-		if r.Node != s.c.cfg.Node || r.State == StateLost && !have[r.ID] {
-			sb := r.Sandbox
-			sb.ID, sb.Node, sb.State, sb.Name, sb.SleepImage = r.ID, r.Node, r.State, r.Name, r.SleepImage
-			own = append(own, sb)
+		if r.Node != self && r.State != StateLost {
+			elsewhere[r.ID] = true
 		}
 	}
-	slices.SortStableFunc(own, func(a, b api.Sandbox) int { return a.CreatedAt.Compare(b.CreatedAt) })
-	return own, nil
+	have := map[string]bool{}
+	out := own[:0]
+	for _, sb := range own {
+		if !elsewhere[sb.ID] {
+			have[sb.ID] = true
+			out = append(out, sb)
+		}
+	}
+	for _, r := range recs {
+		if have[r.ID] {
+			continue
+		}
+		given := r.Node == self && (r.State == StateMoving || movable(r) && r.Epoch > s.c.epoch(r.ID))
+		if r.Node != self || r.State == StateLost || given {
+			sb := r.Sandbox
+			sb.ID, sb.Node, sb.State, sb.Name, sb.SleepImage = r.ID, r.Node, r.State, r.Name, r.SleepImage
+			out = append(out, sb)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b api.Sandbox) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return out, nil
 }
 
 // route picks the service that holds ref: this node's when it has it,
