@@ -31,9 +31,12 @@ import (
 type Conn struct {
 	mu      sync.Mutex
 	cur     *session
-	changed chan struct{} // closed and replaced whenever cur changes
+	changed chan struct{} // closed and replaced whenever cur changes, and at Close and Retire
 	closed  bool
-	reason  error         // why Close was called; set with closed
+	reason  error // why Close was called; set with closed
+	// retired is set while the sandbox is out of service for a sleep
+	// (Retire): calls are refused before they start, ErrRetired.
+	retired bool
 	closing chan struct{} // closed by the first Close
 	hello   wire.HelloMsg
 	// pending holds connections still in their hello, with when each
@@ -217,6 +220,9 @@ func (c *Conn) Close(reason error) {
 	c.closed = true
 	c.reason = reason
 	close(c.closing)
+	// Whoever waits for a connection learns of the Close now.
+	close(c.changed)
+	c.changed = make(chan struct{})
 	s := c.cur
 	c.mu.Unlock()
 	if s != nil {
@@ -240,17 +246,21 @@ func (c *Conn) Ready(ctx context.Context) error {
 }
 
 // session returns the current connection, waiting for one while there is
-// none (e.g. while a restored agent redials).
+// none (e.g. while a restored agent redials). A retired Conn's agent does
+// not come back: ErrRetired instead of the wait.
 func (c *Conn) session(ctx context.Context) (*session, error) {
 	for {
 		c.mu.Lock()
-		s, changed, closed, reason := c.cur, c.changed, c.closed, c.reason
+		s, changed, closed, reason, retired := c.cur, c.changed, c.closed, c.reason, c.retired
 		c.mu.Unlock()
 		if closed {
 			return nil, reason
 		}
 		if s != nil {
 			return s, nil
+		}
+		if retired {
+			return nil, ErrRetired
 		}
 		select {
 		case <-ctx.Done():
@@ -287,6 +297,48 @@ func (c *Conn) Quiesce(ctx context.Context) error {
 		s.conn.Close()
 		return errdefs.Wrap(errdefs.Unavailable, fmt.Errorf("agent did not quiesce: %w", ctx.Err()))
 	}
+}
+
+// ErrRetired refuses a call, before anything of it reaches the agent, on
+// the connection of a sandbox taken out of service for a sleep (Retire).
+// Nothing ran: the caller looks the sandbox up again, which waits for the
+// sleep and wakes it (or, not waking, finds it asleep).
+var ErrRetired = errdefs.New(errdefs.Unavailable, "the sandbox was put to sleep before the call started: retry (the next call wakes it)")
+
+// IsRetired reports whether err is ErrRetired: a call refused, unstarted,
+// by a sandbox going to sleep.
+func IsRetired(err error) bool { return errors.Is(err, ErrRetired) }
+
+// Retire takes the connection out of service for a sleep of its sandbox:
+// calls opened from then on fail at once with ErrRetired, and so do those
+// waiting for the agent to connect. Unless force, it does so only if no
+// call counted by Active is open, and reports whether it did: the check
+// and the refusal of later calls are one step, so a call is either open
+// (the sleeper backs off) or refused. With force (a sleep asked for) the
+// calls open go on until the sleep cuts them. Unretire undoes it.
+func (c *Conn) Retire(force bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.cur; !force && s != nil {
+		s.mu.Lock()
+		n := s.activeLocked()
+		s.mu.Unlock()
+		if n > 0 {
+			return false
+		}
+	}
+	c.retired = true
+	close(c.changed) // waiters for a connection are refused now
+	c.changed = make(chan struct{})
+	return true
+}
+
+// Unretire puts a retired connection back in service (its sandbox's
+// sleep failed, and it runs on).
+func (c *Conn) Unretire() {
+	c.mu.Lock()
+	c.retired = false
+	c.mu.Unlock()
 }
 
 // errAgentQuiesced ends a session the agent hung up after a Quiesce.
@@ -384,17 +436,23 @@ func (c *Conn) open(ctx context.Context, req wire.Request) (*call, error) {
 		return nil, err
 	}
 	var obs *execObserver
+	// c.mu is held until the call is in s.calls: Retire's look at the
+	// calls open and its refusal of new ones are one step.
 	c.mu.Lock()
+	if c.retired {
+		c.mu.Unlock()
+		return nil, ErrRetired
+	}
 	// From now on processes other than the agent may run in the sandbox:
 	// a hello without a key is no longer the agent's.
 	c.trustFirst = false
 	if f := c.observe; req.Op == wire.OpExec && f != nil {
 		obs = &execObserver{f: f, argv: req.Argv, tty: req.TTY}
 	}
-	c.mu.Unlock()
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
+		c.mu.Unlock()
 		return nil, s.err
 	}
 	id := s.next
@@ -407,6 +465,7 @@ func (c *Conn) open(ctx context.Context, req wire.Request) (*call, error) {
 	}
 	s.calls[id] = ch
 	s.mu.Unlock()
+	c.mu.Unlock()
 	if err := s.conn.Write(wire.Open, id, body); err != nil {
 		s.conn.Close()
 		return nil, errdefs.Wrap(errdefs.Unavailable, err)
@@ -606,6 +665,11 @@ func (c *Conn) Active() int {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.activeLocked()
+}
+
+// activeLocked is Active's count on s. Guarded by s.mu.
+func (s *session) activeLocked() int {
 	n := 0
 	for _, ch := range s.calls {
 		if !ch.dial {

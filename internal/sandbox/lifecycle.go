@@ -426,18 +426,27 @@ func (m *Manager) Guest(ctx context.Context, ref string) (*guest.Conn, error) {
 }
 
 // ready is the engine sandbox behind Guest and GuestWaking (wake) and the
-// dials (Traffic), its agent ready.
+// dials (Traffic), its agent ready. A sandbox that a sleep took out of
+// service while its agent was reconnecting (its connection retired) is
+// looked up again: the sleep is waited for, and the sandbox woken (wake)
+// or found asleep.
 func (m *Manager) ready(ctx context.Context, ref string, wake bool) (engine.Sandbox, error) {
-	sb, err := m.running(ctx, ref, wake)
-	if err != nil {
-		return nil, err
+	for {
+		sb, err := m.running(ctx, ref, wake)
+		if err != nil {
+			return nil, err
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = sb.Guest().Ready(rctx)
+		cancel()
+		if guest.IsRetired(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return sb, nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := sb.Guest().Ready(rctx); err != nil {
-		return nil, err
-	}
-	return sb, nil
 }
 
 // RemoveAbandoned removes the sandboxes ids that a create or fork made for

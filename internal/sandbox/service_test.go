@@ -406,6 +406,7 @@ func TestFailedSleepKeepsTheSandboxRunning(t *testing.T) {
 	if _, err := e.m.running(t.Context(), sb.ID, true); err != nil {
 		t.Fatalf("after a failed sleep the sandbox does not serve: %v", err)
 	}
+	execOK(t, e.m, sb.ID, "after a failed sleep")
 	if _, err := os.Stat(e.m.cfg.sleepDir(sb.ID)); !os.IsNotExist(err) {
 		t.Fatal("a failed sleep left its partial image")
 	}

@@ -62,8 +62,10 @@ const asAsked time.Duration = -1
 func (m *Manager) sleepLocked(ctx context.Context, snapper engine.Snapshotter, rec *store.Sandbox, quiet time.Duration) (busy string, err error) {
 	var sb engine.Sandbox
 	if quiet == asAsked {
-		// Requests that come now wait for the lock, then wake the sandbox.
-		sb = m.traffic.drop(rec.ID)
+		// Requests that come now wait for the lock, then wake the
+		// sandbox; so do those that looked it up before but open their
+		// call only now (refused unstarted). Calls open are cut.
+		sb, _ = m.traffic.retire(rec.ID, asAsked)
 	} else {
 		if sleepRaceHook != nil {
 			sleepRaceHook("idle", rec.ID)

@@ -97,6 +97,7 @@ func (t *Traffic) relive(id string, sb engine.Sandbox) {
 		return
 	}
 	t.mu.Lock()
+	sb.Guest().Unretire()
 	t.live[id] = sb
 	t.lastUsed[id] = time.Now()
 	t.mu.Unlock()
@@ -143,22 +144,34 @@ func closeConns(conns []net.Conn) {
 // retire takes live sandbox id out of service for a sleep if it is idle:
 // no exec, attach or file call in flight on its agent, no hold (a proxied
 // request or connection), and no request for quiet (nor for
-// lookupGrace). The look and the drop are one step under mu, so a call is
-// on one side of it: one that found the sandbox live before (its lookup
-// counts as a use) makes the sleeper back off, one that comes after finds
-// it gone from live and waits for the sandbox's lock, which the sleeper
-// holds, then wakes it (or is refused, if it does not wake). It returns
-// what was live (the caller's to relive if the sleep fails) and "", or
-// nil and why the sandbox is busy.
+// lookupGrace); with quiet asAsked (a sleep asked for), whatever it does.
+// The look and the drop are one step under mu, and its agent connection
+// is retired (guest.Conn.Retire) in the same step, so a call is on one
+// side of it: one that found the sandbox live before (its lookup counts
+// as a use) and opened its call makes the sleeper back off; one that
+// comes after finds it gone from live and waits for the sandbox's lock,
+// which the sleeper holds, then wakes it (or is refused, if it does not
+// wake); one that looked it up before but opens its call only after (a
+// lookup older than lookupGrace) is refused by the connection before it
+// starts (guest.ErrRetired), and looks again as one that comes after. It
+// returns what was live (the caller's to relive if the sleep fails) and
+// "", or nil and why the sandbox is busy.
 func (t *Traffic) retire(id string, quiet time.Duration) (engine.Sandbox, string) {
 	t.mu.Lock()
-	why := t.busyLocked(id, quiet)
+	why := ""
+	if quiet != asAsked {
+		why = t.busyLocked(id, quiet)
+	}
 	var (
 		sb    engine.Sandbox
 		conns []net.Conn
 	)
 	if why == "" {
-		sb, conns = t.dropLocked(id)
+		if live := t.live[id]; live != nil && !live.Guest().Retire(quiet == asAsked) {
+			why = "an exec, attach or file call opened on it just now"
+		} else {
+			sb, conns = t.dropLocked(id)
+		}
 	}
 	t.mu.Unlock()
 	closeConns(conns)
@@ -195,8 +208,10 @@ func (t *Traffic) busyLocked(id string, quiet time.Duration) string {
 // exec, a file call, a dial) the sandbox counts as used whatever its idle
 // time: the request holds the engine sandbox from its lookup on, but its
 // agent counts its call (Active) or its proxy its hold only a moment
-// later, and a sleep between the two would fail it. A second is far more
-// than that moment, even on a loaded host.
+// later. A call slower than that between the two is not failed by the
+// sleep (its connection refuses it unstarted, and it is tried again on
+// the woken sandbox: retire), but it costs a sleep and a wake, which the
+// grace spares the usual case.
 var lookupGrace = time.Second
 
 // track keeps c, dialed to sb by a PortDialer hook, for drop to close.

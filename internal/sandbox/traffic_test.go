@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/guest"
 	"github.com/clade-sandbox/clade/internal/store"
 )
 
@@ -275,8 +276,27 @@ func TestFailedIdleSleepBacksOff(t *testing.T) {
 	if e.m.traffic.idleFor(sb.ID, 300*time.Millisecond) {
 		t.Error("right after a failed idle sleep the sandbox counts as idle for its idle time: the sleeper would try again at once")
 	}
+	execOK(t, e.m, sb.ID, "after a failed idle sleep")
 	e.m.lifetimes.sleepIdle(t.Context(), sb.ID)
 	if n := tries.Load(); n != 1 {
 		t.Errorf("%d checkpoints, want 1: the idle sleeper tried again right after the failure", n)
+	}
+}
+
+// execOK checks that an exec on sandbox id starts and ends well: its agent
+// connection serves (a sleep that failed put it back in service).
+func execOK(t *testing.T, m *Manager, id, when string) {
+	t.Helper()
+	g, err := m.GuestWaking(t.Context(), id)
+	if err != nil {
+		t.Fatalf("%s: %v", when, err)
+	}
+	p, err := g.Exec(t.Context(), guest.ExecRequest{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatalf("%s: exec: %v", when, err)
+	}
+	defer p.Close()
+	if exit, err := p.Wait(t.Context()); err != nil || exit.Code != 0 {
+		t.Errorf("%s: exec: exit %+v %v", when, exit, err)
 	}
 }

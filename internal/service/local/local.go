@@ -264,6 +264,44 @@ func (s *Service) RemoveSnapshot(ctx context.Context, ref string) error {
 	return s.mgr.DeleteSnapshot(ctx, ref)
 }
 
+// callHook, set by tests only, is called by onGuest between a call's
+// lookup of its sandbox's agent connection and its call on it
+// ("looked-up"), and when the connection refused the call for a sleep
+// that took the sandbox in between ("refused").
+var callHook func(point, ref string)
+
+// onGuest runs op on the agent connection of ref's sandbox (woken first
+// with wake). A call that the connection refused unstarted because a
+// sleep took the sandbox after the lookup (guest.IsRetired: the call came
+// later than the idle sleeps' lookup grace, or the sleep was asked for)
+// does not fail for it: the sandbox is looked up again, which waits for
+// the sleep and wakes it (or, without wake, finds it asleep: Conflict),
+// and op runs on it. op must not have consumed anything of its request
+// before its call opened (the guest package's calls do not).
+func onGuest[T any](ctx context.Context, s *Service, ref string, wake service.WakeMode, op func(*guest.Conn) (T, error)) (T, error) {
+	for tries := 1; ; tries++ {
+		g, err := s.guest(ctx, ref, wake)
+		if err != nil {
+			var zero T
+			return zero, err
+		}
+		if callHook != nil {
+			callHook("looked-up", ref)
+		}
+		v, err := op(g)
+		if !guest.IsRetired(err) || tries == retiredTries {
+			return v, err
+		}
+		if callHook != nil {
+			callHook("refused", ref)
+		}
+	}
+}
+
+// retiredTries bounds the tries of a call refused by a sleep each time:
+// each try after the first waits for a whole sleep and wake.
+const retiredTries = 5
+
 // guest is the agent connection of ref's sandbox, woken first with wake;
 // without, a sandbox that is not running is a Conflict (and one that a
 // sleep puts to sleep meanwhile is not woken).
@@ -306,12 +344,9 @@ func (s *Service) Exec(ctx context.Context, ref string, wake service.WakeMode, r
 	if (req.Rows == 0) != (req.Cols == 0) {
 		return nil, errdefs.New(errdefs.InvalidArgument, "terminal size %dx%d: give both rows and cols, or neither (24x80)", req.Rows, req.Cols)
 	}
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return nil, err
-	}
-	p, err := g.Exec(ctx, guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin,
-		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User, Keep: req.Keep, Tag: req.Tag})
+	greq := guest.ExecRequest{Argv: req.Cmd, Env: req.Env, Dir: req.Workdir, Timeout: timeout, Stdin: req.Stdin,
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, User: req.User, Keep: req.Keep, Tag: req.Tag}
+	p, err := onGuest(ctx, s, ref, wake, func(g *guest.Conn) (*guest.Process, error) { return g.Exec(ctx, greq) })
 	if err != nil {
 		return nil, err
 	}
@@ -327,11 +362,7 @@ func (s *Service) SupportsUser(ctx context.Context, ref string, wake service.Wak
 }
 
 func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) ([]api.KeptCommand, error) {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return nil, err
-	}
-	kept, err := g.Kept(ctx)
+	kept, err := onGuest(ctx, s, ref, wake, func(g *guest.Conn) ([]guest.KeptCommand, error) { return g.Kept(ctx) })
 	if err != nil {
 		return nil, err
 	}
@@ -349,11 +380,7 @@ func (s *Service) Kept(ctx context.Context, ref string, wake service.WakeMode) (
 }
 
 func (s *Service) Attach(ctx context.Context, ref string, wake service.WakeMode, pid int, stdin bool) (service.Process, error) {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return nil, err
-	}
-	p, err := g.Attach(ctx, pid, stdin)
+	p, err := onGuest(ctx, s, ref, wake, func(g *guest.Conn) (*guest.Process, error) { return g.Attach(ctx, pid, stdin) })
 	if err != nil {
 		return nil, err
 	}
@@ -386,11 +413,7 @@ func (p process) Wait(ctx context.Context) (api.ExitStatus, error) {
 // Files.
 
 func (s *Service) Stat(ctx context.Context, ref string, wake service.WakeMode, p string) (service.FileInfo, error) {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return service.FileInfo{}, err
-	}
-	fi, err := g.Stat(ctx, p)
+	fi, err := onGuest(ctx, s, ref, wake, func(g *guest.Conn) (guest.FileInfo, error) { return g.Stat(ctx, p) })
 	if err != nil {
 		return service.FileInfo{}, err
 	}
@@ -398,11 +421,7 @@ func (s *Service) Stat(ctx context.Context, ref string, wake service.WakeMode, p
 }
 
 func (s *Service) Watch(ctx context.Context, ref string, wake service.WakeMode, p string, recursive bool) (service.Watcher, error) {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return nil, err
-	}
-	w, err := g.Watch(ctx, p, recursive)
+	w, err := onGuest(ctx, s, ref, wake, func(g *guest.Conn) (*guest.Watch, error) { return g.Watch(ctx, p, recursive) })
 	if err != nil {
 		return nil, err
 	}
@@ -410,19 +429,12 @@ func (s *Service) Watch(ctx context.Context, ref string, wake service.WakeMode, 
 }
 
 func (s *Service) Xattrs(ctx context.Context, ref string, wake service.WakeMode, prefix string, paths []string) ([]map[string]string, error) {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return nil, err
-	}
-	return g.Xattrs(ctx, prefix, paths)
+	return onGuest(ctx, s, ref, wake, func(g *guest.Conn) ([]map[string]string, error) { return g.Xattrs(ctx, prefix, paths) })
 }
 
 func (s *Service) SetXattrs(ctx context.Context, ref string, wake service.WakeMode, p, prefix string, attrs map[string]string) error {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return err
-	}
-	return g.SetXattrs(ctx, p, prefix, attrs)
+	_, err := onGuest(ctx, s, ref, wake, func(g *guest.Conn) (struct{}, error) { return struct{}{}, g.SetXattrs(ctx, p, prefix, attrs) })
+	return err
 }
 
 type watcher struct{ w *guest.Watch }
@@ -435,33 +447,25 @@ func (w watcher) Next() (service.WatchEvent, error) {
 func (w watcher) Close() { w.w.Close() }
 
 func (s *Service) CopyOut(ctx context.Context, ref string, wake service.WakeMode, p string) (io.ReadCloser, error) {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := g.Stat(ctx, p); err != nil {
-		if errdefs.IsNotFound(err) {
-			return nil, errdefs.New(errdefs.NotFound, "%s: no such file or directory in sandbox %s", p, ref)
+	return onGuest(ctx, s, ref, wake, func(g *guest.Conn) (io.ReadCloser, error) {
+		if _, err := g.Stat(ctx, p); err != nil {
+			if errdefs.IsNotFound(err) {
+				return nil, errdefs.New(errdefs.NotFound, "%s: no such file or directory in sandbox %s", p, ref)
+			}
+			return nil, err
 		}
-		return nil, err
-	}
-	return g.CopyOut(ctx, p, nil)
+		return g.CopyOut(ctx, p, nil)
+	})
 }
 
 func (s *Service) CopyIn(ctx context.Context, ref string, wake service.WakeMode, p, user string, r io.Reader) error {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return err
-	}
-	return g.CopyInAs(ctx, p, user, r)
+	_, err := onGuest(ctx, s, ref, wake, func(g *guest.Conn) (struct{}, error) { return struct{}{}, g.CopyInAs(ctx, p, user, r) })
+	return err
 }
 
 func (s *Service) WriteThrough(ctx context.Context, ref string, wake service.WakeMode, dir, user string, r io.Reader) error {
-	g, err := s.guest(ctx, ref, wake)
-	if err != nil {
-		return err
-	}
-	return g.CopyInThrough(ctx, dir, user, r)
+	_, err := onGuest(ctx, s, ref, wake, func(g *guest.Conn) (struct{}, error) { return struct{}{}, g.CopyInThrough(ctx, dir, user, r) })
+	return err
 }
 
 // Traffic.

@@ -32,7 +32,7 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func newLocal(t *testing.T) service.Service {
+func newLocal(t testing.TB) service.Service {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(t.Context(), filepath.Join(dir, "clade.db"))
