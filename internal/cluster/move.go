@@ -613,12 +613,21 @@ func (c *Cluster) storeRoot(ctx context.Context, id string) (io.ReadCloser, erro
 	if c.cfg.StoreRoot == nil {
 		return nil, errdefs.New(errdefs.NotFound, "this node has no object store")
 	}
+	// The stream is checked against the sum the cluster recorded when
+	// it was uploaded, not against one read from the same object.
+	want, err := c.RootSum(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if want == nil {
+		return nil, errdefs.New(errdefs.NotFound, "the object store's copy of image root %.19s has no digest recorded in the cluster (uploaded by a node that records none), so it is not used", id)
+	}
 	rc, err := c.cfg.StoreRoot(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	c.cfg.Log.Info("cluster: image root fetched from the object store", "root", id)
-	return rc, nil
+	return newSumReader(rc, want), nil
 }
 
 // dropStoreRoot deletes the object store's copy of root id, read from it

@@ -1,8 +1,11 @@
 package cluster_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,7 +37,9 @@ import (
 // refused, nothing of the root is left on the nodes, and the sandbox stays
 // asleep; with the object whole again the wake moves it to another node,
 // which fetches the root from the store: its file is there and its process
-// counts on. The damaged object was deleted by the refused wake (logged),
+// counts on. A forged root object (its own SHA-256 made to match) is
+// refused the same way, against the digest the cluster recorded at its
+// upload. The damaged object was deleted by the refused wake (logged),
 // so that the next sleep on the root puts it back; the test puts it back
 // whole. The wake dropped the last image naming the root, so the root's
 // object goes too; slept again on its new node (a shipped root), the root
@@ -246,9 +251,16 @@ sleep 0.5; test -s /tmp/count`)
 		}
 	}
 	if root != "" {
-		flip()
+		// Forged: what a writer of the store could make, a byte of a
+		// file changed and the stream's own SHA-256 made to match. The
+		// wake checks it against the digest the cluster recorded.
+		good = objs.get(key)
+		objs.put(key, forgeRoot(t, good))
 		refused()
 		objs.put(key, good) // the test puts it back whole
+		flip()
+		refused()
+		objs.put(key, good)
 	}
 	// Whole again: the wake fetches the root from the store.
 	t0 := time.Now()
@@ -322,6 +334,57 @@ sleep 0.5; test -s /tmp/count`)
 	waitFor(t, time.Minute, "the holder notes the root as unneeded again", func() (bool, string) {
 		return note() != "", "no note"
 	})
+}
+
+// forgeRoot returns root stream b (image.SendRoot's: a descriptor, frames
+// of a tar, a frame of 0, the tar's SHA-256) with one byte of a file in
+// its tar changed and its SHA-256 made to match.
+func forgeRoot(t *testing.T, b []byte) []byte {
+	t.Helper()
+	out := append([]byte(nil), b...)
+	off := 4 + int(binary.BigEndian.Uint32(out))
+	var frames [][]byte // slices of out
+	var tarb []byte
+	for {
+		n := int(binary.BigEndian.Uint32(out[off:]))
+		off += 4
+		if n == 0 {
+			break
+		}
+		frames = append(frames, out[off:off+n])
+		tarb = append(tarb, out[off:off+n]...)
+		off += n
+	}
+	cr := &countReader{r: bytes.NewReader(tarb)}
+	tr := tar.NewReader(cr)
+	at := -1
+	for at < 0 {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("no file with content in the root's tar: %v", err)
+		}
+		if h.Typeflag == tar.TypeReg && h.Size > 0 {
+			at = int(cr.n) // archive/tar reads no further than the header
+		}
+	}
+	tarb[at] ^= 1
+	for _, f := range frames {
+		tarb = tarb[copy(f, tarb):]
+	}
+	sum := sha256.Sum256(bytes.Join(frames, nil))
+	copy(out[off:], sum[:])
+	return out
+}
+
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n += int64(k)
+	return k, err
 }
 
 // s3Objects is the bucket's objects, through a plain S3 client.

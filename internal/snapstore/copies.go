@@ -51,6 +51,9 @@ type Copies struct {
 	// tag names the roots this node's sweeps set aside (sweepTag);
 	// guarded by mu.
 	tag string
+	// sums records each root's stream's SHA-256 (SetRootSums); guarded
+	// by mu.
+	sums RootSums
 	// testHook, when set (tests), is called at the sweep's steps.
 	testHook func(step string)
 }

@@ -3,6 +3,7 @@ package snapstore
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"io"
@@ -19,6 +20,29 @@ import (
 // root no other node could use (the image's root is this node's only):
 // nothing is copied.
 type RootSource func(ctx context.Context, name, dir string) (id string, send func(ctx context.Context, w io.Writer) error, err error)
+
+// RootSums keeps the SHA-256 of each root stream the store holds where
+// the store's writers cannot change it (the cluster's directory): a root
+// read back from the store is checked against it, never against a sum
+// read from the same object.
+type RootSums interface {
+	// RecordRootSum records the sum of the stream of root id just
+	// uploaded (replacing an earlier upload's).
+	RecordRootSum(ctx context.Context, id string, sum []byte) error
+	// RootSum returns the sum recorded for root id (nil if none).
+	RootSum(ctx context.Context, id string) ([]byte, error)
+}
+
+// SetRootSums makes every root upload record its stream's SHA-256 in
+// sums, and a root found in the store without a recorded sum (uploaded
+// before sums were kept) uploaded again. Called once, before the first Put.
+func (c *Copies) SetRootSums(sums RootSums) {
+	if c != nil {
+		c.mu.Lock()
+		c.sums = sums
+		c.mu.Unlock()
+	}
+}
 
 // SetRoots makes every copy also copy the image root it stands on, once
 // per root, into a store that keeps roots (RootStore), before the copy's
@@ -80,18 +104,40 @@ func (c *Copies) copyRoot(ctx context.Context, name, dir string, d Digest) {
 			return
 		}
 	}
+	c.mu.Lock()
+	sums := c.sums
+	c.mu.Unlock()
 	has, err := rs.HasRoot(ctx, id)
+	if err == nil && has && sums != nil {
+		// A root stored without its sum recorded is of no use to a wake:
+		// uploaded again, and its sum recorded.
+		if sum, serr := sums.RootSum(ctx, id); serr == nil && sum == nil {
+			has = false
+		}
+	}
 	if err == nil && has {
 		return
 	}
 	t0 := time.Now()
 	var n countWriter
-	err = rs.PutRoot(ctx, id, func(w io.Writer) error { return send(ctx, io.MultiWriter(w, &n)) })
+	h := sha256.New()
+	err = rs.PutRoot(ctx, id, func(w io.Writer) error { return send(ctx, io.MultiWriter(w, &n, h)) })
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn("snapshot store: copy of an image root failed (the image wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
 		}
 		return
+	}
+	if sums != nil {
+		if err := sums.RecordRootSum(ctx, id, h.Sum(nil)); err != nil {
+			// A root whose sum is not recorded is refused by every wake:
+			// deleted, so that the next copy on it tries again.
+			c.log.Warn("snapshot store: record an image root's digest failed; the root is deleted from the store (the image wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
+			if err := rs.DeleteRoot(context.WithoutCancel(ctx), id); err != nil {
+				c.log.Warn("snapshot store: delete an image root whose digest is not recorded", "root", id, "err", err)
+			}
+			return
+		}
 	}
 	c.log.Info("snapshot store: image root copied", "image", name, "root", id, "size_mib", int64(n)>>20, "took", time.Since(t0).Round(time.Millisecond))
 }

@@ -427,3 +427,75 @@ func waitStore(t *testing.T, ok func() bool) {
 		}
 	}
 }
+
+// mapSums is a snapstore.RootSums in memory.
+type mapSums struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (s *mapSums) RecordRootSum(ctx context.Context, id string, sum []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[id] = sum
+	return nil
+}
+
+func (s *mapSums) RootSum(ctx context.Context, id string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[id], nil
+}
+
+// TestCopiesRootSums: a root's upload records the SHA-256 of the stream
+// it sent (what a wake checks the store's copy against), and a root found
+// stored with no sum recorded (an older node's upload) is uploaded again.
+func TestCopiesRootSums(t *testing.T) {
+	s, err := snapstore.NewLocal(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("a summed root"))
+	id := "sha256:" + hex.EncodeToString(sum[:])
+	root := bytes.Repeat([]byte("summed root "), 5000)
+	var sends atomic.Int32
+	src := func(ctx context.Context, name, dir string) (string, func(context.Context, io.Writer) error, error) {
+		return id, func(ctx context.Context, w io.Writer) error {
+			sends.Add(1)
+			_, err := w.Write(root)
+			return err
+		}, nil
+	}
+	base := t.TempDir()
+	c, err := snapstore.NewCopies(s, filepath.Join(base, "n1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetRoots(src)
+	sums := &mapSums{m: map[string][]byte{}}
+	c.SetRootSums(sums)
+	put := func(n string) {
+		t.Helper()
+		c.Put("sleep/"+n, storetest.MakeImage(t, filepath.Join(base, "img", n), 64<<10+len(n)))
+		if err := c.Wait(t.Context(), "sleep/"+n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("a")
+	want := sha256.Sum256(root)
+	if got, _ := sums.RootSum(t.Context(), id); !bytes.Equal(got, want[:]) || sends.Load() != 1 {
+		t.Fatalf("after the upload the sum recorded is %x (want %x), %d sends", got, want, sends.Load())
+	}
+	put("b")
+	if sends.Load() != 1 {
+		t.Fatalf("a root stored with its sum was uploaded again (%d sends)", sends.Load())
+	}
+	sums.mu.Lock()
+	delete(sums.m, id)
+	sums.mu.Unlock()
+	put("c")
+	if got, _ := sums.RootSum(t.Context(), id); !bytes.Equal(got, want[:]) || sends.Load() != 2 {
+		t.Fatalf("a root stored with no sum recorded: sum %x, %d sends (want it uploaded again)", got, sends.Load())
+	}
+}

@@ -94,6 +94,9 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 		return nil, nil, err
 	}
 	stops = append(stops, c.Close)
+	// Image roots copied to the object store have their digest kept in
+	// the directory, where a wake checks a root from the store against it.
+	o.Sandbox.Copies.SetRootSums(c)
 	svc := cluster.NewService(c, local)
 	svc.SetPorter(porter{sandbox.NewPorter(mgr)})
 	sctx, cancel := context.WithCancel(ctx)
