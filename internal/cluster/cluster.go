@@ -80,6 +80,11 @@ type Config struct {
 	// the object store (snapstore.Copies.OpenRoot): where a root no live
 	// node holds is fetched from (the receiver verifies it).
 	StoreRoot func(ctx context.Context, id string) (io.ReadCloser, error)
+	// StoreRootBad, when set, deletes the object store's copy of image
+	// root id, which this node read from it and refused (why): a bad
+	// object would otherwise stay while any image names it, every copy
+	// finding it there and uploading nothing (snapstore.Copies.DropBadRoot).
+	StoreRootBad func(ctx context.Context, id string, why error)
 	// Capacity reads what the node has now.
 	Capacity func(ctx context.Context) (api.NodeCapacity, error)
 	Log      *slog.Logger

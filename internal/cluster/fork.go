@@ -19,6 +19,7 @@ import (
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/deadpeer"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/service"
 	"github.com/clade-sandbox/clade/internal/service/remote"
 )
@@ -496,6 +497,7 @@ func (f *forks) serveImport(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		return fetchImage(ctx, f.c.cfg.Token, origin, req.Snapshot.Digest, dir)
 	}
+	var from storeFetches
 	fetchRoot := func(ctx context.Context, id string) (io.ReadCloser, error) {
 		ctx, cancel := context.WithDeadline(ctx, deadline)
 		rc, err := fetchRoot(ctx, f.c.cfg.Token, origin, id)
@@ -507,10 +509,16 @@ func (f *forks) serveImport(w http.ResponseWriter, r *http.Request) {
 				cancel()
 				return nil, err
 			}
+			from.note(id)
 		}
 		return cancelOnClose{rc, cancel}, nil
 	}
 	res, err := f.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch, fetchRoot)
+	if id := from.take(); err != nil && id != "" && errors.Is(err, image.ErrRootStream) {
+		// The store's copy is bad: deleted (the next sleep or snapshot
+		// on it where a node holds it puts it back).
+		f.c.dropStoreRoot(context.WithoutCancel(ctx), id, err)
+	}
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -610,7 +610,24 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 	// Bounded: a hung object store (or a root's source) must not leave
 	// the sandbox moving (and its callers waiting) for long.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mv.c.cfg.MoveTimeout)
-	sb, err := m.Adopt(actx, rec.ID, rec.SleepImage, mv.fetchRootAnywhere)
+	var from storeFetches
+	fetch := func(ctx context.Context, id string) (io.ReadCloser, error) {
+		return mv.fetchRootAnywhere(ctx, id, &from)
+	}
+	sb, err := m.Adopt(actx, rec.ID, rec.SleepImage, fetch)
+	if err != nil && errors.Is(err, image.ErrRootStream) && actx.Err() == nil {
+		if id := from.take(); id != "" {
+			// The store's copy of the root is bad: deleted, so that the
+			// next sleep on it (where a node holds it) puts it back.
+			// Asked again: a live node may hold the root now (one back,
+			// or one that failed to answer).
+			mv.c.dropStoreRoot(actx, id, err)
+			first := err
+			if sb, err = m.Adopt(actx, rec.ID, rec.SleepImage, fetch); err != nil {
+				err = fmt.Errorf("%w (the object store's copy of the root was deleted; asked again: %v)", first, err)
+			}
+		}
+	}
 	timedOut := actx.Err() != nil
 	cancel()
 	if err != nil {
@@ -640,10 +657,10 @@ func (mv *moves) adoptHere(ctx context.Context, rec Record, rev int64) (service.
 
 // fetchRootAnywhere opens the root stream of image root id from the first
 // live node that holds it (its old node may be dead), else from the object
-// store (the sleeping node copied it there beside the sleep image):
-// Unavailable, naming what each said, if none does. Live nodes first: they
-// are nearer, and cost no egress.
-func (mv *moves) fetchRootAnywhere(ctx context.Context, id string) (io.ReadCloser, error) {
+// store (the sleeping node copied it there beside the sleep image; noted
+// in from): Unavailable, naming what each said, if none does. Live nodes
+// first: they are nearer, and cost no egress.
+func (mv *moves) fetchRootAnywhere(ctx context.Context, id string, from *storeFetches) (io.ReadCloser, error) {
 	nodes, err := mv.c.Nodes(ctx)
 	if err != nil {
 		return nil, err
@@ -660,6 +677,7 @@ func (mv *moves) fetchRootAnywhere(ctx context.Context, id string) (io.ReadClose
 		said = append(said, err.Error())
 	}
 	if rc, err := mv.c.storeRoot(ctx, id); err == nil {
+		from.note(id)
 		return rc, nil
 	} else if mv.c.cfg.StoreRoot != nil {
 		said = append(said, "the object store: "+err.Error())
@@ -673,12 +691,53 @@ func (c *Cluster) storeRoot(ctx context.Context, id string) (io.ReadCloser, erro
 	if c.cfg.StoreRoot == nil {
 		return nil, errdefs.New(errdefs.NotFound, "this node has no object store")
 	}
+	// The stream is checked against the sum the cluster recorded when
+	// it was uploaded, not against one read from the same object.
+	want, err := c.RootSum(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if want == nil {
+		return nil, errdefs.New(errdefs.NotFound, "the object store's copy of image root %.19s has no digest recorded in the cluster (uploaded by a node that records none), so it is not used", id)
+	}
 	rc, err := c.cfg.StoreRoot(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	c.cfg.Log.Info("cluster: image root fetched from the object store", "root", id)
-	return rc, nil
+	return newSumReader(rc, want), nil
+}
+
+// dropStoreRoot deletes the object store's copy of root id, read from it
+// and refused (why).
+func (c *Cluster) dropStoreRoot(ctx context.Context, id string, why error) {
+	c.cfg.Log.Warn("cluster: the object store's copy of an image root did not verify: deleting it", "root", id, "why", why)
+	if c.cfg.StoreRootBad != nil {
+		c.cfg.StoreRootBad(ctx, id, why)
+	}
+}
+
+// storeFetches is the image root a call's fetches last took from the
+// object store: when the call refuses a root stream, whether it was the
+// store's.
+type storeFetches struct {
+	mu sync.Mutex
+	id string
+}
+
+func (f *storeFetches) note(id string) {
+	f.mu.Lock()
+	f.id = id
+	f.mu.Unlock()
+}
+
+// take returns the root noted and forgets it.
+func (f *storeFetches) take() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := f.id
+	f.id = ""
+	return id
 }
 
 // Moves is how many sleeping sandboxes this node adopted since it started.

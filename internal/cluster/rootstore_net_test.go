@@ -1,11 +1,17 @@
 package cluster_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,18 +37,61 @@ import (
 // refused, nothing of the root is left on the nodes, and the sandbox stays
 // asleep; with the object whole again the wake moves it to another node,
 // which fetches the root from the store: its file is there and its process
-// counts on. The wake dropped the last image naming the root, so the root's
+// counts on. A forged root object (its own SHA-256 made to match) is
+// refused the same way, against the digest the cluster recorded at its
+// upload. The damaged object was deleted by the refused wake (logged),
+// so that the next sleep on the root puts it back; the test puts it back
+// whole. The wake dropped the last image naming the root, so the root's
 // object goes too; slept again on its new node (a shipped root), the root
 // goes back to the store. The root's upload and the wake from the store are
-// logged (docs/benchmarks.md).
-func TestNetClusterWakeRootFromStore(t *testing.T) {
+// logged (docs/benchmarks.md). In S3 (SeaweedFS).
+func TestNetClusterWakeRootFromStore(t *testing.T) { wakeRootFromStore(t, "s3") }
+
+// TestNetClusterWakeRootFromDirStore: TestNetClusterWakeRootFromStore's
+// scenario with a directory object store that the nodes share (a directory
+// the test makes, given to every node as --object-store).
+func TestNetClusterWakeRootFromDirStore(t *testing.T) { wakeRootFromStore(t, "dir") }
+
+// rootObjects is the test's view of the store's objects, by key (a
+// bucket's key, or a path under the store's directory).
+type rootObjects struct {
+	has    func(key string) (bool, error)
+	get    func(key string) []byte
+	put    func(key string, b []byte)
+	remove func(key string)
+}
+
+func wakeRootFromStore(t *testing.T, kind string) {
 	own := []string{testenv.TempDir(t), testenv.TempDir(t)}
-	c, s3cfg := storeCluster(t, 3, "clade-rootstore", []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}, func(i int) []string {
+	extra := []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}
+	perNode := func(i int) []string {
 		if i > 0 {
 			return []string{"--images-dir", own[i-1]}
 		}
 		return nil
-	})
+	}
+	var (
+		c     *testenv.NetCluster
+		store snapstore.Store
+		objs  rootObjects
+	)
+	if kind == "dir" {
+		dir := filepath.Join(testenv.TempDir(t), "store")
+		c = testenv.StartNetClusterWith(t, 3, extra, perNode, func(netip.Addr) []string { return []string{"--object-store", dir} })
+		l, err := snapstore.NewLocal(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store, objs = l, dirObjects(t, dir)
+	} else {
+		var s3cfg snapstore.S3Config
+		c, s3cfg = storeCluster(t, 3, "clade-rootstore", extra, perNode)
+		s3, err := snapstore.NewS3(t.Context(), s3cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store, objs = s3, s3Objects(t, s3cfg)
+	}
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	byName := map[string]*testenv.NetNode{"n1": n1, "n2": n2, "n3": n3}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{n2.Etcd, n3.Etcd, n1.Etcd}, DialTimeout: 5 * time.Second})
@@ -50,11 +99,6 @@ func TestNetClusterWakeRootFromStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	s3, err := snapstore.NewS3(t.Context(), s3cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw := rawStore(t, s3cfg)
 	record := func(id string) dirRecord {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
@@ -71,11 +115,7 @@ func TestNetClusterWakeRootFromStore(t *testing.T) {
 	// hasRoot: the store holds root (its object, read by the test as
 	// the bucket's).
 	hasRoot := func(root string) (bool, error) {
-		_, err := raw.StatObject(t.Context(), s3cfg.Bucket, "roots/sha256-"+strings.TrimPrefix(root, "sha256:")+"/root", minio.StatObjectOptions{})
-		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-			return false, nil
-		}
-		return err == nil, err
+		return objs.has("roots/sha256-" + strings.TrimPrefix(root, "sha256:") + "/root")
 	}
 	// rootCopied is the root identity, size and time the node's last
 	// "image root copied" line logs.
@@ -100,7 +140,7 @@ func TestNetClusterWakeRootFromStore(t *testing.T) {
 			if rec.State != "sleeping" || rec.SleepImage == "" {
 				return false, fmt.Sprintf("%+v", rec)
 			}
-			has, err := snapstore.Has(t.Context(), s3, snapstore.Digest(rec.SleepImage))
+			has, err := snapstore.Has(t.Context(), store, snapstore.Digest(rec.SleepImage))
 			return has, fmt.Sprintf("%+v in the store: %v %v", rec, has, err)
 		})
 		t.Logf("slept on %s; the record named its image %s after the sleep call", nd.Name, time.Since(t0).Round(time.Millisecond))
@@ -163,45 +203,17 @@ sleep 0.5; test -s /tmp/count`)
 
 	// The root's object damaged: one byte flipped in its middle.
 	key := "roots/sha256-" + strings.TrimPrefix(root, "sha256:") + "/root"
+	var good []byte
 	flip := func() {
 		t.Helper()
-		ctx := t.Context()
-		st, err := raw.StatObject(ctx, s3cfg.Bucket, key, minio.StatObjectOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj, err := raw.GetObject(ctx, s3cfg.Bucket, key, minio.GetObjectOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer obj.Close()
-		tmp := filepath.Join(testenv.TempDir(t), "root")
-		f, err := os.Create(tmp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if _, err := io.Copy(f, obj); err != nil {
-			t.Fatal(err)
-		}
-		b := []byte{0}
-		at := st.Size / 2
-		if _, err := f.ReadAt(b, at); err != nil {
-			t.Fatal(err)
-		}
-		b[0] ^= 0x40
-		if _, err := f.WriteAt(b, at); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := raw.PutObject(ctx, s3cfg.Bucket, key, f, st.Size, minio.PutObjectOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		good = objs.get(key)
+		bad := append([]byte(nil), good...)
+		bad[len(bad)/2] ^= 0x40
+		objs.put(key, bad)
 	}
 	// refused: a wake with the root's object damaged is a 503, leaves
-	// nothing of the root on n2 or n3, and the sandbox stays asleep.
+	// nothing of the root on n2 or n3, and the sandbox stays asleep; the
+	// node that read the object deleted it, and logs so.
 	refused := func() {
 		t.Helper()
 		_, err := n2.Client.Wake(t.Context(), id)
@@ -228,11 +240,27 @@ sleep 0.5; test -s /tmp/count`)
 		if err != nil || len(sbs) != 1 || sbs[0].ID != id || sbs[0].State != "sleeping" || sbs[0].Node != r.Node {
 			t.Fatalf("after the refused wake, through %s: %+v %v, want it sleeping on %s", other.Name, sbs, err, r.Node)
 		}
+		if has, err := objs.has(key); has || err != nil {
+			t.Fatalf("the root's object that did not verify is still in the store: %v %v", has, err)
+		}
+		logs := n2.Log() + n3.Log()
+		for _, line := range []string{`"cluster: the object store's copy of an image root did not verify: deleting it"`, `"snapshot store: image root deleted: it did not verify`} {
+			if !strings.Contains(logs, line) {
+				t.Fatalf("neither n2 nor n3 logs %s", line)
+			}
+		}
 	}
 	if root != "" {
+		// Forged: what a writer of the store could make, a byte of a
+		// file changed and the stream's own SHA-256 made to match. The
+		// wake checks it against the digest the cluster recorded.
+		good = objs.get(key)
+		objs.put(key, forgeRoot(t, good))
+		refused()
+		objs.put(key, good) // the test puts it back whole
 		flip()
 		refused()
-		flip()
+		objs.put(key, good)
 	}
 	// Whole again: the wake fetches the root from the store.
 	t0 := time.Now()
@@ -281,11 +309,9 @@ sleep 0.5; test -s /tmp/count`)
 	if has, err := hasRoot(root); !has || err != nil {
 		t.Fatalf("within its grace the root's object is gone: %v %v", has, err)
 	}
-	// Gone from the store, the root is put back from the holder's
-	// shipped root when the sandbox sleeps there.
-	if err := raw.RemoveObject(t.Context(), s3cfg.Bucket, key, minio.RemoveObjectOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	// Gone from the store (as a refused wake leaves it), the root is put
+	// back from the holder's shipped root when the sandbox sleeps there.
+	objs.remove(key)
 	last := sleepNamed(holder, id)
 	if n := note(); n != "" {
 		t.Fatalf("named again, the root is still noted unneeded: %s", n)
@@ -302,12 +328,142 @@ sleep 0.5; test -s /tmp/count`)
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "the removed sandbox's image leaves the store", func() (bool, string) {
-		has, err := snapstore.Has(t.Context(), s3, snapstore.Digest(last.SleepImage))
+		has, err := snapstore.Has(t.Context(), store, snapstore.Digest(last.SleepImage))
 		return err == nil && !has, fmt.Sprint(has, err)
 	})
 	waitFor(t, time.Minute, "the holder notes the root as unneeded again", func() (bool, string) {
 		return note() != "", "no note"
 	})
+}
+
+// forgeRoot returns root stream b (image.SendRoot's: a descriptor, frames
+// of a tar, a frame of 0, the tar's SHA-256) with one byte of a file in
+// its tar changed and its SHA-256 made to match.
+func forgeRoot(t *testing.T, b []byte) []byte {
+	t.Helper()
+	out := append([]byte(nil), b...)
+	off := 4 + int(binary.BigEndian.Uint32(out))
+	var frames [][]byte // slices of out
+	var tarb []byte
+	for {
+		n := int(binary.BigEndian.Uint32(out[off:]))
+		off += 4
+		if n == 0 {
+			break
+		}
+		frames = append(frames, out[off:off+n])
+		tarb = append(tarb, out[off:off+n]...)
+		off += n
+	}
+	cr := &countReader{r: bytes.NewReader(tarb)}
+	tr := tar.NewReader(cr)
+	at := -1
+	for at < 0 {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("no file with content in the root's tar: %v", err)
+		}
+		if h.Typeflag == tar.TypeReg && h.Size > 0 {
+			at = int(cr.n) // archive/tar reads no further than the header
+		}
+	}
+	tarb[at] ^= 1
+	for _, f := range frames {
+		tarb = tarb[copy(f, tarb):]
+	}
+	sum := sha256.Sum256(bytes.Join(frames, nil))
+	copy(out[off:], sum[:])
+	return out
+}
+
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n += int64(k)
+	return k, err
+}
+
+// s3Objects is the bucket's objects, through a plain S3 client.
+func s3Objects(t *testing.T, cfg snapstore.S3Config) rootObjects {
+	raw := rawStore(t, cfg)
+	return rootObjects{
+		has: func(key string) (bool, error) {
+			_, err := raw.StatObject(t.Context(), cfg.Bucket, key, minio.StatObjectOptions{})
+			if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+				return false, nil
+			}
+			return err == nil, err
+		},
+		get: func(key string) []byte {
+			t.Helper()
+			obj, err := raw.GetObject(t.Context(), cfg.Bucket, key, minio.GetObjectOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer obj.Close()
+			b, err := io.ReadAll(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+		put: func(key string, b []byte) {
+			t.Helper()
+			if _, err := raw.PutObject(t.Context(), cfg.Bucket, key, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		remove: func(key string) {
+			t.Helper()
+			if err := raw.RemoveObject(t.Context(), cfg.Bucket, key, minio.RemoveObjectOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
+}
+
+// dirObjects is a directory store's objects: its files.
+func dirObjects(t *testing.T, dir string) rootObjects {
+	return rootObjects{
+		has: func(key string) (bool, error) {
+			_, err := os.Stat(filepath.Join(dir, key))
+			if errors.Is(err, fs.ErrNotExist) {
+				return false, nil
+			}
+			return err == nil, err
+		},
+		get: func(key string) []byte {
+			t.Helper()
+			b, err := os.ReadFile(filepath.Join(dir, key))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+		put: func(key string, b []byte) {
+			t.Helper()
+			// A new file renamed into place, as the store writes it (the
+			// old one may be linked elsewhere).
+			tmp := filepath.Join(dir, key+".test")
+			err := os.WriteFile(tmp, b, 0o600)
+			if err == nil {
+				err = os.Rename(tmp, filepath.Join(dir, key))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		},
+		remove: func(key string) {
+			t.Helper()
+			if err := os.Remove(filepath.Join(dir, key)); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
 }
 
 func tail(s string, n int) string {

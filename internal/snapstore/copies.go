@@ -48,6 +48,14 @@ type Copies struct {
 	roots     RootSource
 	rootBusy  map[string]chan struct{}
 	rootGrace atomic.Int64 // a time.Duration
+	// tag names the roots this node's sweeps set aside (sweepTag);
+	// guarded by mu.
+	tag string
+	// sums records each root's stream's SHA-256 (SetRootSums); guarded
+	// by mu.
+	sums RootSums
+	// testHook, when set (tests), is called at the sweep's steps.
+	testHook func(step string)
 }
 
 type putJob struct {

@@ -2,6 +2,10 @@ package snapstore
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -16,6 +20,29 @@ import (
 // root no other node could use (the image's root is this node's only):
 // nothing is copied.
 type RootSource func(ctx context.Context, name, dir string) (id string, send func(ctx context.Context, w io.Writer) error, err error)
+
+// RootSums keeps the SHA-256 of each root stream the store holds where
+// the store's writers cannot change it (the cluster's directory): a root
+// read back from the store is checked against it, never against a sum
+// read from the same object.
+type RootSums interface {
+	// RecordRootSum records the sum of the stream of root id just
+	// uploaded (replacing an earlier upload's).
+	RecordRootSum(ctx context.Context, id string, sum []byte) error
+	// RootSum returns the sum recorded for root id (nil if none).
+	RootSum(ctx context.Context, id string) ([]byte, error)
+}
+
+// SetRootSums makes every root upload record its stream's SHA-256 in
+// sums, and a root found in the store without a recorded sum (uploaded
+// before sums were kept) uploaded again. Called once, before the first Put.
+func (c *Copies) SetRootSums(sums RootSums) {
+	if c != nil {
+		c.mu.Lock()
+		c.sums = sums
+		c.mu.Unlock()
+	}
+}
 
 // SetRoots makes every copy also copy the image root it stands on, once
 // per root, into a store that keeps roots (RootStore), before the copy's
@@ -77,18 +104,40 @@ func (c *Copies) copyRoot(ctx context.Context, name, dir string, d Digest) {
 			return
 		}
 	}
+	c.mu.Lock()
+	sums := c.sums
+	c.mu.Unlock()
 	has, err := rs.HasRoot(ctx, id)
+	if err == nil && has && sums != nil {
+		// A root stored without its sum recorded is of no use to a wake:
+		// uploaded again, and its sum recorded.
+		if sum, serr := sums.RootSum(ctx, id); serr == nil && sum == nil {
+			has = false
+		}
+	}
 	if err == nil && has {
 		return
 	}
 	t0 := time.Now()
 	var n countWriter
-	err = rs.PutRoot(ctx, id, func(w io.Writer) error { return send(ctx, io.MultiWriter(w, &n)) })
+	h := sha256.New()
+	err = rs.PutRoot(ctx, id, func(w io.Writer) error { return send(ctx, io.MultiWriter(w, &n, h)) })
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn("snapshot store: copy of an image root failed (the image wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
 		}
 		return
+	}
+	if sums != nil {
+		if err := sums.RecordRootSum(ctx, id, h.Sum(nil)); err != nil {
+			// A root whose sum is not recorded is refused by every wake:
+			// deleted, so that the next copy on it tries again.
+			c.log.Warn("snapshot store: record an image root's digest failed; the root is deleted from the store (the image wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
+			if err := rs.DeleteRoot(context.WithoutCancel(ctx), id); err != nil {
+				c.log.Warn("snapshot store: delete an image root whose digest is not recorded", "root", id, "err", err)
+			}
+			return
+		}
 	}
 	c.log.Info("snapshot store: image root copied", "image", name, "root", id, "size_mib", int64(n)>>20, "took", time.Since(t0).Round(time.Millisecond))
 }
@@ -116,6 +165,9 @@ func (c *Copies) OpenRoot(ctx context.Context, id string) (io.ReadCloser, error)
 	if err == nil {
 		c.log.Info("snapshot store: image root opened", "root", id, "took", time.Since(t0).Round(time.Millisecond))
 	}
+	if errors.Is(err, ErrBadRoot) {
+		c.DropBadRoot(ctx, id, err)
+	}
 	return rc, err
 }
 
@@ -138,8 +190,7 @@ func (c *Copies) unrefRoot(ctx context.Context, d Digest) {
 	if !unneeded {
 		return
 	}
-	if c.rootGrace.Load() <= 0 {
-		c.deleteRoot(ctx, rs, id)
+	if c.rootGrace.Load() <= 0 && c.deleteRoot(ctx, rs, id) {
 		return
 	}
 	p := filepath.Join(c.dir, unneededDir, Digest(id).hex())
@@ -165,14 +216,112 @@ func (c *Copies) SetRootGrace(d time.Duration) {
 	}
 }
 
-func (c *Copies) deleteRoot(ctx context.Context, rs RootStore, id string) {
-	deleted, err := rs.DeleteRootUnneeded(ctx, id)
+// deleteRoot deletes root id unless an image names it, and reports
+// whether it is done with it (deleted, or named again: its note goes).
+// The refs are looked at twice: before the root is set aside and after.
+// A copy that writes its ref between the first look and the set-aside
+// may have found the root there and uploaded nothing: the second look
+// sees its ref, and the root is put back. A copy whose ref comes after
+// the second look finds no root (it is aside) and uploads it anew. A
+// sweep killed midway leaves the root aside under this node's tag, with
+// its note: the next sweep puts it back or deletes it.
+func (c *Copies) deleteRoot(ctx context.Context, rs RootStore, id string) bool {
+	tag, err := c.sweepTag()
+	if err != nil {
+		c.log.Warn("snapshot store: delete an unneeded image root (its object stays behind)", "root", id, "err", err)
+		return false
+	}
+	named, err := rs.RootNamed(ctx, id)
+	if err == nil && named {
+		// Named again: kept (and put back if a killed sweep left it aside).
+		err = rs.RestoreRoot(ctx, id, tag)
+	}
+	if err != nil || named {
+		if err != nil {
+			c.log.Warn("snapshot store: delete an unneeded image root (its object stays behind)", "root", id, "err", err)
+		}
+		return err == nil
+	}
+	c.hook("root-sweep-refs-listed")
+	moved, err := rs.SetRootAside(ctx, id, tag)
+	if err != nil {
+		c.log.Warn("snapshot store: delete an unneeded image root (its object stays behind)", "root", id, "err", err)
+		return false
+	}
+	c.hook("root-sweep-set-aside")
+	named, err = rs.RootNamed(ctx, id)
 	switch {
 	case err != nil:
-		c.log.Warn("snapshot store: delete an unneeded image root (its object stays behind)", "root", id, "err", err)
-	case deleted:
+		c.log.Warn("snapshot store: delete an unneeded image root (set aside; the next sweep puts it back or deletes it)", "root", id, "err", err)
+		return false
+	case named:
+		if err := rs.RestoreRoot(ctx, id, tag); err != nil {
+			c.log.Warn("snapshot store: put back an image root named again while it was deleted (the next sweep tries again)", "root", id, "err", err)
+			return false
+		}
+		c.log.Info("snapshot store: image root kept (an image named it again while it was deleted)", "root", id)
+		return true
+	}
+	if err := rs.DropRootAside(ctx, id, tag); err != nil {
+		c.log.Warn("snapshot store: delete an unneeded image root (set aside; the next sweep deletes it)", "root", id, "err", err)
+		return false
+	}
+	if moved {
 		c.log.Info("snapshot store: image root deleted (no stored image names it)", "root", id)
 	}
+	return true
+}
+
+// sweepTag is this node's name for the roots its sweeps set aside: random,
+// made once and kept in its records (so a restarted node finds what it
+// left aside).
+func (c *Copies) sweepTag() (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tag != "" {
+		return c.tag, nil
+	}
+	p := filepath.Join(c.dir, "root-sweep.tag")
+	if b, err := os.ReadFile(p); err == nil && validTag(string(b)) == nil {
+		c.tag = string(b)
+		return c.tag, nil
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	tag := hex.EncodeToString(b[:])
+	if err := writeFileAtomic(p, []byte(tag)); err != nil {
+		return "", err
+	}
+	c.tag = tag
+	return tag, nil
+}
+
+// hook calls the test hook at step, if one is set.
+func (c *Copies) hook(step string) {
+	if h := c.testHook; h != nil {
+		h(step)
+	}
+}
+
+// DropBadRoot deletes the stored root id that the caller read and
+// refused (why): a damaged object would otherwise stay while any image
+// names it, each copy finding it there and uploading nothing, each wake
+// refusing it. The next copy of an image on the root uploads it anew.
+func (c *Copies) DropBadRoot(ctx context.Context, id string, why error) {
+	if c == nil {
+		return
+	}
+	rs, ok := c.store.(RootStore)
+	if !ok {
+		return
+	}
+	if err := rs.DeleteRoot(ctx, id); err != nil {
+		c.log.Warn("snapshot store: delete an image root that did not verify (it stays, and is refused again)", "root", id, "why", why, "err", err)
+		return
+	}
+	c.log.Warn("snapshot store: image root deleted: it did not verify (the next sleep on it uploads it again)", "root", id, "why", why)
 }
 
 // sweepRoots deletes the noted unneeded roots older than the grace that
@@ -190,8 +339,8 @@ func (c *Copies) sweepRoots(ctx context.Context, now time.Time) {
 			continue
 		}
 		id := "sha256:" + e.Name()
-		if validRoot(id) == nil {
-			c.deleteRoot(ctx, rs, id)
+		if validRoot(id) == nil && !c.deleteRoot(ctx, rs, id) {
+			continue // kept for the next sweep
 		}
 		if err := ctx.Err(); err != nil {
 			return // kept for the next sweep

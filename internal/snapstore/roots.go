@@ -30,15 +30,23 @@ import (
 // the bucket learns no identity). A root object is put whole (an S3 PUT is
 // atomic) and streaming (a multipart upload of 16 MiB parts, two in memory at
 // most). Once the last image naming it is deleted (UnrefRoot)
-// it is deleted too, after a grace (Copies): never while a ref names it.
+// it is deleted too, after a grace (Copies): never while a ref names it
+// (the sweep sets it aside, looks at the refs again, and puts it back if
+// one appeared). A root that does not verify is deleted by the node that
+// read it (Copies.DropBadRoot), and the next copy of an image on it puts
+// it back. The directory store (Local) keeps roots the same way, under
+// its root directory (roots.go's layout, with image-roots/sha256-HEX for
+// IMAGEBASE/root, as its images are directories).
 
-// RootStore is a Store that also keeps image roots (S3 does).
+// RootStore is a Store that also keeps image roots (S3 and Local do).
 type RootStore interface {
 	// HasRoot reports whether the root with identity id is stored.
 	HasRoot(ctx context.Context, id string) (bool, error)
 	// PutRoot stores the root stream send writes as the root id.
 	PutRoot(ctx context.Context, id string, send func(w io.Writer) error) error
-	// OpenRoot opens the stored root stream of id (NotFound if none).
+	// OpenRoot opens the stored root stream of id (NotFound if none; an
+	// error wrapping ErrBadRoot if it cannot be opened at all: sealed
+	// under no key this node has, its header damaged).
 	// The caller verifies what it reads.
 	OpenRoot(ctx context.Context, id string) (io.ReadCloser, error)
 	// RefRoot records that stored image d stands on root id.
@@ -46,12 +54,31 @@ type RootStore interface {
 	// UnrefRoot drops image d's ref (before d is deleted): the root's
 	// identity ("" if d named none) and whether no image names it now.
 	UnrefRoot(ctx context.Context, d Digest) (id string, unneeded bool, err error)
-	// DeleteRootUnneeded deletes root id if no image names it (a ref
-	// written since keeps it), and reports whether it did.
-	DeleteRootUnneeded(ctx context.Context, id string) (bool, error)
+	// RootNamed reports whether any stored image names root id.
+	RootNamed(ctx context.Context, id string) (bool, error)
+	// SetRootAside moves root id's object to a name of the sweeper's own
+	// (tag), where HasRoot and OpenRoot do not see it, and reports
+	// whether there was one.
+	SetRootAside(ctx context.Context, id, tag string) (bool, error)
+	// RestoreRoot puts the object of root id set aside as tag back,
+	// unless a root was stored meanwhile, then deletes the set-aside
+	// one. None set aside is not an error.
+	RestoreRoot(ctx context.Context, id, tag string) error
+	// DropRootAside deletes the object of root id set aside as tag.
+	DropRootAside(ctx context.Context, id, tag string) error
+	// DeleteRoot deletes root id's object, whatever names it (one that
+	// did not verify: the next copy of an image on it uploads it anew).
+	DeleteRoot(ctx context.Context, id string) error
 }
 
-var _ RootStore = (*S3)(nil)
+// ErrBadRoot marks a stored root object that cannot be read at all (not
+// one whose bytes are refused: the reader checks those).
+var ErrBadRoot = errors.New("the stored image root cannot be opened")
+
+var (
+	_ RootStore = (*S3)(nil)
+	_ RootStore = (*Local)(nil)
+)
 
 // validRoot checks an image root's identity (RootID: sha256:HEX).
 func validRoot(id string) error {
@@ -130,7 +157,7 @@ func (s *S3) OpenRoot(ctx context.Context, id string) (io.ReadCloser, error) {
 	case errors.Is(err, os.ErrNotExist):
 		return nil, errdefs.New(errdefs.NotFound, "image root %s is not in the object store %s", short(Digest(id)), s.endpoint)
 	case errors.Is(err, errSealed):
-		return nil, errdefs.New(errdefs.Conflict, "image root %s in the object store: %v", short(Digest(id)), err)
+		return nil, errdefs.Wrap(errdefs.Conflict, fmt.Errorf("image root %s in the object store: %w: %w", short(Digest(id)), ErrBadRoot, err))
 	case err != nil:
 		return nil, err
 	}
@@ -173,6 +200,14 @@ func (s *S3) UnrefRoot(ctx context.Context, d Digest) (string, bool, error) {
 	return id, err == nil && !named, err
 }
 
+// RootNamed implements RootStore.
+func (s *S3) RootNamed(ctx context.Context, id string) (bool, error) {
+	if err := validRoot(id); err != nil {
+		return false, err
+	}
+	return s.rootNamed(ctx, id)
+}
+
 // rootNamed reports whether any image names root id.
 func (s *S3) rootNamed(ctx context.Context, id string) (bool, error) {
 	lctx, cancel := context.WithCancel(ctx)
@@ -186,16 +221,83 @@ func (s *S3) rootNamed(ctx context.Context, id string) (bool, error) {
 	return false, nil
 }
 
-// DeleteRootUnneeded implements RootStore.
-func (s *S3) DeleteRootUnneeded(ctx context.Context, id string) (bool, error) {
-	if err := validRoot(id); err != nil {
+// validTag checks a sweeper's tag (a name of its own for a root set
+// aside).
+func validTag(tag string) error {
+	if tag == "" || len(tag) > 64 || strings.Trim(tag, "0123456789abcdef") != "" {
+		return errdefs.New(errdefs.InvalidArgument, "%.80q is not a tag of a root set aside", tag)
+	}
+	return nil
+}
+
+// aside is the name of root id's object set aside as tag. Its bytes are
+// the root's (sealed under the root's name: they open only back there).
+func (s *S3) aside(id, tag string) string { return s.rootBase(id) + "aside-" + tag }
+
+// SetRootAside implements RootStore. S3 has no rename: a server-side
+// copy, then the delete.
+func (s *S3) SetRootAside(ctx context.Context, id, tag string) (bool, error) {
+	if err := errors.Join(validRoot(id), validTag(tag)); err != nil {
 		return false, err
 	}
-	if named, err := s.rootNamed(ctx, id); err != nil || named {
-		return false, err
+	if err := s.copyObject(ctx, s.rootBase(id)+"root", s.aside(id, tag)); err != nil {
+		if noSuchKey(err) {
+			return false, nil
+		}
+		return false, s.unavailable("set root "+short(Digest(id))+" aside", err)
 	}
 	if err := s.cli.RemoveObject(ctx, s.bucket, s.rootBase(id)+"root", minio.RemoveObjectOptions{}); err != nil && !noSuchKey(err) {
-		return false, s.unavailable("delete root "+short(Digest(id)), err)
+		return true, s.unavailable("set root "+short(Digest(id))+" aside", err)
 	}
 	return true, nil
+}
+
+// RestoreRoot implements RootStore.
+func (s *S3) RestoreRoot(ctx context.Context, id, tag string) error {
+	if err := errors.Join(validRoot(id), validTag(tag)); err != nil {
+		return err
+	}
+	has, err := s.HasRoot(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !has {
+		if err := s.copyObject(ctx, s.aside(id, tag), s.rootBase(id)+"root"); err != nil {
+			if noSuchKey(err) {
+				return nil // none set aside
+			}
+			return s.unavailable("put root "+short(Digest(id))+" back", err)
+		}
+	}
+	return s.DropRootAside(ctx, id, tag)
+}
+
+// DropRootAside implements RootStore.
+func (s *S3) DropRootAside(ctx context.Context, id, tag string) error {
+	if err := errors.Join(validRoot(id), validTag(tag)); err != nil {
+		return err
+	}
+	if err := s.cli.RemoveObject(ctx, s.bucket, s.aside(id, tag), minio.RemoveObjectOptions{}); err != nil && !noSuchKey(err) {
+		return s.unavailable("delete root "+short(Digest(id))+" set aside", err)
+	}
+	return nil
+}
+
+// DeleteRoot implements RootStore.
+func (s *S3) DeleteRoot(ctx context.Context, id string) error {
+	if err := validRoot(id); err != nil {
+		return err
+	}
+	if err := s.cli.RemoveObject(ctx, s.bucket, s.rootBase(id)+"root", minio.RemoveObjectOptions{}); err != nil && !noSuchKey(err) {
+		return s.unavailable("delete root "+short(Digest(id)), err)
+	}
+	return nil
+}
+
+// copyObject copies object src to dst within the bucket, server-side
+// (ComposeObject: any size, in parts past 5 GiB).
+func (s *S3) copyObject(ctx context.Context, src, dst string) error {
+	_, err := s.cli.ComposeObject(ctx, minio.CopyDestOptions{Bucket: s.bucket, Object: dst},
+		minio.CopySrcOptions{Bucket: s.bucket, Object: src})
+	return err
 }

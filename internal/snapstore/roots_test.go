@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -27,17 +29,14 @@ import (
 // second node's copy, upload it once), streamed (a root of several parts),
 // sealed under a key when there is one (no byte or identity in the clear);
 // it reads back whole, and goes only when the last image naming it goes.
+// In S3, and in a directory store the same way.
 func TestCopiesRoots(t *testing.T) {
 	srv := weedtest.Start(t)
 	raw := rawClient(t, srv)
-	for _, enc := range []bool{false, true} {
-		t.Run(fmt.Sprintf("encrypted=%v", enc), func(t *testing.T) {
-			var key []byte
-			if enc {
-				key = make([]byte, 32)
-				_, _ = rand.Read(key)
-			}
-			s, bucket := newBucket(t, srv, key)
+	for _, kind := range []string{"s3", "s3-encrypted", "dir"} {
+		t.Run(kind, func(t *testing.T) {
+			enc := kind == "s3-encrypted"
+			s, objects := rootStore(t, srv, raw, kind)
 			marker := []byte("clade-root-marker-" + fmt.Sprint(enc))
 			// 40 MiB: three parts of the upload, most of it random.
 			root := make([]byte, 40<<20)
@@ -132,28 +131,11 @@ func TestCopiesRoots(t *testing.T) {
 			if _, err := c2.OpenRoot(t.Context(), "sha256:../x"); !errdefs.Is(err, errdefs.InvalidArgument) {
 				t.Fatalf("OpenRoot of a bad id: %v, want InvalidArgument", err)
 			}
-			var keys []string
-			for o := range raw.ListObjects(t.Context(), bucket, minio.ListObjectsOptions{Recursive: true}) {
-				if o.Err != nil {
-					t.Fatal(o.Err)
+			keys := objects(func(key string, b []byte) {
+				if enc && (bytes.Contains(b, marker) || bytes.Contains(b, []byte(id))) {
+					t.Fatalf("object %s holds the root's bytes or its identity in the clear", key)
 				}
-				keys = append(keys, o.Key)
-				if !enc {
-					continue
-				}
-				obj, err := raw.GetObject(t.Context(), bucket, o.Key, minio.GetObjectOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, err := io.ReadAll(obj)
-				obj.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if bytes.Contains(b, marker) || bytes.Contains(b, []byte(id)) {
-					t.Fatalf("object %s holds the root's bytes or its identity in the clear", o.Key)
-				}
-			}
+			})
 			hexID := strings.TrimPrefix(id, "sha256:")
 			if named := strings.Contains(strings.Join(keys, " "), hexID); named == enc {
 				t.Fatalf("encrypted %v: a key names the root's identity: %v (%v)", enc, named, keys)
@@ -231,11 +213,7 @@ func TestCopiesRoots(t *testing.T) {
 			}
 			c1.Close()
 			c2.Close()
-			var left []string
-			for o := range raw.ListObjects(t.Context(), bucket, minio.ListObjectsOptions{Recursive: true}) {
-				left = append(left, o.Key)
-			}
-			if len(left) != 0 {
+			if left := objects(nil); len(left) != 0 {
 				t.Fatalf("objects left after every copy was dropped: %v", left)
 			}
 		})
@@ -249,4 +227,275 @@ func errorsJoin(errs ...error) error {
 		}
 	}
 	return nil
+}
+
+type storeWithRoots interface {
+	snapstore.Store
+	snapstore.RootStore
+}
+
+// rootStore makes an empty store of kind (s3, s3-encrypted, dir) and a
+// lister of its objects (the bucket's keys, the directory's files), which
+// calls see with each one's bytes when it is not nil.
+func rootStore(t *testing.T, srv *weedtest.Server, raw *minio.Client, kind string) (storeWithRoots, func(see func(key string, b []byte)) []string) {
+	t.Helper()
+	if kind == "dir" {
+		root := filepath.Join(t.TempDir(), "store")
+		s, err := snapstore.NewLocal(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, func(see func(string, []byte)) []string {
+			var keys []string
+			err := filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+				if err != nil || e.IsDir() {
+					return err
+				}
+				rel, _ := filepath.Rel(root, p)
+				keys = append(keys, rel)
+				if see != nil {
+					b, err := os.ReadFile(p)
+					if err != nil {
+						return err
+					}
+					see(rel, b)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return keys
+		}
+	}
+	var key []byte
+	if kind == "s3-encrypted" {
+		key = make([]byte, 32)
+		_, _ = rand.Read(key)
+	}
+	s, bucket := newBucket(t, srv, key)
+	return s, func(see func(string, []byte)) []string {
+		var keys []string
+		for o := range raw.ListObjects(t.Context(), bucket, minio.ListObjectsOptions{Recursive: true}) {
+			if o.Err != nil {
+				t.Fatal(o.Err)
+			}
+			keys = append(keys, o.Key)
+			if see == nil {
+				continue
+			}
+			obj, err := raw.GetObject(t.Context(), bucket, o.Key, minio.GetObjectOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(obj)
+			obj.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			see(o.Key, b)
+		}
+		return keys
+	}
+}
+
+// TestRootSweepRace: the sweep's delete of a root no image names races a
+// copy on another node that names it again. The copy writes its ref
+// (test hook) right after the sweep listed the refs and found none, and
+// finds the root still there (so uploads nothing): the root must stay.
+// The copy writes its ref once the root is set aside: it uploads the root
+// anew, and the root stays. Nothing is left aside; with no image naming
+// it, the root goes. In S3 and in a directory store.
+func TestRootSweepRace(t *testing.T) {
+	srv := weedtest.Start(t)
+	raw := rawClient(t, srv)
+	for _, kind := range []string{"s3", "dir"} {
+		t.Run(kind, func(t *testing.T) {
+			s, objects := rootStore(t, srv, raw, kind)
+			sum := sha256.Sum256([]byte("a raced root"))
+			id := "sha256:" + hex.EncodeToString(sum[:])
+			root := bytes.Repeat([]byte("raced root "), 10000)
+			var sends atomic.Int32
+			src := func(ctx context.Context, name, dir string) (string, func(context.Context, io.Writer) error, error) {
+				return id, func(ctx context.Context, w io.Writer) error {
+					sends.Add(1)
+					_, err := w.Write(root)
+					return err
+				}, nil
+			}
+			base := t.TempDir()
+			node := func(name string) *snapstore.Copies {
+				c, err := snapstore.NewCopies(s, filepath.Join(base, name), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(c.Close)
+				c.SetRoots(src)
+				return c
+			}
+			sweeper, writer := node("n1"), node("n2")
+			put := func(c *snapstore.Copies, n string) {
+				t.Helper()
+				c.Put("sleep/"+n, storetest.MakeImage(t, filepath.Join(base, "img", n), 64<<10+len(n)))
+				if err := c.Wait(t.Context(), "sleep/"+n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			drop := func(c *snapstore.Copies, n string) {
+				t.Helper()
+				d, err := c.Digest("sleep/" + n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Drop("sleep/" + n); err != nil {
+					t.Fatal(err)
+				}
+				waitStore(t, func() bool {
+					has, err := snapstore.Has(t.Context(), s, d)
+					return err == nil && !has
+				})
+			}
+			hasRoot := func() bool {
+				has, err := s.HasRoot(t.Context(), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return has
+			}
+			past := time.Now().Add(2 * snapstore.DefaultRootGrace)
+			for i, step := range []string{"root-sweep-refs-listed", "root-sweep-set-aside"} {
+				n := fmt.Sprint("a", i)
+				put(sweeper, n)
+				drop(sweeper, n) // noted unneeded by the sweeper
+				before := sends.Load()
+				hit := false
+				sweeper.SetTestHook(func(at string) {
+					if at == step {
+						hit = true
+						put(writer, fmt.Sprint("b", i))
+					}
+				})
+				sweeper.SweepRootsAt(t.Context(), past)
+				sweeper.SetTestHook(nil)
+				if !hit {
+					t.Fatalf("the sweep never reached %s", step)
+				}
+				if !hasRoot() {
+					t.Fatalf("a copy named the root at %s (%d uploads), and the sweep deleted it", step, sends.Load()-before)
+				}
+				t.Logf("named again at %s: the root stays (%d uploads by the copy)", step, sends.Load()-before)
+				for _, k := range objects(nil) {
+					if strings.Contains(k, "aside-") {
+						t.Fatalf("%s left behind", k)
+					}
+				}
+				rc, err := writer.OpenRoot(t.Context(), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				back, err := io.ReadAll(rc)
+				rc.Close()
+				if err != nil || !bytes.Equal(back, root) {
+					t.Fatalf("the root read back: %d bytes, %v", len(back), err)
+				}
+				drop(writer, fmt.Sprint("b", i))
+				writer.SweepRootsAt(t.Context(), past)
+				if hasRoot() {
+					t.Fatal("with no image naming it, past its grace, the root stays")
+				}
+			}
+			if left := objects(nil); len(left) != 0 {
+				t.Fatalf("objects left: %v", left)
+			}
+		})
+	}
+}
+
+// waitStore polls the store until ok (the drops' deletes run in the
+// background), for a minute at most.
+func waitStore(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("the store did not get there within a minute")
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		case <-time.After(50 * time.Millisecond): // polling the store
+		}
+	}
+}
+
+// mapSums is a snapstore.RootSums in memory.
+type mapSums struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (s *mapSums) RecordRootSum(ctx context.Context, id string, sum []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[id] = sum
+	return nil
+}
+
+func (s *mapSums) RootSum(ctx context.Context, id string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[id], nil
+}
+
+// TestCopiesRootSums: a root's upload records the SHA-256 of the stream
+// it sent (what a wake checks the store's copy against), and a root found
+// stored with no sum recorded (an older node's upload) is uploaded again.
+func TestCopiesRootSums(t *testing.T) {
+	s, err := snapstore.NewLocal(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("a summed root"))
+	id := "sha256:" + hex.EncodeToString(sum[:])
+	root := bytes.Repeat([]byte("summed root "), 5000)
+	var sends atomic.Int32
+	src := func(ctx context.Context, name, dir string) (string, func(context.Context, io.Writer) error, error) {
+		return id, func(ctx context.Context, w io.Writer) error {
+			sends.Add(1)
+			_, err := w.Write(root)
+			return err
+		}, nil
+	}
+	base := t.TempDir()
+	c, err := snapstore.NewCopies(s, filepath.Join(base, "n1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetRoots(src)
+	sums := &mapSums{m: map[string][]byte{}}
+	c.SetRootSums(sums)
+	put := func(n string) {
+		t.Helper()
+		c.Put("sleep/"+n, storetest.MakeImage(t, filepath.Join(base, "img", n), 64<<10+len(n)))
+		if err := c.Wait(t.Context(), "sleep/"+n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("a")
+	want := sha256.Sum256(root)
+	if got, _ := sums.RootSum(t.Context(), id); !bytes.Equal(got, want[:]) || sends.Load() != 1 {
+		t.Fatalf("after the upload the sum recorded is %x (want %x), %d sends", got, want, sends.Load())
+	}
+	put("b")
+	if sends.Load() != 1 {
+		t.Fatalf("a root stored with its sum was uploaded again (%d sends)", sends.Load())
+	}
+	sums.mu.Lock()
+	delete(sums.m, id)
+	sums.mu.Unlock()
+	put("c")
+	if got, _ := sums.RootSum(t.Context(), id); !bytes.Equal(got, want[:]) || sends.Load() != 2 {
+		t.Fatalf("a root stored with no sum recorded: sum %x, %d sends (want it uploaded again)", got, sends.Load())
+	}
 }

@@ -87,13 +87,16 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	stops = append(stops, func() { cli.Close() })
 	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, o, local, st, eng) }
 	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: co.token(o.Token),
-		Version: o.Version, LeaseTTL: co.LeaseTTL, MoveTimeout: co.MoveTimeout, StoreKey: o.Sandbox.Copies.KeyID(), StoreRoot: storeRoot(o.Sandbox.Copies),
+		Version: o.Version, LeaseTTL: co.LeaseTTL, MoveTimeout: co.MoveTimeout, StoreKey: o.Sandbox.Copies.KeyID(), StoreRoot: storeRoot(o.Sandbox.Copies), StoreRootBad: o.Sandbox.Copies.DropBadRoot,
 		LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
 	if err != nil {
 		stop()
 		return nil, nil, err
 	}
 	stops = append(stops, c.Close)
+	// Image roots copied to the object store have their digest kept in
+	// the directory, where a wake checks a root from the store against it.
+	o.Sandbox.Copies.SetRootSums(c)
 	svc := cluster.NewService(c, local)
 	svc.SetPorter(porter{sandbox.NewPorter(mgr)})
 	sctx, cancel := context.WithCancel(ctx)
