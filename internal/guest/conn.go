@@ -253,14 +253,18 @@ func (c *Conn) session(ctx context.Context) (*session, error) {
 		c.mu.Lock()
 		s, changed, closed, reason, retired := c.cur, c.changed, c.closed, c.reason, c.retired
 		c.mu.Unlock()
+		// Retired first: the sleep that retired it closes it once the
+		// sandbox sleeps, and a call that comes after must still be told
+		// it was refused unstarted (the caller retries it on the woken
+		// sandbox), not that the connection closed.
+		if retired && (closed || s == nil) {
+			return nil, ErrRetired
+		}
 		if closed {
 			return nil, reason
 		}
 		if s != nil {
 			return s, nil
-		}
-		if retired {
-			return nil, ErrRetired
 		}
 		select {
 		case <-ctx.Done():
