@@ -94,11 +94,11 @@ func New(host string, opts ...Option) (*Client, error) {
 		c.base = "http://" + addr
 	}
 	c.dial = func(ctx context.Context) (net.Conn, error) {
-		d := &net.Dialer{Timeout: 5 * time.Second}
+		dial := (&net.Dialer{Timeout: 5 * time.Second}).DialContext
 		if network == "tcp" {
-			d = deadpeer.Dialer(5*time.Second, c.deadPeer)
+			dial = deadpeer.NewDialer(5*time.Second, c.deadPeer).DialContext
 		}
-		conn, err := d.DialContext(ctx, network, addr)
+		conn, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, &ConnectError{Host: host, Err: err}
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/clade-sandbox/clade/internal/cluster"
 	"github.com/clade-sandbox/clade/internal/engine/qemu"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/ingress"
@@ -91,7 +92,7 @@ func newDaemonCmd() *cobra.Command {
 	fs.StringVar(&o.Cluster.EmbedPeerListen, "cluster-peer-listen", "127.0.0.1:2380", "with --cluster embed: `ADDR` the embedded etcd serves its peers on")
 	fs.StringVar(&o.Cluster.EmbedPeers, "cluster-peers", "", "with --cluster embed: the initial members of a multi-member etcd, NAME=http://PEER-ADDR,... naming this node too (e.g. three daemons)")
 	fs.DurationVar(&o.Cluster.MoveTimeout, "cluster-move-timeout", 2*time.Minute, "how long a node adopting another node's sleeping sandbox waits for its image from the object store: past it the sandbox stays asleep and the call gets a retryable 503")
-	fs.DurationVar(&o.Cluster.LeaseTTL, "cluster-lease-ttl", 3*time.Second, "how long this node stays in the cluster after its last refresh (it refreshes every second); whole seconds, at least 2s")
+	fs.DurationVar(&o.Cluster.LeaseTTL, "cluster-lease-ttl", 3*time.Second, "how long this node stays in the cluster after its last refresh (it refreshes every second); whole seconds, at least 2s (3s with --cluster embed)")
 	clusterTokenFile := fs.String("cluster-token-file", "", "`file` holding the cluster token, the same on every node: the nodes call each other's API with it, and only it\nopens the routes only nodes may call; users keep the --token-file token (default: the --token-file token is the cluster token too)")
 	fs.StringVar(&o.Cluster.EtcdAuth.CA, "cluster-ca", "", "PEM `file` of the CA of etcd's certificates: the node speaks TLS to etcd and trusts only it; with --cluster embed the\nmember serves TLS on its client and peer listeners (--cluster-peers then with https://) and requires certificates of this CA")
 	fs.StringVar(&o.Cluster.EtcdAuth.Cert, "cluster-cert", "", "PEM `file` of this node's certificate for etcd (signed by --cluster-ca; for --cluster embed it must name the member's\naddresses and allow both server and client use); needs --cluster-key")
@@ -301,6 +302,9 @@ func clusterFlags(cmd *cobra.Command, c *system.ClusterOptions, tokenFile, passw
 	}
 	if c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0 || c.LeaseTTL > 5*time.Minute {
 		return usagef(cmd, "--cluster-lease-ttl %s: give whole seconds from 2s to 5m", c.LeaseTTL)
+	}
+	if c.Etcd == "embed" && c.LeaseTTL < cluster.EmbedMinLeaseTTL {
+		return usagef(cmd, "--cluster-lease-ttl %s: the embedded etcd's shortest lease is %s (it raises a shorter one to 1.5 election timeouts)", c.LeaseTTL, cluster.EmbedMinLeaseTTL)
 	}
 	var err error
 	if tokenFile != "" {

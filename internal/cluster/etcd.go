@@ -35,6 +35,12 @@ type Embed struct {
 	Log *slog.Logger
 }
 
+// EmbedMinLeaseTTL is the shortest lease the embedded member grants: etcd
+// raises a shorter one to 1.5 election timeouts without a word, so a node
+// asking for less would stay in the cluster longer than its
+// --cluster-lease-ttl says.
+const EmbedMinLeaseTTL = 3 * time.Second
+
 // Etcd is a running embedded member.
 type Etcd struct {
 	e *embed.Etcd
@@ -64,7 +70,7 @@ func StartEmbed(ctx context.Context, c Embed) (*Etcd, error) {
 	// slow. Each new leader renews every lease, so a cluster that keeps
 	// electing never lets a gone node's lease lapse. A failover takes a
 	// second longer.
-	cfg.TickMs, cfg.ElectionMs = 200, 2000
+	cfg.TickMs, cfg.ElectionMs = 200, 2000 // EmbedMinLeaseTTL follows
 	cu, err := hostURL(c.Client, "--cluster-listen")
 	if err != nil {
 		return nil, err

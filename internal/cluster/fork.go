@@ -429,7 +429,7 @@ func internalCall(ctx context.Context, token string, n api.Node, method, path st
 }
 
 var internalClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second,
-	DialContext: deadpeer.Dialer(5*time.Second, peerDeadTimeout).DialContext}}
+	DialContext: deadpeer.NewDialer(5*time.Second, peerDeadTimeout).DialContext}}
 
 // Internal serves the routes nodes call on each other, under
 // /v1/internal/, with the cluster token only (on the unix socket too):

@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -710,11 +712,49 @@ func (c *Cluster) storeRoot(ctx context.Context, id string) (io.ReadCloser, erro
 
 // dropStoreRoot deletes the object store's copy of root id, read from it
 // and refused (why).
+//
+// Only a copy shown bad is deleted: one whose bytes, read again whole, do
+// not hash to the sum the cluster recorded at its upload. A refusal is not
+// that proof: a read of the store that failed midway (a reset connection)
+// or this node's own limits refuse a good copy as a bad stream too, and
+// the store's copy may be the only one left of a root whose node is gone.
 func (c *Cluster) dropStoreRoot(ctx context.Context, id string, why error) {
-	c.cfg.Log.Warn("cluster: the object store's copy of an image root did not verify: deleting it", "root", id, "why", why)
-	if c.cfg.StoreRootBad != nil {
-		c.cfg.StoreRootBad(ctx, id, why)
+	if c.cfg.StoreRootBad == nil {
+		return
 	}
+	bad, err := c.storeRootDiffers(ctx, id)
+	if err != nil || !bad {
+		c.cfg.Log.Warn("cluster: an image root from the object store was refused, but its copy there is not shown bad: kept", "root", id, "why", why, "recheck", err)
+		return
+	}
+	c.cfg.Log.Warn("cluster: the object store's copy of an image root did not verify: deleting it", "root", id, "why", why)
+	c.cfg.StoreRootBad(ctx, id, why)
+}
+
+// storeRootDiffers reads the object store's copy of root id whole and
+// says whether its SHA-256 is not the one recorded (an error if that
+// cannot be told).
+func (c *Cluster) storeRootDiffers(ctx context.Context, id string) (bool, error) {
+	want, err := c.RootSum(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if want == nil {
+		return false, errdefs.New(errdefs.NotFound, "no digest of image root %.19s is recorded", id)
+	}
+	if c.cfg.StoreRoot == nil {
+		return false, errdefs.New(errdefs.NotFound, "this node has no object store")
+	}
+	rc, err := c.cfg.StoreRoot(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	defer rc.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, rc); err != nil {
+		return false, err
+	}
+	return !bytes.Equal(h.Sum(nil), want), nil
 }
 
 // storeFetches is the image root a call's fetches last took from the

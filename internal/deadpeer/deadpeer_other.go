@@ -3,9 +3,9 @@
 package deadpeer
 
 import (
-	"syscall"
+	"net"
 	"time"
 )
 
-// userTimeout is Linux's TCP_USER_TIMEOUT; elsewhere keepalive alone.
-func userTimeout(time.Duration) func(network, address string, rc syscall.RawConn) error { return nil }
+// watch is Linux's TCP_INFO watcher; elsewhere keepalive alone.
+func watch(net.Conn, time.Duration) {}

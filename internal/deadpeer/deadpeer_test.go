@@ -26,7 +26,9 @@ func TestCutLinkFails(t *testing.T) {
 	}
 	addr := net.JoinHostPort(h.Addr.String(), "80")
 	const dead = 2 * time.Second
-	dial := func(d *net.Dialer) net.Conn {
+	dial := func(d interface {
+		Dial(network, address string) (net.Conn, error)
+	}) net.Conn {
 		t.Helper()
 		c, err := d.Dial("tcp", addr)
 		if err != nil {
@@ -36,8 +38,8 @@ func TestCutLinkFails(t *testing.T) {
 		return c
 	}
 	plain := dial(&net.Dialer{Timeout: 5 * time.Second})
-	sending := dial(deadpeer.Dialer(5*time.Second, dead))
-	idle := dial(deadpeer.Dialer(5*time.Second, dead))
+	sending := dial(deadpeer.NewDialer(5*time.Second, dead))
+	idle := dial(deadpeer.NewDialer(5*time.Second, dead))
 	// The host answers before the cut.
 	if _, err := sending.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
 		t.Fatal(err)
@@ -74,10 +76,10 @@ func TestCutLinkFails(t *testing.T) {
 	}
 }
 
-// TestListenerInherits: a connection a deadpeer listener accepts has the
-// listener's TCP_USER_TIMEOUT.
-func TestListenerInherits(t *testing.T) {
-	ln, err := deadpeer.ListenConfig(3*time.Second).Listen(t.Context(), "tcp", "127.0.0.1:0")
+// TestListenerKeepAlive: a connection a deadpeer listener accepts is a
+// *net.TCPConn (what http.Server expects) with the listener's keepalive.
+func TestListenerKeepAlive(t *testing.T) {
+	ln, err := deadpeer.NewListenConfig(3*time.Second).Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,12 +96,19 @@ func TestListenerInherits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if got := userTimeoutOf(t, c.(*net.TCPConn)); got != 3000 {
-		t.Errorf("accepted connection's TCP_USER_TIMEOUT = %d ms, want 3000", got)
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		t.Fatalf("accepted %T, want *net.TCPConn", c)
+	}
+	if got := sockopt(t, tc, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE); got != 1 {
+		t.Errorf("accepted connection's TCP_KEEPIDLE = %d s, want 1", got)
+	}
+	if got := sockopt(t, tc, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT); got != 0 {
+		t.Errorf("accepted connection's TCP_USER_TIMEOUT = %d ms, want 0 (it would cut a paused reader)", got)
 	}
 }
 
-func userTimeoutOf(t *testing.T, c *net.TCPConn) int {
+func sockopt(t *testing.T, c *net.TCPConn, level, opt int) int {
 	t.Helper()
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -107,7 +116,7 @@ func userTimeoutOf(t *testing.T, c *net.TCPConn) int {
 	}
 	var v int
 	var gerr error
-	if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
 		t.Fatal(err)
 	}
 	if gerr != nil {

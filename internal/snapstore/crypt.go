@@ -197,7 +197,11 @@ type decrypter struct {
 
 func (s *sealer) decrypt(r io.Reader, object string) (io.Reader, error) {
 	h := make([]byte, headerSize)
-	if _, err := io.ReadFull(r, h); err != nil || string(h[:len(cryptMagic)]) != cryptMagic {
+	// A read that failed (the store's connection) is not the object's
+	// fault: errSealed would have it deleted (a root) or called corrupt.
+	if _, err := io.ReadFull(r, h); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, err
+	} else if err != nil || string(h[:len(cryptMagic)]) != cryptMagic {
 		return nil, errSealed
 	}
 	a, err := s.aead(h[len(cryptMagic):], object)

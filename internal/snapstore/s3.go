@@ -183,6 +183,9 @@ func (s *S3) get(ctx context.Context, key string) (io.ReadCloser, error) {
 	dr, err := s.seal.decrypt(obj, key)
 	if err != nil {
 		obj.Close()
+		if !errors.Is(err, errSealed) {
+			return nil, s.unavailable("get "+key, err) // the read, not the object
+		}
 		return nil, err
 	}
 	return readCloser{dr, obj}, nil

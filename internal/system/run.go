@@ -341,7 +341,7 @@ func Run(ctx context.Context, o Options) error {
 		// A client or peer node behind a cut link would hold an exec's
 		// handler (and the exec, which keeps its sandbox busy) for the
 		// kernel's ~15 minutes: its connection closes within 30 s.
-		tln, err := deadpeer.ListenConfig(deadpeer.Default).Listen(ctx, "tcp", o.Listen)
+		tln, err := deadpeer.NewListenConfig(deadpeer.Default).Listen(ctx, "tcp", o.Listen)
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w", o.Listen, err)
 		}
