@@ -51,20 +51,7 @@ func TestSlowTestsListed(t *testing.T) {
 	listed, pkgs := variable("SLOW_TESTS"), variable("SLOW_PKGS")
 	funcRE := regexp.MustCompile(`(?m)^func (Test\w+)\(`)
 	var found []string
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "tools" || strings.HasPrefix(d.Name(), ".")) && p != root {
-			return filepath.SkipDir
-		}
-		if !strings.HasSuffix(p, "_test.go") || filepath.Base(p) == "make_test.go" {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
+	err = walkTestFiles(root, func(p string, b []byte) error {
 		funcs := funcRE.FindAllSubmatchIndex(b, -1)
 		for _, call := range regexp.MustCompile(`\b(testenv\.)?Slow\(t\)`).FindAllIndex(b, -1) {
 			name := ""
@@ -97,6 +84,27 @@ func TestSlowTestsListed(t *testing.T) {
 	}
 }
 
+// walkTestFiles calls f with each _test.go file of the tree at root and its
+// bytes (but this one, node_modules, tools and hidden directories).
+func walkTestFiles(root string, f func(p string, b []byte) error) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "tools" || strings.HasPrefix(d.Name(), ".")) && p != root {
+			return filepath.SkipDir
+		}
+		if !strings.HasSuffix(p, "_test.go") || filepath.Base(p) == "make_test.go" {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return f(p, b)
+	})
+}
+
 func mustRel(t *testing.T, base, p string) string {
 	r, err := filepath.Rel(base, p)
 	if err != nil {
@@ -126,20 +134,7 @@ func TestClusterTestsListed(t *testing.T) {
 	funcRE := regexp.MustCompile(`(?m)^func (\w+)[\[(]`)
 	starts := regexp.MustCompile(`\b(testenv\.)?StartNetCluster(With)?\(|\bstoreCluster\(`)
 	n := 0
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "tools" || strings.HasPrefix(d.Name(), ".")) && p != root {
-			return filepath.SkipDir
-		}
-		if !strings.HasSuffix(p, "_test.go") || filepath.Base(p) == "make_test.go" {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
+	err = walkTestFiles(root, func(p string, b []byte) error {
 		pkg := filepath.ToSlash(mustRel(t, root, filepath.Dir(p)))
 		funcs := funcRE.FindAllSubmatchIndex(b, -1)
 		for _, f := range funcs {
