@@ -54,9 +54,9 @@ func TestTwoDaemons(t *testing.T) {
 	}
 	etcdAddr := loopbackAddr(t)
 	a := testenv.StartDaemon(t, "--cluster", "embed", "--node", "a", "--listen", loopbackAddr(t), "--token-file", tok,
-		"--cluster-listen", etcdAddr, "--cluster-peer-listen", loopbackAddr(t), "--cluster-lease-ttl", "2s")
+		"--cluster-listen", etcdAddr, "--cluster-peer-listen", loopbackAddr(t), "--cluster-lease-ttl", "3s")
 	b := testenv.StartDaemon(t, "--cluster", "etcd://"+etcdAddr, "--node", "b", "--listen", loopbackAddr(t), "--token-file", tok,
-		"--cluster-lease-ttl", "2s")
+		"--cluster-lease-ttl", "3s")
 	for _, d := range []*testenv.Daemon{a, b} {
 		if got := listNodes(t, d.Client); len(got) != 2 || got[0] != "a" || got[1] != "b" {
 			t.Fatalf("nodes %v, want [a b]", got)
