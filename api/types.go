@@ -136,6 +136,15 @@ type SleepRequest struct {
 	Memory *bool `json:"memory,omitempty"`
 }
 
+// WakeRequest is the optional body of POST /v1/sandboxes/{id}/wake.
+type WakeRequest struct {
+	// Node, in a cluster, is the node to wake the sandbox on: a sandbox
+	// asleep on another node is moved there first (its sleep image from
+	// the object store). Empty: its own node, or the one placement picks
+	// when its own cannot.
+	Node string `json:"node,omitempty"`
+}
+
 // TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
 type TimeoutRequest struct {
 	// TimeoutMS is the new lifetime from now; 0 removes the timeout.

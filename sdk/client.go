@@ -419,4 +419,12 @@ func (c *Client) Wake(ctx context.Context, ref string) (Sandbox, error) {
 	return sb, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/wake", nil, &sb)
 }
 
+// WakeOn wakes a sleeping sandbox on the named node of a cluster: one
+// asleep on another node is moved there first (its sleep image fetched
+// from the object store). The answer's Node says where it runs.
+func (c *Client) WakeOn(ctx context.Context, ref, node string) (Sandbox, error) {
+	var sb Sandbox
+	return sb, c.call(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(ref)+"/wake", api.WakeRequest{Node: node}, &sb)
+}
+
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -52,12 +52,19 @@ func newBenchCmd() *cobra.Command {
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "the daemon's data dir: the env block reports its filesystem,\n--settle watches the processes that mention it")
 	settle := fs.Duration("settle", time.Duration(cfg.SettleMS)*time.Millisecond, "before each sample, wait up to this long for the daemon's background work\n(warm pool refill) to finish; 0 disables")
 	jsonPath := fs.String("json", "", "also write the full result as JSON to `FILE`")
-	ccfg := clusterBenchConfig{Storm: 12, Samples: 100, EtcdWriteRate: 1000}
-	clusterMode := fs.Bool("cluster", false, "measure a running cluster instead (the other phases' flags do not apply): a storm of creates at once pinned to\none node vs placed across the nodes, a proxied exec's extra hop (direct vs through another node, side by side),\netcd writes per create and per exec (with --etcd), and a projection for N nodes; needs --nodes, the token in $CLADE_TOKEN")
+	ccfg := clusterBenchConfig{Storm: 12, Samples: 100, EtcdWriteRate: 1000, Fork: 6, Rounds: 3, MemoryMiB: 256, HoldMiB: 64}
+	clusterMode := fs.Bool("cluster", false, "measure a running cluster instead (the other phases' flags do not apply): a storm of creates at once pinned to\n"+
+		"one node vs placed across the nodes, a proxied exec's extra hop (direct vs through another node, side by side),\n"+
+		"a fork on one node vs spread across the nodes, a wake on the node that slept the sandbox vs on another (needs the\n"+
+		"nodes' --object-store), etcd writes per create, per exec and per fork child (with --etcd), and a projection for\n"+
+		"N nodes; needs --nodes, the token in $CLADE_TOKEN")
 	nodes := fs.String("nodes", "", "with --cluster: the nodes' API `addresses`, http://HOST:PORT,... (the first holds the exec case's sandbox, the second proxies)")
 	fs.StringVar(&ccfg.Etcd, "etcd", "", "with --cluster: etcd://HOST:2379 of the cluster's etcd (plain http), watched to count the directory's writes")
 	fs.IntVar(&ccfg.Storm, "storm", ccfg.Storm, "with --cluster: creates each storm makes at once")
 	fs.Float64Var(&ccfg.EtcdWriteRate, "etcd-write-rate", ccfg.EtcdWriteRate, "with --cluster: the etcd write rate (writes/s) the projection assumes; not measured")
+	fs.IntVar(&ccfg.Fork, "cluster-fork", ccfg.Fork, "with --cluster: children of each fork of the fork case")
+	fs.IntVar(&ccfg.Rounds, "cluster-rounds", ccfg.Rounds, "with --cluster: rounds of each kind in the fork and wake cases, alternated")
+	fs.IntVar(&ccfg.HoldMiB, "cluster-hold", ccfg.HoldMiB, "with --cluster: MiB the fork and wake cases' sandbox holds in memory (its limit: --memory, default 256)")
 	cases := fs.String("cluster-cases", strings.Join(clusterCaseNames(), ","), "with --cluster: the cases to run")
 	cmd.RunE = withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
 		if *clusterMode {
@@ -65,12 +72,18 @@ func newBenchCmd() *cobra.Command {
 			if cmd.Flags().Changed("samples") {
 				ccfg.Samples = cfg.Samples
 			}
-			if ccfg.Storm < 1 || ccfg.Samples < 1 || !(ccfg.EtcdWriteRate > 0) {
-				return badArg("--storm, --samples and --etcd-write-rate must be positive")
+			if cfg.MemoryMiB > 0 {
+				ccfg.MemoryMiB = cfg.MemoryMiB
+			}
+			if ccfg.Storm < 1 || ccfg.Samples < 1 || !(ccfg.EtcdWriteRate > 0) || ccfg.Fork < 1 || ccfg.Rounds < 1 {
+				return badArg("--storm, --samples, --etcd-write-rate, --cluster-fork and --cluster-rounds must be positive")
+			}
+			if ccfg.HoldMiB < 0 || ccfg.HoldMiB >= ccfg.MemoryMiB {
+				return badArg("--cluster-hold %d: give MiB under the sandbox's memory limit (%d MiB, --memory)", ccfg.HoldMiB, ccfg.MemoryMiB)
 			}
 			return runClusterBench(ctx, ccfg, os.Stdout)
 		}
-		for _, f := range []string{"nodes", "etcd", "storm", "etcd-write-rate", "cluster-cases"} {
+		for _, f := range []string{"nodes", "etcd", "storm", "etcd-write-rate", "cluster-cases", "cluster-fork", "cluster-rounds", "cluster-hold"} {
 			if cmd.Flags().Changed(f) {
 				return badArg("--%s needs --cluster", f)
 			}

@@ -37,12 +37,17 @@ type clusterBenchConfig struct {
 	EtcdWriteRate float64
 	Image         string
 	Cases         []string
+	// Fork is how many children each fork of the fork case makes.
+	Fork int
+	// Rounds is how many times the fork and wake cases do each of their
+	// two kinds, side by side.
+	Rounds int
+	// MemoryMiB is the memory limit of the fork and wake cases' sandbox,
+	// which holds HoldMiB of it in a file in memory (/dev/shm).
+	MemoryMiB, HoldMiB int
 }
 
-// clusterCase is one measurement of the cluster bench. The cross-node fork
-// ("fork-across": fork N across nodes vs on one node) and the cross-node
-// wake ("wake-across": wake through another node vs local) come with that
-// work: each is one more entry here.
+// clusterCase is one measurement of the cluster bench.
 type clusterCase struct {
 	name string
 	run  func(b *clusterBench, ctx context.Context) error
@@ -51,6 +56,8 @@ type clusterCase struct {
 var clusterCases = []clusterCase{
 	{"storm", (*clusterBench).storm},
 	{"exec", (*clusterBench).execHop},
+	{"fork", (*clusterBench).forkAcross},
+	{"wake", (*clusterBench).wakeAcross},
 }
 
 type clusterBench struct {
@@ -63,6 +70,7 @@ type clusterBench struct {
 	// Figures the projection uses.
 	oneNodeRate, clusterRate float64 // creates per second in the storms
 	createWrites, execWrites float64 // etcd writes per create, per exec
+	childWrites              float64 // etcd writes per fork child
 	hop                      time.Duration
 }
 
@@ -209,13 +217,8 @@ func (b *clusterBench) storm(ctx context.Context) error {
 			what = fmt.Sprintf("across the cluster (through %d nodes)", len(b.nodes))
 			b.clusterRate = rate
 		}
-		var spread []string
-		for n, k := range r.nodes {
-			spread = append(spread, fmt.Sprintf("%s:%d", n, k))
-		}
-		slices.Sort(spread)
 		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.0f\t%.0f\t%s\n", what, r.wall.Round(time.Millisecond), rate,
-			benchkit.Percentile(r.lat, 0.5), benchkit.Percentile(r.lat, 0.95), strings.Join(spread, " "))
+			benchkit.Percentile(r.lat, 0.5), benchkit.Percentile(r.lat, 0.95), nodeCounts(r.nodes))
 		if b.writes != nil && pin {
 			b.writes.settle()
 			// The storm's creates and removes: half are the creates'.
@@ -294,7 +297,7 @@ func (b *clusterBench) execHop(ctx context.Context) error {
 // project writes what the figures mean for N nodes on machines of their
 // own: this bench's nodes share one host, so they show costs, not scale.
 func (b *clusterBench) project() {
-	if b.oneNodeRate == 0 && b.hop == 0 {
+	if b.oneNodeRate == 0 && b.hop == 0 && b.childWrites == 0 {
 		return
 	}
 	fmt.Fprintf(b.out, "\nprojection for N nodes on machines of their own (the nodes measured here share one host):\n")
@@ -309,6 +312,10 @@ func (b *clusterBench) project() {
 		for _, n := range []int{3, 10, 30, 100} {
 			fmt.Fprintf(b.out, "    N=%-3d ~%.1f creates/s\n", n, min(float64(n)*b.oneNodeRate, etcdCap))
 		}
+	}
+	if b.childWrites > 0 {
+		fmt.Fprintf(b.out, "  forks: each fork child costs %.1f etcd write(s) (its record), so etcd (as assumed) caps fork churn at ~%.0f children/s across the cluster.\n",
+			b.childWrites, b.cfg.EtcdWriteRate/(b.childWrites+1))
 	}
 	if b.hop != 0 {
 		fmt.Fprintf(b.out, "  calls on a sandbox through a node that does not hold it (a client that picks nodes at random: (N-1)/N of them)\n")

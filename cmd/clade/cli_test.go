@@ -368,6 +368,14 @@ func TestCLISnapshotForkSleep(t *testing.T) {
 			t.Fatalf("%v of a sleeping sandbox: %d %q, want exit 1 saying to wake it", args, code, errs)
 		}
 	}
+	// --node is a cluster's: a single daemon refuses it, and the sandbox
+	// stays asleep.
+	if _, errs, code := cli(t, d, "", "wake", "src", "--node", "n2"); code != 1 || !strings.Contains(errs, "not part of a cluster") {
+		t.Fatalf("wake --node on a single daemon: %d %q, want exit 1 saying it is not a cluster", code, errs)
+	}
+	if out, _, _ := cli(t, d, "", "ls"); !strings.Contains(out, "sleeping") {
+		t.Fatalf("ls after a refused wake --node: %q", out)
+	}
 	if _, errs, code := cli(t, d, "", "wake", "src"); code != 0 {
 		t.Fatalf("wake: %q", errs)
 	}

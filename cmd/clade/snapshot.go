@@ -142,22 +142,37 @@ func newForkCmd() *cobra.Command {
 }
 
 func newWakeCmd() *cobra.Command {
-	return &cobra.Command{
+	var node string
+	cmd := &cobra.Command{
 		Use:   "wake ID",
 		Short: "Wake a sleeping sandbox",
 		Long: "Restores a sleeping sandbox in place: same id, files and running processes.\n" +
 			"Waking a running sandbox does nothing. The next exec, file copy or ingress\n" +
-			"request wakes a sleeping sandbox too.",
-		Example:           "  clade sleep box && clade wake box",
+			"request wakes a sleeping sandbox too.\n\n" +
+			"In a cluster, --node wakes it on that node: a sandbox asleep on another node\n" +
+			"is moved there first, its sleep image fetched from the object store (the\n" +
+			"daemons need --object-store, and the image its copy there: `clade inspect`\n" +
+			"shows sleep_image once it has one). It prints the node it woke on.",
+		Example:           "  clade sleep box && clade wake box\n  clade wake box --node n2",
 		Args:              nargs(1, 1),
 		ValidArgsFunction: firstArg(completeSandboxes),
 		RunE: withClient(func(ctx context.Context, c *sdk.Client, args []string) error {
-			sb, err := c.Wake(ctx, args[0])
+			if node == "" {
+				sb, err := c.Wake(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				fmt.Println(sb.ID)
+				return nil
+			}
+			sb, err := c.WakeOn(ctx, args[0], node)
 			if err != nil {
 				return err
 			}
-			fmt.Println(sb.ID)
+			fmt.Printf("%s\t%s\n", sb.ID, sb.Node)
 			return nil
 		}),
 	}
+	cmd.Flags().StringVar(&node, "node", "", "in a cluster, the node `NAME` to wake it on (moved there first if it sleeps on another)")
+	return cmd
 }

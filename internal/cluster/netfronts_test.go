@@ -341,7 +341,7 @@ func e2bJSON(t *testing.T, method, url string, h map[string]string, body io.Read
 // etcd watched: it must finish every case and print its figures and the
 // projection (docs/benchmarks.md has them).
 func TestNetClusterBench(t *testing.T) {
-	c := testenv.StartNetCluster(t, 3, nil, nil)
+	c, _ := storeCluster(t, 3, "clade-bench", []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}, nil)
 	var nodes []string
 	for _, nd := range c.Nodes {
 		nodes = append(nodes, "http://"+nd.API)
@@ -349,7 +349,7 @@ func TestNetClusterBench(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, c.Nodes[0].Bin, "bench", "--cluster", "--nodes", strings.Join(nodes, ","),
-		"--etcd", "etcd://"+c.Nodes[0].Etcd, "--storm", "6", "--samples", "60")
+		"--etcd", "etcd://"+c.Nodes[0].Etcd, "--storm", "6", "--samples", "60", "--cluster-fork", "3", "--cluster-rounds", "2", "--cluster-hold", "32")
 	cmd.Env = append(os.Environ(), "CLADE_TOKEN="+readTok(t, c.Token))
 	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
@@ -358,10 +358,32 @@ func TestNetClusterBench(t *testing.T) {
 		t.Fatalf("clade bench --cluster: %v", err)
 	}
 	for _, want := range []string{"on one node (n1)", "across the cluster (through 3 nodes)", "etcd writes per create", "proxied (through n2)",
-		"extra hop", "etcd writes per exec", "projection for N nodes", "N=100"} {
+		"extra hop", "etcd writes per exec", "projection for N nodes", "N=100",
+		"fork of 3 (256 MiB sandbox holding 32 MiB), 2 rounds", "each fork child costs",
+		"wake (256 MiB sandbox holding 32 MiB), 2 rounds", "on the node that slept it", "other node / local"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the output lacks %q", want)
 		}
+	}
+	// The fork rows: one node's children all on n1, the spread's on two
+	// nodes or more, and at most 2 etcd writes per child (the target).
+	forks := regexp.MustCompile(`(?m)^(on one node \(n1\)|across the nodes \(--spread\))\s+([0-9]+)\s+([0-9]+)\s+((?:n[0-9]:[0-9]+ ?)+)\s+([0-9.]+)$`).FindAllStringSubmatch(string(out), -1)
+	if len(forks) != 2 {
+		t.Fatalf("want the two fork rows, got %q", forks)
+	}
+	if got := strings.TrimSpace(forks[0][4]); got != "n1:6" {
+		t.Errorf("the one-node forks' children: %q, want n1:6", got)
+	}
+	if got := strings.Fields(forks[1][4]); len(got) < 2 {
+		t.Errorf("the spread forks' children: %q, want two nodes or more", got)
+	}
+	for _, f := range forks {
+		if w, _ := strconv.ParseFloat(f[5], 64); w < 1 || w > 2 {
+			t.Errorf("%s: %s etcd writes per child, want 1 to 2", f[1], f[5])
+		}
+	}
+	if !regexp.MustCompile(`(?m)^on another node \(image from the object store\)\s+[1-9][0-9]*\s+[1-9][0-9]*$`).MatchString(string(out)) {
+		t.Errorf("the cross-node wake row lacks its figures")
 	}
 	// Each latency row's p50 is at most its p95, and both are positive.
 	rows := regexp.MustCompile(`(?m)^(direct|proxied) \(through [^)]*\)\s+([0-9.]+)\s+([0-9.]+)$`).FindAllStringSubmatch(string(out), -1)

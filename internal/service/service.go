@@ -373,6 +373,9 @@ type Nodes interface {
 	// Drain (on) stops placing creates on the named live node, until
 	// Drain (off); it answers the node as it is now.
 	Drain(ctx context.Context, node string, on bool) (api.Node, error)
+	// WakeOn wakes sleeping sandbox ref on the named node: moved there
+	// first (its image from the object store) when it sleeps on another.
+	WakeOn(ctx context.Context, ref, node string) (api.Sandbox, error)
 }
 
 // Mover is what a node's own Service adds (found by type assertion) for a

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/clade-sandbox/clade/api"
@@ -104,7 +105,21 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) wake(w http.ResponseWriter, r *http.Request) error {
-	sb, err := s.svc.Wake(r.Context(), r.PathValue("id"))
+	var req api.WakeRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, &req); err != nil {
+			return err
+		}
+	}
+	wake := s.svc.Wake
+	if req.Node != "" {
+		c, ok := s.svc.(service.Nodes)
+		if !ok {
+			return errdefs.New(errdefs.InvalidArgument, "node %q: this daemon is not part of a cluster, so a sandbox wakes only here: leave the node out", req.Node)
+		}
+		wake = func(ctx context.Context, ref string) (api.Sandbox, error) { return c.WakeOn(ctx, ref, req.Node) }
+	}
+	sb, err := wake(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}

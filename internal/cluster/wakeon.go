@@ -1,0 +1,140 @@
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/clade-sandbox/clade/api"
+	"github.com/clade-sandbox/clade/internal/errdefs"
+)
+
+// wakeOnTries bounds how often WakeOn reads the record again: when
+// another write (a wake, a sleep, a drain) changed it between the read and
+// the give, or while its node has sealed the image's copy but not yet
+// written the record that names it.
+const wakeOnTries = 10
+
+// WakeOn wakes sleeping sandbox ref on the named node (service.Nodes):
+// its own node's wake when it sleeps there; otherwise the record is given
+// to that node, which fetches its image from the object store and wakes
+// it, as a drain's move does. Only a sleeping sandbox whose image has its
+// copy in the store moves so, and only to a live node that is not
+// draining, runs its engine, can open its image, takes its size and has
+// room for it now.
+func (s *Service) WakeOn(ctx context.Context, ref, node string) (api.Sandbox, error) {
+	if node == "" {
+		return s.Wake(ctx, ref)
+	}
+	for try := 0; ; try++ {
+		rec, ok, err := s.c.Lookup(ctx, ref)
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		if !ok {
+			return api.Sandbox{}, errdefs.New(errdefs.NotFound, "no sandbox %q in the cluster", ref)
+		}
+		if rec.Node == node {
+			return s.Wake(ctx, ref)
+		}
+		switch {
+		case rec.State == StateLost:
+			return api.Sandbox{}, lostError(rec)
+		case rec.State == StateMoving:
+			return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "sandbox %s is being moved to node %s: try again when it settles", rec.ID, rec.Node)
+		case rec.State != "sleeping":
+			return api.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s is %s on node %s: only a sleeping sandbox wakes on another node; sleep it first (clade sleep %s)",
+				rec.ID, rec.State, rec.Node, rec.ID)
+		case !movable(rec):
+			// Its node may have sealed the copy an instant ago: it
+			// writes the record again within about a second.
+			if got, err := s.Get(ctx, rec.ID); err == nil && got.SleepImage != "" && try < wakeOnTries {
+				select {
+				case <-ctx.Done():
+					return api.Sandbox{}, ctx.Err()
+				case <-time.After(500 * time.Millisecond): // polling the record its node writes again
+				}
+				continue
+			}
+			return api.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s wakes only on node %s: %s", rec.ID, rec.Node, whyNotMovable)
+		}
+		cur, rev, claimed, found, err := s.c.lookupRev(ctx, rec.ID)
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		if !found || claimed || cur.Node != rec.Node || cur.State != rec.State {
+			if try >= wakeOnTries {
+				return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "sandbox %s keeps changing under the wake: try again", rec.ID)
+			}
+			continue
+		}
+		nodes, err := s.c.Nodes(ctx)
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		target, done, err := s.moves.reserveOn(nodes, cur, node)
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		if _, err := s.c.Reassign(ctx, cur, rev, node, false); err != nil {
+			done(false)
+			if errors.Is(err, errMoveRace) && try < wakeOnTries {
+				continue
+			}
+			if errors.Is(err, errMoveRace) {
+				return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "sandbox %s keeps changing under the wake: try again", rec.ID)
+			}
+			return api.Sandbox{}, err
+		}
+		s.forgetRoute(rec.ID)
+		sb, err := s.Wake(ctx, rec.ID)
+		done(err == nil)
+		if err == nil && sb.Node != target.Name {
+			s.c.cfg.Log.Info("cluster: a wake asked for on one node woke on another", "sandbox", rec.ID, "asked", target.Name, "woke", sb.Node)
+		}
+		return sb, err
+	}
+}
+
+// reserveOn checks that sleeping rec may be given to node now and takes
+// that node's room for it until done, as a drain's move does (reserve).
+func (mv *moves) reserveOn(nodes []api.Node, rec Record, node string) (api.Node, func(ok bool), error) {
+	i := slices.IndexFunc(nodes, func(n api.Node) bool { return n.Name == node })
+	if i < 0 {
+		var names []string
+		for _, n := range nodes {
+			names = append(names, n.Name)
+		}
+		return api.Node{}, nil, errdefs.New(errdefs.NotFound, "no live node %q in the cluster (live: %s): see clade node ls", node, strings.Join(names, ", "))
+	}
+	n := nodes[i]
+	c := n.Capacity
+	why := ""
+	switch {
+	case n.Draining:
+		why = "it is draining (clade node undrain " + node + " lets it take sandboxes again)"
+	case !opens(n, rec):
+		why = fmt.Sprintf("it cannot open the sandbox's sleep image: the image is %s in the object store, and node %s has %s", imageKeyWords(rec.SleepKey), node, keyWords(c.StoreKey))
+	case c.MaxMemoryMiB > 0 && int64(rec.Sandbox.MemoryMiB) > c.MaxMemoryMiB:
+		why = fmt.Sprintf("it takes sandboxes of at most %d MiB (--max-memory) and this one has %d MiB", c.MaxMemoryMiB, rec.Sandbox.MemoryMiB)
+	case c.MaxCPUs > 0 && rec.Sandbox.CPUs > c.MaxCPUs:
+		why = fmt.Sprintf("it takes sandboxes of at most %g CPUs (--max-cpus) and this one has %g", c.MaxCPUs, rec.Sandbox.CPUs)
+	}
+	if why != "" {
+		return api.Node{}, nil, errdefs.New(errdefs.Conflict, "sandbox %s cannot wake on node %s: %s", rec.ID, node, why)
+	}
+	mv.placeMu.Lock()
+	defer mv.placeMu.Unlock()
+	cs := mv.candidates([]api.Node{n}, rec, "")
+	if len(cs) == 0 {
+		return api.Node{}, nil, errdefs.New(errdefs.Conflict, "sandbox %s cannot wake on node %s: the node does not run its engine (%s)", rec.ID, node, cmp.Or(rec.Sandbox.Engine, "the default"))
+	}
+	if cs[0].free < 0 {
+		return api.Node{}, nil, errdefs.New(errdefs.ResourceExhausted, "sandbox %s cannot wake on node %s now: %s; try again later, or wake it without a node", rec.ID, node, roomWords(cs))
+	}
+	return n, mv.pending.add(n.Name, cmpInt(int64(rec.Sandbox.MemoryMiB), c.DefaultMemoryMiB)), nil
+}
