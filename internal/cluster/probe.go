@@ -89,7 +89,10 @@ func (a *Across) probeLoop() {
 			inflight[n.Name] = true
 			go func() {
 				_ = a.answers(context.Background(), n)
-				done <- n.Name
+				select {
+				case done <- n.Name:
+				case <-a.s.c.stop: // the loop ended with the node
+				}
 			}()
 		}
 	}
