@@ -27,10 +27,15 @@ type Across struct {
 
 	mu      sync.Mutex
 	clients map[string]*sdk.Client // by address; guarded by mu
-	// silent are the nodes whose last probe (any stream's) found them
-	// silent, and why; guarded by mu. A stream that opens meanwhile does
-	// not wait for them.
+	// silent are the nodes whose last probe (the daemon's prober's, or a
+	// stream's open) found them silent, and why; guarded by mu. A stream
+	// that opens meanwhile does not wait for them (probe.go).
 	silent map[string]silence
+	// streams is how many merged streams are open, lastUse when the last
+	// one closed, probing whether the prober runs; guarded by mu.
+	streams int
+	lastUse time.Time
+	probing bool
 
 	// poll is how often a merged stream reads the live nodes; wait how
 	// long a node has to answer a stats read or to open its part of a
@@ -39,14 +44,15 @@ type Across struct {
 	poll, wait, slow time.Duration
 }
 
-// silence is a node's last probe that found it silent.
+// silence is a node's last probe that found it silent: when the probe
+// began, and what a stream says of it.
 type silence struct {
 	at  time.Time
 	why string
 }
 
 // silentFor is how long a probe that found a node silent spares new
-// streams the wait on it (the streams' own probes say it again).
+// streams the wait on it (the prober's next probes say it again).
 const silentFor = 10 * time.Second
 
 // mergedBuffer is how many events a merged stream holds for its client
@@ -147,13 +153,14 @@ func (a *Across) open(ctx context.Context, n api.Node, since uint64, hasSince bo
 	return partStream{start: start, events: evs}, nil
 }
 
-// classifySDK turns an SDK error into its errdefs class.
+// classifySDK turns an SDK error into its errdefs class (a transport
+// error stays in the chain: notAnswering says what it was).
 func classifySDK(err error) error {
 	var e *sdk.Error
 	if errors.As(err, &e) {
 		return errdefs.New(errdefs.Class(e.Code), "%s", e.Message)
 	}
-	return errdefs.New(errdefs.Unavailable, "%v", err)
+	return errdefs.Wrap(errdefs.Unavailable, err)
 }
 
 // SubscribeEvents merges the event streams of every live node (see
@@ -166,7 +173,8 @@ func classifySDK(err error) error {
 // stream goes on with the others.
 func (a *Across) SubscribeEvents(ctx context.Context, since api.Positions, hasSince bool, f service.EventFilter) (service.Subscription, api.Positions, error) {
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	m := &merged{a: a, f: f, began: time.Now(), hasSince: hasSince, ctx: mctx, cancel: cancel,
+	unuse := a.use()
+	m := &merged{a: a, unuse: unuse, f: f, began: time.Now(), hasSince: hasSince, ctx: mctx, cancel: cancel,
 		c: make(chan api.Event, mergedBuffer), done: make(chan struct{}),
 		parts: map[string]*part{}, pos: api.Positions{}, down: map[string]bool{}}
 	for n, s := range since {
@@ -177,6 +185,7 @@ func (a *Across) SubscribeEvents(ctx context.Context, since api.Positions, hasSi
 	// answer's start header names where each begins.
 	type opened struct {
 		p   *part
+		n   api.Node
 		ps  partStream
 		err error
 		why string
@@ -194,14 +203,14 @@ func (a *Across) SubscribeEvents(ctx context.Context, since api.Positions, hasSi
 			m.mu.Unlock()
 			p.cancel()
 			rmu.Lock()
-			res = append(res, opened{p: p, err: errors.New(why)})
+			res = append(res, opened{p: p, n: n, err: errors.New(why)})
 			rmu.Unlock()
 			continue
 		}
 		wg.Go(func() {
 			ps, why, err := m.openPart(p, n, false)
 			rmu.Lock()
-			res = append(res, opened{p, ps, err, why})
+			res = append(res, opened{p, n, ps, err, why})
 			rmu.Unlock()
 		})
 	}
@@ -215,25 +224,17 @@ func (a *Across) SubscribeEvents(ctx context.Context, since api.Positions, hasSi
 				// (a since no longer kept, a bad filter).
 				cancel()
 				m.wg.Wait()
+				m.end(nil)
 				return nil, nil, o.err
 			}
-			m.mu.Lock()
-			why := o.p.why
-			m.mu.Unlock()
-			if why == "" {
-				why = o.err.Error()
-			}
-			if !strings.HasPrefix(why, "node ") {
-				why = fmt.Sprintf("node %s does not answer: %s", o.p.node, why)
-			}
-			m.failed(o.p, why)
+			m.failed(o.p, m.openFailed(o.p, o.n, o.err))
 			continue
 		}
 		start[o.p.node] = o.ps.start
 		if o.why != "" {
 			m.tell(api.Event{Type: api.EventNodeJoined, Node: o.p.node, Time: time.Now().UTC(), Reason: o.why})
 		}
-		m.run(o.p, o.ps, time.Time{})
+		m.run(o.p, o.n, o.ps, time.Time{})
 	}
 	m.wg.Add(1)
 	go m.watch()
@@ -248,6 +249,7 @@ func (a *Across) SubscribeEvents(ctx context.Context, since api.Positions, hasSi
 // merged is a merged event stream: one part per node, each feeding c.
 type merged struct {
 	a        *Across
+	unuse    func() // the prober's count of open streams
 	f        service.EventFilter
 	began    time.Time
 	hasSince bool
@@ -273,11 +275,12 @@ type part struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	why    string // why it was ended from outside; guarded by merged.mu
-	// probing is whether a probe of its node is under way, running
-	// whether its stream is open (an opening one is bounded by the wait
-	// already), seen when its last event came; guarded by merged.mu.
-	probing, running bool
-	seen             time.Time
+	// running is whether its stream is open (an opening one is bounded
+	// by the wait already), seen when it opened or its last event came:
+	// a probe begun before then that found its node silent does not end
+	// it; guarded by merged.mu.
+	running bool
+	seen    time.Time
 }
 
 func (m *merged) newPart(n api.Node) *part {
@@ -302,11 +305,11 @@ func (m *merged) openPart(p *part, n api.Node, later bool) (partStream, string, 
 	since, hasSince := last, known || m.hasSince || later
 	var ps partStream
 	var err error
-	m.bounded(p, func(ctx context.Context) { ps, err = m.a.open(ctx, n, since, hasSince, m.f) })
+	m.bounded(p, n, func(ctx context.Context) { ps, err = m.a.open(ctx, n, since, hasSince, m.f) })
 	if errdefs.IsNotFound(err) && known && since > 0 {
 		// Its events after since are no longer kept: it restarted, or
 		// the stream fell too far behind. Every kept one follows.
-		m.bounded(p, func(ctx context.Context) { ps, err = m.a.open(ctx, n, 0, true, m.f) })
+		m.bounded(p, n, func(ctx context.Context) { ps, err = m.a.open(ctx, n, 0, true, m.f) })
 		if err == nil {
 			return ps, fmt.Sprintf("node %s no longer keeps its events after seq %d (it restarted, or they were too many): those are lost; its kept events follow", n.Name, since), nil
 		}
@@ -316,24 +319,43 @@ func (m *merged) openPart(p *part, n api.Node, later bool) (partStream, string, 
 
 // bounded runs an open of p within the stream's wait: a node that does
 // not answer in time is given up (its part's context ends).
-func (m *merged) bounded(p *part, open func(ctx context.Context)) {
+func (m *merged) bounded(p *part, n api.Node, open func(ctx context.Context)) {
+	t0 := time.Now()
 	t := time.AfterFunc(m.a.wait, p.cancel)
 	open(p.ctx)
-	if !t.Stop() && p.ctx.Err() != nil {
+	if !t.Stop() && p.ctx.Err() != nil && m.ctx.Err() == nil && n.Name != m.a.self() {
+		// Silent: the streams that open meanwhile do not wait for it.
+		m.a.noteSilent(n, t0, errNoAnswer{m.a.wait})
 		m.mu.Lock()
 		if p.why == "" {
-			p.why = fmt.Sprintf("no answer within %s", m.a.wait)
+			p.why = silentWords(n, errNoAnswer{m.a.wait})
 		}
 		m.mu.Unlock()
+	}
+}
+
+// openFailed says why p's part (of node n) did not open with err.
+func (m *merged) openFailed(p *part, n api.Node, err error) string {
+	m.mu.Lock()
+	why := p.why
+	m.mu.Unlock()
+	switch {
+	case why != "":
+		return why
+	case isTransport(err):
+		m.a.s.c.cfg.Log.Info("cluster: a node's event stream does not open", "node", n.Name, "addr", n.Addr, "err", err)
+		return silentWords(n, err)
+	default:
+		return fmt.Sprintf("node %s at %s refused its event stream: %v", n.Name, n.Addr, err)
 	}
 }
 
 // run follows p's stream until it ends, then says so (node.left). Events
 // before notBefore (a part opened from every kept event because its node
 // is new to the stream) are not sent.
-func (m *merged) run(p *part, ps partStream, notBefore time.Time) {
+func (m *merged) run(p *part, n api.Node, ps partStream, notBefore time.Time) {
 	m.mu.Lock()
-	p.running = true
+	p.running, p.seen = true, time.Now()
 	m.mu.Unlock()
 	m.wg.Add(1)
 	go func() {
@@ -368,13 +390,35 @@ func (m *merged) run(p *part, ps partStream, notBefore time.Time) {
 		m.mu.Unlock()
 		switch {
 		case why != "":
+		case isTransport(err):
+			why = m.streamCut(n, err)
 		case err != nil:
-			why = fmt.Sprintf("node %s's event stream failed: %v", p.node, err)
+			why = fmt.Sprintf("node %s at %s ended its event stream with an error: %v", p.node, n.Addr, err)
 		default:
-			why = fmt.Sprintf("node %s ended its event stream (it stopped)", p.node)
+			why = fmt.Sprintf("node %s at %s ended its event stream (it stopped)", p.node, n.Addr)
 		}
 		m.failed(p, why)
 	}()
+}
+
+// streamCut says why node n's stream ended with the transport error err
+// (logged: the SDK's words are not the cluster's), with whether its lease
+// lives: a node killed or cut off keeps its lease until it lapses.
+func (m *merged) streamCut(n api.Node, err error) string {
+	m.a.s.c.cfg.Log.Info("cluster: a node's event stream was cut", "node", n.Name, "addr", n.Addr, "err", err)
+	ctx, cancel := context.WithTimeout(m.ctx, m.a.wait)
+	defer cancel()
+	now, live, lerr := m.a.s.c.node(ctx, n.Name)
+	switch {
+	case lerr != nil:
+		return fmt.Sprintf("%s; its lease could not be read (etcd does not answer): its events are held until it answers again", notAnswering(n, err))
+	case !live:
+		return fmt.Sprintf("%s and its lease lapsed (it left the cluster): its events end here", notAnswering(n, err))
+	case !now.JoinedAt.Equal(n.JoinedAt):
+		return fmt.Sprintf("%s and joined again at %s (it restarted): its part starts anew", notAnswering(n, err), now.JoinedAt.UTC().Format(time.RFC3339))
+	default:
+		return silentWords(n, err)
+	}
 }
 
 // failed ends p's part with a node.left event (once while the node
@@ -448,44 +492,29 @@ func (m *merged) watch() {
 				p.cancel()
 			}
 		}
+		// A node the daemon's prober found silent (it accepts connections
+		// and answers nothing, or refuses them, its lease live) has its
+		// part ended like one that left, unless the part opened or an
+		// event of it came after that probe began (a probe's connection
+		// can fail after the node is back); the others' parts never wait
+		// on it. Its part opens again once the prober finds it answers.
+		for name, p := range m.parts {
+			if _, live := nodes[name]; !live || name == m.a.self() || !p.running || p.ctx.Err() != nil {
+				continue
+			}
+			if s, ok := m.a.silentSince(name); ok && !p.seen.After(s.at) {
+				if p.why == "" {
+					p.why = s.why
+				}
+				p.cancel()
+			}
+		}
 		for _, n := range sortedNodes(nodes) {
-			if _, ok := m.parts[n.Name]; !ok {
+			if _, ok := m.parts[n.Name]; !ok && (n.Name == m.a.self() || m.a.silentNow(n.Name) == "") {
 				starts = append(starts, n)
 			}
 		}
-		// A live node's part may wait on a node that is silent (it
-		// accepts connections and answers nothing): each is probed, and
-		// one that does not answer is ended like one that left; the
-		// others' parts never wait on it.
-		var probes []*part
-		for name, p := range m.parts {
-			if _, live := nodes[name]; live && name != m.a.self() && p.running && !p.probing && p.ctx.Err() == nil {
-				p.probing = true
-				probes = append(probes, p)
-			}
-		}
 		m.mu.Unlock()
-		for _, p := range probes {
-			n := nodes[p.node]
-			m.wg.Add(1)
-			go func() {
-				defer m.wg.Done()
-				t0 := time.Now()
-				err := m.a.answers(p.ctx, n)
-				m.mu.Lock()
-				p.probing = false
-				// An event that came meanwhile says the node answers (a
-				// probe's connection can fail after the node is back).
-				silent := err != nil && p.ctx.Err() == nil && !p.seen.After(t0)
-				if silent && p.why == "" {
-					p.why = silentWords(n.Name, err)
-				}
-				m.mu.Unlock()
-				if silent {
-					p.cancel()
-				}
-			}()
-		}
 		for _, n := range starts {
 			p := m.newPart(n)
 			m.wg.Add(1)
@@ -498,12 +527,7 @@ func (m *merged) watch() {
 				ps, why, err := m.openPart(p, n, true)
 				if err != nil {
 					if m.ctx.Err() == nil {
-						m.mu.Lock()
-						if p.why != "" {
-							err = errors.New(p.why)
-						}
-						m.mu.Unlock()
-						m.failed(p, fmt.Sprintf("node %s does not answer: %v", n.Name, err))
+						m.failed(p, m.openFailed(p, n, err))
 					}
 					return
 				}
@@ -527,43 +551,10 @@ func (m *merged) watch() {
 				m.mu.Unlock()
 				m.a.answered(n.Name)
 				m.send(api.Event{Type: api.EventNodeJoined, Node: n.Name, Time: time.Now().UTC(), Reason: why})
-				m.run(p, ps, notBefore)
+				m.run(p, n, ps, notBefore)
 			}()
 		}
 	}
-}
-
-// answers probes whether node n's API answers within the wait: any
-// answer counts (an error status too), only silence does not.
-func (a *Across) answers(ctx context.Context, n api.Node) error {
-	c, err := a.client(n)
-	if err != nil {
-		return err
-	}
-	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, a.wait)
-	defer cancel()
-	_, err = c.Health(ctx)
-	var se *sdk.Error
-	switch {
-	case err == nil || errors.As(err, &se):
-		err = nil
-	case ctx.Err() != nil:
-		err = fmt.Errorf("no answer within %s", a.wait)
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err == nil {
-		delete(a.silent, n.Name)
-	} else if parent.Err() == nil { // not a stream that ended
-		a.silent[n.Name] = silence{at: time.Now(), why: silentWords(n.Name, err)}
-	}
-	return err
-}
-
-// silentWords says that node does not answer, though its lease lives.
-func silentWords(node string, err error) string {
-	return fmt.Sprintf("node %s does not answer (%v) though its lease is live: its events are held until it answers again", node, err)
 }
 
 // answered forgets that node was found silent: it answers.
@@ -576,13 +567,19 @@ func (a *Across) answered(node string) {
 // silentNow is why node was found silent by a probe within silentFor
 // ("" if it was not).
 func (a *Across) silentNow(node string) string {
+	s, _ := a.silentSince(node)
+	return s.why
+}
+
+// silentSince is the probe within silentFor that found node silent.
+func (a *Across) silentSince(node string) (silence, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s, ok := a.silent[node]
 	if !ok || time.Since(s.at) > silentFor {
-		return ""
+		return silence{}, false
 	}
-	return s.why
+	return s, true
 }
 
 func sortedNodes(nodes map[string]api.Node) []api.Node {
@@ -597,6 +594,9 @@ func sortedNodes(nodes map[string]api.Node) []api.Node {
 // end ends the stream (err nil: its client went) once.
 func (m *merged) end(err error) {
 	m.once.Do(func() {
+		if m.unuse != nil {
+			m.unuse()
+		}
 		if err == nil {
 			err = errdefs.New(errdefs.Unavailable, "the merged event stream was closed")
 		}
@@ -654,7 +654,7 @@ func (a *Across) EventsSince(ctx context.Context, since api.Positions, f service
 					Reason: fmt.Sprintf("node %s no longer keeps its events after seq %d (it restarted, or they were too many): those are lost; its kept events follow", n.Name, from)}
 			}
 			if g.err != nil && wctx.Err() != nil && ctx.Err() == nil {
-				g.err = fmt.Errorf("did not answer within %s", a.wait)
+				g.err = errNoAnswer{a.wait}
 			}
 			mu.Lock()
 			res[n.Name] = g
@@ -668,9 +668,13 @@ func (a *Across) EventsSince(ctx context.Context, since api.Positions, f service
 		switch {
 		case g.err != nil && n.Name == a.self():
 			return nil, g.err
+		case g.err != nil && isTransport(g.err):
+			a.s.c.cfg.Log.Info("cluster: a node's kept events were not read", "node", n.Name, "addr", n.Addr, "err", g.err)
+			notes = append(notes, api.Event{Type: api.EventNodeLeft, Node: n.Name, Time: time.Now().UTC(),
+				Reason: fmt.Sprintf("%s: its events are not here", notAnswering(n, g.err))})
 		case g.err != nil:
 			notes = append(notes, api.Event{Type: api.EventNodeLeft, Node: n.Name, Time: time.Now().UTC(),
-				Reason: fmt.Sprintf("node %s does not answer: %v: its events are not here", n.Name, g.err)})
+				Reason: fmt.Sprintf("node %s at %s did not send its events (%v): they are not here", n.Name, n.Addr, g.err)})
 		default:
 			if g.note != nil {
 				out = append(out, *g.note)

@@ -74,6 +74,20 @@ func (c *Cluster) markLost(ctx context.Context) (int, error) {
 			rec.State == StateMoving && rec.SleepImage != "" {
 			continue
 		}
+		if rec.State == StateImporting {
+			// A fork's child its node did not make: never a sandbox,
+			// nothing to keep (the fork's answer named it failed).
+			t, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision),
+				clientv3.Compare(clientv3.CreateRevision(nodeKey(rec.Node)), "=", 0)).
+				Then(clientv3.OpDelete(string(kv.Key))).Commit()
+			if err != nil {
+				return n, unavailable("remove "+rec.ID+", a fork child its node left unmade", err)
+			}
+			if t.Succeeded {
+				c.cfg.Log.Info("cluster: removed a fork child's record its node left importing", "sandbox", rec.ID, "node", rec.Node)
+			}
+			continue
+		}
 		now := time.Now().UTC()
 		rec.Reason = fmt.Sprintf("node %s left the cluster (its lease lapsed) while the sandbox was %s; clade does not recreate it: remove it and create another", rec.Node, rec.State)
 		rec.State, rec.Epoch, rec.UpdatedAt = StateLost, rec.Epoch+1, now

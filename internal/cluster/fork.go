@@ -35,8 +35,10 @@ type Porter interface {
 	// Import fetches (with fetch, into a new dir) and verifies the
 	// snapshot, and forks n children of it here; a node without the root
 	// meta.ImageID of its image opens it with fetchRoot (a root stream).
+	// The children's ids are picked first and given to reserve (when not
+	// nil) before anything is fetched; a reserve that fails ends it.
 	Import(ctx context.Context, meta api.SnapshotExport, n int, fetch func(ctx context.Context, dir string) error,
-		fetchRoot func(ctx context.Context, id string) (io.ReadCloser, error)) (api.ForkResult, error)
+		fetchRoot func(ctx context.Context, id string) (io.ReadCloser, error), reserve func(ids []string) error) (api.ForkResult, error)
 	// SendRoot writes the image root with identity id as a root stream
 	// to the writer w returns (called once the root is found): NotFound
 	// if this node holds no such root.
@@ -56,6 +58,8 @@ type forks struct {
 
 	// porter, when set (SetPorter), makes forks across nodes.
 	porter Porter
+	// importing are the children this node is importing (importing.go).
+	importing imports
 }
 
 // forkOps is what a fork calls back into the node's Service for: a
@@ -513,17 +517,20 @@ func (f *forks) serveImport(w http.ResponseWriter, r *http.Request) {
 		}
 		return cancelOnClose{rc, cancel}, nil
 	}
-	res, err := f.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch, fetchRoot)
+	reserve, settle := f.reserveImport(context.WithoutCancel(ctx), req)
+	res, err := f.porter.Import(context.WithoutCancel(ctx), req.Snapshot, req.N, fetch, fetchRoot, reserve)
 	if id := from.take(); err != nil && id != "" && errors.Is(err, image.ErrRootStream) {
 		// The store's copy is bad: deleted (the next sleep or snapshot
 		// on it where a node holds it puts it back).
 		f.c.dropStoreRoot(context.WithoutCancel(ctx), id, err)
 	}
 	if err != nil {
+		settle(res, err)
 		writeErr(w, err)
 		return
 	}
-	res = f.settleLocal(r.Context(), res)
+	res = f.settleLocal(context.WithoutCancel(r.Context()), res)
+	settle(res, nil)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
 }

@@ -25,7 +25,7 @@ func (p *nullPorter) Open(digest string) (string, func(), error) {
 }
 
 func (p *nullPorter) Import(context.Context, api.SnapshotExport, int, func(context.Context, string) error,
-	func(context.Context, string) (io.ReadCloser, error)) (api.ForkResult, error) {
+	func(context.Context, string) (io.ReadCloser, error), func([]string) error) (api.ForkResult, error) {
 	p.imports++
 	return api.ForkResult{}, errdefs.New(errdefs.Conflict, "refused")
 }
@@ -106,7 +106,7 @@ type readingPorter struct {
 }
 
 func (p *readingPorter) Import(ctx context.Context, _ api.SnapshotExport, _ int, fetch func(context.Context, string) error,
-	fetchRoot func(context.Context, string) (io.ReadCloser, error)) (api.ForkResult, error) {
+	fetchRoot func(context.Context, string) (io.ReadCloser, error), _ func([]string) error) (api.ForkResult, error) {
 	rc, err := fetchRoot(ctx, "sha256:0123456789012345678901234567890123456789012345678901234567890123")
 	if err == nil {
 		_, err = io.Copy(io.Discard, rc)

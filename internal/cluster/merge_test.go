@@ -409,3 +409,132 @@ func TestMergeSilentNode(t *testing.T) {
 		t.Fatalf("b's part opened again with %q, want since=101 (its last event sent)", last)
 	}
 }
+
+// TestMergeKnownSilent: the merged streams' probes are the daemon's. A
+// node that falls silent after the last stream closed is found silent by
+// the daemon's prober all the same (it goes on for a while after the last
+// stream), and the next stream answers at once, without waiting on it,
+// beginning with its node.left; once it answers again it is picked up.
+func TestMergeKnownSilent(t *testing.T) {
+	cli := startEtcd(t)
+	b := newPeerNode(t)
+	ca := joinAt(t, cli, "a", "127.0.0.1:1")
+	defer ca.Close()
+	cb := joinAt(t, cli, "b", b.srv.Listener.Addr().String())
+	defer cb.Close()
+	local := &chanLocal{c: make(chan api.Event, 16)}
+	a := NewAcross(NewService(ca, local))
+	a.poll, a.wait = 100*time.Millisecond, 2*time.Second
+	sub, start, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if start.String() != "a:5,b:100" {
+		t.Fatalf("start %s, want a:5,b:100", start)
+	}
+	sub.Close()
+
+	// b falls silent with no stream open.
+	b.silence(true)
+	t0 := time.Now()
+	for a.silentNow("b") == "" {
+		if time.Since(t0) > 30*time.Second {
+			t.Fatal("b silent for 30 s with no stream open: the daemon never found it silent")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition
+	}
+	t.Logf("b found silent %s after it fell silent, no stream open", time.Since(t0).Round(time.Millisecond))
+	t1 := time.Now()
+	sub2, start2, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
+	took := time.Since(t1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub2.Close()
+	if start2.String() != "a:5" || took >= a.wait/2 {
+		t.Fatalf("a stream opened with b known silent: start %s after %s, want a:5 at once (the wait is %s)", start2, took, a.wait)
+	}
+	next := func(what string) api.Event {
+		t.Helper()
+		select {
+		case e := <-sub2.C():
+			return e
+		case <-sub2.Done():
+			t.Fatalf("%s: the stream ended: %v", what, sub2.Err())
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: nothing within 30 s", what)
+		}
+		return api.Event{}
+	}
+	if e := next("b's node.left"); e.Type != api.EventNodeLeft || e.Node != "b" || !strings.Contains(e.Reason, "does not answer") || !strings.Contains(e.Reason, "lease is live") {
+		t.Fatalf("the stream's first event: %+v, want b's node.left", e)
+	}
+	t.Logf("a stream opened with b known silent answered in %s", took.Round(time.Millisecond))
+	b.silence(false)
+	if e := next("b's node.joined"); e.Type != api.EventNodeJoined || e.Node != "b" || !strings.Contains(e.Reason, "answers again") {
+		t.Fatalf("b answers again: %+v", e)
+	}
+	b.c <- api.Event{Seq: 101, Type: api.EventCreated, Sandbox: "s1", Time: time.Now()}
+	if e := next("b's event"); e.Node != "b" || e.Seq != 101 {
+		t.Fatalf("b's event: %+v", e)
+	}
+}
+
+// TestMergeKilledNodeWords: a node killed under a merged stream (its
+// connections cut, nothing listening at its address, its lease still
+// live) ends its part with a node.left in the cluster's words: its name,
+// its address, that it does not answer and how, and that its lease is
+// live; not the SDK's words for a CLI user with a daemon of their own.
+// A stream opened then says the same of it.
+func TestMergeKilledNodeWords(t *testing.T) {
+	cli := startEtcd(t)
+	b := newPeerNode(t)
+	addr := b.srv.Listener.Addr().String()
+	ca := joinAt(t, cli, "a", "127.0.0.1:1")
+	defer ca.Close()
+	cb := joinAt(t, cli, "b", addr)
+	defer cb.Close()
+	local := &chanLocal{c: make(chan api.Event, 16)}
+	a := NewAcross(NewService(ca, local))
+	a.poll, a.wait = 100*time.Millisecond, 2*time.Second
+	check := func(what string, sub service.Subscription) {
+		t.Helper()
+		for {
+			select {
+			case e := <-sub.C():
+				if e.Type != api.EventNodeLeft {
+					continue
+				}
+				if e.Node != "b" || !strings.Contains(e.Reason, "node b at "+addr+" does not answer") ||
+					!strings.Contains(e.Reason, "lease is live") || strings.Contains(e.Reason, "clade daemon") ||
+					strings.Contains(e.Reason, "CLADE_HOST") {
+					t.Fatalf("%s: node.left %+v, want b's, in the cluster's words (its address %s, does not answer, its lease live)", what, e, addr)
+				}
+				t.Logf("%s: %s", what, e.Reason)
+				return
+			case <-sub.Done():
+				t.Fatalf("%s: the stream ended: %v", what, sub.Err())
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s: no node.left of b within 30 s", what)
+			}
+		}
+	}
+	sub, start, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if start.String() != "a:5,b:100" {
+		t.Fatalf("start %s, want a:5,b:100", start)
+	}
+	// Killed: nothing listens at its address, its streams are cut.
+	b.srv.Listener.Close()
+	b.srv.CloseClientConnections()
+	check("the open stream", sub)
+	sub2, _, err := a.SubscribeEvents(t.Context(), nil, false, service.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub2.Close()
+	check("a stream opened after", sub2)
+}

@@ -248,6 +248,12 @@ func TestNetClusterEvents(t *testing.T) {
 	if !strings.Contains(left.Reason, "left the cluster") && !strings.Contains(left.Reason, "does not answer") {
 		t.Fatalf("node.left of n2 says %q", left.Reason)
 	}
+	// In the cluster's words (its name and address), not the SDK's for
+	// a CLI user with a daemon of their own.
+	if strings.Contains(left.Reason, "clade daemon") || strings.Contains(left.Reason, "CLADE_HOST") ||
+		strings.Contains(left.Reason, "does not answer") && !strings.Contains(left.Reason, "node n2 at ") {
+		t.Fatalf("node.left of n2 says %q: not in the cluster's words", left.Reason)
+	}
 	sb3, err := n3.Client.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: "ev3", Node: "n1"})
 	if err != nil {
 		t.Fatal(err)

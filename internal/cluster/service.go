@@ -215,7 +215,7 @@ func (s *Service) resync(ctx context.Context) error {
 		}
 	}
 	for _, r := range recs {
-		if r.Node == s.c.cfg.Node && !have[r.ID] && !s.moves.keepUnheld(ctx, r) {
+		if r.Node == s.c.cfg.Node && !have[r.ID] && !s.forks.importing.has(r.ID) && !s.moves.keepUnheld(ctx, r) {
 			errs = append(errs, s.c.Unpublish(ctx, r.ID, false))
 		}
 	}
@@ -377,7 +377,9 @@ func (s *Service) List(ctx context.Context) ([]api.Sandbox, error) {
 		if have[r.ID] {
 			continue
 		}
-		given := r.Node == self && (r.State == StateMoving || movable(r) && r.Epoch > s.c.epoch(r.ID))
+		// (A fork's child this node imports is listed by its record
+		// until the node has it.)
+		given := r.Node == self && (r.State == StateMoving || r.State == StateImporting || movable(r) && r.Epoch > s.c.epoch(r.ID))
 		if r.Node != self || r.State == StateLost || given {
 			sb := r.Sandbox
 			sb.ID, sb.Node, sb.State, sb.Name, sb.SleepImage = r.ID, r.Node, r.State, r.Name, r.SleepImage
@@ -412,6 +414,9 @@ func (s *Service) route(ctx context.Context, ref string) (service.Service, error
 	}
 	if ok && rec.State == StateLost {
 		return nil, lostError(rec)
+	}
+	if ok && rec.State == StateImporting {
+		return nil, errdefs.New(errdefs.Unavailable, "sandbox %s is a fork's child that node %s is still importing (fetching the snapshot): try again once it is running", rec.ID, rec.Node)
 	}
 	if ok && (movable(rec) || rec.State == StateMoving) {
 		if svc, moved, err := s.moves.routeSleeping(ctx, ref, rec); moved || err != nil {
@@ -525,6 +530,14 @@ func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 		if rec, lost := s.lostRecord(ctx, ref); lost {
 			sb := rec.Sandbox
 			sb.ID, sb.Node, sb.State, sb.Name, sb.Error = rec.ID, rec.Node, rec.State, rec.Name, rec.Reason
+			return sb, nil
+		}
+	}
+	if errdefs.IsUnavailable(err) {
+		// A fork's child being imported: its record.
+		if rec, ok, lerr := s.c.Lookup(ctx, ref); lerr == nil && ok && rec.State == StateImporting {
+			sb := rec.Sandbox
+			sb.ID, sb.Node, sb.State = rec.ID, rec.Node, rec.State
 			return sb, nil
 		}
 	}

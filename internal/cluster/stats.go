@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -100,6 +101,10 @@ func (a *Across) ListStats(ctx context.Context, refs []string, labels map[string
 			MemoryLimitBytes: uint64(max(r.Sandbox.MemoryMiB, 0)) << 20, ReadAt: time.Now().UTC()}
 		if g, ok := res[r.Node]; ok && g.err != nil {
 			st.Error = fmt.Sprintf("node %s %v: no reading", r.Node, g.err)
+			if n := nodes[r.Node]; isTransport(g.err) && !strings.HasPrefix(g.err.Error(), "did not answer") {
+				// The SDK's words are a CLI user's: the cluster's here.
+				st.Error = notAnswering(n, g.err) + ": no reading"
+			}
 		} else if r.State == StateLost {
 			st.Error = r.Reason
 		}

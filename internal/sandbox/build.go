@@ -86,13 +86,11 @@ func (b *Builds) Commit(ctx context.Context, ref string, req CommitRequest) (ima
 	if req.Workdir != "" {
 		cfg.WorkingDir = req.Workdir
 	}
-	g, err := b.life.GuestWaking(ctx, rec.ID)
-	if err != nil {
-		return image.Image{}, err
-	}
 	// The reader ends with the agent's verdict: a tar the agent could not
 	// finish must not pass for a short, complete one.
-	tr, err := g.CopyOut(ctx, "/", notInImage)
+	tr, err := onBuildGuest(ctx, b.life, rec.ID, func(g *guest.Conn) (io.ReadCloser, error) {
+		return g.CopyOut(ctx, "/", notInImage)
+	})
 	if err != nil {
 		return image.Image{}, err
 	}
@@ -124,11 +122,9 @@ func (b *Builds) makeTemplate(ctx context.Context, img image.Image, req CommitRe
 		}
 	}()
 	run := func(cmd string, env ...string) (guest.ExitStatus, string, error) {
-		g, err := b.life.GuestWaking(ctx, sb.ID)
-		if err != nil {
-			return guest.ExitStatus{}, "", err
-		}
-		p, err := g.Exec(ctx, guest.ExecRequest{Argv: []string{"sh", "-c", cmd}, Env: env, Timeout: 30 * time.Second})
+		p, err := onBuildGuest(ctx, b.life, sb.ID, func(g *guest.Conn) (*guest.Process, error) {
+			return g.Exec(ctx, guest.ExecRequest{Argv: []string{"sh", "-c", cmd}, Env: env, Timeout: 30 * time.Second})
+		})
 		if err != nil {
 			return guest.ExitStatus{}, "", err
 		}
@@ -183,6 +179,40 @@ func (b *Builds) makeTemplate(ctx context.Context, img image.Image, req CommitRe
 	b.log.Info("template ready", "image", img.Name, "snapshot", sn.ID)
 	return fromRecord(rec)
 }
+
+// buildCallHook, set by tests only, is called by onBuildGuest between its
+// lookup of the sandbox's agent connection and its call on it.
+var buildCallHook func(id string)
+
+// onBuildGuest runs op on the agent connection of a build's sandbox id
+// (woken first). A build's sandbox can be put to sleep under it: not by
+// an idle sleep (a build's sandbox has none), but by the memory pressure
+// sleeper, a drain's sleep of idle sandboxes or a sleep asked for, all of
+// which retire its connection; a call the retired connection refused
+// unstarted (guest.IsRetired) looks the sandbox up again, which waits for
+// the sleep and wakes it, and runs op there, as service/local's onGuest
+// does for the API's calls. op must not consume anything before its call
+// opens (the guest package's calls do not).
+func onBuildGuest[T any](ctx context.Context, life buildOps, id string, op func(*guest.Conn) (T, error)) (T, error) {
+	for tries := 1; ; tries++ {
+		g, err := life.GuestWaking(ctx, id)
+		if err != nil {
+			var zero T
+			return zero, err
+		}
+		if buildCallHook != nil {
+			buildCallHook(id)
+		}
+		v, err := op(g)
+		if !guest.IsRetired(err) || tries == buildRetiredTries {
+			return v, err
+		}
+	}
+}
+
+// buildRetiredTries bounds the tries of a build's call refused by a
+// sleep each time (each try after the first waits for a sleep and wake).
+const buildRetiredTries = 5
 
 // CreateSandbox creates a sandbox for a build (see Manager.Create),
 // marked as a build's: the front that serves the build removes it when the

@@ -38,7 +38,9 @@ func (m *Manager) Fork(ctx context.Context, source string, n int) (ForkResult, e
 	return m.fork(ctx, source, make([]store.Sandbox, n))
 }
 
-// fork fills in recs (names may be preset) and restores them from source.
+// fork fills in recs (names and ids may be preset: an import picks its
+// children's ids before its fetch, see Porter.ImportAs) and restores them
+// from source.
 func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox) (ForkResult, error) {
 	snapper, err := snapshotterOf(m.eng)
 	if err != nil {
@@ -114,12 +116,16 @@ func (m *Manager) fork(ctx context.Context, source string, recs []store.Sandbox)
 		defer m.pools.warm.Want(sh, len(recs))
 	}
 	// Children's locks first (lock order: sandboxes before snapshots); the
-	// ids are new, so nobody waits on them yet.
+	// ids are new (an import's: nothing of them is on this node yet), so
+	// nobody waits on them yet.
 	unlocks := make([]func(), len(recs))
 	for i := range recs {
-		id, ok := takeIf(current, m.pools.warm.Take, sh)
-		if !ok {
-			id = newID()
+		id := recs[i].ID
+		if id == "" {
+			var ok bool
+			if id, ok = takeIf(current, m.pools.warm.Take, sh); !ok {
+				id = newID()
+			}
 		}
 		unlocks[i] = m.locks.lock(id)
 		recs[i] = store.Sandbox{ID: id, Name: recs[i].Name, Image: sn.Image, State: store.StateCreating,

@@ -205,6 +205,17 @@ func (p *Porter) Open(digest string) (string, func(), error) {
 // first with fetchRoot (image.SendRoot's stream, verified: Images.rootFor). A daemon killed midway leaves a fetch directory or an unused
 // implicit snapshot, which the restart census removes.
 func (p *Porter) Import(ctx context.Context, e api.SnapshotExport, n int, fetch func(ctx context.Context, dir string) error, fetchRoot RootFetch) (ForkResult, error) {
+	return p.ImportAs(ctx, e, n, fetch, fetchRoot, nil)
+}
+
+// ImportAs is Import that picks the children's ids before anything is
+// fetched and hands them to reserve (when not nil): a cluster writes
+// their records (importing) there, so that its listings show them while
+// the image and its root are fetched. A reserve that fails ends the
+// import before the fetch. The ids are the ones the children get (a
+// child that fails has none in the answer).
+func (p *Porter) ImportAs(ctx context.Context, e api.SnapshotExport, n int, fetch func(ctx context.Context, dir string) error, fetchRoot RootFetch,
+	reserve func(ids []string) error) (ForkResult, error) {
 	m := p.m
 	if n < 1 || n > m.cfg.MaxFork {
 		return ForkResult{}, errdefs.New(errdefs.InvalidArgument, "n=%d: give 1 to %d children (daemon flag --max-fork)", n, m.cfg.MaxFork)
@@ -244,6 +255,26 @@ func (p *Porter) Import(ctx context.Context, e api.SnapshotExport, n int, fetch 
 	if err != nil {
 		return ForkResult{}, err
 	}
+	recs := p.childRecords(ctx, e, opts, n)
+	forked := false
+	defer func() {
+		if !forked {
+			// Prepared sandboxes of the warm pool taken for the children.
+			for _, r := range recs {
+				_ = m.pools.destroyPrepared(context.WithoutCancel(ctx), r.ID)
+			}
+		}
+	}()
+	if reserve != nil {
+		ids := make([]string, n)
+		for i, r := range recs {
+			ids[i] = r.ID
+		}
+		if err := reserve(ids); err != nil {
+			resv.release()
+			return ForkResult{}, err
+		}
+	}
 	// The very root the snapshot stands on: this node's image if it is
 	// that root, else the root fetched (by fetchRoot) from a node that
 	// holds it.
@@ -265,7 +296,27 @@ func (p *Porter) Import(ctx context.Context, e api.SnapshotExport, n int, fetch 
 		return ForkResult{}, err
 	}
 	resv.release()
-	return m.fork(ctx, e.ID, make([]store.Sandbox, n))
+	forked = true
+	return m.fork(ctx, e.ID, recs)
+}
+
+// childRecords are the n children of an import with their ids, picked
+// before the fetch: prepared sandboxes of the warm pool when this node's
+// image is the snapshot's root (as the fork would take them), else new.
+func (p *Porter) childRecords(ctx context.Context, e api.SnapshotExport, opts store.Options, n int) []store.Sandbox {
+	m := p.m
+	img, err := m.images.Get(ctx, e.Image)
+	current := err == nil && RootID(img) == e.ImageID
+	sh := shapeOf(e.Image, e.MemoryMiB, e.CPUs, e.Env, opts)
+	recs := make([]store.Sandbox, n)
+	for i := range recs {
+		id, ok := takeIf(current, m.pools.warm.Take, sh)
+		if !ok {
+			id = newID()
+		}
+		recs[i].ID = id
+	}
+	return recs
 }
 
 // fetchOnce makes sn (at sn.Path, the image d) a ready snapshot of this

@@ -156,12 +156,36 @@ func TestPorterImport(t *testing.T) {
 	}
 	empty("after imports with volumes or secrets")
 
-	res, err := target.Import(t.Context(), e, 2, func(ctx context.Context, dir string) error {
+	// A reserve (a cluster's importing records) that fails ends the
+	// import before anything is fetched.
+	if _, err := target.ImportAs(t.Context(), e, 2, func(ctx context.Context, dir string) error {
+		t.Fatal("fetched after the reserve failed")
+		return nil
+	}, noRoot, func(ids []string) error {
+		return errdefs.New(errdefs.Unavailable, "no directory")
+	}); !errdefs.IsUnavailable(err) {
+		t.Fatalf("import whose reserve failed: %v, want its error", err)
+	}
+	empty("after an import whose reserve failed")
+
+	// The children's ids are picked, and reserved, before the fetch;
+	// they are the ids the children get.
+	var reserved []string
+	res, err := target.ImportAs(t.Context(), e, 2, func(ctx context.Context, dir string) error {
+		if len(reserved) != 2 {
+			t.Errorf("fetched with %d ids reserved, want 2 first", len(reserved))
+		}
 		copyImage(t, src, dir, func([]byte) {})
 		return nil
-	}, noRoot)
+	}, noRoot, func(ids []string) error {
+		reserved = ids
+		return nil
+	})
 	if err != nil || len(res.Children) != 2 || res.Children[0].Err != nil || res.Children[1].Err != nil {
 		t.Fatalf("import: %+v %v", res, err)
+	}
+	if res.Children[0].ID != reserved[0] || res.Children[1].ID != reserved[1] {
+		t.Fatalf("children %s and %s, reserved %v", res.Children[0].ID, res.Children[1].ID, reserved)
 	}
 	sn, err := stB.GetSnapshot(t.Context(), e.ID)
 	if err != nil || !sn.Implicit || sn.State != store.SnapshotReady {

@@ -28,8 +28,8 @@ func (p porter) SendRoot(ctx context.Context, id string, w func() io.Writer) err
 }
 
 func (p porter) Import(ctx context.Context, meta api.SnapshotExport, n int, fetch func(ctx context.Context, dir string) error,
-	fetchRoot func(ctx context.Context, id string) (io.ReadCloser, error)) (api.ForkResult, error) {
-	res, err := p.p.Import(ctx, meta, n, fetch, fetchRoot)
+	fetchRoot func(ctx context.Context, id string) (io.ReadCloser, error), reserve func(ids []string) error) (api.ForkResult, error) {
+	res, err := p.p.ImportAs(ctx, meta, n, fetch, fetchRoot, reserve)
 	if err != nil {
 		return api.ForkResult{}, err
 	}
