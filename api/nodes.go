@@ -49,6 +49,11 @@ type DrainProgress struct {
 	// Note says what keeps the whole node from moving its sandboxes
 	// (no --object-store), when something does.
 	Note string `json:"note,omitempty"`
+	// Retried says the last sandbox held for room that the drain moved
+	// on as soon as a node had room for it (a capacity refresh showed
+	// it, a move was done, a node joined); Retries counts them.
+	Retried string `json:"retried,omitempty"`
+	Retries int    `json:"retries,omitempty"`
 }
 
 // DrainHold is a sandbox a drain leaves on its node for now.

@@ -524,6 +524,18 @@ func (mv *moves) noRoom(nodes []api.Node, rec Record) string {
 	return roomWords(cs)
 }
 
+// roomOn is the node that has room now for running sandbox rec (its
+// pick), counting the moves under way; "" when none has.
+func (mv *moves) roomOn(nodes []api.Node, rec Record) string {
+	mv.placeMu.Lock()
+	defer mv.placeMu.Unlock()
+	cs := mv.candidates(nodes, rec, "")
+	if len(cs) == 0 || cs[0].free < 0 {
+		return ""
+	}
+	return cs[0].node.Name
+}
+
 // errNoRoom is a move that waits for room: no node it may go to has the
 // memory for it now.
 type errNoRoom struct{ why string }
