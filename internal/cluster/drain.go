@@ -237,6 +237,11 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 	active := 0
 	look := func(i int, sb api.Sandbox, nodes []api.Node) {
 		active++
+		// Looked at again: left as it is now until this look ends (its
+		// last look's part would count it twice once it is given away).
+		mu.Lock()
+		results[i], sbs[i] = nil, sb
+		mu.Unlock()
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()

@@ -430,6 +430,7 @@ func TestNetClusterDrainHeldRetried(t *testing.T) {
 	}
 
 	proxy.Stall(true)
+	defer proxy.Stall(false) // a failure's cleanup removes the sandboxes through n2 too
 	var out strings.Builder
 	cmd := exec.Command(n1.Bin, "--host", n1.Socket, "node", "drain", "n1", "--wait", "15m")
 	cmd.Stdout, cmd.Stderr = &out, &out
