@@ -264,6 +264,7 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 	var changed <-chan struct{}
 	held := map[int]Record{} // held for room, by index in sbs
 	again := map[int]bool{}  // a step under way here, by index in sbs
+	var lastAgain time.Time  // when those were last looked at again
 	for active > 0 {
 		tick := false
 		select {
@@ -291,7 +292,8 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 		if err != nil {
 			continue
 		}
-		if tick {
+		if tick && time.Since(lastAgain) >= drainEvery {
+			lastAgain = time.Now()
 			for i := range again {
 				delete(again, i)
 				if sb, err := mv.local.Get(ctx, sbs[i].ID); err == nil {
