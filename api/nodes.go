@@ -49,6 +49,11 @@ type DrainProgress struct {
 	// Note says what keeps the whole node from moving its sandboxes
 	// (no --object-store), when something does.
 	Note string `json:"note,omitempty"`
+	// Retried says the last sandbox held for room that the drain moved
+	// on as soon as a node had room for it (a capacity refresh showed
+	// it, a move was done, a node joined); Retries counts them.
+	Retried string `json:"retried,omitempty"`
+	Retries int    `json:"retries,omitempty"`
 }
 
 // DrainHold is a sandbox a drain leaves on its node for now.
@@ -70,6 +75,17 @@ type NodeCapacity struct {
 	MemoryTotalMiB    int64 `json:"memory_total_mib"`
 	MemAvailableMiB   int64 `json:"mem_available_mib"`
 	MemoryAdmittedMiB int64 `json:"memory_admitted_mib"`
+	// MemoryStartingMiB is the part of MemoryAdmittedMiB of sandboxes
+	// being made or woken: its admission holds it against MemAvailable
+	// too until they run. Admits are the ids of the sandboxes
+	// MemoryAdmittedMiB counts that were admitted lately (the last 30 s)
+	// or are being made or woken, Starting those being made or woken,
+	// read at the same moment: a node that sent it a create, a wake or a
+	// move stops counting it once its capacity names it, so that each is
+	// counted once.
+	MemoryStartingMiB int64    `json:"memory_starting_mib,omitempty"`
+	Admits            []string `json:"admits,omitempty"`
+	Starting          []string `json:"starting,omitempty"`
 	// MemoryFloorMiB is the MemAvailable its creates must leave free
 	// (--memory-floor); MemoryLimitMiB what the admitted limits may add
 	// up to (--memory-overcommit x total; 0: no cap); DefaultMemoryMiB

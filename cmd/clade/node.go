@@ -85,7 +85,7 @@ func drain(ctx context.Context, c *sdk.Client, name string, on bool) error {
 // left) as it changes, until only what holds the drain is left; then it
 // lists what holds it. The node writes its progress about every second.
 func followDrain(ctx context.Context, c *sdk.Client, name string, w io.Writer, every time.Duration) error {
-	first, last := int64(-1), ""
+	first, last, retries := int64(-1), "", 0
 	var p *sdk.DrainProgress
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -110,6 +110,11 @@ func followDrain(ctx context.Context, c *sdk.Client, name string, w io.Writer, e
 			p = n.Drain
 			if first < 0 {
 				first = p.Pass
+			}
+			if p.Retried != "" && p.Retries != retries {
+				// A sandbox held for room moves on: a node has room now.
+				fmt.Fprintf(w, "%s: %s\n", name, p.Retried)
+				retries = p.Retries
 			}
 			line := fmt.Sprintf("%s: %d moved, %d left (%d running, %d sleeping)", name, p.Moved, p.Running+p.Sleeping, p.Running, p.Sleeping)
 			if line != last {

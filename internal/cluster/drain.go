@@ -63,6 +63,18 @@ type drainState struct {
 	// woken are the sandboxes this drain put to sleep: woken on the node
 	// they are given to (or here again, should the drain end first).
 	woken map[string]bool
+	// retried says the last sandbox held for room that the drain moved
+	// on as soon as room appeared (api.DrainProgress.Retried), retries
+	// how many it did.
+	retried string
+	retries int
+}
+
+func (st *drainState) setRetried(words string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.retried = words
+	st.retries++
 }
 
 func (st *drainState) setMoved(id string) {
@@ -202,42 +214,166 @@ func (mv *moves) drainPass(ctx context.Context, st *drainState) *api.DrainProgre
 			q.Note = cmpOr(r.Note, q.Note)
 		}
 		q.Moved = st.nMoved()
+		st.mu.Lock()
+		q.Retried, q.Retries = st.retried, st.retries
+		st.mu.Unlock()
 		return q
 	}
+	// Each sandbox is looked at once, up to drainParallel at once. While
+	// the pass goes on (other moves under way: a pass waits for its
+	// slowest move), one held for room only is looked at again as soon as
+	// a node has room for it, and one with a step of its move under way
+	// here (put to sleep, its copy being made) about every second: the
+	// held one would otherwise wait for the slowest move too.
+	type outcome struct {
+		i     int
+		room  *Record // held for room only: the record its room was asked for
+		again bool    // a step of its move under way here: look again
+	}
+	finished := make(chan outcome, len(sbs))
 	sem := make(chan struct{}, drainParallel)
 	var wg sync.WaitGroup
-	for i, sb := range sbs {
-		sem <- struct{}{}
+	defer wg.Wait()
+	active := 0
+	look := func(i int, sb api.Sandbox, nodes []api.Node) {
+		active++
+		// Looked at again: left as it is now until this look ends (its
+		// last look's part would count it twice once it is given away).
+		mu.Lock()
+		results[i], sbs[i] = nil, sb
+		mu.Unlock()
 		wg.Go(func() {
+			sem <- struct{}{}
 			defer func() { <-sem }()
-			r := mv.drainOne(ctx, st, nodes, d, sb)
+			r, room := mv.drainOne(ctx, st, nodes, d, sb)
+			again := room == nil && !r.Settled && len(r.Held) == 0 && !st.isMoved(sb.ID)
 			mu.Lock()
-			defer mu.Unlock()
 			results[i] = r
 			interim := sum()
 			interim.Settled = false // the pass goes on
 			mv.c.drain.Store(interim)
+			mu.Unlock()
+			finished <- outcome{i, room, again}
 		})
 	}
-	wg.Wait()
+	for i, sb := range sbs {
+		look(i, sb, nodes)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var changed <-chan struct{}
+	held := map[int]Record{} // held for room, by index in sbs
+	again := map[int]bool{}  // a step under way here, by index in sbs
+	var lastAgain time.Time  // when those were last looked at again
+	for active > 0 {
+		tick := false
+		select {
+		case o := <-finished:
+			active--
+			switch {
+			case o.room != nil:
+				held[o.i] = *o.room
+			case o.again:
+				again[o.i] = true
+			}
+		case <-changed:
+			tick = true
+		}
+		if len(held)+len(again) == 0 || active == 0 {
+			continue // none waits, or the pass ends (the next one looks again)
+		}
+		if changed == nil {
+			changed = mv.nodesChanged(wctx)
+		}
+		// A move done (its room on its node counted or given back),
+		// another node's capacity written, a node joined or undrained:
+		// room may have appeared.
+		nodes, err := mv.c.Nodes(ctx)
+		if err != nil {
+			continue
+		}
+		if tick && time.Since(lastAgain) >= drainEvery {
+			lastAgain = time.Now()
+			for i := range again {
+				delete(again, i)
+				if sb, err := mv.local.Get(ctx, sbs[i].ID); err == nil {
+					look(i, sb, nodes)
+				}
+			}
+		}
+		for i, rec := range held {
+			to := mv.roomOn(nodes, rec)
+			if to == "" {
+				continue
+			}
+			sb, err := mv.local.Get(ctx, sbs[i].ID)
+			if err != nil {
+				continue // removed meanwhile: the next pass counts it
+			}
+			delete(held, i)
+			words := fmt.Sprintf("node %s has room now: moving %s, held for room", to, cmpOr(sb.Name, sb.ID))
+			st.setRetried(words)
+			mv.c.cfg.Log.Info("cluster: drain: "+words, "sandbox", sb.ID)
+			look(i, sb, nodes)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	return sum()
 }
 
+// nodesChanged signals each write of a node's key or drain mark (a
+// capacity refresh, a node joining, leaving, drained or undrained) until
+// ctx ends; and every drainEvery should etcd not tell.
+func (mv *moves) nodesChanged(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	nw := mv.c.cli.Watch(ctx, nodesPrefix(), clientv3.WithPrefix())
+	dw := mv.c.cli.Watch(ctx, drainPrefix(), clientv3.WithPrefix())
+	go func() {
+		t := time.NewTicker(drainEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-nw:
+				if !ok {
+					nw = nil // etcd out of reach: the ticker goes on
+				}
+			case _, ok := <-dw:
+				if !ok {
+					dw = nil
+				}
+			case <-t.C:
+			}
+			signal()
+		}
+	}()
+	return ch
+}
+
 // drainOne is a drain pass's look at one sandbox: its part of the
-// progress (Settled true when nothing of it is under way).
-func (mv *moves) drainOne(ctx context.Context, st *drainState, nodes []api.Node, d service.Drainer, sb api.Sandbox) *api.DrainProgress {
+// progress (Settled true when nothing of it is under way), and, when only
+// room on another node holds it, the record the room was asked for.
+func (mv *moves) drainOne(ctx context.Context, st *drainState, nodes []api.Node, d service.Drainer, sb api.Sandbox) (*api.DrainProgress, *Record) {
 	p := &api.DrainProgress{Settled: true}
 	hold := func(sb api.Sandbox, busy bool, why string) {
 		p.Held = append(p.Held, api.DrainHold{ID: sb.ID, Name: sb.Name, State: sb.State, Busy: busy, Why: why})
 	}
 	switch sb.State {
 	case "sleeping":
-		mv.drainSleeper(ctx, st, p, nodes, sb, hold)
+		return p, mv.drainSleeper(ctx, st, p, nodes, sb, hold)
 	case "running":
 		p.Running++
 		if d == nil {
 			hold(sb, false, "this node cannot put its sandboxes to sleep to move them")
-			return p
+			return p, nil
 		}
 		if full, err := mv.local.Get(ctx, sb.ID); err == nil {
 			sb = full // the record's view: image, engine, shape
@@ -245,12 +381,12 @@ func (mv *moves) drainOne(ctx context.Context, st *drainState, nodes []api.Node,
 		rec := Record{ID: sb.ID, Node: mv.c.cfg.Node, Sandbox: sb, SleepKey: mv.c.cfg.StoreKey}
 		if why := mv.whyStays(nodes, rec); why != "" {
 			hold(sb, false, why)
-			return p
+			return p, nil
 		}
 		if why := mv.noRoom(nodes, rec); why != "" {
 			// Put to sleep now, it would wait asleep for room.
 			hold(sb, false, why)
-			return p
+			return p, &rec
 		}
 		busy, err := d.SleepIdle(ctx, sb.ID)
 		switch {
@@ -277,45 +413,46 @@ func (mv *moves) drainOne(ctx context.Context, st *drainState, nodes []api.Node,
 		p.Running++
 		p.Settled = false
 	}
-	return p
+	return p, nil
 }
 
 // drainSleeper gives sleeping sb to another node when its record names
-// its image in the store, and wakes it there when the drain slept it.
-func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainProgress, nodes []api.Node, sb api.Sandbox, hold func(api.Sandbox, bool, string)) {
+// its image in the store, and wakes it there when the drain slept it. It
+// answers the record when only room on another node holds it.
+func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainProgress, nodes []api.Node, sb api.Sandbox, hold func(api.Sandbox, bool, string)) *Record {
 	p.Sleeping++
 	rec, rev, claimed, ok, err := mv.c.lookupRev(ctx, sb.ID)
 	switch {
 	case err != nil:
 		p.Settled = false
 		hold(sb, false, err.Error())
-		return
+		return nil
 	case ok && !claimed && rec.Node != mv.c.cfg.Node && mv.movedAway(ctx, sb.ID):
 		// Given away (by the drain call, or a call through another
 		// node): this copy is gone now.
 		p.Sleeping--
 		st.setMoved(sb.ID)
-		return
+		return nil
 	case !ok || claimed || rec.Node != mv.c.cfg.Node || rec.State != "sleeping":
 		// Its record is not written yet, or it is being moved.
 		p.Settled = false
-		return
+		return nil
 	case rec.SleepImage == "":
 		if m := mv.mover(); m != nil {
 			if _, err := m.SleepImage(ctx, sb.ID); errdefs.IsNotFound(err) && !strings.Contains(err.Error(), "--object-store") {
 				p.Settled = false // its copy is being made
-				return
+				return nil
 			} else if err != nil {
 				hold(sb, false, err.Error())
-				return
+				return nil
 			}
 		}
 		p.Settled = false // sealed: the record names it at the next write
-		return
+		return nil
 	}
 	if why := mv.whyStays(nodes, rec); why != "" {
 		hold(sb, false, why)
-		return
+		return nil
 	}
 	// One the drain put to sleep is woken there at once: only a node with
 	// room for it now takes it, its memory counted on that node until the
@@ -325,21 +462,21 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 	var room errNoRoom
 	switch {
 	case errors.As(err, &room):
-		hold(sb, false, room.why) // it moves at a pass that finds room
-		return
+		hold(sb, false, room.why) // it moves once a node has room
+		return &rec
 	case err != nil:
 		p.Settled = false
 		if !errors.Is(err, errMoveRace) {
 			hold(sb, false, err.Error())
 		}
-		return
+		return nil
 	}
 	st.setMoved(sb.ID)
 	p.Sleeping--
 	p.Settled = false
 	if !wake {
 		mv.movedAway(ctx, sb.ID) // this copy goes now
-		return
+		return nil
 	}
 	st.setWoken(sb.ID, false)
 	// Running before the drain: woken on its new node now.
@@ -351,9 +488,10 @@ func (mv *moves) drainSleeper(ctx context.Context, st *drainState, p *api.DrainP
 	done(err == nil)
 	if err != nil {
 		mv.c.cfg.Log.Warn("cluster: drain: wake a moved sandbox on its new node (it wakes at its next call)", "sandbox", sb.ID, "node", to.Node, "err", err)
-		return
+		return nil
 	}
 	mv.c.cfg.Log.Info("cluster: drain: running sandbox moved to another node", "sandbox", sb.ID, "node", to.Node, "took", time.Since(t0).Round(time.Millisecond))
+	return nil
 }
 
 // whyStays says why sb can go to no other node now ("" when one takes

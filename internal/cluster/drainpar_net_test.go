@@ -343,3 +343,175 @@ func TestNetClusterDrainRoom(t *testing.T) {
 		}
 	}
 }
+
+// TestNetClusterDrainHeldRetried: a sandbox a drain holds for room moves
+// as soon as a node has room for it, while the drain's other moves go on.
+// n2 and n3 each have room (their overcommit cap) for one sandbox of the
+// size the test picks, but n3's is taken by another sandbox; n1 holds two
+// idle ones and is drained: one is given to n2, whose fetch of its image
+// the test's proxy stalls, and the other is held for room. Once the
+// sandbox on n3 is removed, the held one runs on n3 while the first move
+// is still stalled (before, it waited for the pass, and so for the stalled
+// move, to end), and `clade node drain n1` says so.
+func TestNetClusterDrainHeldRetried(t *testing.T) {
+	creds := filepath.Join(testenv.TempDir(t), "creds")
+	var proxy *stallProxy
+	var proxied string
+	c := testenv.StartNetClusterWith(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s", "--cluster-move-timeout", "10m"}, func(i int) []string {
+		switch i {
+		case 0:
+			return []string{"--memory-overcommit", "0"}
+		case 1: // n2 fetches from the store through the stall proxy
+			return []string{"--memory-overcommit", "0.1", "--object-store", proxied}
+		}
+		return []string{"--memory-overcommit", "0.1"}
+	}, func(br netip.Addr) []string {
+		srv := weedtest.StartAt(t, br.String())
+		w := srv.Config("clade-drainretry")
+		st, err := snapstore.NewS3(t.Context(), w)
+		if err == nil {
+			err = st.Probe(t.Context()) // makes the bucket
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(creds, fmt.Appendf(nil, "AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n", w.AccessKey, w.SecretKey), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		proxy = startStallProxy(t, br.String(), strings.TrimPrefix(srv.Endpoint, "http://"))
+		proxied = "s3://clade-drainretry?endpoint=http://" + proxy.ln.Addr().String()
+		return []string{"--object-store", "s3://clade-drainretry?endpoint=" + srv.Endpoint, "--object-store-credentials", creds}
+	})
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{n2.Etcd, n3.Etcd, n1.Etcd}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	record := func(id string) dirRecord {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		var rec dirRecord
+		if r, err := cli.Get(ctx, "/clade/sandboxes/"+id); err == nil && len(r.Kvs) > 0 {
+			_ = json.Unmarshal(r.Kvs[0].Value, &rec)
+		}
+		return rec
+	}
+	ns, err := n2.Client.ListNodes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	room := int64(-1)
+	for _, n := range ns {
+		if n.Name == "n1" {
+			continue
+		}
+		r := n.Capacity.MemoryLimitMiB - n.Capacity.MemoryAdmittedMiB
+		if n.Capacity.MemoryLimitMiB <= 0 || r <= 0 {
+			t.Fatalf("node %s has no overcommit cap: %+v", n.Name, n.Capacity)
+		}
+		if room < 0 || r < room {
+			room = r
+		}
+	}
+	size := int(room * 2 / 3) // one fits a node, two do not
+	t.Logf("n2 and n3 have room for %d MiB each; sandboxes of %d MiB", room, size)
+	filler, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n3", MemoryMiB: size})
+	if err != nil || filler.Node != "n3" {
+		t.Fatalf("create on n3: %+v %v", filler, err)
+	}
+	var ids []string
+	for range 2 {
+		sb, err := n2.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: "n1", MemoryMiB: size})
+		if err != nil || sb.Node != "n1" {
+			t.Fatalf("create on n1: %+v %v", sb, err)
+		}
+		ids = append(ids, sb.ID)
+	}
+
+	proxy.Stall(true)
+	defer proxy.Stall(false) // a failure's cleanup removes the sandboxes through n2 too
+	var out strings.Builder
+	cmd := exec.Command(n1.Bin, "--host", n1.Socket, "node", "drain", "n1", "--wait", "15m")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-ended
+		}
+	}()
+	// One given to n2 (its fetch stalled), the other held for room.
+	var stalled, held string
+	waitFor(t, 3*time.Minute, "one sandbox given to n2 and the other held for room", func() (bool, string) {
+		ns, err := n2.Client.ListNodes(t.Context())
+		if err != nil {
+			return false, err.Error()
+		}
+		var p *sdk.DrainProgress
+		for _, n := range ns {
+			if n.Name == "n1" {
+				p = n.Drain
+			}
+		}
+		stalled, held = "", ""
+		for _, id := range ids {
+			if record(id).Node == "n2" {
+				stalled = id
+			}
+		}
+		if p != nil {
+			for _, h := range p.Held {
+				if strings.Contains(h.Why, "no other node has memory for it now") {
+					held = h.ID
+				}
+			}
+		}
+		return stalled != "" && held != "" && held != stalled, fmt.Sprintf("progress %+v; records %+v %+v", p, record(ids[0]), record(ids[1]))
+	})
+	t.Logf("given to n2 (stalled): %s; held for room: %s", stalled, held)
+	t0 := time.Now()
+	if err := n2.Client.DeleteSandbox(t.Context(), filler.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the held sandbox runs on n3 while the other's move is stalled", func() (bool, string) {
+		r := record(held)
+		return r.Node == "n3" && r.State == "running", fmt.Sprintf("%+v", r)
+	})
+	t.Logf("the held sandbox ran on n3 %s after n3 had room", time.Since(t0).Round(time.Millisecond))
+	if r := record(stalled); r.State == "running" {
+		t.Fatalf("the stalled move is done already (%+v): the test shows nothing", r)
+	}
+	proxy.Stall(false)
+	select {
+	case err := <-ended:
+		t.Logf("clade node drain n1:\n%s", out.String())
+		if err != nil {
+			t.Fatalf("clade node drain n1: %v", err)
+		}
+	case <-time.After(10 * time.Minute):
+		t.Fatalf("clade node drain n1 has not ended 10 min after the store answers:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "n1: node n3 has room now: moving "+held+", held for room") ||
+		!strings.Contains(out.String(), "n1 drained: 2 moved, nothing left on it") {
+		t.Fatalf("clade node drain n1 does not say the held one moved once n3 had room, and end with both moved:\n%s", out.String())
+	}
+	for id, want := range map[string]string{stalled: "n2", held: "n3"} {
+		sb, err := n3.Client.GetSandbox(t.Context(), id)
+		if err != nil || sb.Node != want || sb.State != "running" {
+			t.Fatalf("%s after the drain: %+v %v, want running on %s", id, sb, err, want)
+		}
+	}
+	if _, err := n1.Client.UndrainNode(t.Context(), "n1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if err := n2.Client.DeleteSandbox(t.Context(), id); err != nil {
+			t.Fatalf("remove %s: %v", id, err)
+		}
+	}
+}

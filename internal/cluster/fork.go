@@ -259,9 +259,15 @@ func (f *forks) forkShares(ctx context.Context, meta api.SnapshotExport, shares 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			done := f.pending.add(sh.node.Name, int64(sh.n)*cmpInt(int64(meta.MemoryMiB), 0))
+			done := f.pending.addShare(sh.node.Name, "", sh.n, cmpInt(int64(meta.MemoryMiB), 0))
 			outs[i], refused[i] = f.forkShare(ctx, meta, sh)
-			done(slices.ContainsFunc(outs[i], func(c api.ForkChild) bool { return c.ID != "" }))
+			var made []string
+			for _, c := range outs[i] {
+				if c.ID != "" {
+					made = append(made, c.ID)
+				}
+			}
+			done(len(made) > 0, made...)
 		}()
 	}
 	wg.Wait()
@@ -333,7 +339,7 @@ func (f *forks) planFork(ctx context.Context, meta api.SnapshotExport, n int, ex
 		// A node without the image gets its root from the origin (the
 		// import fetches it): only the engine and the drain count.
 		if eligible(nd, req, false) || nd.Name == f.c.cfg.Node {
-			cs = append(cs, candidate{node: nd, free: freeAfter(nd, int64(meta.MemoryMiB), f.pending.since(nd.Name, nd.RefreshedAt)) + int64(meta.MemoryMiB)})
+			cs = append(cs, candidate{node: nd, free: freeAfter(nd, int64(meta.MemoryMiB), f.pending.of(nd)) + int64(meta.MemoryMiB)})
 		}
 	}
 	if len(cs) == 0 {

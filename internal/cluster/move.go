@@ -508,7 +508,8 @@ func (mv *moves) reserve(nodes []api.Node, rec Record, room bool) (api.Node, fun
 		return api.Node{}, nil, errNoRoom{roomWords(cs)}
 	}
 	n := cs[0].node
-	return n, mv.pending.add(n.Name, cmpInt(int64(rec.Sandbox.MemoryMiB), n.Capacity.DefaultMemoryMiB)), nil
+	done := mv.pending.add(n.Name, rec.ID, cmpInt(int64(rec.Sandbox.MemoryMiB), n.Capacity.DefaultMemoryMiB))
+	return n, func(ok bool) { done(ok) }, nil
 }
 
 // noRoom says why no node other than its own has room now for running
@@ -521,6 +522,18 @@ func (mv *moves) noRoom(nodes []api.Node, rec Record) string {
 		return ""
 	}
 	return roomWords(cs)
+}
+
+// roomOn is the node that has room now for running sandbox rec (its
+// pick), counting the moves under way; "" when none has.
+func (mv *moves) roomOn(nodes []api.Node, rec Record) string {
+	mv.placeMu.Lock()
+	defer mv.placeMu.Unlock()
+	cs := mv.candidates(nodes, rec, "")
+	if len(cs) == 0 || cs[0].free < 0 {
+		return ""
+	}
+	return cs[0].node.Name
 }
 
 // errNoRoom is a move that waits for room: no node it may go to has the
@@ -554,7 +567,7 @@ func (mv *moves) candidates(nodes []api.Node, rec Record, except string) []candi
 	req := api.CreateSandboxRequest{Image: rec.Sandbox.Image, MemoryMiB: rec.Sandbox.MemoryMiB, Engine: rec.Sandbox.Engine}
 	// Nodes without the image come after those with it: the adopter
 	// fetches the root from a node that holds it.
-	return rankAnywhere(others, req, func(n api.Node) int64 { return mv.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	return rankAnywhere(others, req, mv.pending.of, defaultRand)
 }
 
 // opens is whether node n can open rec's sleep image: its object store

@@ -55,34 +55,106 @@ func TestRank(t *testing.T) {
 	}
 }
 
-// TestPending: creates sent since a node's last refresh count against it
-// until a refresh after them; a failed one never counts.
+// TestPending: creates sent to a node count against it until its capacity
+// counts them; a failed one never counts.
 func TestPending(t *testing.T) {
 	var p pending
-	t0 := time.Now()
-	done1 := p.add("a", 512)
-	done2 := p.add("a", 256)
-	if got := p.since("a", t0); got != 768 {
+	cap0 := node("a", 1e5, 0, 0, 0)
+	done1 := p.add("a", "", 512)
+	done2 := p.add("a", "", 256)
+	if got := p.of(cap0); got != 768 {
 		t.Fatalf("in flight: %d, want 768", got)
 	}
 	done2(false)
-	done1(true)
-	if got := p.since("a", t0); got != 512 {
+	done1(true, "s1")
+	if got := p.of(cap0); got != 512 {
 		t.Fatalf("after one failed: %d, want 512", got)
 	}
-	if got := p.since("a", time.Now().Add(time.Millisecond)); got != 0 {
-		t.Fatalf("after a refresh: %d, want 0", got)
+	counted := cap0
+	counted.Capacity.Admits, counted.Capacity.MemoryAdmittedMiB = []string{"s1"}, 512
+	if got := p.of(counted); got != 0 {
+		t.Fatalf("after a capacity that counts it: %d, want 0", got)
 	}
 	// Spread: three nodes alike, six creates through one placer.
 	nodes := []api.Node{node("a", 1e5, 0, 2048, 0), node("b", 1e5, 0, 2048, 0), node("c", 1e5, 0, 2048, 0)}
 	count := map[string]int{}
 	for range 6 {
-		cs := rank(nodes, api.CreateSandboxRequest{}, func(n api.Node) int64 { return p.since(n.Name, t0) }, defaultRand)
+		cs := rank(nodes, api.CreateSandboxRequest{}, p.of, defaultRand)
 		count[cs[0].node.Name]++
-		p.add(cs[0].node.Name, 512)
+		p.add(cs[0].node.Name, "", 512)
 	}
 	if count["a"] != 2 || count["b"] != 2 || count["c"] != 2 {
 		t.Fatalf("placed %v, want 2 each", count)
+	}
+}
+
+// TestPendingOnce: a create, a wake or a move sent to a node counts
+// against it exactly once, whatever capacity placement reads: one written
+// while it is being made (it counts it already, among those starting),
+// one read before its answer but written after it, one read after it
+// (it went meanwhile). Before, such a node looked short by twice the
+// sandbox's memory for up to a second. The clock is the test's; the
+// capacities are scripted as a node would write them.
+func TestPendingOnce(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p := pending{now: func() time.Time { return now }}
+	at := func(d time.Duration, admitted, starting int64, admits, startingIDs []string) api.Node {
+		n := node("a", 1e5, 0, 4096, admitted)
+		n.RefreshedAt = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(d)
+		n.Capacity.MemoryStartingMiB, n.Capacity.Admits, n.Capacity.Starting = starting, admits, startingIDs
+		return n
+	}
+	room := func(n api.Node) int64 { return freeAfter(n, 512, p.of(n)) }
+	check := func(what string, n api.Node, want int64) {
+		t.Helper()
+		if got := room(n); got != want {
+			t.Fatalf("%s: room after another 512 MiB: %d, want %d (pending %d)", what, got, want, p.of(n))
+		}
+	}
+	// A create of 512 MiB goes out at 0 s.
+	done := p.add("a", "", 512)
+	check("before the node has it", at(0, 0, 0, nil, nil), 4096-512-512)
+	// Written at 0.5 s, the node's capacity counts it, being made.
+	now = now.Add(time.Second)
+	check("the capacity counts it, being made", at(500*time.Millisecond, 512, 512, []string{"s1"}, []string{"s1"}), 4096-512-512)
+	// It answers at 1 s; a capacity read at 0.9 s (written after) counts
+	// it running; one read at 1.2 s too.
+	done(true, "s1")
+	check("read before its answer, written after", at(900*time.Millisecond, 512, 0, []string{"s1"}, nil), 4096-512-512)
+	check("read after its answer", at(1200*time.Millisecond, 512, 0, []string{"s1"}, nil), 4096-512-512)
+	// Another create answers at 2 s, and the sandbox is removed before
+	// the node's next capacity: once read after the answer, nothing.
+	done = p.add("a", "", 512)
+	now = now.Add(time.Second)
+	done(true, "s2")
+	check("answered, the capacity read before", at(1500*time.Millisecond, 512, 0, []string{"s1"}, nil), 4096-512-512-512)
+	check("answered, removed before the capacity", at(2500*time.Millisecond, 512, 0, []string{"s1"}, nil), 4096-512-512)
+
+	// A wake of s3 (a drain's move): its id is known from the start.
+	wdone := p.add("a", "s3", 512)
+	check("the wake sent", at(3*time.Second, 512, 0, []string{"s1"}, nil), 4096-512-512-512)
+	check("the wake, waking there", at(3500*time.Millisecond, 1024, 512, []string{"s1", "s3"}, []string{"s3"}), 4096-1024-512)
+	// While s3 wakes, a create of ours is in flight and is not made
+	// there yet: s3's starting memory is s3's, not the create's.
+	cdone := p.add("a", "", 512)
+	check("s3 waking and a create in flight", at(3600*time.Millisecond, 1024, 512, []string{"s1", "s3"}, []string{"s3"}), 4096-1024-512-512)
+	cdone(false)
+	now = now.Add(2 * time.Second)
+	wdone(true)
+	check("the wake done, running there", at(4500*time.Millisecond, 1024, 0, []string{"s1", "s3"}, nil), 4096-1024-512)
+	// Nothing is left to count once the capacity names all of it.
+	p.mu.Lock()
+	left := len(p.m["a"])
+	p.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d entries left: %+v", left, p.m["a"])
+	}
+	// The memory floor's side counts what is being made or woken there,
+	// as the node's own admission does.
+	n := node("b", 4000, 1000, 0, 0)
+	n.Capacity.MemoryStartingMiB, n.Capacity.Starting, n.Capacity.Admits = 1024, []string{"x"}, []string{"x"}
+	if got := freeAfter(n, 512, p.of(n)); got != 4000-1000-1024-512 {
+		t.Fatalf("the floor's room with 1024 MiB being made there: %d", got)
 	}
 }
 
@@ -138,13 +210,19 @@ func TestDrainReserve(t *testing.T) {
 	if n, done, err := mv.reserve(nodes, rec, false); err != nil || n.Name == "a" || done == nil {
 		t.Fatalf("a lazy give without room: %q %v, want b or c", n.Name, err)
 	}
-	// A wake done counts until the node's capacity, read after it, shows
-	// the sandbox.
+	// A wake done counts until the node's capacity names the sandbox,
+	// and then there only: once.
 	on["c"](true)
+	if n, _, err := mv.reserve([]api.Node{nodes[0], nodes[2]}, rec, true); err == nil {
+		t.Fatalf("c, its capacity not showing the moved sandbox yet, took another: %s", n.Name)
+	}
 	later := nodes[2]
-	later.RefreshedAt = time.Now().Add(time.Second)
-	later.Capacity.MemoryAdmittedMiB = 512
+	later.RefreshedAt = time.Now().Add(-time.Second) // read before the wake answered, written after
+	later.Capacity.MemoryAdmittedMiB, later.Capacity.Admits = 512, []string{"s"}
 	if n, _, err := mv.reserve([]api.Node{nodes[0], later}, rec, true); err == nil {
 		t.Fatalf("c, its capacity showing the moved sandbox, took another: %s", n.Name)
+	}
+	if why := mv.noRoom([]api.Node{nodes[0], later}, rec); !strings.Contains(why, "node c would be 24 MiB short") {
+		t.Fatalf("c's shortfall, its capacity counting the moved sandbox: %q, want 24 MiB (counted once)", why)
 	}
 }

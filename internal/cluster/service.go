@@ -257,7 +257,7 @@ func (s *Service) place(ctx context.Context, req api.CreateSandboxRequest) (api.
 	if err != nil {
 		return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "cluster: cannot place the sandbox: %v", err)
 	}
-	cs := rank(nodes, req, func(n api.Node) int64 { return s.pending.since(n.Name, n.RefreshedAt) }, defaultRand)
+	cs := rank(nodes, req, s.pending.of, defaultRand)
 	if len(cs) == 0 {
 		return api.Sandbox{}, errdefs.New(errdefs.Unavailable,
 			"no node of the cluster can take this sandbox now: none of the %d live nodes is both not draining and running engine %q (clade node ls); try again later", len(nodes), cmpOr(req.Engine, "(default)"))
@@ -279,7 +279,7 @@ func (s *Service) place(ctx context.Context, req api.CreateSandboxRequest) (api.
 // createOn makes the sandbox on node n: here, or through n's API (where it
 // is made on n itself).
 func (s *Service) createOn(ctx context.Context, n api.Node, req api.CreateSandboxRequest) (api.Sandbox, error) {
-	done := s.pending.add(n.Name, cmpInt(int64(req.MemoryMiB), n.Capacity.DefaultMemoryMiB))
+	done := s.pending.add(n.Name, "", cmpInt(int64(req.MemoryMiB), n.Capacity.DefaultMemoryMiB))
 	var sb api.Sandbox
 	var err error
 	if n.Name == s.c.cfg.Node {
@@ -292,7 +292,7 @@ func (s *Service) createOn(ctx context.Context, n api.Node, req api.CreateSandbo
 			sb, err = r.Create(ctx, req)
 		}
 	}
-	done(err == nil)
+	done(err == nil, sb.ID)
 	return sb, err
 }
 

@@ -136,5 +136,6 @@ func (mv *moves) reserveOn(nodes []api.Node, rec Record, node string) (api.Node,
 	if cs[0].free < 0 {
 		return api.Node{}, nil, errdefs.New(errdefs.ResourceExhausted, "sandbox %s cannot wake on node %s now: %s; try again later, or wake it without a node", rec.ID, node, roomWords(cs))
 	}
-	return n, mv.pending.add(n.Name, cmpInt(int64(rec.Sandbox.MemoryMiB), c.DefaultMemoryMiB)), nil
+	done := mv.pending.add(n.Name, rec.ID, cmpInt(int64(rec.Sandbox.MemoryMiB), c.DefaultMemoryMiB))
+	return n, func(ok bool) { done(ok) }, nil
 }

@@ -131,6 +131,11 @@ func TestSoak(t *testing.T) {
 	s.genCond = sync.NewCond(&s.genMu)
 	s.cleared = -1
 	s.failAfter = envInt(t, "CLADE_SOAK_FAIL_AFTER", 0)
+	// The daemon's network share is taken first: held until the reap
+	// below has removed its leftovers (cleanups run last registered
+	// first), so that no other test takes it in between and loses its
+	// resources to the reap.
+	netPlan := testenv.ReserveNet(t)
 	// The last of the soak's cleanups, after the daemon's own (which
 	// removes through the API what it still can) and before the file
 	// system is unmounted: however the test ended (a t.Fatal, a daemon
@@ -148,7 +153,7 @@ func TestSoak(t *testing.T) {
 		args = append(args, "--hot-pool", "2", "--warm-pool", "2")
 	}
 	t.Logf("soak: pools on: %v (CLADE_SOAK_POOLS)", pools)
-	s.d = testenv.StartDaemon(t, args...)
+	s.d = testenv.StartDaemonOn(t, netPlan, args...)
 	t.Logf("soak: network prefix %s", s.d.Net.Prefix)
 	s.pools = pools
 	s.d.DataDir = dataDir
@@ -354,8 +359,12 @@ func (s *soak) reap(dataDir string) {
 		}
 	}
 	if s.d != nil {
-		// The killed daemon's network slots, namespaces and table.
-		if leaks := s.d.Net.NetLeaks(); len(leaks) > 0 {
+		// The killed daemon's network slots, namespaces and table; once
+		// the share is released another test may hold it, and its
+		// resources are not the run's to remove.
+		if !s.d.Net.Held() {
+			s.t.Errorf("the network share %s was released before the reap: its leftovers are not removed", s.d.Net.Prefix)
+		} else if leaks := s.d.Net.NetLeaks(); len(leaks) > 0 {
 			s.t.Logf("removing the network resources the run left: %v", leaks)
 			if err := s.d.Net.RemoveNetLeaks(); err != nil {
 				s.t.Errorf("removing the network resources the run left: %v", err)
@@ -728,6 +737,9 @@ func TestSoakCleansUpAfterAFailure(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "failing on purpose") || !strings.Contains(string(out), "daemon exited at start") {
 		t.Fatalf("the child soak: %v, want it failed on purpose:\n%s", err, out)
+	}
+	if strings.Contains(string(out), "was released before the reap") {
+		t.Errorf("the child soak gave its network share up before its reap removed the share's leftovers:\n%s", out)
 	}
 	// Reaped here too, so that a failure of this test leaks nothing.
 	if left := testenv.ReapProcesses(tmp); len(left) > 0 {

@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"time"
 )
 
 // index mirrors, in memory, what a create asks of the sandboxes table on
@@ -23,6 +25,9 @@ type indexRow struct {
 	name      string
 	memoryMiB int
 	state     string
+	// since is when the row last began to hold memory (or the index was
+	// loaded): Admissions lists the recent ones.
+	since time.Time
 }
 
 // holdsMemory says whether a sandbox in state counts against the
@@ -48,6 +53,11 @@ func (x *index) load(ctx context.Context, s *Store) error {
 }
 
 func (x *index) putLocked(id string, r indexRow) {
+	if old, ok := x.rows[id]; ok && holdsMemory(old.state) {
+		r.since = old.since
+	} else if holdsMemory(r.state) {
+		r.since = time.Now()
+	}
 	x.dropLocked(id)
 	x.rows[id] = r
 	if r.name != "" {
@@ -77,6 +87,45 @@ func (x *index) setStateLocked(id, state string) {
 		r.state = state
 		x.putLocked(id, r)
 	}
+}
+
+// Admissions is the memory committed to sandboxes (CommittedMemoryMiB)
+// with which of them it counts lately, read at one moment: a cluster's
+// placement stops counting a create, wake or move it sent a node once the
+// node's capacity names it, so that it counts each exactly once.
+type Admissions struct {
+	// CommittedMiB is CommittedMemoryMiB; StartingMiB the part of it of
+	// sandboxes being made or woken (creating, waking).
+	CommittedMiB, StartingMiB int
+	// Recent are the ids of the rows it counts that began to hold memory
+	// within the window asked for, or are being made or woken; Starting
+	// those being made or woken. Sorted.
+	Recent, Starting []string
+}
+
+// Admissions reads the committed memory and the rows counted in it
+// lately (within window).
+func (s *Store) Admissions(window time.Duration) Admissions {
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	a := Admissions{CommittedMiB: s.idx.committed}
+	after := time.Now().Add(-window)
+	for id, r := range s.idx.rows {
+		if !holdsMemory(r.state) {
+			continue
+		}
+		starting := r.state == StateCreating || r.state == StateWaking
+		if starting {
+			a.StartingMiB += r.memoryMiB
+			a.Starting = append(a.Starting, id)
+		}
+		if starting || r.since.After(after) {
+			a.Recent = append(a.Recent, id)
+		}
+	}
+	slices.Sort(a.Recent)
+	slices.Sort(a.Starting)
+	return a
 }
 
 // taken says whether ref is a sandbox's id or name.

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestIndexFollowsTheTable: after random inserts, claims, state changes
@@ -140,5 +142,42 @@ func TestImageCacheFollowsWrites(t *testing.T) {
 	}
 	if img, _ := st.GetImage(ctx, "app"); img.RootFS != "/roots/c" {
 		t.Fatalf("after an adopt: %+v", img)
+	}
+}
+
+// TestAdmissions: the committed memory comes with the ids of what it
+// counts lately (within the window) and of what is being made or woken,
+// read at one moment; a sandbox put to sleep and woken again is recent
+// again.
+func TestAdmissions(t *testing.T) {
+	ctx := t.Context()
+	st := openTest(t)
+	for _, sb := range []Sandbox{{ID: "c1", State: StateCreating, MemoryMiB: 100}, {ID: "r1", State: StateRunning, MemoryMiB: 200},
+		{ID: "s1", State: StateSleeping, MemoryMiB: 400}} {
+		sb.Image = "img"
+		if err := st.InsertSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := st.Admissions(time.Hour)
+	if a.CommittedMiB != 300 || a.StartingMiB != 100 || !slices.Equal(a.Recent, []string{"c1", "r1"}) || !slices.Equal(a.Starting, []string{"c1"}) {
+		t.Fatalf("admissions: %+v", a)
+	}
+	// Nothing began to hold memory within the last 0 s but what starts.
+	if a := st.Admissions(0); !slices.Equal(a.Recent, []string{"c1"}) {
+		t.Fatalf("with no window: %+v", a)
+	}
+	if err := st.Transition(ctx, "c1", StateCreating, StateRunning, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Transition(ctx, "s1", StateSleeping, StateWaking, ""); err != nil {
+		t.Fatal(err)
+	}
+	a = st.Admissions(time.Hour)
+	if a.CommittedMiB != 700 || a.StartingMiB != 400 || !slices.Equal(a.Recent, []string{"c1", "r1", "s1"}) || !slices.Equal(a.Starting, []string{"s1"}) {
+		t.Fatalf("after c1 ran and s1 began to wake: %+v", a)
+	}
+	if got, _ := st.CommittedMemoryMiB(ctx); got != a.CommittedMiB {
+		t.Fatalf("committed %d, admissions say %d", got, a.CommittedMiB)
 	}
 }

@@ -148,9 +148,11 @@ func nodeCapacity(ctx context.Context, o Options, local service.Service, st *sto
 	if c.MemAvailableMiB, err = hostinfo.MemAvailableMiB(); err != nil {
 		errs = append(errs, err)
 	}
-	committed, err := st.CommittedMemoryMiB(ctx)
-	errs = append(errs, err)
-	c.MemoryAdmittedMiB = int64(committed)
+	// What admission counts, with the ids of what it counts lately, at
+	// one moment: placement stops counting what it sent once they show.
+	a := st.Admissions(cluster.AdmitWindow)
+	c.MemoryAdmittedMiB, c.MemoryStartingMiB = int64(a.CommittedMiB), int64(a.StartingMiB)
+	c.Admits, c.Starting = a.Recent, a.Starting
 	for _, s := range eng.Statuses() {
 		if s.Available {
 			c.Engines = append(c.Engines, s.Name)

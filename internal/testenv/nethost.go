@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -39,10 +40,28 @@ type NetPlan struct {
 	// range: a sandbox reaches it only when a CIDR rule allows it.
 	PrivateNet netip.Prefix
 	index      int
+	lock       *netLock
 }
 
+// netLock is a share's lock file, held until the end of the test that
+// took it.
+type netLock struct {
+	f        *os.File
+	released atomic.Bool
+}
+
+// Held reports whether the test still holds the share: false once the
+// cleanup ReserveNet registered has run (cleanups run last registered
+// first, so a cleanup registered before ReserveNet runs after that one:
+// it must not remove the share's resources, which another test may have
+// taken meanwhile).
+func (p NetPlan) Held() bool { return p.lock != nil && !p.lock.released.Load() }
+
 // ReserveNet takes a free network share for the test (a lock file held
-// until the test ends) and checks no leftover of it exists.
+// until the test ends) and checks no leftover of it exists. A test whose
+// own cleanup removes the share's leftovers takes the share before it
+// registers that cleanup (and gives it to its daemon: StartDaemonOn), so
+// that the share is held until that cleanup has run.
 func ReserveNet(t testing.TB) NetPlan {
 	t.Helper()
 	RequireRoot(t)
@@ -79,10 +98,14 @@ func ReserveNet(t testing.TB) NetPlan {
 			}
 			t.Logf("network share ct%d: removed the leftovers of an earlier run: %s", i, strings.Join(left, ", "))
 		}
-		t.Cleanup(func() { f.Close() })
+		l := &netLock{f: f}
+		t.Cleanup(func() {
+			l.released.Store(true)
+			f.Close()
+		})
 		return NetPlan{Prefix: fmt.Sprintf("ct%d", i), Range: netip.MustParsePrefix(fmt.Sprintf("10.201.%d.0/24", i)),
 			HostNet:    netip.MustParsePrefix(fmt.Sprintf("198.18.%d.0/29", i)),
-			PrivateNet: netip.MustParsePrefix(fmt.Sprintf("10.202.%d.0/29", i)), index: i}
+			PrivateNet: netip.MustParsePrefix(fmt.Sprintf("10.202.%d.0/29", i)), index: i, lock: l}
 	}
 	t.Fatal("no free test network share in /run/clade-testnet")
 	return NetPlan{}

@@ -53,3 +53,26 @@ func TestReapProcesses(t *testing.T) {
 		t.Fatalf("the process naming another directory: %q, want it left running", got)
 	}
 }
+
+// TestNetShareHeldThroughLaterCleanups: a network share is held through
+// the cleanups registered after ReserveNet (they run first) and released
+// before those registered before it: a test whose cleanup removes the
+// share's leftovers takes the share before registering it.
+func TestNetShareHeldThroughLaterCleanups(t *testing.T) {
+	var before, after bool
+	var plan NetPlan
+	t.Run("share", func(t *testing.T) {
+		t.Cleanup(func() { before = plan.Held() })
+		plan = ReserveNet(t)
+		t.Cleanup(func() { after = plan.Held() })
+		if !plan.Held() {
+			t.Fatal("a share just taken is not held")
+		}
+	})
+	if !after || before || plan.Held() {
+		t.Fatalf("held in a cleanup registered after ReserveNet: %v (want true), before it: %v (want false), after the test: %v (want false)", after, before, plan.Held())
+	}
+	if (NetPlan{}).Held() {
+		t.Fatal("no share is held")
+	}
+}

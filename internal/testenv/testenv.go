@@ -243,17 +243,35 @@ func StartDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	return d
 }
 
+// StartDaemonOn is StartDaemon on a network share the test took itself
+// (ReserveNet): one it holds until cleanups registered before it ran.
+func StartDaemonOn(t testing.TB, net NetPlan, extraArgs ...string) *Daemon {
+	t.Helper()
+	d := newDaemon(t, net, extraArgs...)
+	d.Start(nil)
+	return d
+}
+
 // NewDaemon is StartDaemon without the start: the test sets Wrap, then
 // Start, or Launch and WaitReady (to start several daemons at once, such
 // as the members of one etcd, which answer only together).
 func NewDaemon(t testing.TB, extraArgs ...string) *Daemon {
 	t.Helper()
+	return newDaemon(t, NetPlan{}, extraArgs...)
+}
+
+// newDaemon is NewDaemon on net (a share of its own when net is zero).
+func newDaemon(t testing.TB, net NetPlan, extraArgs ...string) *Daemon {
+	t.Helper()
 	runsc := Runsc(t)
 	images := ImagesDir(t)
 	clade, agent := Binaries(t)
 	dir := TempDir(t)
+	if net.Prefix == "" {
+		net = ReserveNet(t)
+	}
 	d := &Daemon{t: t, Bin: clade, DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "clade.sock"), logPath: filepath.Join(dir, "daemon.log"),
-		Net: ReserveNet(t)}
+		Net: net}
 	d.args = append([]string{"daemon", "--data-dir", d.DataDir, "--images-dir", images, "--socket", d.Socket,
 		"--runsc", runsc, "--agent", agent, "--build-default-image=false", "--log-level", "debug",
 		// No background work unless a test asks for it: the pool's prepared
