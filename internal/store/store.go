@@ -532,14 +532,6 @@ func (s *Store) CommittedMemoryMiB(ctx context.Context) (int, error) {
 	return s.idx.committed, nil
 }
 
-// committedMemoryQuery is CommittedMemoryMiB asked of the table itself
-// (the tests check the index against it).
-func (s *Store) committedMemoryQuery(ctx context.Context) (int, error) {
-	var n sql.NullInt64
-	err := s.db.QueryRowContext(ctx, `SELECT SUM(memory_mib) FROM sandboxes WHERE state NOT IN (?, ?)`, StateSleeping, StateStopped).Scan(&n)
-	return int(n.Int64), err
-}
-
 // DeleteSandbox removes a sandbox's record; a missing one is not an error.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	s.idx.mu.Lock()
