@@ -707,7 +707,7 @@ func (c *Cluster) storeRoot(ctx context.Context, id string) (io.ReadCloser, erro
 	if errors.Is(err, snapstore.ErrBadRoot) {
 		// An object that does not open at all (its header damaged):
 		// deleted, as one whose bytes are refused.
-		c.dropStoreRoot(context.WithoutCancel(ctx), id, err)
+		c.dropStoreRoot(ctx, id, err)
 	}
 	if err != nil {
 		return nil, err
@@ -727,12 +727,17 @@ func (c *Cluster) storeRoot(ctx context.Context, id string) (io.ReadCloser, erro
 // left of a root whose node is gone. The look and the delete are made
 // under the root's lock (LockRoot), which every upload of the root holds
 // across its upload and its sum's record: a good upload cannot land
-// between them. The recorded sum goes with the object.
+// between them.
 func (c *Cluster) dropStoreRoot(ctx context.Context, id string, why error) {
 	if c.cfg.StoreRootBad == nil {
 		return
 	}
-	lk, err := c.LockRoot(ctx, id, nil)
+	// Bounded: an upload of the root holds the lock for as long as it
+	// sends (minutes, for a big root), and a wake or a fork is waiting on
+	// this (that upload replaces the object anyway).
+	lctx, cancel := context.WithTimeout(ctx, dropLockWait)
+	lk, err := c.LockRoot(lctx, id, nil)
+	cancel()
 	if err != nil {
 		c.cfg.Log.Warn("cluster: an image root from the object store was refused, but its copy there could not be locked to look again: kept", "root", id, "why", why, "err", err)
 		return
@@ -746,13 +751,14 @@ func (c *Cluster) dropStoreRoot(ctx context.Context, id string, why error) {
 	c.hook("store-root-shown-bad")
 	c.cfg.Log.Warn("cluster: the object store's copy of an image root did not verify: deleting it", "root", id, "why", why)
 	c.cfg.StoreRootBad(ctx, id, why)
-	// Without its object the sum serves nothing; with the object still
-	// there (its delete failed), no sum keeps any wake off it, and the
-	// next copy on the root uploads it again.
-	if err := lk.DropSum(ctx); err != nil {
-		c.cfg.Log.Warn("cluster: delete the recorded digest of a bad image root", "root", id, "err", err)
-	}
+	// The recorded sum stays: it is still that of the root's last good
+	// upload (a copy of it put back verifies), and the next upload, which
+	// finds the root absent, replaces it.
 }
+
+// dropLockWait bounds how long a delete of a bad root waits for the
+// root's lock.
+const dropLockWait = time.Minute
 
 // storeRootDiffers reads the object store's copy of root id whole and
 // says whether its SHA-256 is not the one recorded, or it does not open

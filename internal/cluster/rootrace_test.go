@@ -316,3 +316,86 @@ func pollStore(t *testing.T, what string, cond func() (bool, string)) {
 		}
 	}
 }
+
+// TestRootLock: one holder at a time (a second waits, told so, until the
+// first lets go); a write under a lock that went (its key deleted, as when
+// the holder's lease lapses) is refused as ErrRootLockLost and changes
+// nothing; a lock an earlier run of the daemon left on this node's lease
+// is broken, not waited for.
+func TestRootLock(t *testing.T) {
+	cli := startEtcd(t)
+	a, err := Join(t.Context(), cli, Config{Node: "a", Addr: "127.0.0.1:1", LeaseTTL: 3 * time.Second,
+		Log:      slog.New(slog.DiscardHandler),
+		Capacity: func(context.Context) (api.NodeCapacity, error) { return api.NodeCapacity{Cores: 2, Sandboxes: 1}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	id := rootIDOf("a locked root")
+	first, err := a.LockRoot(t.Context(), id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan struct{})
+	got := make(chan error, 1)
+	go func() {
+		lk, err := a.LockRoot(t.Context(), id, func() { close(waiting) })
+		if err == nil {
+			lk.Unlock()
+		}
+		got <- err
+	}()
+	select {
+	case <-waiting:
+	case err := <-got:
+		t.Fatalf("a second holder got the lock while the first held it: %v", err)
+	}
+	sum := sha256.Sum256([]byte("a stream"))
+	if err := first.RecordSum(t.Context(), sum[:]); err != nil {
+		t.Fatal(err)
+	}
+	first.Unlock()
+	if err := <-got; err != nil {
+		t.Fatalf("the second holder, once the first let go: %v", err)
+	}
+	if rec, err := a.RootSum(t.Context(), id); err != nil || !bytes.Equal(rec, sum[:]) {
+		t.Fatalf("the sum recorded under the lock: %x %v", rec, err)
+	}
+
+	// The lock goes (the lease lapsed): nothing is written under it.
+	lk, err := a.LockRoot(t.Context(), id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Delete(t.Context(), rootLockKey(id)); err != nil {
+		t.Fatal(err)
+	}
+	other := sha256.Sum256([]byte("another stream"))
+	if err := lk.RecordSum(t.Context(), other[:]); !errors.Is(err, snapstore.ErrRootLockLost) {
+		t.Fatalf("a record under a lock that went: %v, want ErrRootLockLost", err)
+	}
+	if err := lk.DropSum(t.Context()); !errors.Is(err, snapstore.ErrRootLockLost) {
+		t.Fatalf("a drop under a lock that went: %v, want ErrRootLockLost", err)
+	}
+	if rec, err := a.RootSum(t.Context(), id); err != nil || !bytes.Equal(rec, sum[:]) {
+		t.Fatalf("the sum after writes under a lock that went: %x %v (want %x)", rec, err, sum)
+	}
+	lk.Unlock()
+
+	// An earlier run's lock on this node's lease.
+	lease, _ := a.current()
+	if _, err := cli.Put(t.Context(), rootLockKey(id), "a/0123456789abcdef", clientv3.WithLease(lease)); err != nil {
+		t.Fatal(err)
+	}
+	lk, err = a.LockRoot(t.Context(), id, func() { t.Error("waited for an earlier run's lock") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.DropSum(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lk.Unlock()
+	if rec, err := a.RootSum(t.Context(), id); err != nil || rec != nil {
+		t.Fatalf("the sum after its drop: %x %v", rec, err)
+	}
+}
