@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,20 @@ import (
 	"github.com/clade-sandbox/clade/internal/snapstore/weedtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// TestRootStoreRaces: the races of image roots in the object store (in
+// S3, a real SeaweedFS, and in a directory store) between two nodes on
+// one etcd: rootUploadRace, rootDropConditional, rootSweepDropsSum.
+func TestRootStoreRaces(t *testing.T) {
+	cli := startEtcd(t)
+	for kind, store := range rootStores(t) {
+		for name, race := range map[string]func(*testing.T, *clientv3.Client, func(*testing.T) storeRoots, string){
+			"upload": rootUploadRace, "drop": rootDropConditional, "sweep": rootSweepDropsSum,
+		} {
+			t.Run(name+"/"+kind, func(t *testing.T) { race(t, cli, store, kind) })
+		}
+	}
+}
 
 // rootNode is one node of the root races: its membership (the digests
 // and the lock in etcd) and its copies into the shared store, whose image
@@ -40,13 +55,15 @@ type storeRoots interface {
 
 // rootStores is the shared store of each kind: a real S3 server
 // (SeaweedFS) and a directory store.
-func rootStores(t *testing.T) map[string]func(t *testing.T) storeRoots {
+// One S3 server for the whole test (started with it, at the first
+// use), a bucket of its own for each use.
+func rootStores(top *testing.T) map[string]func(t *testing.T) storeRoots {
 	var once sync.Once
 	var srv *weedtest.Server
 	n := 0
 	return map[string]func(t *testing.T) storeRoots{
 		"s3": func(t *testing.T) storeRoots {
-			once.Do(func() { srv = weedtest.Start(t) })
+			once.Do(func() { srv = weedtest.Start(top) })
 			n++
 			s, err := snapstore.NewS3(t.Context(), srv.Config(fmt.Sprint("roots-", n)))
 			if err != nil {
@@ -64,8 +81,11 @@ func rootStores(t *testing.T) map[string]func(t *testing.T) storeRoots {
 	}
 }
 
+var nodeSeq atomic.Int32
+
 func newRootNode(t *testing.T, cli *clientv3.Client, s storeRoots, name, id string) *rootNode {
 	t.Helper()
+	name = fmt.Sprint(name, "-", nodeSeq.Add(1)) // a name of its own on the shared etcd
 	n := &rootNode{stream: bytes.Repeat([]byte("the root as node "+name+" sends it "), 20000), base: t.TempDir()}
 	copies, err := snapstore.NewCopies(s, filepath.Join(n.base, "objects"), nil)
 	if err != nil {
@@ -139,160 +159,145 @@ func rootIDOf(s string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// TestRootUploadRace: two nodes upload one image root at once (both found
+// rootUploadRace: two nodes upload one image root at once (both found
 // it absent), each its own stream of it. Node a's object lands first; node
 // b's upload (hook) runs at once after it, before a records its digest.
 // Whatever the order, the digest recorded must be the one of the object
 // that landed: the next wake from the store accepts it. It used to record
 // a's digest over b's object, and the wake refused a good root and deleted
 // it.
-func TestRootUploadRace(t *testing.T) {
-	cli := startEtcd(t)
-	for kind, store := range rootStores(t) {
-		t.Run(kind, func(t *testing.T) {
-			s := store(t)
-			id := rootIDOf("a raced upload " + kind)
-			a, b := newRootNode(t, cli, s, "a-"+kind, id), newRootNode(t, cli, s, "b-"+kind, id)
-			var bDone chan error
-			a.copies.SetTestHook(func(step string) {
-				if step == "root-uploaded" && bDone == nil {
-					bDone = b.putRacing(t, "b1")
-				}
-			})
-			if err := a.put(t, "a1"); err != nil {
-				t.Fatal(err)
-			}
-			if bDone == nil {
-				t.Fatal("node a's copy never reached root-uploaded")
-			}
-			if err := <-bDone; err != nil {
-				t.Fatal(err)
-			}
-			got, err := wakeReads(t, a.c, id)
-			if err != nil {
-				t.Fatalf("the next wake from the store refuses the root two nodes uploaded at once: %v", err)
-			}
-			if !bytes.Equal(got, a.stream) && !bytes.Equal(got, b.stream) {
-				t.Fatalf("the wake read %d bytes that neither node sent", len(got))
-			}
-			t.Logf("the store holds node %s's upload, and its digest", map[bool]string{true: "a", false: "b"}[bytes.Equal(got, a.stream)])
-		})
+func rootUploadRace(t *testing.T, cli *clientv3.Client, store func(*testing.T) storeRoots, kind string) {
+	s := store(t)
+	id := rootIDOf("a raced upload " + kind)
+	a, b := newRootNode(t, cli, s, "a-"+kind, id), newRootNode(t, cli, s, "b-"+kind, id)
+	var bDone chan error
+	a.copies.SetTestHook(func(step string) {
+		if step == "root-uploaded" && bDone == nil {
+			bDone = b.putRacing(t, "b1")
+		}
+	})
+	if err := a.put(t, "a1"); err != nil {
+		t.Fatal(err)
 	}
+	if bDone == nil {
+		t.Fatal("node a's copy never reached root-uploaded")
+	}
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	got, err := wakeReads(t, a.c, id)
+	if err != nil {
+		t.Fatalf("the next wake from the store refuses the root two nodes uploaded at once: %v", err)
+	}
+	if !bytes.Equal(got, a.stream) && !bytes.Equal(got, b.stream) {
+		t.Fatalf("the wake read %d bytes that neither node sent", len(got))
+	}
+	t.Logf("the store holds node %s's upload, and its digest", map[bool]string{true: "a", false: "b"}[bytes.Equal(got, a.stream)])
 }
 
-// TestRootDropConditional: a wake that shows the store's root bad deletes
+// rootDropConditional: a wake that shows the store's root bad deletes
 // it only while it is still the object it read. Here a forged root is
 // refused; right after the node rehashed it and before its delete (hook),
 // another node's wake deletes it and a sleep uploads a good root: the
 // good upload must stay (it used to be deleted, and the sandboxes on the
 // root wake nowhere until the next sleep).
-func TestRootDropConditional(t *testing.T) {
-	cli := startEtcd(t)
-	for kind, store := range rootStores(t) {
-		t.Run(kind, func(t *testing.T) {
-			s := store(t)
-			id := rootIDOf("a root shown bad " + kind)
-			a, b := newRootNode(t, cli, s, "a-"+kind, id), newRootNode(t, cli, s, "b-"+kind, id)
-			if err := a.put(t, "a1"); err != nil {
-				t.Fatal(err)
+func rootDropConditional(t *testing.T, cli *clientv3.Client, store func(*testing.T) storeRoots, kind string) {
+	s := store(t)
+	id := rootIDOf("a root shown bad " + kind)
+	a, b := newRootNode(t, cli, s, "a-"+kind, id), newRootNode(t, cli, s, "b-"+kind, id)
+	if err := a.put(t, "a1"); err != nil {
+		t.Fatal(err)
+	}
+	// Someone with write access to the bucket forges the root.
+	forged := bytes.Repeat([]byte("a forged root "), 1000)
+	if err := s.PutRoot(t.Context(), id, func(w io.Writer) error { _, err := w.Write(forged); return err }); err != nil {
+		t.Fatal(err)
+	}
+	_, refusal := wakeReads(t, a.c, id)
+	if !errors.Is(refusal, image.ErrRootStream) {
+		t.Fatalf("a wake read the forged root: %v", refusal)
+	}
+	var bDone chan error
+	a.c.testHook = func(step string) {
+		if step == "store-root-shown-bad" && bDone == nil {
+			// Another node's wake deleted it meanwhile, and a sleep
+			// on the root uploads it anew.
+			if err := s.DeleteRoot(t.Context(), id); err != nil {
+				t.Error(err)
 			}
-			// Someone with write access to the bucket forges the root.
-			forged := bytes.Repeat([]byte("a forged root "), 1000)
-			if err := s.PutRoot(t.Context(), id, func(w io.Writer) error { _, err := w.Write(forged); return err }); err != nil {
-				t.Fatal(err)
-			}
-			_, refusal := wakeReads(t, a.c, id)
-			if !errors.Is(refusal, image.ErrRootStream) {
-				t.Fatalf("a wake read the forged root: %v", refusal)
-			}
-			var bDone chan error
-			a.c.testHook = func(step string) {
-				if step == "store-root-shown-bad" && bDone == nil {
-					// Another node's wake deleted it meanwhile, and a sleep
-					// on the root uploads it anew.
-					if err := s.DeleteRoot(t.Context(), id); err != nil {
-						t.Error(err)
-					}
-					bDone = b.putRacing(t, "b1")
-				}
-			}
-			a.c.dropStoreRoot(t.Context(), id, refusal)
-			if bDone == nil {
-				t.Fatal("the drop never reached store-root-shown-bad")
-			}
-			if err := <-bDone; err != nil {
-				t.Fatal(err)
-			}
-			got, err := wakeReads(t, a.c, id)
-			if err != nil || !bytes.Equal(got, b.stream) {
-				t.Fatalf("the good root uploaded while a bad one was being deleted: %d bytes, %v", len(got), err)
-			}
-		})
+			bDone = b.putRacing(t, "b1")
+		}
+	}
+	a.c.dropStoreRoot(t.Context(), id, refusal)
+	if bDone == nil {
+		t.Fatal("the drop never reached store-root-shown-bad")
+	}
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	got, err := wakeReads(t, a.c, id)
+	if err != nil || !bytes.Equal(got, b.stream) {
+		t.Fatalf("the good root uploaded while a bad one was being deleted: %d bytes, %v", len(got), err)
 	}
 }
 
-// TestRootSweepDropsSum: when the sweep deletes a root no image names, the
+// rootSweepDropsSum: when the sweep deletes a root no image names, the
 // digest recorded for it in etcd goes in the same step; a root uploaded
 // anew while the sweep deleted the old one (hook: after the sweep's
 // second look at the refs) keeps its fresh digest.
-func TestRootSweepDropsSum(t *testing.T) {
-	cli := startEtcd(t)
-	for kind, store := range rootStores(t) {
-		t.Run(kind, func(t *testing.T) {
-			s := store(t)
-			id := rootIDOf("a swept root " + kind)
-			a, b := newRootNode(t, cli, s, "a-"+kind, id), newRootNode(t, cli, s, "b-"+kind, id)
-			a.copies.SetRootGrace(0)
-			gone := func() bool {
-				has, err := s.HasRoot(t.Context(), id)
-				return err == nil && !has
-			}
-			if err := a.put(t, "a1"); err != nil {
-				t.Fatal(err)
-			}
-			if sum, err := a.c.RootSum(t.Context(), id); err != nil || sum == nil {
-				t.Fatalf("no digest recorded at the upload: %x %v", sum, err)
-			}
-			if err := a.copies.Drop("sleep/a1"); err != nil {
-				t.Fatal(err)
-			}
-			pollStore(t, "the root deleted", func() (bool, string) { return gone(), "" })
-			pollStore(t, "its digest deleted with it", func() (bool, string) {
-				sum, err := a.c.RootSum(t.Context(), id)
-				return err == nil && sum == nil, fmt.Sprintf("%x %v", sum, err)
-			})
+func rootSweepDropsSum(t *testing.T, cli *clientv3.Client, store func(*testing.T) storeRoots, kind string) {
+	s := store(t)
+	id := rootIDOf("a swept root " + kind)
+	a, b := newRootNode(t, cli, s, "a-"+kind, id), newRootNode(t, cli, s, "b-"+kind, id)
+	a.copies.SetRootGrace(0)
+	gone := func() bool {
+		has, err := s.HasRoot(t.Context(), id)
+		return err == nil && !has
+	}
+	if err := a.put(t, "a1"); err != nil {
+		t.Fatal(err)
+	}
+	if sum, err := a.c.RootSum(t.Context(), id); err != nil || sum == nil {
+		t.Fatalf("no digest recorded at the upload: %x %v", sum, err)
+	}
+	if err := a.copies.Drop("sleep/a1"); err != nil {
+		t.Fatal(err)
+	}
+	pollStore(t, "the root deleted", func() (bool, string) { return gone(), "" })
+	pollStore(t, "its digest deleted with it", func() (bool, string) {
+		sum, err := a.c.RootSum(t.Context(), id)
+		return err == nil && sum == nil, fmt.Sprintf("%x %v", sum, err)
+	})
 
-			// Anew, while the sweep deletes the root: b uploads it after the
-			// sweep found no ref the second time.
-			if err := a.put(t, "a2"); err != nil {
-				t.Fatal(err)
-			}
-			bDone := make(chan chan error, 1)
-			swept := make(chan struct{})
-			a.copies.SetTestHook(func(step string) {
-				switch step {
-				case "root-sweep-refs-relisted":
-					bDone <- b.putRacing(t, "b1")
-				case "root-sweep-done":
-					close(swept)
-				}
-			})
-			if err := a.copies.Drop("sleep/a2"); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-swept:
-			case <-t.Context().Done():
-				t.Fatal(t.Context().Err())
-			}
-			if err := <-<-bDone; err != nil {
-				t.Fatal(err)
-			}
-			got, err := wakeReads(t, a.c, id)
-			if err != nil || !bytes.Equal(got, b.stream) {
-				t.Fatalf("a root uploaded anew while the sweep deleted the old one: %d bytes, %v", len(got), err)
-			}
-		})
+	// Anew, while the sweep deletes the root: b uploads it after the
+	// sweep found no ref the second time.
+	if err := a.put(t, "a2"); err != nil {
+		t.Fatal(err)
+	}
+	bDone := make(chan chan error, 1)
+	swept := make(chan struct{})
+	a.copies.SetTestHook(func(step string) {
+		switch step {
+		case "root-sweep-refs-relisted":
+			bDone <- b.putRacing(t, "b1")
+		case "root-sweep-done":
+			close(swept)
+		}
+	})
+	if err := a.copies.Drop("sleep/a2"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-swept:
+	case <-t.Context().Done():
+		t.Fatal(t.Context().Err())
+	}
+	if err := <-<-bDone; err != nil {
+		t.Fatal(err)
+	}
+	got, err := wakeReads(t, a.c, id)
+	if err != nil || !bytes.Equal(got, b.stream) {
+		t.Fatalf("a root uploaded anew while the sweep deleted the old one: %d bytes, %v", len(got), err)
 	}
 }
 
