@@ -99,6 +99,7 @@ type Cluster struct {
 
 	mu     sync.Mutex
 	lease  clientv3.LeaseID // guarded by mu
+	token  string           // this process's name in the root locks (lockToken); guarded by mu
 	last   string           // the node key's last value written; guarded by mu
 	epochs map[string]int64 // the epoch this node last wrote, by sandbox; guarded by mu
 	// lostNodes and lostPass are the live nodes at MarkLost's last pass
@@ -119,6 +120,16 @@ type Cluster struct {
 
 	stop chan struct{}
 	done chan struct{}
+
+	// testHook, when set (tests), is called at the image roots' steps.
+	testHook func(step string)
+}
+
+// hook calls the test hook at step, if one is set.
+func (c *Cluster) hook(step string) {
+	if h := c.testHook; h != nil {
+		h(step)
+	}
 }
 
 // nodeNameOK allows names that are safe in keys, logs and host names.

@@ -19,6 +19,7 @@ import (
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/service"
+	"github.com/clade-sandbox/clade/internal/snapstore"
 )
 
 // Moves of sleeping sandboxes (sleep and wake anywhere). A sleeping
@@ -716,6 +717,11 @@ func (c *Cluster) storeRoot(ctx context.Context, id string) (io.ReadCloser, erro
 		return nil, errdefs.New(errdefs.NotFound, "the object store's copy of image root %.19s has no digest recorded in the cluster (uploaded by a node that records none), so it is not used", id)
 	}
 	rc, err := c.cfg.StoreRoot(ctx, id)
+	if errors.Is(err, snapstore.ErrBadRoot) {
+		// An object that does not open at all (its header damaged):
+		// deleted, as one whose bytes are refused.
+		c.dropStoreRoot(ctx, id, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -727,26 +733,49 @@ func (c *Cluster) storeRoot(ctx context.Context, id string) (io.ReadCloser, erro
 // and refused (why).
 //
 // Only a copy shown bad is deleted: one whose bytes, read again whole, do
-// not hash to the sum the cluster recorded at its upload. A refusal is not
-// that proof: a read of the store that failed midway (a reset connection)
-// or this node's own limits refuse a good copy as a bad stream too, and
-// the store's copy may be the only one left of a root whose node is gone.
+// not hash to the sum the cluster recorded at its upload (or that does not
+// open at all). A refusal is not that proof: a read of the store that
+// failed midway (a reset connection) or this node's own limits refuse a
+// good copy as a bad stream too, and the store's copy may be the only one
+// left of a root whose node is gone. The look and the delete are made
+// under the root's lock (LockRoot), which every upload of the root holds
+// across its upload and its sum's record: a good upload cannot land
+// between them.
 func (c *Cluster) dropStoreRoot(ctx context.Context, id string, why error) {
 	if c.cfg.StoreRootBad == nil {
 		return
 	}
+	// Bounded: an upload of the root holds the lock for as long as it
+	// sends (minutes, for a big root), and a wake or a fork is waiting on
+	// this (that upload replaces the object anyway).
+	lctx, cancel := context.WithTimeout(ctx, dropLockWait)
+	lk, err := c.LockRoot(lctx, id, nil)
+	cancel()
+	if err != nil {
+		c.cfg.Log.Warn("cluster: an image root from the object store was refused, but its copy there could not be locked to look again: kept", "root", id, "why", why, "err", err)
+		return
+	}
+	defer lk.Unlock()
 	bad, err := c.storeRootDiffers(ctx, id)
 	if err != nil || !bad {
 		c.cfg.Log.Warn("cluster: an image root from the object store was refused, but its copy there is not shown bad: kept", "root", id, "why", why, "recheck", err)
 		return
 	}
+	c.hook("store-root-shown-bad")
 	c.cfg.Log.Warn("cluster: the object store's copy of an image root did not verify: deleting it", "root", id, "why", why)
 	c.cfg.StoreRootBad(ctx, id, why)
+	// The recorded sum stays: it is still that of the root's last good
+	// upload (a copy of it put back verifies), and the next upload, which
+	// finds the root absent, replaces it.
 }
 
+// dropLockWait bounds how long a delete of a bad root waits for the
+// root's lock.
+const dropLockWait = time.Minute
+
 // storeRootDiffers reads the object store's copy of root id whole and
-// says whether its SHA-256 is not the one recorded (an error if that
-// cannot be told).
+// says whether its SHA-256 is not the one recorded, or it does not open
+// at all (snapstore.ErrBadRoot); an error if that cannot be told.
 func (c *Cluster) storeRootDiffers(ctx context.Context, id string) (bool, error) {
 	want, err := c.RootSum(ctx, id)
 	if err != nil {
@@ -759,6 +788,9 @@ func (c *Cluster) storeRootDiffers(ctx context.Context, id string) (bool, error)
 		return false, errdefs.New(errdefs.NotFound, "this node has no object store")
 	}
 	rc, err := c.cfg.StoreRoot(ctx, id)
+	if errors.Is(err, snapstore.ErrBadRoot) {
+		return true, nil
+	}
 	if err != nil {
 		return false, err
 	}

@@ -55,7 +55,7 @@ type Copies struct {
 	// by mu.
 	sums RootSums
 	// testHook, when set (tests), is called at the sweep's steps.
-	testHook func(step string)
+	testHook atomic.Pointer[func(step string)]
 }
 
 type putJob struct {

@@ -24,14 +24,39 @@ type RootSource func(ctx context.Context, name, dir string) (id string, send fun
 // RootSums keeps the SHA-256 of each root stream the store holds where
 // the store's writers cannot change it (the cluster's directory): a root
 // read back from the store is checked against it, never against a sum
-// read from the same object.
+// read from the same object. Its lock makes a root's upload and its sum's
+// record one step (two nodes uploading one root at once would otherwise
+// record their sums in the order they finish, which may not be the order
+// their objects landed: a root's stream is not byte-identical on every
+// node, as a pulled image's descriptor names each node's own pull, and
+// sealed objects differ by their nonces), and so a delete of the root
+// with the delete of its sum.
 type RootSums interface {
-	// RecordRootSum records the sum of the stream of root id just
-	// uploaded (replacing an earlier upload's).
-	RecordRootSum(ctx context.Context, id string, sum []byte) error
 	// RootSum returns the sum recorded for root id (nil if none).
 	RootSum(ctx context.Context, id string) ([]byte, error)
+	// LockRoot takes the lock on root id's object and sum, which one
+	// holder at a time has cluster-wide (bound to its node's lease),
+	// waiting while another holds it (calling waiting, if set, once
+	// then).
+	LockRoot(ctx context.Context, id string, waiting func()) (RootLock, error)
 }
+
+// RootLock is a lock on one root's object and sum (RootSums.LockRoot).
+type RootLock interface {
+	// RecordSum records the sum of the root's stream just uploaded,
+	// replacing an earlier upload's, if the lock is still held
+	// (ErrRootLockLost if not).
+	RecordSum(ctx context.Context, sum []byte) error
+	// DropSum deletes the root's recorded sum, if the lock is still held
+	// (ErrRootLockLost if not).
+	DropSum(ctx context.Context) error
+	// Unlock lets the next holder in.
+	Unlock()
+}
+
+// ErrRootLockLost is a RootLock's write refused because the lock went
+// (the node's lease lapsed): another node may hold it now.
+var ErrRootLockLost = errors.New("the lock on the image root went (this node's lease lapsed)")
 
 // SetRootSums makes every root upload record its stream's SHA-256 in
 // sums, and a root found in the store without a recorded sum (uploaded
@@ -107,11 +132,28 @@ func (c *Copies) copyRoot(ctx context.Context, name, dir string, d Digest) {
 	c.mu.Lock()
 	sums := c.sums
 	c.mu.Unlock()
+	var lock RootLock
+	if sums != nil {
+		// Held across the look, the upload and the sum's record: another
+		// node's upload of the root waits, then finds it there.
+		lk, err := sums.LockRoot(ctx, id, func() { c.hook("root-lock-wait") })
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("snapshot store: copy of an image root failed (the image wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
+			}
+			return
+		}
+		defer lk.Unlock()
+		lock = lk
+	}
 	has, err := rs.HasRoot(ctx, id)
 	if err == nil && has && sums != nil {
-		// A root stored without its sum recorded is of no use to a wake:
-		// uploaded again, and its sum recorded.
+		// A root stored without its sum recorded (an upload whose record
+		// failed, or an older node's) is of no use to a wake, which never
+		// trusts an unrecorded object: uploaded again, and its sum
+		// recorded.
 		if sum, serr := sums.RootSum(ctx, id); serr == nil && sum == nil {
+			c.log.Info("snapshot store: the object store holds an image root with no digest recorded: uploading it again", "image", name, "root", id)
 			has = false
 		}
 	}
@@ -128,8 +170,16 @@ func (c *Copies) copyRoot(ctx context.Context, name, dir string, d Digest) {
 		}
 		return
 	}
-	if sums != nil {
-		if err := sums.RecordRootSum(ctx, id, h.Sum(nil)); err != nil {
+	c.hook("root-uploaded")
+	if lock != nil {
+		if err := lock.RecordSum(ctx, h.Sum(nil)); err != nil {
+			if errors.Is(err, ErrRootLockLost) {
+				// Another node may hold the lock and upload the root now:
+				// not this node's to delete. If this upload landed last,
+				// a wake finds it not the recorded one, and deletes it.
+				c.log.Warn("snapshot store: record an image root's digest failed: the lock on it went (the image wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
+				return
+			}
 			// A root whose sum is not recorded is refused by every wake:
 			// deleted, so that the next copy on it tries again.
 			c.log.Warn("snapshot store: record an image root's digest failed; the root is deleted from the store (the image wakes only where a live node holds its root)", "image", name, "root", id, "err", err)
@@ -164,9 +214,6 @@ func (c *Copies) OpenRoot(ctx context.Context, id string) (io.ReadCloser, error)
 	rc, err := rs.OpenRoot(ctx, id)
 	if err == nil {
 		c.log.Info("snapshot store: image root opened", "root", id, "took", time.Since(t0).Round(time.Millisecond))
-	}
-	if errors.Is(err, ErrBadRoot) {
-		c.DropBadRoot(ctx, id, err)
 	}
 	return rc, err
 }
@@ -262,13 +309,42 @@ func (c *Copies) deleteRoot(ctx context.Context, rs RootStore, id string) bool {
 		c.log.Info("snapshot store: image root kept (an image named it again while it was deleted)", "root", id)
 		return true
 	}
+	c.hook("root-sweep-refs-relisted")
+	c.mu.Lock()
+	sums := c.sums
+	c.mu.Unlock()
+	var lock RootLock
+	if sums != nil {
+		// The root's sum goes with it, under the lock: an upload of the
+		// root meanwhile (a copy that named it after the second look,
+		// found it aside, and uploads it) is then whole and recorded, and
+		// its fresh sum stays.
+		lk, err := sums.LockRoot(ctx, id, nil)
+		if err != nil {
+			c.log.Warn("snapshot store: delete an unneeded image root (set aside; the next sweep deletes it)", "root", id, "err", err)
+			return false
+		}
+		defer lk.Unlock()
+		lock = lk
+	}
 	if err := rs.DropRootAside(ctx, id, tag); err != nil {
 		c.log.Warn("snapshot store: delete an unneeded image root (set aside; the next sweep deletes it)", "root", id, "err", err)
 		return false
 	}
+	if lock != nil {
+		has, err := rs.HasRoot(ctx, id)
+		if err == nil && !has {
+			err = lock.DropSum(ctx)
+		}
+		if err != nil {
+			c.log.Warn("snapshot store: delete the recorded digest of a deleted image root (the next sweep tries again)", "root", id, "err", err)
+			return false
+		}
+	}
 	if moved {
 		c.log.Info("snapshot store: image root deleted (no stored image names it)", "root", id)
 	}
+	c.hook("root-sweep-done")
 	return true
 }
 
@@ -298,10 +374,21 @@ func (c *Copies) sweepTag() (string, error) {
 	return tag, nil
 }
 
+// SetTestHook sets a hook called at the steps of a root's upload and
+// sweep (tests only: the race tests of this package and the cluster's).
+// Set before the calls it sees.
+func (c *Copies) SetTestHook(h func(step string)) {
+	if h == nil {
+		c.testHook.Store(nil)
+		return
+	}
+	c.testHook.Store(&h)
+}
+
 // hook calls the test hook at step, if one is set.
 func (c *Copies) hook(step string) {
-	if h := c.testHook; h != nil {
-		h(step)
+	if h := c.testHook.Load(); h != nil {
+		(*h)(step)
 	}
 }
 
@@ -309,6 +396,9 @@ func (c *Copies) hook(step string) {
 // refused (why): a damaged object would otherwise stay while any image
 // names it, each copy finding it there and uploading nothing, each wake
 // refusing it. The next copy of an image on the root uploads it anew.
+// The caller holds the root's lock (RootSums.LockRoot) and has shown the
+// object bad under it (the cluster's dropStoreRoot): a good upload cannot
+// land between that and this delete.
 func (c *Copies) DropBadRoot(ctx context.Context, id string, why error) {
 	if c == nil {
 		return

@@ -7,6 +7,3 @@ import (
 
 // SweepRootsAt sweeps the unneeded roots as at now.
 func (c *Copies) SweepRootsAt(ctx context.Context, now time.Time) { c.sweepRoots(ctx, now) }
-
-// SetTestHook sets the hook called at the root sweep's steps.
-func (c *Copies) SetTestHook(h func(step string)) { c.testHook = h }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -22,6 +23,7 @@ import (
 // anyway fails the verification of the next Fetch instead of being used.
 type Local struct {
 	root string
+	log  *slog.Logger // SetLog; nil: discarded
 }
 
 var _ Store = (*Local)(nil)
@@ -82,9 +84,12 @@ func (l *Local) Fetch(ctx context.Context, d Digest, dir string) error {
 		return err
 	}
 	src := l.dir(d)
-	b, files, err := stateimg.ReadManifest(src)
-	if errors.Is(err, fs.ErrNotExist) || (err != nil && !stateimg.Sealed(src) && !exists(src)) {
+	b, files, err := l.readManifest(src)
+	if errors.Is(err, fs.ErrNotExist) && !exists(src) {
 		return errdefs.New(errdefs.NotFound, "stored image %s not found", short(d))
+	}
+	if errors.Is(err, ErrNotRegular) {
+		return fmt.Errorf("stored image %s: %w", short(d), err)
 	}
 	if err != nil {
 		return corrupt(d, "%v", err)
@@ -100,7 +105,7 @@ func (l *Local) Fetch(ctx context.Context, d Digest, dir string) error {
 		if err := ctx.Err(); err != nil {
 			return errors.Join(err, os.RemoveAll(tmp))
 		}
-		err := linkOrCopy(filepath.Join(src, filepath.FromSlash(n)), filepath.Join(tmp, filepath.FromSlash(n)))
+		err := l.fetchObject(filepath.Join(src, filepath.FromSlash(n)), filepath.Join(tmp, filepath.FromSlash(n)))
 		if errors.Is(err, fs.ErrNotExist) {
 			return errors.Join(corrupt(d, "%s is missing", n), os.RemoveAll(tmp))
 		}
@@ -116,7 +121,7 @@ func (l *Local) Stat(ctx context.Context, d Digest) (Info, error) {
 	if _, err := Parse(string(d)); err != nil {
 		return Info{}, err
 	}
-	b, files, err := stateimg.ReadManifest(l.dir(d))
+	b, files, err := l.readManifest(l.dir(d))
 	if err != nil || digestBytes(b) != d {
 		return Info{}, errdefs.New(errdefs.NotFound, "stored image %s not found", short(d))
 	}
@@ -136,6 +141,17 @@ func (l *Local) Delete(ctx context.Context, d Digest) error {
 		return err
 	}
 	return os.RemoveAll(gone)
+}
+
+// readManifest reads the manifest of the stored image in dir (a regular
+// file only: openObject) and its files.
+func (l *Local) readManifest(dir string) ([]byte, []stateimg.File, error) {
+	b, err := l.readObject(filepath.Join(dir, stateimg.ManifestName), 64<<20)
+	if err != nil {
+		return nil, nil, err
+	}
+	files, err := stateimg.ParseManifest(b)
+	return b, files, err
 }
 
 func names(files []stateimg.File) []string {

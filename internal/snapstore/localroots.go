@@ -39,8 +39,14 @@ func (l *Local) HasRoot(ctx context.Context, id string) (bool, error) {
 	if err := validRoot(id); err != nil {
 		return false, err
 	}
-	_, err := os.Stat(filepath.Join(l.rootDir(id), "root"))
+	// Not followed: only a regular file is a root (anything else there
+	// is replaced by the next upload's rename).
+	fi, err := os.Lstat(filepath.Join(l.rootDir(id), "root"))
 	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err == nil && !fi.Mode().IsRegular() {
+		l.logger().Warn("snapshot store: an image root in the object store's directory is not a regular file: taken as absent", "path", filepath.Join(l.rootDir(id), "root"), "mode", fi.Mode().String())
 		return false, nil
 	}
 	return err == nil, err
@@ -87,11 +93,18 @@ func (l *Local) OpenRoot(ctx context.Context, id string) (io.ReadCloser, error) 
 	if err := validRoot(id); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(filepath.Join(l.rootDir(id), "root"))
+	f, err := l.openObject(filepath.Join(l.rootDir(id), "root"))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, errdefs.New(errdefs.NotFound, "image root %s is not in the object store %s", short(Digest(id)), l.root)
 	}
-	return f, err
+	if errors.Is(err, ErrNotRegular) {
+		// Not clade's: deleted as a root that does not open would be.
+		return nil, errdefs.Wrap(errdefs.Conflict, fmt.Errorf("image root %s: %w: %w", short(Digest(id)), ErrBadRoot, err))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // RefRoot implements RootStore.
@@ -117,7 +130,7 @@ func (l *Local) RefRoot(ctx context.Context, id string, d Digest) error {
 
 // UnrefRoot implements RootStore.
 func (l *Local) UnrefRoot(ctx context.Context, d Digest) (string, bool, error) {
-	b, err := os.ReadFile(l.imageRoot(d))
+	b, err := l.readObject(l.imageRoot(d), 128)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", false, nil
 	}
@@ -148,9 +161,15 @@ func (l *Local) RootNamed(ctx context.Context, id string) (bool, error) {
 		return false, nil
 	}
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "sha256-") {
-			return true, nil
+		if !strings.HasPrefix(e.Name(), "sha256-") {
+			continue
 		}
+		if !e.Type().IsRegular() {
+			// Not a ref RefRoot wrote: it keeps nothing.
+			l.logger().Warn("snapshot store: skipped an entry of the object store's directory that is not a regular file", "path", filepath.Join(l.rootDir(id), "refs", e.Name()), "type", e.Type().String())
+			continue
+		}
+		return true, nil
 	}
 	return false, err
 }

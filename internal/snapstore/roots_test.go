@@ -428,17 +428,11 @@ func waitStore(t *testing.T, ok func() bool) {
 	}
 }
 
-// mapSums is a snapstore.RootSums in memory.
+// mapSums is a snapstore.RootSums in memory, its lock one mutex.
 type mapSums struct {
-	mu sync.Mutex
-	m  map[string][]byte
-}
-
-func (s *mapSums) RecordRootSum(ctx context.Context, id string, sum []byte) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.m[id] = sum
-	return nil
+	mu   sync.Mutex
+	m    map[string][]byte
+	lock sync.Mutex
 }
 
 func (s *mapSums) RootSum(ctx context.Context, id string) ([]byte, error) {
@@ -446,6 +440,32 @@ func (s *mapSums) RootSum(ctx context.Context, id string) ([]byte, error) {
 	defer s.mu.Unlock()
 	return s.m[id], nil
 }
+
+func (s *mapSums) LockRoot(ctx context.Context, id string, waiting func()) (snapstore.RootLock, error) {
+	s.lock.Lock()
+	return mapLock{s, id}, nil
+}
+
+type mapLock struct {
+	s  *mapSums
+	id string
+}
+
+func (l mapLock) RecordSum(ctx context.Context, sum []byte) error {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	l.s.m[l.id] = sum
+	return nil
+}
+
+func (l mapLock) DropSum(ctx context.Context) error {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	delete(l.s.m, l.id)
+	return nil
+}
+
+func (l mapLock) Unlock() { l.s.lock.Unlock() }
 
 // TestCopiesRootSums: a root's upload records the SHA-256 of the stream
 // it sent (what a wake checks the store's copy against), and a root found

@@ -61,6 +61,7 @@ func openObjectStore(ctx context.Context, o Options, key *secret.Key, log *slog.
 		if err != nil {
 			return nil, fmt.Errorf("--object-store: %w", err)
 		}
+		l.SetLog(log)
 		st = l
 	default:
 		return nil, fmt.Errorf("--object-store %q: want s3://BUCKET[/PREFIX]?endpoint=http(s)://HOST:PORT or an absolute directory path", u)
