@@ -12,7 +12,8 @@ import (
 // through the E2B front against a real sandbox of the code-interpreter
 // image.
 func TestCodeInterpreterSDK(t *testing.T) {
-	jsDir(t) // before the daemon: skips without node
+	t.Parallel() // a daemon of its own (startE2B)
+	jsDir(t)     // before the daemon: skips without node
 	testenv.BuiltinImage(t, codeint.Image)
 	d, url, key := startE2B(t)
 	runJS(t, d, url, key, 5*time.Minute, "codeint.mjs", "codeint")
