@@ -26,9 +26,8 @@ func TestMain(m *testing.M) {
 // The tests that call it run in parallel (t.Parallel: two at a time, go
 // test's -parallel on two cores): one's waits (the wedged server's
 // codeint.AnswerWait, 150 s; run timeouts) overlap another's work. The
-// hot-pool tests, each with a daemon of its own, run in parallel too: a
-// sequential test would run alone before all of them, and the wedged
-// server's wait, begun last, would end the package with one test idle.
+// hot-pool tests stay sequential: they start Python kernels, all CPU, and
+// beside another test's a first run passed run's 2 minutes under load.
 func start(t *testing.T) (*testenv.Daemon, string) {
 	t.Helper()
 	testenv.BuiltinImage(t, codeint.Image)

@@ -21,7 +21,6 @@ import (
 // server is one that cannot serve at all; hot-pool, cold and forked
 // sandboxes of that image all run the daemon's.
 func TestServerDelivered(t *testing.T) {
-	t.Parallel() // beside the others: see start
 	shared := testenv.BuiltinImage(t, codeint.Image)
 	dir := testenv.TempDir(t)
 	for _, name := range []string{"default", codeint.Image} {

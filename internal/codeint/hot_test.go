@@ -72,7 +72,6 @@ func startChecks(t *testing.T, c *sdk.Client, id string) int {
 // is claimed, and the first run after the create goes straight to it (no
 // start check); the pool refills warmed.
 func TestHotPoolWarmsTheInterpreter(t *testing.T) {
-	t.Parallel() // beside the others: see start
 	testenv.BuiltinImage(t, codeint.Image)
 	d := testenv.StartDaemon(t, "--hot-pool", "default=0,"+codeint.Image+"=1")
 	c := d.Client
@@ -133,7 +132,6 @@ func TestHotPoolWarmsTheInterpreter(t *testing.T) {
 // root under that name) leaves the hot pool empty, its sandboxes
 // destroyed, and a create gets a cold sandbox that says what is wrong.
 func TestHotPoolWarmFailureNotHandedOut(t *testing.T) {
-	t.Parallel() // beside the others: see start
 	shared := testenv.ImagesDir(t)
 	dir := testenv.TempDir(t)
 	for _, name := range []string{"default", codeint.Image} {

@@ -16,11 +16,11 @@ import (
 // bound: a run past its timeout and codeint.AnswerWait, another request
 // past AnswerWait.
 //
-// The setup and the requests come before t.Parallel: they run while go
-// test starts the package's tests, before any parallel one, so that the
-// requests' 150 s wait overlaps the other tests' work; begun in a slot of
-// its own, at the end as often as not, it was the package's last 150 s,
-// one test idle.
+// The setup and the requests come before t.Parallel: they run in go
+// test's sequential phase (after the hot-pool tests), before any parallel
+// test, so that the requests' 150 s wait overlaps the other tests' work;
+// begun in a parallel slot, at the end as often as not, it was the
+// package's last 150 s, one test idle.
 func TestInterpreterWedgedServer(t *testing.T) {
 	d, id := start(t)
 	c := d.Client
