@@ -15,8 +15,13 @@ import (
 // answers (wedged, or the sandbox's user's) holds no API request past its
 // bound: a run past its timeout and codeint.AnswerWait, another request
 // past AnswerWait.
+//
+// The setup and the requests come before t.Parallel: they run in go
+// test's sequential phase (after the hot-pool tests), before any parallel
+// test, so that the requests' 150 s wait overlaps the other tests' work;
+// begun in a parallel slot, at the end as often as not, it was the
+// package's last 150 s, one test idle.
 func TestInterpreterWedgedServer(t *testing.T) {
-	t.Parallel() // beside another test of start(t): see there
 	d, id := start(t)
 	c := d.Client
 	run(t, c, id, sdk.RunCodeRequest{Code: "1"})
@@ -63,6 +68,7 @@ while ! awk '$2 ~ /:C34F$/ && $4 == "0A" {f=1} END {exit !f}' /proc/net/tcp /pro
 		_, err := c.CodeContexts(ctx, id)
 		return err
 	})
+	t.Parallel() // the requests wait on; the other tests run meanwhile
 	wg.Wait()
 }
 

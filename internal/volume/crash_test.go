@@ -25,6 +25,7 @@ import (
 // the snapshot ready), it is kept as it runs. Either way the half-made
 // snapshot is gone, files and mounts included.
 func TestVolumeSnapshotDaemonKill(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	for _, tc := range []struct {
 		point    string
 		restored bool
@@ -71,6 +72,10 @@ func TestVolumeSnapshotDaemonKill(t *testing.T) {
 			}
 		}
 		t.Run(name, func(t *testing.T) {
+			// Two points at a time (go test's -parallel): each has a daemon
+			// of its own, and much of a point is waiting (the killed
+			// daemon's restart, the agent's dialling back in).
+			t.Parallel()
 			d := testenv.StartDaemon(t, tc.args...)
 			c := d.Client
 			if _, err := c.CreateVolume(t.Context(), sdk.CreateVolumeRequest{Name: "db", SizeBytes: 64 << 20, Encrypt: tc.encVol}); err != nil {

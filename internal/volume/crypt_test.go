@@ -61,12 +61,16 @@ func requireGocryptfs(t *testing.T) {
 // wrong key or a bad archive fails with a clear error and leaves nothing;
 // volume rm takes its ciphertext and its sealed key.
 func TestEncryptedVolume(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	requireGocryptfs(t)
 	for _, tc := range []struct {
 		name string
 		args []string
 	}{{"plain-host", nil}, {"encrypt-at-rest", []string{"--encrypt-at-rest"}}} {
-		t.Run(tc.name, func(t *testing.T) { testEncryptedVolume(t, tc.args) })
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // a daemon of its own
+			testEncryptedVolume(t, tc.args)
+		})
 	}
 }
 
@@ -439,6 +443,7 @@ func TestEncryptedVolumeThroughput(t *testing.T) {
 // key; an import with it reads the data back), the key is in no log, and
 // malformed keys are refused with nothing made.
 func TestEncryptedVolumeGivenKey(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	requireGocryptfs(t)
 	d := testenv.StartDaemon(t)
 	c := d.Client

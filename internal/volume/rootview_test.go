@@ -58,11 +58,13 @@ func notInImage(t *testing.T, when, root string, paths []string) {
 // the image, which does not see the path; with --encrypt-at-rest too.
 // No host mount is left after the daemon stops (the census).
 func TestVolumePathNotInImage(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	for _, tc := range []struct {
 		name string
 		args []string
 	}{{"plain", nil}, {"encrypted", []string{"--encrypt-at-rest"}}} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // a daemon of its own
 			if len(tc.args) > 0 {
 				if _, err := exec.LookPath("gocryptfs"); err != nil {
 					t.Skip("gocryptfs is not installed (make deps)")
@@ -141,6 +143,7 @@ func TestVolumePathNotInImage(t *testing.T) {
 // the image root is untouched. A sandbox with a view running across a
 // kill keeps working (its gofer holds the view; the host holds nothing).
 func TestVolumeViewDaemonKill(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	root, paths := freshPaths(t)
 	d := testenv.StartDaemon(t)
 	c := d.Client
@@ -209,6 +212,7 @@ func mountsOf(dataDir, sub string) []string {
 // rm nothing is left: no mount, no sandbox directory, nothing in the
 // shared image root.
 func TestVolumeViewForksOutliveParent(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	root, paths := freshPaths(t)
 	d := testenv.StartDaemon(t)
 	c := d.Client
@@ -288,6 +292,7 @@ func TestVolumeViewForksOutliveParent(t *testing.T) {
 // it records can be woken or removed, and after rm nothing leaks and the
 // shared image root is untouched.
 func TestVolumeViewCrashPoints(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	root, paths := freshPaths(t)
 	d := testenv.StartDaemon(t)
 	c := d.Client
@@ -336,6 +341,9 @@ func TestVolumeViewCrashPoints(t *testing.T) {
 			}
 			for _, s := range sbs {
 				if s.ID == sb.ID {
+					// A sandbox the restarted daemon reattached answers
+					// "retry" until its agent has dialled back in.
+					awaitAgent(t, c, s.ID)
 					if got := mustSh(t, c, s.ID, "cat "+paths[1]+"/f"); got != point+"\n" {
 						t.Fatalf("the sandbox after the crash reads %q", got)
 					}

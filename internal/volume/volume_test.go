@@ -23,6 +23,13 @@ var (
 	_ sandbox.SnapshotHook = (*volume.Manager)(nil)
 )
 
+// TestMain: the tests that start daemons (each its own, on its own data
+// dir and network share) run in parallel, two at a time (go test's
+// -parallel on two cores), their subtests of a daemon each too: much of a
+// test is waiting (a daemon killed and restarted, an agent dialling back
+// in, a checkpoint written) that another's work fills. The package ran
+// every test in turn (669 s under load). Those of host-wide state (free
+// disk, $PATH) stay sequential; they run before the parallel ones.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testenv.Cleanup()
@@ -107,6 +114,7 @@ func newVolume(t *testing.T, c *sdk.Client, name string, mib int64) sdk.Volume {
 // removal and shows up in a new sandbox; cp works through a volume path;
 // removing a volume in use is a conflict naming its user.
 func TestVolumeOutlivesSandbox(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	newVolume(t, c, "data", 64)
@@ -156,6 +164,7 @@ func TestVolumeOutlivesSandbox(t *testing.T) {
 // TestVolumeSizeLimit: writes past a volume's size fail with ENOSPC
 // inside the sandbox, and the image on the host stays within the size.
 func TestVolumeSizeLimit(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	v := newVolume(t, c, "small", 16)
@@ -182,6 +191,7 @@ func TestVolumeSizeLimit(t *testing.T) {
 // it acknowledged is there, it goes on writing, and it still holds its
 // open file.
 func TestVolumeSleepWake(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	v := newVolume(t, c, "db", 64)
@@ -247,6 +257,7 @@ touch /tmp/woke; until [ -e /tmp/holder-done ]; do sleep 0.01; done; cat /var/li
 // writes; a shared volume is the same one in every child. The parent's
 // processes live through the snapshot.
 func TestVolumeFork(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	newVolume(t, c, "work", 32)
@@ -317,6 +328,7 @@ func TestVolumeFork(t *testing.T) {
 // them, and collects what a killed daemon left half made: a volume still
 // being created, files and mounts nobody records.
 func TestVolumeDaemonKill(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	newVolume(t, c, "keep", 32)
@@ -395,6 +407,7 @@ func TestVolumeDaemonKill(t *testing.T) {
 // with a message, and leave nothing behind; a symlink planted in a volume
 // resolves inside the sandbox that follows it, never on the host.
 func TestVolumeBadInput(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	newVolume(t, c, "v", 16)
@@ -481,6 +494,7 @@ func TestVolumeBadInput(t *testing.T) {
 // volumes), creates, wakes and forks of sandboxes with volumes still get
 // their volumes; a fork straight from a running sandbox copies its volume.
 func TestVolumeWarmPool(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t, "--warm-pool", "2")
 	c := d.Client
 	newVolume(t, c, "pooled", 32)
@@ -517,6 +531,7 @@ func TestVolumeWarmPool(t *testing.T) {
 // content as its start command left it; each sandbox of the template gets
 // its own copy, and the named volume is not touched by them.
 func TestVolumeTemplate(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	for _, enc := range []bool{false, true} {
 		name := "plain"
 		if enc {
@@ -526,7 +541,10 @@ func TestVolumeTemplate(t *testing.T) {
 				continue
 			}
 		}
-		t.Run(name, func(t *testing.T) { testVolumeTemplate(t, enc) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel() // a daemon of its own
+			testVolumeTemplate(t, enc)
+		})
 	}
 }
 

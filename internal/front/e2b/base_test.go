@@ -21,7 +21,8 @@ import (
 // on the e2b-base image: the tools E2B's base holds, the user `user` with
 // passwordless sudo, and /home/user as the working directory.
 func TestBaseTemplate(t *testing.T) {
-	jsDir(t) // before the daemon: skips without node
+	t.Parallel() // a daemon of its own (startE2B)
+	jsDir(t)     // before the daemon: skips without node
 	testenv.BuiltinImage(t, image.E2BBase)
 	// A hot pool of E2B's base image only (--e2b keeps it hot beside the
 	// default image's): the SDK's create must claim one of them.

@@ -162,6 +162,7 @@ func watchDisk(root string) (stop func() int64) {
 // before it is read. Files of every kind (small, large of known size,
 // large of unknown size, multipart) still arrive whole.
 func TestUploadBounded(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	d, url, key := startE2B(t, "--default-disk", "64")
 	h := newSandbox(t, url, key)
 
@@ -280,6 +281,7 @@ func vmHWM(t *testing.T, pid int) int64 {
 // resource_exhausted, and the daemon's peak memory stays low (it took the
 // daemon to 1.8 GB before).
 func TestConnectBodyBounded(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	d, url, key := startE2B(t)
 	h := newSandbox(t, url, key)
 	body := append(append(gz([]byte(`{"path":"`)), gzipBomb(t, 'a', 8)...), gz([]byte(`"}`))...)
@@ -312,6 +314,7 @@ func TestConnectBodyBounded(t *testing.T) {
 // not even while it is still being sent (it was spooled in the data
 // dir's tmp).
 func TestUploadNotSpooledInPlaintext(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	if _, err := exec.LookPath("gocryptfs"); err != nil {
 		t.Skip("gocryptfs is not installed (make deps)")
 	}
@@ -362,6 +365,7 @@ func TestUploadNotSpooledInPlaintext(t *testing.T) {
 // and the directory keeps its files (the archive the upload writes
 // replaced the directory, every file under it lost), small or streamed.
 func TestUploadOntoDirectory(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	d, url, key := startE2B(t)
 	h := newSandbox(t, url, key)
 	id := h["E2b-Sandbox-Id"]
@@ -386,6 +390,7 @@ func TestUploadOntoDirectory(t *testing.T) {
 // link to a file the user may not write (root's /etc/shadow) is refused,
 // the file untouched; an upload to /proc is a 4xx, not a 500.
 func TestUploadThrough(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	d, url, key := startE2B(t)
 	h := newSandbox(t, url, key)
 	id := h["E2b-Sandbox-Id"]

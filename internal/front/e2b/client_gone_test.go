@@ -16,6 +16,7 @@ import (
 // removes it, as the native API does: the client never learned its id,
 // and it would run (holding its memory) until its timeout.
 func TestClientGoneCreate(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	d, url, key := startE2B(t)
 	c := d.Client
 	for try := 0; ; try++ {

@@ -11,7 +11,8 @@ import (
 // the unmodified E2B SDK's getHost builds, then fetch through the ingress
 // at the address it answered (testdata/js/dns.mjs).
 func TestRealSDKIngressDNS(t *testing.T) {
-	jsDir(t) // before the daemon: skips without node
+	t.Parallel() // a daemon of its own (startE2B)
+	jsDir(t)     // before the daemon: skips without node
 	ingress, domain := freeAddr(t), "clade.localhost"
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {

@@ -36,7 +36,10 @@ func jsDir(t testing.TB) string {
 }
 
 // startE2B starts a daemon serving the E2B front and returns the base URL
-// and the API key.
+// and the API key. The tests that call it run in parallel (t.Parallel: two
+// at a time, go test's -parallel on two cores): each has a daemon, ports
+// and sandboxes of its own, and much of a test is waiting (on node, a
+// sandbox's timeout, the 5 s metrics samples) that another's work fills.
 func startE2B(t testing.TB, extraArgs ...string) (*testenv.Daemon, string, string) {
 	t.Helper()
 	testenv.RequireRoot(t)
@@ -61,7 +64,8 @@ func startE2B(t testing.TB, extraArgs ...string) (*testenv.Daemon, string, strin
 // TestRealSDK runs the unmodified E2B JS SDK, at each pinned version,
 // through every call clade's E2B front serves, against real sandboxes.
 func TestRealSDK(t *testing.T) {
-	jsDir(t) // before the daemon: skips without node
+	t.Parallel() // a daemon of its own (startE2B)
+	jsDir(t)     // before the daemon: skips without node
 	ingress, domain := freeAddr(t), "clade.localhost"
 	d, url, key := startE2B(t, "--ingress", ingress, "--ingress-domain", domain)
 	for _, mod := range sdkModules {

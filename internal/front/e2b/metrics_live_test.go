@@ -15,6 +15,7 @@ import (
 // removed still answers (from the host's reading), where it answered the
 // in-sandbox sample's failure (fork/exec /bin/sh).
 func TestMetricsWithoutShell(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	d, url, key := startE2B(t)
 	var sb created
 	if st, _ := rest(t, "POST", url+"/sandboxes", key, map[string]any{"templateID": "base", "timeout": 300}, &sb); st != http.StatusCreated {
@@ -39,6 +40,7 @@ func TestMetricsWithoutShell(t *testing.T) {
 // the whole output, then copied it: a sandbox could run the daemon out
 // of memory); the answer is the host's reading.
 func TestMetricsHostileOutput(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	d, url, key := startE2B(t)
 	var sb created
 	if st, _ := rest(t, "POST", url+"/sandboxes", key, map[string]any{"templateID": "base", "timeout": 300}, &sb); st != http.StatusCreated {

@@ -79,6 +79,7 @@ type apiErr struct {
 // token, keepalives at the asked interval, the stream deadline bounding a
 // command, the binary protobuf codec, and error codes.
 func TestEnvdProtocol(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	_, url, key := startE2B(t)
 	var sb created
 	if st, _ := rest(t, "POST", url+"/sandboxes", key, map[string]any{"templateID": "base", "timeout": 120}, &sb); st != http.StatusCreated {
@@ -279,6 +280,7 @@ func TestEnvdProtocol(t *testing.T) {
 // TestListPaging pages through sandboxes with limit and X-Next-Token, and
 // checks the older /sandboxes routes.
 func TestListPaging(t *testing.T) {
+	t.Parallel() // a daemon of its own (startE2B)
 	_, url, key := startE2B(t)
 	ids := map[string]bool{}
 	for i := range 3 {

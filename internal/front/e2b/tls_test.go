@@ -11,7 +11,8 @@ import (
 // against the daemon's TLS ingress (testdata/js/tls.mjs), trusting the
 // daemon's CA through NODE_EXTRA_CA_CERTS as E2B users are told to.
 func TestRealSDKTLS(t *testing.T) {
-	jsDir(t) // before the daemon: skips without node
+	t.Parallel() // a daemon of its own (startE2B)
+	jsDir(t)     // before the daemon: skips without node
 	ingress, domain := freeAddr(t), "clade.localhost"
 	d, url, key := startE2B(t, "--ingress", ingress, "--ingress-domain", domain, "--ingress-tls")
 	ca, err := d.Client.IngressCA(t.Context())
