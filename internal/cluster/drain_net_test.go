@@ -192,15 +192,6 @@ func TestNetClusterDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec1 := func(nd *testenv.NetNode, id, script string) string {
-		t.Helper()
-		var out strings.Builder
-		st, err := nd.Client.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out})
-		if err != nil || st.Code != 0 {
-			t.Fatalf("exec %q through %s: %v %+v %s", script, nd.Name, err, st, out.String())
-		}
-		return strings.TrimSpace(out.String())
-	}
 	sleepWithImage := func(nd *testenv.NetNode, id string) dirRecord {
 		t.Helper()
 		if _, err := nd.Client.Sleep(t.Context(), id); err != nil {
@@ -229,7 +220,7 @@ func TestNetClusterDrain(t *testing.T) {
 	// On n1: an idle running sandbox with a file and a counting process,
 	// a busy one (an exec in flight), one the user put to sleep.
 	idle, busy, asleep := create("n1", 0), create("n1", 0), create("n1", 0)
-	exec1(n1, idle, `echo drained-file > /root/hello
+	shOn(t, n1, idle, `echo drained-file > /root/hello
 setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/count; sleep 0.1; done' >/dev/null 2>&1 </dev/null &
 sleep 0.5; cat /root/count`)
 	sleepWithImage(n1, asleep)
@@ -246,7 +237,7 @@ sleep 0.5; cat /root/count`)
 		t.Fatalf("the busy sandbox's exec: %q %v", l, err)
 	}
 	go func() { _, _ = io.Copy(io.Discard, pr) }()
-	before, _ := strconv.Atoi(exec1(n1, idle, "cat /root/count"))
+	before, _ := strconv.Atoi(shOn(t, n1, idle, "cat /root/count"))
 
 	// clade node drain n1 follows the drain until only the busy one
 	// holds it.
@@ -267,15 +258,15 @@ sleep 0.5; cat /root/count`)
 		t.Fatalf("the idle running sandbox after the drain: %+v, want running on another node", r)
 	}
 	to := c.Nodes[map[string]int{"n2": 1, "n3": 2}[r.Node]]
-	if f := exec1(n3, idle, "cat /root/hello"); f != "drained-file" {
+	if f := shOn(t, n3, idle, "cat /root/hello"); f != "drained-file" {
 		t.Fatalf("the file after the drain's move: %q", f)
 	}
-	after, _ := strconv.Atoi(exec1(to, idle, "cat /root/count"))
+	after, _ := strconv.Atoi(shOn(t, to, idle, "cat /root/count"))
 	if after < before {
 		t.Fatalf("count %d after the move, %d before: the process did not go on from where it was", after, before)
 	}
 	waitFor(t, 30*time.Second, "the count goes on", func() (bool, string) {
-		n, _ := strconv.Atoi(exec1(to, idle, "cat /root/count"))
+		n, _ := strconv.Atoi(shOn(t, to, idle, "cat /root/count"))
 		return n > after, strconv.Itoa(n)
 	})
 	if r := record(asleep); r.Node == "n1" || r.State != "sleeping" {
@@ -351,7 +342,7 @@ sleep 0.5; cat /root/count`)
 	// sandbox stays asleep, the caller gets a retryable 503; with the
 	// store back, the next wake moves it.
 	hung := create("n2", 0)
-	exec1(n2, hung, "echo hung-file > /root/f")
+	shOn(t, n2, hung, "echo hung-file > /root/f")
 	sleepWithImage(n2, hung)
 	if _, err := n2.Client.DrainNode(t.Context(), "n2"); err != nil {
 		t.Fatal(err)
@@ -381,7 +372,7 @@ sleep 0.5; cat /root/count`)
 	if err != nil || woke.Node != x.Name || woke.State != "running" {
 		t.Fatalf("wake through %s with the store back: %+v %v", x.Name, woke, err)
 	}
-	if f := exec1(n2, hung, "cat /root/f"); f != "hung-file" {
+	if f := shOn(t, n2, hung, "cat /root/f"); f != "hung-file" {
 		t.Fatalf("the file after the move: %q", f)
 	}
 	if _, err := n2.Client.UndrainNode(t.Context(), "n2"); err != nil {

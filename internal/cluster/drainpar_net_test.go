@@ -76,15 +76,6 @@ func TestNetClusterDrainParallel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec1 := func(nd *testenv.NetNode, id, script string) string {
-		t.Helper()
-		var out strings.Builder
-		st, err := nd.Client.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out})
-		if err != nil || st.Code != 0 {
-			t.Fatalf("exec %q through %s: %v %+v %s", script, nd.Name, err, st, out.String())
-		}
-		return strings.TrimSpace(out.String())
-	}
 
 	// n idle running sandboxes on n1, each with a file of its own.
 	ids := make([]string, n)
@@ -149,7 +140,7 @@ func TestNetClusterDrainParallel(t *testing.T) {
 			t.Fatalf("%s after the drain: %+v, want running on another node", id, r)
 		}
 		on[r.Node]++
-		if f := exec1(n3, id, "cat /root/f"); f != "file-of-"+id {
+		if f := shOn(t, n3, id, "cat /root/f"); f != "file-of-"+id {
 			t.Fatalf("%s's file after the move: %q", id, f)
 		}
 	}
@@ -185,7 +176,7 @@ func TestNetClusterDrainParallel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec1(n2, sb.ID, "echo window-file > /root/f")
+	shOn(t, n2, sb.ID, "echo window-file > /root/f")
 	if _, err := n2.Client.Sleep(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +222,7 @@ func TestNetClusterDrainParallel(t *testing.T) {
 	for _, nd := range c.Nodes {
 		once(nd, sb.ID, x.Name, "running")
 	}
-	if f := exec1(n2, sb.ID, "cat /root/f"); f != "window-file" {
+	if f := shOn(t, n2, sb.ID, "cat /root/f"); f != "window-file" {
 		t.Fatalf("the file after the move: %q", f)
 	}
 	if _, err := n2.Client.UndrainNode(t.Context(), "n2"); err != nil {

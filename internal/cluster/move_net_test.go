@@ -95,15 +95,6 @@ func TestNetClusterMove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec := func(nd *testenv.NetNode, id, script string) string {
-		t.Helper()
-		var out strings.Builder
-		st, err := nd.Client.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out})
-		if err != nil || st.Code != 0 {
-			t.Fatalf("exec %q through %s: %v %+v %s", script, nd.Name, err, st, out.String())
-		}
-		return strings.TrimSpace(out.String())
-	}
 	sleepWithImage := func(nd *testenv.NetNode, id string) dirRecord {
 		t.Helper()
 		if _, err := nd.Client.Sleep(t.Context(), id); err != nil {
@@ -172,7 +163,7 @@ func TestNetClusterMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := sb.ID
-	exec(n1, id, `echo moved-file > /tmp/hello; mkdir -p /tmp/www; cd /tmp/www
+	shOn(t, n1, id, `echo moved-file > /tmp/hello; mkdir -p /tmp/www; cd /tmp/www
 setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/www/count; sleep 0.1; done' >/dev/null 2>&1 </dev/null &
 setsid python3 -m http.server 8000 --bind 127.0.0.1 -d /tmp/www >/dev/null 2>&1 </dev/null &
 for i in $(seq 200); do python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000)).close()' 2>/dev/null && exit 0; sleep 0.05; done; exit 1`)
@@ -180,7 +171,7 @@ for i in $(seq 200); do python3 -c 'import socket; socket.create_connection(("12
 		t.Fatalf("n1's ingress before the sleep: %d %s", code, body)
 	}
 	rec := sleepWithImage(n1, id)
-	before, _ := strconv.Atoi(exec(n1, id, "cat /tmp/www/count")) // wakes it on n1 (a local wake)
+	before, _ := strconv.Atoi(shOn(t, n1, id, "cat /tmp/www/count")) // wakes it on n1 (a local wake)
 	if before <= 0 {
 		t.Fatalf("count %d before the move", before)
 	}
@@ -209,11 +200,11 @@ for i in $(seq 200); do python3 -c 'import socket; socket.create_connection(("12
 	}
 	t.Logf("woken on %s through n3's ingress in %s (count %d -> %d), epoch %d", moved.Node, took.Round(time.Millisecond), before, got, moved.Epoch)
 	holder := c.Nodes[byName[moved.Node]]
-	if f := exec(n3, id, "cat /tmp/hello"); f != "moved-file" {
+	if f := shOn(t, n3, id, "cat /tmp/hello"); f != "moved-file" {
 		t.Fatalf("the file after the move: %q", f)
 	}
 	waitFor(t, 30*time.Second, "the count goes on", func() (bool, string) {
-		n, _ := strconv.Atoi(exec(holder, id, "cat /tmp/www/count"))
+		n, _ := strconv.Atoi(shOn(t, holder, id, "cat /tmp/www/count"))
 		return n > got, strconv.Itoa(n)
 	})
 	for _, nd := range c.Nodes[1:] {
@@ -296,7 +287,7 @@ for i in $(seq 200); do python3 -c 'import socket; socket.create_connection(("12
 	if m := moves(others[0], id) + moves(others[1], id) - movesBefore; m != 1 {
 		t.Fatalf("%d moves for two concurrent wakes, want 1", m)
 	}
-	if f := exec(others[0], id, "cat /tmp/hello"); f != "moved-file" {
+	if f := shOn(t, others[0], id, "cat /tmp/hello"); f != "moved-file" {
 		t.Fatalf("the file after the second move: %q", f)
 	}
 	t.Logf("two concurrent wakes through %s and %s: one move, to %s", others[0].Name, others[1].Name, res[0].Node)
@@ -364,7 +355,7 @@ for i in $(seq 200); do python3 -c 'import socket; socket.create_connection(("12
 	if err != nil || woke.State != "running" {
 		t.Fatalf("the wake after the crashed move: %+v %v", woke, err)
 	}
-	if f := exec(wn, id, "cat /tmp/hello"); f != "moved-file" {
+	if f := shOn(t, wn, id, "cat /tmp/hello"); f != "moved-file" {
 		t.Fatalf("the file after the crashed move: %q", f)
 	}
 	t.Logf("a move killed after its fetch on %s left nothing; the next wake moved it to %s", v.Name, woke.Node)
@@ -429,7 +420,7 @@ for i in $(seq 200); do python3 -c 'import socket; socket.create_connection(("12
 			t.Fatalf("drained %s keeps %v after the move", h.Name, d)
 		}
 		if i == 0 {
-			if f := exec(h, id, "cat /tmp/hello"); f != "moved-file" {
+			if f := shOn(t, h, id, "cat /tmp/hello"); f != "moved-file" {
 				t.Fatalf("the file after the drain's move: %q", f)
 			}
 		}

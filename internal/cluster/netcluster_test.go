@@ -363,3 +363,15 @@ func sameSet(a, b []string) bool {
 	slices.Sort(b)
 	return slices.Equal(a, b)
 }
+
+// shOn runs script with sh in sandbox id through node nd and returns its
+// output, trimmed; a failure or a non-zero exit fails the test.
+func shOn(t *testing.T, nd *testenv.NetNode, id, script string) string {
+	t.Helper()
+	var out strings.Builder
+	st, err := nd.Client.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out})
+	if err != nil || st.Code != 0 {
+		t.Fatalf("exec %q through %s: %v %+v %s", script, nd.Name, err, st, out.String())
+	}
+	return strings.TrimSpace(out.String())
+}

@@ -17,20 +17,11 @@ import (
 func TestNetClusterWakeOn(t *testing.T) {
 	c, _ := storeCluster(t, 3, "clade-wakeon", []string{"--pressure-floor", "-1", "--cluster-lease-ttl", "5s"}, nil)
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	exec := func(nd *testenv.NetNode, id, script string) string {
-		t.Helper()
-		var out strings.Builder
-		st, err := nd.Client.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out})
-		if err != nil || st.Code != 0 {
-			t.Fatalf("exec %q through %s: %v %+v %s", script, nd.Name, err, st, out.String())
-		}
-		return strings.TrimSpace(out.String())
-	}
 	sb, err := n1.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Node: n1.Name, MemoryMiB: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec(n1, sb.ID, "echo kept > /root/f; (i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &")
+	shOn(t, n1, sb.ID, "echo kept > /root/f; (i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &")
 
 	// Running: it does not move.
 	if _, err := n3.Client.WakeOn(t.Context(), sb.ID, n2.Name); !sdk.IsConflict(err) || !strings.Contains(err.Error(), "sleep it first") {
@@ -66,13 +57,13 @@ func TestNetClusterWakeOn(t *testing.T) {
 	if woke.Node != n2.Name || woke.State != "running" {
 		t.Fatalf("wake --node %s: %+v", n2.Name, woke)
 	}
-	if got := exec(n2, sb.ID, "cat /root/f"); got != "kept" {
+	if got := shOn(t, n2, sb.ID, "cat /root/f"); got != "kept" {
 		t.Fatalf("the file after the move: %q", got)
 	}
 	// The counter loop slept with it and counts on, on n2.
-	first := exec(n2, sb.ID, "cat /tmp/count")
+	first := shOn(t, n2, sb.ID, "cat /tmp/count")
 	waitFor(t, 30*time.Second, "the woken counter to count on", func() (bool, string) {
-		now := exec(n2, sb.ID, "cat /tmp/count")
+		now := shOn(t, n2, sb.ID, "cat /tmp/count")
 		return now != first, now
 	})
 	for _, nd := range []*testenv.NetNode{n1, n3} {
@@ -99,7 +90,7 @@ func TestNetClusterWakeOn(t *testing.T) {
 	if err != nil || again.Node != n2.Name || again.State != "running" {
 		t.Fatalf("wake --node of its own node: %+v %v", again, err)
 	}
-	if got := exec(n1, sb.ID, "cat /root/f"); got != "kept" {
+	if got := shOn(t, n1, sb.ID, "cat /root/f"); got != "kept" {
 		t.Fatalf("the file after the second wake: %q", got)
 	}
 }
