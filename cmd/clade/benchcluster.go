@@ -102,6 +102,11 @@ func runClusterBench(ctx context.Context, cfg clusterBenchConfig, out io.Writer)
 		if self == "" {
 			return fmt.Errorf("node %s does not name itself in its node list", addr)
 		}
+		if i := slices.Index(b.names, self); i >= 0 {
+			// The cases would measure the node against itself, as if
+			// another ("through another node", "on another node").
+			return badArg("--nodes names node %s twice (%s and %s): give each node's address once", self, cfg.Nodes[i], addr)
+		}
 		b.nodes, b.names = append(b.nodes, c), append(b.names, self)
 	}
 	if cfg.Etcd != "" {

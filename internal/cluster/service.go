@@ -617,17 +617,25 @@ func (s *Service) SleepFiles(ctx context.Context, ref string) (api.Sandbox, erro
 }
 
 func (s *Service) Wake(ctx context.Context, ref string) (api.Sandbox, error) {
+	return s.wake(ctx, ref, true)
+}
+
+// wake wakes ref on the node the record names; elsewhere lets a node's
+// refusal for room give it to another node (a plain wake), which a wake
+// asked for on a named node (WakeOn) must not do.
+func (s *Service) wake(ctx context.Context, ref string, elsewhere bool) (api.Sandbox, error) {
 	svc, err := s.route(ctx, ref)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
 	sb, err := svc.Wake(ctx, ref)
-	if err != nil && svc != s.Service {
+	if err != nil && elsewhere && svc != s.Service {
 		if other, ok := s.moves.wakeElsewhere(ctx, ref, err); ok {
 			return other.Wake(ctx, ref)
 		}
 	}
 	if err == nil && svc == s.Service {
+		sb.Node = s.c.cfg.Node // as Get answers it (WakeOn compares it)
 		// Written before the answer (not only from the event): a record
 		// that still said asleep would name an image the wake dropped.
 		// Bounded: etcd out of reach must not hold a local wake long.

@@ -30,6 +30,7 @@ func (s *Service) WakeOn(ctx context.Context, ref, node string) (api.Sandbox, er
 	if node == "" {
 		return s.Wake(ctx, ref)
 	}
+	from := "" // the node it slept on at the first read
 	for try := 0; ; try++ {
 		rec, ok, err := s.c.Lookup(ctx, ref)
 		if err != nil {
@@ -38,12 +39,38 @@ func (s *Service) WakeOn(ctx context.Context, ref, node string) (api.Sandbox, er
 		if !ok {
 			return api.Sandbox{}, errdefs.New(errdefs.NotFound, "no sandbox %q in the cluster", ref)
 		}
+		if rec.State == StateLost {
+			return api.Sandbox{}, lostError(rec)
+		}
 		if rec.Node == node {
-			return s.Wake(ctx, ref)
+			// Woken there or not at all: a plain wake's fallbacks (a
+			// refusal for room, or its node gone, give it to a node
+			// placement picks) would wake it on a node not asked for.
+			if _, live, err := s.c.node(ctx, node); err != nil {
+				return api.Sandbox{}, err
+			} else if !live && rec.State == "sleeping" {
+				return api.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s sleeps on node %s, which is not in the cluster now: wake it without a node (placement picks one that can), or on a live node", rec.ID, node)
+			}
+			sb, err := s.wake(ctx, ref, false)
+			if err == nil && sb.Node != node {
+				return api.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s was moved to node %s by another call meanwhile: it runs on %s, not on %s",
+					rec.ID, sb.Node, sb.Node, node)
+			}
+			return sb, err
+		}
+		if from == "" {
+			from = rec.Node
+		} else if rec.Node != from {
+			// Another call (a wake --node to another node, a drain, a
+			// plain wake's fallback) gave it away between the reads:
+			// moving it on would move it twice, and the other call's
+			// wake may be on its way to it.
+			return api.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s was moved to node %s meanwhile (another wake or a drain): it does not wake on node %s; see clade inspect %s",
+				rec.ID, rec.Node, node, rec.ID)
 		}
 		switch {
-		case rec.State == StateLost:
-			return api.Sandbox{}, lostError(rec)
+		case rec.State == StateImporting:
+			return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "sandbox %s is a fork's child that node %s is still importing (fetching the snapshot): it is not asleep, so it wakes nowhere else", rec.ID, rec.Node)
 		case rec.State == StateMoving:
 			return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "sandbox %s is being moved to node %s: try again when it settles", rec.ID, rec.Node)
 		case rec.State != "sleeping":
@@ -91,10 +118,15 @@ func (s *Service) WakeOn(ctx context.Context, ref, node string) (api.Sandbox, er
 			return api.Sandbox{}, err
 		}
 		s.forgetRoute(rec.ID)
-		sb, err := s.Wake(ctx, rec.ID)
+		sb, err := s.wake(ctx, rec.ID, false)
 		done(err == nil)
 		if err == nil && sb.Node != target.Name {
+			// Another call gave it on (a wake --node to another node
+			// that read the record after this give) before the target
+			// adopted it: it runs where that call asked, not here.
 			s.c.cfg.Log.Info("cluster: a wake asked for on one node woke on another", "sandbox", rec.ID, "asked", target.Name, "woke", sb.Node)
+			return api.Sandbox{}, errdefs.New(errdefs.Conflict, "sandbox %s was moved on to node %s by another call before node %s took it: it runs on %s, not on %s",
+				rec.ID, sb.Node, target.Name, sb.Node, target.Name)
 		}
 		return sb, err
 	}

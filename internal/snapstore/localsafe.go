@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
 	"golang.org/x/sys/unix"
@@ -43,8 +44,9 @@ func (l *Local) notRegular(p, what string) error {
 
 // openObject opens the object at p (a path under the store's root) for
 // reading: no symlink in its path is followed (openat2 from the root with
-// RESOLVE_NO_SYMLINKS and RESOLVE_BENEATH; O_NOFOLLOW on its last name
-// where the kernel has no openat2), a FIFO does not block the open
+// RESOLVE_NO_SYMLINKS and RESOLVE_BENEATH; each name of the path opened
+// in turn with O_NOFOLLOW where the kernel, or a seccomp filter, refuses
+// openat2), a FIFO does not block the open
 // (O_NONBLOCK, cleared once it is known to be a regular file), and only a
 // regular file is returned. A missing object is fs.ErrNotExist.
 func (l *Local) openObject(p string) (*os.File, error) {
@@ -63,16 +65,14 @@ func (l *Local) openObject(p string) (*os.File, error) {
 	const flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
 	var fd int
 	err = ignoringEINTR(func() (err error) {
-		fd, err = unix.Openat2(root, rel, &unix.OpenHow{Flags: flags,
+		fd, err = openat2(root, rel, &unix.OpenHow{Flags: flags,
 			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS})
 		return err
 	})
 	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
-		// No openat2 (an old kernel, or a seccomp filter that refuses it).
-		err = ignoringEINTR(func() (err error) {
-			fd, err = unix.Openat(root, rel, flags, 0)
-			return err
-		})
+		// No openat2 (an old kernel, or a seccomp filter that refuses it):
+		// each name of the path opened in turn, none followed if a symlink.
+		fd, err = openatNoFollow(root, rel, flags)
 	}
 	switch {
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
@@ -96,6 +96,53 @@ func (l *Local) openObject(p string) (*os.File, error) {
 		return nil, &fs.PathError{Op: "fcntl", Path: p, Err: err}
 	}
 	return os.NewFile(uintptr(fd), p), nil
+}
+
+// openat2 is unix.Openat2 (a test stands in a kernel without it).
+var openat2 = unix.Openat2
+
+// openatNoFollow opens rel (a local path) beneath directory fd root with
+// flags, as openat2's RESOLVE_NO_SYMLINKS would: each directory of the
+// path is opened with O_NOFOLLOW in turn (a symlink among them is ELOOP,
+// or ENOTDIR from O_DIRECTORY on one), then its last name with flags.
+func openatNoFollow(root int, rel string, flags int) (int, error) {
+	names := strings.Split(filepath.Clean(rel), "/")
+	dir := root
+	closeDir := func() {
+		if dir != root {
+			unix.Close(dir)
+		}
+	}
+	defer closeDir()
+	for _, name := range names[:len(names)-1] {
+		if name == ".." || name == "." || name == "" {
+			return -1, unix.EXDEV
+		}
+		var next int
+		err := ignoringEINTR(func() (err error) {
+			next, err = unix.Openat(dir, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			return err
+		})
+		if errors.Is(err, unix.ENOTDIR) {
+			// A symlink (O_PATH|O_NOFOLLOW opens the link itself, which is
+			// no directory) or a file: refused as under a symlink when it is one.
+			var st unix.Stat_t
+			if unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				return -1, unix.ELOOP
+			}
+		}
+		if err != nil {
+			return -1, err
+		}
+		closeDir()
+		dir = next
+	}
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = unix.Openat(dir, names[len(names)-1], flags, 0)
+		return err
+	})
+	return fd, err
 }
 
 // readObject reads the object at p whole, up to limit bytes.
