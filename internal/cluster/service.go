@@ -378,8 +378,11 @@ func (s *Service) List(ctx context.Context) ([]api.Sandbox, error) {
 			continue
 		}
 		// (A fork's child this node imports is listed by its record
-		// until the node has it.)
-		given := r.Node == self && (r.State == StateMoving || r.State == StateImporting || movable(r) && r.Epoch > s.c.epoch(r.ID))
+		// until the node has it; an importing record of this node that
+		// it is not importing, left by its earlier run killed mid-import,
+		// is not listed: its first pass removes it.)
+		importing := r.State == StateImporting && s.forks.importing.has(r.ID)
+		given := r.Node == self && (r.State == StateMoving || importing || movable(r) && r.Epoch > s.c.epoch(r.ID))
 		if r.Node != self || r.State == StateLost || given {
 			sb := r.Sandbox
 			sb.ID, sb.Node, sb.State, sb.Name, sb.SleepImage = r.ID, r.Node, r.State, r.Name, r.SleepImage
