@@ -202,6 +202,29 @@ func TestNetClusterCosts(t *testing.T) {
 	t.Logf("exec p50 over %d side by side: direct (n1 holds it) %s, proxied through n2 %s: extra hop %s", rounds, d, p, p-d)
 	d90, p90 := pct(direct, 90), pct(proxied, 90)
 	t.Logf("exec p90: direct %s, proxied %s: %s", d90, p90, p90-d90)
+	// The hop is the same whatever the command does, but a spawn in
+	// gVisor swings by milliseconds (p90 ~1.5x p50 on a quiet host), so
+	// a p50 difference of 200 `true`s cannot resolve a tenth of one. A
+	// command the agent does not find (exit 127 after its PATH search, no
+	// process started) goes through the same hop, both nodes' HTTP and the
+	// holder's agent, at ~1 ms with little spread: the hop's figure.
+	noSpawn := func(cl *sdk.Client) time.Duration {
+		start := time.Now()
+		st, err := cl.Exec(t.Context(), sb.ID, sdk.ExecRequest{Cmd: []string{"clade-test-no-such-command"}})
+		if err != nil || st.Code != 127 {
+			t.Fatalf("exec of a missing command: %+v %v, want exit 127", st, err)
+		}
+		return time.Since(start)
+	}
+	const nsRounds = 1000
+	var nsDirect, nsProxied, nsDiff []time.Duration
+	for range nsRounds {
+		a, b := noSpawn(n1.Client), noSpawn(n2.Client)
+		nsDirect, nsProxied, nsDiff = append(nsDirect, a), append(nsProxied, b), append(nsDiff, b-a)
+	}
+	nd, np := p50(nsDirect), p50(nsProxied)
+	t.Logf("exec without a spawn, p50 over %d side by side: direct %s, proxied %s: extra hop %s (median of the rounds' differences %s; p90 %s / %s)",
+		nsRounds, nd, np, np-nd, p50(nsDiff), pct(nsDirect, 90), pct(nsProxied, 90))
 	t.Logf("etcd writes: %d for %d execs (the sandbox's record: %d writes by its create)", execWrites, 2*rounds+10, atCreate)
 	if atCreate != 1 {
 		t.Errorf("%d etcd writes for an unnamed create, want 1", atCreate)

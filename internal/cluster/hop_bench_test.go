@@ -23,23 +23,28 @@ func BenchmarkExecHop(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	exec := func(b *testing.B, cl *sdk.Client) {
-		st, err := cl.Exec(b.Context(), sb.ID, sdk.ExecRequest{Cmd: []string{"true"}})
-		if err != nil || st.Code != 0 {
-			b.Fatalf("exec: %+v %v", st, err)
+	// `true`, and a command the agent does not find (exit 127, no
+	// process started: the same hop without a spawn's milliseconds of
+	// spread).
+	exec := func(b *testing.B, cl *sdk.Client, cmd string, want int) {
+		st, err := cl.Exec(b.Context(), sb.ID, sdk.ExecRequest{Cmd: []string{cmd}})
+		if err != nil || st.Code != want {
+			b.Fatalf("exec %s: %+v %v, want exit %d", cmd, st, err, want)
 		}
 	}
 	for _, bc := range []struct {
 		name string
 		via  *testenv.NetNode
-	}{{"direct", n1}, {"proxied", n2}} {
+		cmd  string
+		want int
+	}{{"direct", n1, "true", 0}, {"proxied", n2, "true", 0}, {"direct-nospawn", n1, "clade-test-no-such-command", 127}, {"proxied-nospawn", n2, "clade-test-no-such-command", 127}} {
 		b.Run(bc.name, func(b *testing.B) {
 			for range 5 { // warm the connections and the route
-				exec(b, bc.via.Client)
+				exec(b, bc.via.Client, bc.cmd, bc.want)
 			}
 			cpu0 := threadsCPU(b, n2.Pid())
 			for b.Loop() {
-				exec(b, bc.via.Client)
+				exec(b, bc.via.Client, bc.cmd, bc.want)
 			}
 			b.ReportMetric(float64(threadsCPU(b, n2.Pid())-cpu0)/float64(time.Millisecond)/float64(b.N), "n2-cpu-ms/op")
 		})
