@@ -516,6 +516,11 @@ const (
 	EventStopped          = "stopped"
 	EventRemoved          = "removed"
 	EventAdmissionRefused = "admission.refused"
+	// EventLost (a cluster): a sandbox's record was marked lost because
+	// its node left the cluster (its lease lapsed) while it was not
+	// asleep; Reason says so. It comes once, from the node that marked
+	// it (Node), not from the node that held it.
+	EventLost = "lost"
 	// A merged stream's (GET /v1/events?cluster=true) own: a node's part
 	// begins (a node that joined, or answered again, after the stream
 	// began; Reason says from where) or ends (its lease lapsed, it left,

@@ -40,6 +40,7 @@ import (
 
 	"github.com/clade-sandbox/clade/api"
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/events"
 )
 
 const keyPrefix = "/clade/"
@@ -87,7 +88,11 @@ type Config struct {
 	StoreRootBad func(ctx context.Context, id string, why error)
 	// Capacity reads what the node has now.
 	Capacity func(ctx context.Context) (api.NodeCapacity, error)
-	Log      *slog.Logger
+	// Events, when set, is the node's event bus: a sandbox this node
+	// marks lost (MarkLost) is published there (events.Lost), so that
+	// streams, merged ones too, say so once.
+	Events *events.Bus
+	Log    *slog.Logger
 }
 
 // Cluster is this node's membership: its lease and key, refreshed until

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"github.com/clade-sandbox/clade/internal/events"
 )
 
 // StateLost is the state of a sandbox whose node left the cluster (its
@@ -19,7 +20,8 @@ const StateLost = "lost"
 
 // MarkLost turns the records of sandboxes on nodes that are no longer in
 // the cluster into lost ones, at the next epoch: the node, should it come
-// back, finds its hold fenced and cleans the sandbox. Sleeping sandboxes
+// back, finds its hold fenced and cleans the sandbox; each one this node
+// marks is published on its event bus (Config.Events). Sleeping sandboxes
 // keep their record (their image is on their node, which may return).
 // Each record changes in a transaction that holds only while its node's
 // key is still absent, so a node that rejoined in the meantime keeps its
@@ -105,6 +107,11 @@ func (c *Cluster) markLost(ctx context.Context) (int, error) {
 		if t.Succeeded {
 			n++
 			c.cfg.Log.Warn("cluster: sandbox lost with its node", "sandbox", rec.ID, "node", rec.Node, "epoch", rec.Epoch)
+			if c.cfg.Events != nil {
+				// Once: only the node whose transaction succeeded says it.
+				c.cfg.Events.Publish(events.Event{Type: events.Lost, Sandbox: rec.ID, Name: rec.Name,
+					Labels: rec.Sandbox.Labels, Reason: rec.Reason})
+			}
 		}
 	}
 	return n, nil

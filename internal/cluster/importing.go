@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"time"
@@ -154,4 +155,58 @@ func (f *forks) reserveImport(ctx context.Context, req importRequest) (reserve f
 		}
 	}
 	return reserve, settle
+}
+
+// importWait bounds how long a call on a fork's child waits for its
+// node's import: the import's own bound (the node gives up on it then,
+// and its record goes).
+var importWait = importTimeout + time.Minute
+
+// AwaitImported waits until the record of id, a fork's child that a node
+// is importing, is no longer importing: it answers the record then
+// (running on its node), or ok false when the record went (the import
+// failed, or its node left and the census removed it). It waits at most
+// wait, then answers a retryable Unavailable. A watch from the record's
+// revision, not a poll: it changes at most twice.
+func (c *Cluster) AwaitImported(ctx context.Context, id string, wait time.Duration) (rec Record, ok bool, err error) {
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for ctx.Err() == nil {
+		g, err := c.cli.Get(ctx, sandboxKey(id))
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return Record{}, false, unavailable("look up "+id, err)
+		}
+		if len(g.Kvs) == 0 {
+			return Record{}, false, nil
+		}
+		if err := json.Unmarshal(g.Kvs[0].Value, &rec); err != nil {
+			return Record{}, false, fmt.Errorf("cluster: the record of %s does not parse: %w", id, err)
+		}
+		if rec.State != StateImporting {
+			return rec, true, nil
+		}
+		changed := false
+		for resp := range c.cli.Watch(clientv3.WithRequireLeader(ctx), sandboxKey(id), clientv3.WithRev(g.Header.Revision+1)) {
+			if resp.Err() != nil || len(resp.Events) > 0 {
+				changed = len(resp.Events) > 0
+				break
+			}
+		}
+		if !changed {
+			// The watch broke (no leader for a moment): read again, not
+			// at once.
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	if err := parent.Err(); err != nil {
+		return Record{}, false, err
+	}
+	return Record{}, false, errdefs.New(errdefs.Unavailable, "sandbox %s is a fork's child that node %s is still importing after %s: try again once it is running", id, rec.Node, wait)
 }

@@ -93,9 +93,11 @@ func statsByID(sts []sdk.SandboxStats) map[string]sdk.SandboxStats {
 // packets dropped; its lease and etcd member live on) the answer comes
 // within the wait and says n2 did not answer in n2's sandbox's reading,
 // not by failing, and the stream carries n2's events once it answers. n2 SIGKILLed: its
-// part of the stream ends with node.left once its lease lapses, and the
-// stream goes on (a later create on n1 arrives); n2 restarted is picked
-// up again (node.joined).
+// part of the stream ends with node.left once its lease lapses, its
+// running sandbox's record marked lost is said once (a `lost` event from
+// the node that marked it, with the reason), and the stream goes on (a
+// later create on n1 arrives); n2 restarted is picked up again
+// (node.joined).
 func TestNetClusterEvents(t *testing.T) {
 	c := testenv.StartNetCluster(t, 3, nil, nil)
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
@@ -254,6 +256,15 @@ func TestNetClusterEvents(t *testing.T) {
 		strings.Contains(left.Reason, "does not answer") && !strings.Contains(left.Reason, "node n2 at ") {
 		t.Fatalf("node.left of n2 says %q: not in the cluster's words", left.Reason)
 	}
+	// Its lease lapsed, its running sandbox is lost: one event says so,
+	// from the node that marked it (n1 or n3), with the reason.
+	lost := all.await("lost of ev2 after n2's lease lapsed", time.Minute, func(e sdk.Event) bool {
+		return e.Type == api.EventLost && e.Sandbox == sb2.ID
+	})
+	if lost.Node == "n2" || lost.Node == "" || lost.Seq == 0 || lost.Name != "ev2" || !strings.Contains(lost.Reason, "node n2 left the cluster") {
+		t.Fatalf("lost of ev2: %+v", lost)
+	}
+	t.Logf("ev2 lost %s after n2's SIGKILL, said by %s: %s", time.Since(killed).Round(time.Millisecond), lost.Node, lost.Reason)
 	sb3, err := n3.Client.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: "ev3", Node: "n1"})
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +272,11 @@ func TestNetClusterEvents(t *testing.T) {
 	all.await("created ev3 after n2 left", time.Minute, func(e sdk.Event) bool {
 		return e.Type == api.EventCreated && e.Sandbox == sb3.ID && e.Node == "n1"
 	})
+	for _, e := range all.all {
+		if e.Type == api.EventLost && e.Sandbox == sb2.ID && e.Seq != lost.Seq {
+			t.Fatalf("ev2 said lost twice: %s", eventList(all.all))
+		}
+	}
 	sts, err = n3.Client.StatsList(ctx)
 	if err != nil {
 		t.Fatalf("stats through n3 with n2 gone: %v", err)

@@ -556,9 +556,23 @@ func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 }
 
 // Remove removes the sandbox where it is; this node drops the record of
-// one it held at once (the holder of another does).
+// one it held at once (the holder of another does). A fork's child that
+// a node is still importing is removed once the import made it: the
+// remove waits for it (at most importWait), changing nothing meanwhile,
+// so that a node killed during the wait leaves nothing half done (the
+// child is made and stays, or its import fails and its record goes); a
+// child whose import failed is not there, as asked (nil).
 func (s *Service) Remove(ctx context.Context, ref string) error {
 	svc, err := s.route(ctx, ref)
+	if errdefs.IsUnavailable(err) {
+		if rec, ok, lerr := s.c.Lookup(ctx, ref); lerr == nil && ok && rec.State == StateImporting {
+			_, made, err := s.c.AwaitImported(ctx, rec.ID, importWait)
+			if err != nil || !made {
+				return err
+			}
+			return s.Remove(ctx, rec.ID)
+		}
+	}
 	if errdefs.Is(err, errdefs.Conflict) {
 		// A lost sandbox: its record goes (its node, should it come
 		// back, has cleaned or will clean what it had).

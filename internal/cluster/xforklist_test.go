@@ -19,9 +19,14 @@ import (
 // under way, and a get of one answers its record. Released, the fork
 // answers those very ids, running, and no importing record is left; each
 // imported child's record was written at most twice (importing, then
-// running). A second fork held the same way with n3 SIGKILLed mid-import:
-// the fork names n3's children failed, and the census removes their
-// importing records once n3's lease lapses.
+// running). A `clade rm` of one of n3's children through n1 while it is
+// imported waits for the import (it answered a retryable 503 before) and
+// removes it once made: the rm answers nil, the fork names the child made
+// (it was), and no node then has it or its record. A second fork held the
+// same way with n3 SIGKILLed mid-import, a child's rm waiting meanwhile:
+// the fork names n3's children failed, the census removes their
+// importing records once n3's lease lapses, and the rm then answers nil
+// (the child is not there, as asked).
 func TestNetClusterForkImporting(t *testing.T) {
 	c := testenv.StartNetCluster(t, 3, []string{"--pressure-floor", "-1", "--cluster-lease-ttl", leaseTTL}, nil)
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
@@ -77,9 +82,16 @@ func TestNetClusterForkImporting(t *testing.T) {
 		return ids
 	}
 
+	// rm of an importing child, through a node that does not import it.
+	rm := func(id string) chan error {
+		ch := make(chan error, 1)
+		go func() { ch <- n1.Client.DeleteSandbox(t.Context(), id) }()
+		return ch
+	}
 	done := fork()
 	ids := awaitImporting()
 	t.Logf("while n3 imports, the list through n1 shows its children %v importing", ids)
+	removed := rm(ids[0])
 	if got := importing(n3.Client); !slices.Equal(got, ids) {
 		t.Fatalf("through n3 (which imports them): importing %v, through n1 %v", got, ids)
 	}
@@ -89,6 +101,11 @@ func TestNetClusterForkImporting(t *testing.T) {
 	select {
 	case f := <-done:
 		t.Fatalf("the fork answered while n3's import is held: %+v %v", f.res, f.err)
+	default:
+	}
+	select {
+	case err := <-removed:
+		t.Fatalf("the rm of importing child %s answered while n3's import is held: %v (want: it waits for the import)", ids[0], err)
 	default:
 	}
 	if err := os.Remove(hold); err != nil {
@@ -102,6 +119,29 @@ func TestNetClusterForkImporting(t *testing.T) {
 	}
 	if f.err != nil {
 		t.Fatal(f.err)
+	}
+	select {
+	case err := <-removed:
+		if err != nil {
+			t.Fatalf("rm of %s, imported meanwhile: %v", ids[0], err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the rm of %s did not answer within a minute of the fork's answer", ids[0])
+	}
+	t.Logf("the rm of %s, issued while it was imported, answered once the import was done", ids[0])
+	for _, via := range []*sdk.Client{n1.Client, n3.Client} {
+		if sb, err := via.GetSandbox(t.Context(), ids[0]); !sdk.IsNotFound(err) {
+			t.Fatalf("get %s after its rm: %+v %v, want not found", ids[0], sb, err)
+		}
+	}
+	if sbs, err := n3.Client.ListSandboxes(t.Context()); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, sb := range sbs {
+			if sb.ID == ids[0] {
+				t.Fatalf("n3 lists %s after its rm: %+v", ids[0], sb)
+			}
+		}
 	}
 	var onN3 []string
 	for _, ch := range f.res.Children {
@@ -119,13 +159,13 @@ func TestNetClusterForkImporting(t *testing.T) {
 	if left := importing(n1.Client); len(left) != 0 {
 		t.Fatalf("after the fork, still importing: %v", left)
 	}
-	for _, id := range ids {
+	for _, id := range ids[1:] {
 		if sb, err := n1.Client.GetSandbox(t.Context(), id); err != nil || sb.State != "running" || sb.Node != "n3" {
 			t.Fatalf("child %s after the fork: %+v %v", id, sb, err)
 		}
 	}
 	w.settle()
-	for _, id := range ids {
+	for _, id := range ids[1:] {
 		if got := len(w.of("/clade/sandboxes/" + id)); got > 2 {
 			t.Errorf("%d etcd writes of imported child %s's record, want at most 2 (importing, running)", got, id)
 		}
@@ -135,6 +175,7 @@ func TestNetClusterForkImporting(t *testing.T) {
 	holdOn()
 	done = fork()
 	ids = awaitImporting()
+	removed = rm(ids[0])
 	c.Kill(2)
 	select {
 	case f = <-done:
@@ -157,5 +198,13 @@ func TestNetClusterForkImporting(t *testing.T) {
 		if _, err := n1.Client.GetSandbox(t.Context(), id); !sdk.IsNotFound(err) {
 			t.Fatalf("get %s, an importing child of killed n3, after the census: %v, want not found", id, err)
 		}
+	}
+	select {
+	case err := <-removed:
+		if err != nil {
+			t.Fatalf("rm of %s, whose importer was killed: %v", ids[0], err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the rm of %s did not answer within a minute of the census", ids[0])
 	}
 }

@@ -1,7 +1,7 @@
 // Package events is clade's lifecycle event bus: the sandbox service
 // publishes what happens to sandboxes (created, started, exec started and
 // ended, snapshotted, forked, slept, woken, stopped, removed, admission
-// refused) and fronts stream it to clients. The bus keeps a bounded ring of
+// refused; in a cluster, lost) and fronts stream it to clients. The bus keeps a bounded ring of
 // recent events, each with a sequence number, so a client that lost its
 // connection resumes exactly where it left off, or learns that it cannot.
 //
@@ -37,6 +37,10 @@ const (
 	// AdmissionRefused: a create, fork or wake (or a snapshot or sleep, on
 	// disk) was refused for want of memory or disk (Reason).
 	AdmissionRefused Type = "admission.refused"
+	// Lost (a cluster): the node that holds the sandbox left the cluster
+	// (its lease lapsed) while it was not asleep, and this node marked
+	// its record lost (Reason); published once, by the node that marked it.
+	Lost Type = "lost"
 )
 
 // Event is one thing that happened. Fields that do not apply are zero.

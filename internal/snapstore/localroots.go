@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // Image roots in a directory store, as in S3 (roots.go), under its root:
@@ -40,13 +41,16 @@ func (l *Local) HasRoot(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	// Not followed: only a regular file is a root (anything else there
-	// is replaced by the next upload's rename).
-	fi, err := os.Lstat(filepath.Join(l.rootDir(id), "root"))
+	// is replaced by the next upload's rename), and only in a directory
+	// of the store's (one planted as a symlink refuses the upload too).
+	p := filepath.Join(l.rootDir(id), "root")
+	var st unix.Stat_t
+	err := l.at(p, func(dir int, name string) error { return unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW) })
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
-	if err == nil && !fi.Mode().IsRegular() {
-		l.logger().Warn("snapshot store: an image root in the object store's directory is not a regular file: taken as absent", "path", filepath.Join(l.rootDir(id), "root"), "mode", fi.Mode().String())
+	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		l.logger().Warn("snapshot store: an image root in the object store's directory is not a regular file: taken as absent", "path", p, "type", fileType(st.Mode))
 		return false, nil
 	}
 	return err == nil, err
@@ -61,9 +65,7 @@ func (l *Local) PutRoot(ctx context.Context, id string, send func(w io.Writer) e
 	var f *os.File
 	var err error
 	for range 3 { // a tidyRoot of the empty directory may race the first
-		if err = os.MkdirAll(dir, 0o700); err == nil {
-			f, err = os.CreateTemp(dir, ".put-")
-		}
+		f, err = l.createObject(dir, ".put-")
 		if !errors.Is(err, fs.ErrNotExist) {
 			break
 		}
@@ -80,10 +82,10 @@ func (l *Local) PutRoot(ctx context.Context, id string, send func(w io.Writer) e
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, "root")) // the commit
+		err = l.renameObject(tmp, filepath.Join(dir, "root")) // the commit
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("put root %s: %w", short(Digest(id)), err), removeMissingOK(tmp))
+		return errors.Join(fmt.Errorf("put root %s: %w", short(Digest(id)), err), l.removeObject(tmp))
 	}
 	return nil
 }
@@ -115,8 +117,14 @@ func (l *Local) RefRoot(ctx context.Context, id string, d Digest) error {
 	refs := filepath.Join(l.rootDir(id), "refs")
 	var err error
 	for range 3 { // a tidyRoot of the empty directories may race the first
-		if err = os.MkdirAll(refs, 0o700); err == nil {
-			err = os.WriteFile(filepath.Join(refs, "sha256-"+d.hex()), nil, 0o600)
+		if err = l.mkdirAll(refs); err == nil {
+			err = l.at(filepath.Join(refs, "sha256-"+d.hex()), func(dir int, name string) error {
+				fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+				if err == nil {
+					err = unix.Close(fd)
+				}
+				return err
+			})
 		}
 		if !errors.Is(err, fs.ErrNotExist) {
 			break
@@ -125,7 +133,7 @@ func (l *Local) RefRoot(ctx context.Context, id string, d Digest) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(l.imageRoot(d), []byte(id))
+	return l.writeObject(l.imageRoot(d), []byte(id))
 }
 
 // UnrefRoot implements RootStore.
@@ -141,10 +149,10 @@ func (l *Local) UnrefRoot(ctx context.Context, d Digest) (string, bool, error) {
 	if validRoot(id) != nil {
 		return "", false, fmt.Errorf("stored image %s names a bad image root %.80q", short(d), id)
 	}
-	if err := removeMissingOK(filepath.Join(l.rootDir(id), "refs", "sha256-"+d.hex())); err != nil {
+	if err := l.removeObject(filepath.Join(l.rootDir(id), "refs", "sha256-"+d.hex())); err != nil {
 		return id, false, err
 	}
-	if err := removeMissingOK(l.imageRoot(d)); err != nil {
+	if err := l.removeObject(l.imageRoot(d)); err != nil {
 		return id, false, err
 	}
 	named, err := l.RootNamed(ctx, id)
@@ -156,7 +164,7 @@ func (l *Local) RootNamed(ctx context.Context, id string) (bool, error) {
 	if err := validRoot(id); err != nil {
 		return false, err
 	}
-	ents, err := os.ReadDir(filepath.Join(l.rootDir(id), "refs"))
+	ents, err := l.readDir(filepath.Join(l.rootDir(id), "refs"))
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -181,7 +189,7 @@ func (l *Local) SetRootAside(ctx context.Context, id, tag string) (bool, error) 
 	if err := errors.Join(validRoot(id), validTag(tag)); err != nil {
 		return false, err
 	}
-	err := os.Rename(filepath.Join(l.rootDir(id), "root"), l.aside(id, tag))
+	err := l.renameObject(filepath.Join(l.rootDir(id), "root"), l.aside(id, tag))
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -194,14 +202,14 @@ func (l *Local) RestoreRoot(ctx context.Context, id, tag string) error {
 	if err := errors.Join(validRoot(id), validTag(tag)); err != nil {
 		return err
 	}
-	err := os.Link(l.aside(id, tag), filepath.Join(l.rootDir(id), "root"))
+	err := l.linkObject(l.aside(id, tag), filepath.Join(l.rootDir(id), "root"))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil // none set aside
 	case err != nil && !errors.Is(err, fs.ErrExist):
 		return err
 	}
-	return removeMissingOK(l.aside(id, tag))
+	return l.removeObject(l.aside(id, tag))
 }
 
 // DropRootAside implements RootStore.
@@ -209,7 +217,7 @@ func (l *Local) DropRootAside(ctx context.Context, id, tag string) error {
 	if err := errors.Join(validRoot(id), validTag(tag)); err != nil {
 		return err
 	}
-	if err := removeMissingOK(l.aside(id, tag)); err != nil {
+	if err := l.removeObject(l.aside(id, tag)); err != nil {
 		return err
 	}
 	l.tidyRoot(id)
@@ -221,7 +229,7 @@ func (l *Local) DeleteRoot(ctx context.Context, id string) error {
 	if err := validRoot(id); err != nil {
 		return err
 	}
-	if err := removeMissingOK(filepath.Join(l.rootDir(id), "root")); err != nil {
+	if err := l.removeObject(filepath.Join(l.rootDir(id), "root")); err != nil {
 		return err
 	}
 	l.tidyRoot(id)
@@ -232,8 +240,8 @@ func (l *Local) DeleteRoot(ctx context.Context, id string) error {
 // concurrent RefRoot or PutRoot that made them anew fails its write and
 // reports it, as on any store error).
 func (l *Local) tidyRoot(id string) {
-	_ = os.Remove(filepath.Join(l.rootDir(id), "refs"))
-	_ = os.Remove(l.rootDir(id))
+	_ = l.removeEmptyDir(filepath.Join(l.rootDir(id), "refs"))
+	_ = l.removeEmptyDir(l.rootDir(id))
 }
 
 type ctxWriter struct {
@@ -248,13 +256,28 @@ func (c *ctxWriter) Write(p []byte) (int, error) {
 	return c.w.Write(p)
 }
 
-func removeMissingOK(p string) error {
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+// writeObject writes b to p under the root: a new file, renamed into
+// place.
+func (l *Local) writeObject(p string, b []byte) error {
+	f, err := l.createObject(filepath.Dir(p), ".tmp-")
+	if err != nil {
 		return err
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = l.renameObject(f.Name(), p)
+	}
+	if err != nil {
+		return errors.Join(err, l.removeObject(f.Name()))
 	}
 	return nil
 }
 
+// writeFileAtomic writes b to p (a file of the node's own, outside any
+// store): a new file, renamed into place.
 func writeFileAtomic(p string, b []byte) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
@@ -271,7 +294,10 @@ func writeFileAtomic(p string, b []byte) error {
 		err = os.Rename(f.Name(), p)
 	}
 	if err != nil {
-		return errors.Join(err, removeMissingOK(f.Name()))
+		if rerr := os.Remove(f.Name()); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
+		return err
 	}
 	return nil
 }

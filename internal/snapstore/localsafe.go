@@ -6,8 +6,10 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/clade-sandbox/clade/internal/errdefs"
@@ -212,4 +214,168 @@ func ignoringEINTR(f func() error) error {
 			return err
 		}
 	}
+}
+
+// Writes, deletes, renames and listings go through directories opened as
+// the objects are (openDir: no symlink anywhere on the way), and act on
+// a name in such a directory (the *at calls): a symlink planted as one of
+// the store's directories (roots, a root's, its refs, image-roots) is
+// refused, never followed out of the store.
+
+// openDir opens the directory p (the store's root, or one under it) with
+// flags (O_PATH or O_RDONLY, with O_DIRECTORY added), following no
+// symlink under the root. A missing one is fs.ErrNotExist.
+func (l *Local) openDir(p string, flags int) (int, error) {
+	rel, err := filepath.Rel(l.root, p)
+	if err != nil || !filepath.IsLocal(rel) && rel != "." {
+		return -1, fmt.Errorf("object store %s: %s is not under it", l.root, p)
+	}
+	flags |= unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	var fd int
+	if rel == "." {
+		// The root itself is the operator's (a symlink there is theirs).
+		err = ignoringEINTR(func() (err error) {
+			fd, err = unix.Open(l.root, flags&^unix.O_NOFOLLOW, 0)
+			return err
+		})
+		if err != nil {
+			return -1, &fs.PathError{Op: "open", Path: l.root, Err: err}
+		}
+		return fd, nil
+	}
+	root, err := l.openDir(l.root, unix.O_PATH)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(root)
+	err = ignoringEINTR(func() (err error) {
+		fd, err = openat2(root, rel, &unix.OpenHow{Flags: uint64(flags),
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS})
+		return err
+	})
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+		fd, err = openatNoFollow(root, rel, flags)
+	}
+	if errors.Is(err, unix.ENOTDIR) && isSymlink(root, rel) {
+		err = unix.ELOOP // O_NOFOLLOW|O_DIRECTORY on a symlink (the fallback's last name)
+	}
+	switch {
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
+		return -1, l.notRegular(p, "a symlink or under one")
+	case err != nil:
+		return -1, &fs.PathError{Op: "open", Path: p, Err: err}
+	}
+	return fd, nil
+}
+
+// isSymlink reports whether rel under dir is a symlink (itself, not
+// followed; its directories followed, as this is only the fallback's
+// word for an error already had).
+func isSymlink(dir int, rel string) bool {
+	var st unix.Stat_t
+	return unix.Fstatat(dir, rel, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK
+}
+
+// at runs f on p's directory (openDir) and p's last name.
+func (l *Local) at(p string, f func(dir int, name string) error) error {
+	dir, err := l.openDir(filepath.Dir(p), unix.O_PATH)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	err = ignoringEINTR(func() error { return f(dir, filepath.Base(p)) })
+	if errno, ok := err.(unix.Errno); ok {
+		return &fs.PathError{Op: "at", Path: p, Err: errno}
+	}
+	return err
+}
+
+// removeObject removes the file at p (a missing one is no error).
+func (l *Local) removeObject(p string) error {
+	err := l.at(p, func(dir int, name string) error { return unix.Unlinkat(dir, name, 0) })
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// removeEmptyDir removes the directory at p if it is empty.
+func (l *Local) removeEmptyDir(p string) error {
+	return l.at(p, func(dir int, name string) error { return unix.Unlinkat(dir, name, unix.AT_REMOVEDIR) })
+}
+
+// renameObject renames src to dst (replacing it), both under the root.
+func (l *Local) renameObject(src, dst string) error {
+	return l.at(src, func(sdir int, sname string) error {
+		return l.at(dst, func(ddir int, dname string) error { return unix.Renameat(sdir, sname, ddir, dname) })
+	})
+}
+
+// linkObject links dst to the file src (a symlink at src is linked as
+// the link, never followed); an existing dst is fs.ErrExist.
+func (l *Local) linkObject(src, dst string) error {
+	return l.at(src, func(sdir int, sname string) error {
+		return l.at(dst, func(ddir int, dname string) error { return unix.Linkat(sdir, sname, ddir, dname, 0) })
+	})
+}
+
+// mkdirAll makes the directory p and its parents under the root, each
+// made or opened without following a symlink.
+func (l *Local) mkdirAll(p string) error {
+	rel, err := filepath.Rel(l.root, p)
+	if err != nil || !filepath.IsLocal(rel) && rel != "." {
+		return fmt.Errorf("object store %s: %s is not under it", l.root, p)
+	}
+	cur := l.root
+	for _, name := range strings.Split(rel, string(filepath.Separator)) {
+		if name == "." {
+			continue
+		}
+		err := l.at(filepath.Join(cur, name), func(dir int, name string) error { return unix.Mkdirat(dir, name, 0o700) })
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		cur = filepath.Join(cur, name)
+	}
+	// The whole path, checked once made: no symlink on it.
+	fd, err := l.openDir(p, unix.O_PATH)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
+}
+
+// createObject makes a new file in the directory dir (made if needed),
+// named prefix and a random suffix, open for writing.
+func (l *Local) createObject(dir, prefix string) (*os.File, error) {
+	if err := l.mkdirAll(dir); err != nil {
+		return nil, err
+	}
+	for {
+		name := prefix + strconv.FormatUint(rand.Uint64(), 36)
+		var fd int
+		err := l.at(filepath.Join(dir, name), func(d int, n string) (err error) {
+			fd, err = unix.Openat(d, n, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+			return err
+		})
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return os.NewFile(uintptr(fd), filepath.Join(dir, name)), nil
+	}
+}
+
+// readDir lists the directory p (opened by openDir). A missing one is
+// fs.ErrNotExist.
+func (l *Local) readDir(p string) ([]fs.DirEntry, error) {
+	fd, err := l.openDir(p, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	return f.ReadDir(-1)
 }

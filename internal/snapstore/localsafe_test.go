@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -187,5 +188,212 @@ func TestLocalRefusesPlanted(t *testing.T) {
 		if len(left) != 0 {
 			t.Fatalf("a refused fetch left %v", left)
 		}
+	}
+}
+
+// TestLocalWritesNoSymlinkDir: a directory store's deletes, renames,
+// links, writes and listings follow no symlink planted as one of its
+// directories (a root's directory, its refs, image-roots, roots itself),
+// as its opens do not: each is refused with an error that says so, and
+// nothing outside the store is removed, moved or written; with openat2
+// and without it (ENOSYS, EPERM: each name opened in turn). Before,
+// DeleteRoot removed the file a symlinked root directory pointed at, a
+// sweep's set-aside renamed it, and a ref or an image's root identity was
+// written through it.
+func TestLocalWritesNoSymlinkDir(t *testing.T) {
+	for _, without := range []error{nil, unix.ENOSYS, unix.EPERM} {
+		name := "openat2"
+		if without != nil {
+			name = "no-openat2-" + without.Error()
+		}
+		t.Run(name, func(t *testing.T) {
+			if without != nil {
+				snapstore.WithoutOpenat2(t, without)
+			}
+			localWritesNoSymlinkDir(t)
+		})
+	}
+}
+
+func localWritesNoSymlinkDir(t *testing.T) {
+	const d = snapstore.Digest("sha256:" + "ab" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd")
+	hexOf := func(s string) string { return s[len("sha256:"):] }
+	rootID := func(n string) string {
+		sum := sha256.Sum256([]byte(n))
+		return "sha256:" + hex.EncodeToString(sum[:])
+	}
+	// outside is a directory shaped as a root's: a root, a ref and an
+	// aside root of the sweep's tag.
+	mkOutside := func(t *testing.T) (string, map[string]string) {
+		outside := t.TempDir()
+		files := map[string]string{
+			"root":                            "someone else's root",
+			"aside-a1":                        "someone else's aside",
+			"refs/sha256-" + hexOf(string(d)): "",
+			"sha256-" + hexOf(string(d)):      "someone else's image root",
+		}
+		for n, b := range files {
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(outside, n)), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(outside, n), []byte(b), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return outside, files
+	}
+	// intact fails the test if outside changed: a file gone, changed or
+	// added.
+	intact := func(t *testing.T, outside string, files map[string]string, what string) {
+		t.Helper()
+		seen := 0
+		err := filepath.WalkDir(outside, func(p string, e os.DirEntry, err error) error {
+			if err != nil || e.IsDir() {
+				return err
+			}
+			rel, _ := filepath.Rel(outside, p)
+			want, ok := files[rel]
+			if !ok {
+				return fmt.Errorf("%s was written outside the store", rel)
+			}
+			b, err := os.ReadFile(p)
+			if err != nil || string(b) != want {
+				return fmt.Errorf("%s outside the store changed: %q %v", rel, b, err)
+			}
+			seen++
+			return nil
+		})
+		if err == nil && seen != len(files) {
+			err = fmt.Errorf("%d of the %d files outside the store are left", seen, len(files))
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	refused := func(t *testing.T, err error, what string) {
+		t.Helper()
+		if !errors.Is(err, snapstore.ErrNotRegular) || !strings.Contains(err.Error(), "symlink") {
+			t.Fatalf("%s through a symlinked directory: %v, want refused (a symlink)", what, err)
+		}
+	}
+	put := func(w io.Writer) error { _, err := w.Write([]byte("a root stream")); return err }
+
+	// A root's directory planted as a symlink.
+	for _, op := range []string{"DeleteRoot", "SetRootAside", "RestoreRoot", "DropRootAside", "PutRoot", "RefRoot", "UnrefRoot", "RootNamed"} {
+		t.Run("rootdir/"+op, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "store")
+			s, err := snapstore.NewLocal(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outside, files := mkOutside(t)
+			id := rootID(op)
+			if err := os.MkdirAll(filepath.Join(root, "roots"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(outside, filepath.Join(root, "roots", "sha256-"+hexOf(id))); err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			switch op {
+			case "DeleteRoot":
+				refused(t, s.DeleteRoot(ctx, id), op)
+			case "SetRootAside":
+				_, err := s.SetRootAside(ctx, id, "b2")
+				refused(t, err, op)
+			case "RestoreRoot":
+				if err := os.Remove(filepath.Join(outside, "root")); err != nil {
+					t.Fatal(err)
+				}
+				delete(files, "root")
+				refused(t, s.RestoreRoot(ctx, id, "a1"), op)
+			case "DropRootAside":
+				refused(t, s.DropRootAside(ctx, id, "a1"), op)
+			case "PutRoot":
+				refused(t, s.PutRoot(ctx, id, put), op)
+			case "RefRoot":
+				refused(t, s.RefRoot(ctx, id, snapstore.Digest("sha256:"+strings.Repeat("cd", 32))), op)
+			case "UnrefRoot":
+				// The image's root identity names the planted root.
+				if err := os.MkdirAll(filepath.Join(root, "image-roots"), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(root, "image-roots", "sha256-"+hexOf(string(d))), []byte(id), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				_, _, err := s.UnrefRoot(ctx, d)
+				refused(t, err, op)
+			case "RootNamed":
+				named, err := s.RootNamed(ctx, id)
+				if named {
+					t.Fatalf("a ref under a symlinked root directory names the root")
+				}
+				refused(t, err, op)
+			}
+			intact(t, outside, files, op)
+		})
+	}
+
+	// image-roots, and roots itself, planted as symlinks.
+	for _, dir := range []string{"image-roots", "roots"} {
+		t.Run(dir, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "store")
+			s, err := snapstore.NewLocal(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outside, files := mkOutside(t)
+			if err := os.Symlink(outside, filepath.Join(root, dir)); err != nil {
+				t.Fatal(err)
+			}
+			id := rootID(dir)
+			err = s.RefRoot(t.Context(), id, snapstore.Digest("sha256:"+strings.Repeat("ef", 32)))
+			refused(t, err, "RefRoot")
+			if dir == "image-roots" {
+				// UnrefRoot reads image-roots/sha256-D through the symlink
+				// no more than it removes it.
+				_, _, err := s.UnrefRoot(t.Context(), d)
+				refused(t, err, "UnrefRoot")
+			} else {
+				refused(t, s.PutRoot(t.Context(), id, put), "PutRoot")
+			}
+			intact(t, outside, files, dir)
+		})
+	}
+
+	// Plain: every step still works.
+	root := filepath.Join(t.TempDir(), "store")
+	s, err := snapstore.NewLocal(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	id := rootID("plain")
+	if err := s.RefRoot(ctx, id, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutRoot(ctx, id, put); err != nil {
+		t.Fatal(err)
+	}
+	if named, err := s.RootNamed(ctx, id); !named || err != nil {
+		t.Fatalf("RootNamed: %v %v", named, err)
+	}
+	if aside, err := s.SetRootAside(ctx, id, "c3"); !aside || err != nil {
+		t.Fatalf("SetRootAside: %v %v", aside, err)
+	}
+	if err := s.RestoreRoot(ctx, id, "c3"); err != nil {
+		t.Fatal(err)
+	}
+	if has, err := s.HasRoot(ctx, id); !has || err != nil {
+		t.Fatalf("HasRoot after RestoreRoot: %v %v", has, err)
+	}
+	if got, unnamed, err := s.UnrefRoot(ctx, d); got != id || !unnamed || err != nil {
+		t.Fatalf("UnrefRoot: %q %v %v", got, unnamed, err)
+	}
+	if err := s.DeleteRoot(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "roots", "sha256-"+hexOf(id))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a deleted root's directory: %v, want gone", err)
 	}
 }

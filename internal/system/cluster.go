@@ -88,7 +88,7 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	capacity := func(ctx context.Context) (api.NodeCapacity, error) { return nodeCapacity(ctx, o, local, st, eng) }
 	c, err := cluster.Join(ctx, cli, cluster.Config{Node: co.Node, Addr: cmpOr(co.Advertise, o.Listen), Token: co.token(o.Token),
 		Version: o.Version, LeaseTTL: co.LeaseTTL, MoveTimeout: co.MoveTimeout, StoreKey: o.Sandbox.Copies.KeyID(), StoreRoot: storeRoot(o.Sandbox.Copies), StoreRootBad: o.Sandbox.Copies.DropBadRoot,
-		LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Log: log})
+		LeaseFile: filepath.Join(o.DataDir, "cluster-lease"), Capacity: capacity, Events: mgr.Events(), Log: log})
 	if err != nil {
 		stop()
 		return nil, nil, err
