@@ -26,6 +26,12 @@ import (
 	"github.com/clade-sandbox/clade/sdk"
 )
 
+// TestMain: the tests with a daemon of their own (its data dir, socket and
+// network share) run in parallel, two at a time (go test's -parallel on two
+// cores): they spend most of their time waiting on a sandbox's boot, a
+// snapshot or a terminal's screen, and none bounds an elapsed time. The one
+// that writes into the shared images directory (TestCLIImageImport) stays
+// sequential.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testenv.Cleanup()
@@ -52,6 +58,7 @@ func cli(t *testing.T, d *testenv.Daemon, stdin string, args ...string) (stdout,
 }
 
 func TestCLI(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	out, errs, code := cli(t, d, "", "create", "--name", "cli-box", "--memory", "256", "--env", "FOO=bar")
 	if code != 0 || len(strings.TrimSpace(out)) != 16 {
@@ -312,6 +319,7 @@ func TestCLI(t *testing.T) {
 }
 
 func TestCLISnapshotForkSleep(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	out, errs, code := cli(t, d, "", "create", "--name", "src")
 	if code != 0 {

@@ -13,6 +13,7 @@ import (
 )
 
 func TestCompletion(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	ctx := t.Context()
 	sb, err := d.Client.CreateSandbox(ctx, sdk.CreateSandboxRequest{Name: "comp-box"})

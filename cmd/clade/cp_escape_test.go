@@ -14,6 +14,7 @@ import (
 // directory of files second, in a real sandbox: the second copy must write
 // at DST, never into the host directory the first one's link names.
 func TestCLICopyOutEscape(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	out, errs, code := cli(t, d, "", "create", "--memory", "256")
 	if code != 0 {

@@ -148,6 +148,7 @@ func exitCode(t *testing.T, cmd *exec.Cmd) int {
 // terminal is in raw mode during the session and restored after it, also
 // when the session ends by Ctrl-C.
 func TestExecInteractiveTTY(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	out, errs, code := cli(t, d, "", "create")
 	if code != 0 {

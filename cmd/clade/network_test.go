@@ -11,6 +11,7 @@ import (
 
 // TestCLINetwork: create with a policy, show it, change it, and mode none.
 func TestCLINetwork(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	out, errs, code := cli(t, d, "", "create", "--allow", "example.com", "--allow", "10.9.0.0/16", "--deny", "203.0.113.7")
 	if code != 0 {

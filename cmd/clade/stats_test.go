@@ -10,6 +10,7 @@ import (
 )
 
 func TestStatsVerb(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	out, errs, code := cli(t, d, "", "create", "--name", "stats-box", "--memory", "256")
 	if code != 0 {

@@ -61,6 +61,7 @@ func TestNoTerminalProbe(t *testing.T) {
 // TestExecTTYOutputExact: on a terminal, exec -t writes exactly what the
 // sandbox's command wrote, nothing of clade's own before or after it.
 func TestExecTTYOutputExact(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	out, errs, code := cli(t, d, "", "create")
 	if code != 0 {

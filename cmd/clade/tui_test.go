@@ -89,6 +89,7 @@ func (tm *tmux) waitFor(re string) string {
 // every hour: whatever changes on screen came from the events stream or
 // the TUI's own actions, not from a poll.
 func TestTUI(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	sb, err := d.Client.CreateSandbox(t.Context(), sdk.CreateSandboxRequest{Name: "tui-box", MemoryMiB: 256})
 	if err != nil {

@@ -19,6 +19,16 @@ import (
 	"github.com/clade-sandbox/clade/sdk"
 )
 
+// TestMain: the tests (and crash-point subtests) with a daemon of their own
+// (its data dir, socket, network share and, if any, TCP port) run in
+// parallel, two at a time (go test's -parallel on two cores): most of their
+// time is waiting on boots, restores, restarts and dead-peer timers. Run
+// one by one, as they did, the package took 5-10 minutes of `make test`.
+// Sequential still, so that no other test's load is beside them: those
+// that bound an elapsed time (TestRestartWithAFrozenAgent,
+// TestCorruptStateImages, TestAgentAsInit), and those that write into the
+// images directory every daemon shares (the image pull, import, build and
+// build-cleanup tests).
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testenv.Cleanup()
@@ -39,6 +49,27 @@ func run(t *testing.T, c *sdk.Client, id string, req sdk.ExecRequest) result {
 	return result{out.String(), errb.String(), st, err}
 }
 
+// awaitAttached waits, as a client told to retry does, until sandbox id of
+// a restarted daemon answers an exec. Its reattach may not have settled
+// yet: on a loaded host `runsc state` passes its 10 s bound, the daemon
+// retries in the background, and an exec meanwhile is Unavailable
+// ("retry"), not a lost sandbox. Any other error, or no answer within 2
+// minutes, fails the test.
+func awaitAttached(t *testing.T, c *sdk.Client, id string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		_, err := c.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"true"}})
+		if err == nil {
+			return
+		}
+		if !sdk.IsUnavailable(err) || time.Now().After(deadline) {
+			t.Fatalf("exec in %s after the restart: %v", id, err)
+		}
+		time.Sleep(100 * time.Millisecond) // polling until the background reattach lands
+	}
+}
+
 func newSandbox(t *testing.T, c *sdk.Client, req sdk.CreateSandboxRequest) sdk.Sandbox {
 	t.Helper()
 	sb, err := c.CreateSandbox(t.Context(), req)
@@ -49,6 +80,7 @@ func newSandbox(t *testing.T, c *sdk.Client, req sdk.CreateSandboxRequest) sdk.S
 }
 
 func TestExec(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{Env: []string{"BASE=from-create"}})
@@ -213,6 +245,7 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 }
 
 func TestAPIErrors(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "named"})

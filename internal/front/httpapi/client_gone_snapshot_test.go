@@ -14,6 +14,7 @@ import (
 // a plain create does (the restore runs on; what follows it must not fail
 // for the cancel and skip the removal).
 func TestClientGoneCreateFromSnapshot(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	parent := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "parent", MemoryMiB: 128})

@@ -13,6 +13,7 @@ import (
 // (Ctrl-C) before the answer runs to its end, then removes what it made:
 // the client never learned the ids, so nothing else would.
 func TestClientGoneRemovesWhatItMade(t *testing.T) {
+	t.Parallel()                // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t) // no pools: a create boots, a fork restores
 	c := d.Client
 

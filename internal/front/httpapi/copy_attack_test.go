@@ -20,6 +20,7 @@ import (
 // and a process inside the sandbox that keeps swapping the directory being
 // filled for a symlink out of it cannot redirect the extraction.
 func TestCopyHostile(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})

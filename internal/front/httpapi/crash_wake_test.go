@@ -16,6 +16,7 @@ import (
 // sandbox behind; the restarted daemon must still wake the sandbox, with
 // its files, and leave nothing behind.
 func TestWakeAfterKillAtEngineID(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t, "--warm-pool", "1")
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})

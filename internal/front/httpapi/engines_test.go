@@ -13,6 +13,7 @@ import (
 // never run in gVisor under a qemu record; /v1/health and `clade info`
 // say which engines are there.
 func TestMissingEngineRefused(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t, "--qemu", "/nonexistent/qemu-system-x86_64")
 	ctx := t.Context()
 	h, err := d.Client.Health(ctx)

@@ -99,6 +99,7 @@ func all(t *testing.T, seq iter.Seq2[sdk.Event, error]) []sdk.Event {
 // a stream resumed after a disconnect gets exactly the events it missed;
 // a resume the daemon can no longer serve says so.
 func TestEvents(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	ctx := t.Context()

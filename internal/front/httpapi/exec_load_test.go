@@ -18,6 +18,7 @@ import (
 // its EOF, exit codes, and many execs at once on one sandbox, each
 // checked byte for byte.
 func TestExecStreamsUnderLoad(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})

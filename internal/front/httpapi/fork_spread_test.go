@@ -12,6 +12,7 @@ import (
 // that asks for the spread with a 400 that says why, and serves no
 // internal routes.
 func TestForkSpreadOutsideCluster(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	_, err := d.Client.Fork(t.Context(), "anything", 2, sdk.Spread())
 	if !sdk.IsInvalidArgument(err) || !strings.Contains(err.Error(), "not in a cluster") {

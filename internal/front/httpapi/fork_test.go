@@ -50,6 +50,7 @@ func waitCountPast(t *testing.T, c *sdk.Client, id string, n int) int {
 }
 
 func TestFork(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	// With the warm pool: children restore into prepared sandboxes.
 	d := testenv.StartDaemon(t, "--warm-pool", "4")
 	c := d.Client
@@ -211,6 +212,7 @@ func TestFork(t *testing.T) {
 }
 
 func TestForkAdmission(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t, "--max-fork", "8")
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{MemoryMiB: 4096})
@@ -226,8 +228,12 @@ func TestForkAdmission(t *testing.T) {
 }
 
 func TestSleepWake(t *testing.T) {
+	t.Parallel() // its subtests, a daemon each: see TestMain
 	for _, pool := range []string{"0", "2"} {
-		t.Run("warm-pool-"+pool, func(t *testing.T) { testSleepWake(t, pool) })
+		t.Run("warm-pool-"+pool, func(t *testing.T) {
+			t.Parallel() // a daemon of its own: see TestMain
+			testSleepWake(t, pool)
+		})
 	}
 }
 
@@ -311,8 +317,10 @@ func testSleepWake(t *testing.T, pool string) {
 // and checks that the restarted daemon shows only whole sandboxes and
 // leaks nothing.
 func TestSnapshotCrashPoints(t *testing.T) {
+	t.Parallel() // its subtests, a daemon each: see TestMain
 	for _, point := range []string{"snapshot-before-engine", "fork-mid-restore", "fork-after-children", "sleep-before-engine", "sleep-before-seal", "sleep-after-checkpoint", "sleep-before-reap", "wake-before-engine"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel() // a daemon of its own: see TestMain
 			d := testenv.StartDaemon(t)
 			c := d.Client
 			sb := newSandbox(t, c, sdk.CreateSandboxRequest{})
@@ -349,6 +357,7 @@ func TestSnapshotCrashPoints(t *testing.T) {
 					t.Fatalf("after restart %s is %s, want running or sleeping", s.ID, s.State)
 				}
 				// Every listed sandbox is whole: it answers (waking if asleep).
+				awaitAttached(t, c, s.ID)
 				if r := run(t, c, s.ID, sdk.ExecRequest{Cmd: []string{"cat", "/root/f"}}); r.stdout != "kept\n" {
 					t.Fatalf("sandbox %s after restart: %+v\n%s", s.ID, r, d.Log())
 				}

@@ -102,6 +102,7 @@ func TestRestartWithAFrozenAgent(t *testing.T) {
 // resumed it never ran again: the restart took it for gone, and stopped
 // it. The restart must resume it: exec works and its clock moves.
 func TestRestartResumesAPausedSandbox(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})

@@ -30,6 +30,7 @@ func rawClient(d *testenv.Daemon) *http.Client {
 // TestExecInputLimits: exec timeouts and env entries are validated with a
 // 400 naming the limit, never rounded, overflowed or failed in execve.
 func TestExecInputLimits(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})
@@ -84,6 +85,7 @@ func TestExecInputLimits(t *testing.T) {
 // sent by the client mid-stream, is skipped, not taken as a reason to kill
 // the command.
 func TestExecStreamIgnoresUnknownFrames(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	sb := newSandbox(t, d.Client, sdk.CreateSandboxRequest{})
 	conn, err := net.Dial("unix", d.Socket)
@@ -138,6 +140,7 @@ func TestExecStreamIgnoresUnknownFrames(t *testing.T) {
 // TestExecLostReason: an exec whose sandbox is removed, or memory-killed,
 // under it says so instead of "connection lost: EOF".
 func TestExecLostReason(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 
@@ -214,6 +217,7 @@ func TestAgentAsInit(t *testing.T) {
 // TestCopyEdgeCases: /proc files come out with their content; many small
 // files into a small sandbox fail cleanly instead of killing it.
 func TestCopyEdgeCases(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 

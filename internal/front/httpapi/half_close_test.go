@@ -20,6 +20,7 @@ import (
 // the create must still answer 201 with a sandbox that exists, not remove
 // it and answer an empty 200.
 func TestHalfClosedClientGetsItsSandbox(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	conn, err := net.Dial("unix", d.Socket)
 	if err != nil {

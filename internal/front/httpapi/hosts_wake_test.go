@@ -12,6 +12,7 @@ import (
 // sandbox's /etc/hosts is still there after a sleep and wake (the wake
 // sends the hostname again) and in a fork child, which has its own name.
 func TestHostsEditsSurviveSleepAndFork(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "hosty"})

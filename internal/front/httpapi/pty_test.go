@@ -68,6 +68,7 @@ func (w *watchedBuffer) waitAfter(t *testing.T, marker, s string) {
 // SIGWINCH), what is typed is echoed, Ctrl-C (a 0x03 byte) interrupts the
 // foreground job, and the exit code comes back.
 func TestExecTTY(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})

@@ -16,6 +16,7 @@ import (
 // TestRestart kills the daemon with SIGKILL and checks that the next one
 // reattaches: exec works again and state is intact.
 func TestRestart(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{Name: "survivor"})
@@ -28,6 +29,7 @@ func TestRestart(t *testing.T) {
 	if err != nil || got.State != "running" {
 		t.Fatalf("after restart: %+v %v, want running", got, err)
 	}
+	awaitAttached(t, c, sb.ID)
 	r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; pgrep -c sleep || ls /proc | grep -c '^[0-9]'"}})
 	if r.err != nil || !strings.HasPrefix(r.stdout, "before\n") {
 		t.Fatalf("exec after restart: %+v, want the file written before", r)
@@ -38,6 +40,7 @@ func TestRestart(t *testing.T) {
 // restarts it, and checks that the sandbox is either whole and listed or
 // gone without a trace.
 func TestCrashPoints(t *testing.T) {
+	t.Parallel() // its subtests, a daemon each: see TestMain
 	for _, tc := range []struct {
 		point string
 		// create reports whether the crash is in a create (else a remove).
@@ -49,6 +52,7 @@ func TestCrashPoints(t *testing.T) {
 		{"destroy-after-engine", false},
 	} {
 		t.Run(tc.point, func(t *testing.T) {
+			t.Parallel() // a daemon of its own: see TestMain
 			d := testenv.StartDaemon(t)
 			c := d.Client
 			var keep sdk.Sandbox
@@ -90,6 +94,7 @@ func TestCrashPoints(t *testing.T) {
 // TestSandboxCannotReachDaemon checks that code in a sandbox sees neither the
 // daemon's socket nor its TCP port.
 func TestSandboxCannotReachDaemon(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	dir := testenv.TempDir(t)
 	tok := filepath.Join(dir, "token")
 	writeFile(t, tok, "secret-token")
@@ -141,8 +146,10 @@ print(" ".join(res))
 // after both): the restart must find no sandbox and destroy the hot
 // sandbox the claim had taken, keeping nothing it started.
 func TestHotClaimCrashPoints(t *testing.T) {
+	t.Parallel() // its subtests, a daemon each: see TestMain
 	for _, point := range []string{"create-before-engine", "create-after-engine"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel() // a daemon of its own: see TestMain
 			d := testenv.StartDaemon(t, "--hot-pool", "1")
 			c := d.Client
 			waitHot(t, c)
@@ -187,6 +194,7 @@ func TestHotClaimCrashPoints(t *testing.T) {
 // one with it asleep) must find it each time, its files, processes and
 // hostname intact, and never take it for a pool sandbox nobody claimed.
 func TestHotClaimSurvivesKill(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t, "--hot-pool", "1")
 	c := d.Client
 	waitHot(t, c)
@@ -203,6 +211,7 @@ func TestHotClaimSurvivesKill(t *testing.T) {
 		if err != nil || got.ID != sb.ID {
 			t.Fatalf("%s: %+v %v, want sandbox %s\n%s", when, got, err, sb.ID, d.Log())
 		}
+		awaitAttached(t, c, sb.ID)
 		r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; hostname; kill -0 $(cat /root/pid) && echo alive"}})
 		if r.err != nil || r.stdout != "before\nclaimed\nalive\n" {
 			t.Fatalf("%s: exec: %+v, want the file, the claim's hostname and the process started before\n%s", when, r, d.Log())

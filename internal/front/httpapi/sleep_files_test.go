@@ -48,6 +48,7 @@ func catFile(t *testing.T, c *sdk.Client, id, file string) string {
 // the job in its reconcile: the sandbox runs with its files and none of
 // its old processes.
 func TestSleepWithoutMemory(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	ctx := t.Context()
@@ -148,6 +149,7 @@ func TestSleepWithoutMemory(t *testing.T) {
 // on every try, the files out of reach) or replaced with one that exits at
 // once (the processes survived).
 func TestSleepWithoutMemoryNoShell(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	ctx := t.Context()

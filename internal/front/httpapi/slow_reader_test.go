@@ -36,6 +36,7 @@ func (w *pausingWriter) Write(p []byte) (int, error) {
 // a dead peer. With TCP_USER_TIMEOUT on the daemon's listener, Linux cut
 // the connection after 30 s of closed window.
 func TestTCPExecReaderPauses(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	dir := testenv.TempDir(t)
 	tok := filepath.Join(dir, "token")
 	writeFile(t, tok, "secret-token")

@@ -15,6 +15,7 @@ import (
 // it allocates, pids counts a background process, a sleeping sandbox is
 // read without waking it.
 func TestStats(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	ctx := t.Context()

@@ -13,6 +13,7 @@ import (
 // TestExecAndUploadAsUser: the API's user runs a command as a user of the
 // sandbox (its name, ids, home and login environment) and owns an upload.
 func TestExecAndUploadAsUser(t *testing.T) {
+	t.Parallel() // a daemon of its own: see TestMain
 	d := testenv.StartDaemon(t)
 	c := d.Client
 	sb := newSandbox(t, c, sdk.CreateSandboxRequest{})
