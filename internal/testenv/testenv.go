@@ -516,3 +516,23 @@ func BuiltinImage(t testing.TB, name string) string {
 	}
 	return dir
 }
+
+// AwaitExec waits until an exec of `true` in sandbox id succeeds, as a
+// client does after a daemon restart: until the daemon has reattached the
+// sandbox (in the background when `runsc state` is slow) and its agent has
+// dialled back in, it answers Unavailable ("retry"), which is no lost
+// sandbox. Any other error, or no success within 2 minutes, fails t.
+func AwaitExec(t testing.TB, c *sdk.Client, id string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		_, err := c.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"true"}})
+		if err == nil {
+			return
+		}
+		if !sdk.IsUnavailable(err) || time.Now().After(deadline) {
+			t.Fatalf("exec in %s after the restart: %v", id, err)
+		}
+		time.Sleep(100 * time.Millisecond) // polling: the reattach and the agent's dial-in send no event a client can wait on
+	}
+}

@@ -123,7 +123,7 @@ func TestVolumeSnapshotDaemonKill(t *testing.T) {
 				if got.State != "running" {
 					t.Fatalf("after the restart the sandbox is %s (%s), want running: its checkpoint was sealed\n%s", got.State, got.Error, d.Log())
 				}
-				awaitAgent(t, c, sb.ID)
+				testenv.AwaitExec(t, c, sb.ID)
 				// The same process, in memory; the volume as it was, and
 				// writable (timeout: a frozen file system would hang).
 				if out := mustSh(t, c, sb.ID, "kill -0 "+pid+" && cat /tmp/sum"); out != sum {
@@ -226,7 +226,7 @@ func TestVolumeSnapshotKilledAnywhere(t *testing.T) {
 		if got.State != "running" {
 			t.Fatalf("killed %v into a snapshot (of %v): the sandbox is %s (%s), want running\n%s", delay, took, got.State, got.Error, d.Log())
 		}
-		awaitAgent(t, c, sb.ID)
+		testenv.AwaitExec(t, c, sb.ID)
 		if out := mustSh(t, c, sb.ID, "kill -0 "+pid+" && md5sum /data/blob"); out != sum {
 			t.Fatalf("killed %v into a snapshot: %q, want the process alive and the volume's file %q", delay, out, sum)
 		}

@@ -343,7 +343,7 @@ func TestVolumeViewCrashPoints(t *testing.T) {
 				if s.ID == sb.ID {
 					// A sandbox the restarted daemon reattached answers
 					// "retry" until its agent has dialled back in.
-					awaitAgent(t, c, s.ID)
+					testenv.AwaitExec(t, c, s.ID)
 					if got := mustSh(t, c, s.ID, "cat "+paths[1]+"/f"); got != point+"\n" {
 						t.Fatalf("the sandbox after the crash reads %q", got)
 					}

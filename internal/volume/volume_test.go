@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/clade-sandbox/clade/internal/sandbox"
 	"github.com/clade-sandbox/clade/internal/store"
@@ -51,25 +50,6 @@ func sh(t *testing.T, c *sdk.Client, id, cmd string) result {
 		t.Fatalf("exec %q in %s: %v", cmd, id, err)
 	}
 	return result{out.String(), errb.String(), st.Code}
-}
-
-// awaitAgent waits (up to 2 minutes) until an exec in id starts: after a
-// restart the daemon answers "retry" (Unavailable) until the sandbox's
-// agent has dialled back in, which takes a while on a loaded host, and a
-// client is to retry then.
-func awaitAgent(t *testing.T, c *sdk.Client, id string) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		_, err := c.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"true"}})
-		if err == nil {
-			return
-		}
-		if !sdk.IsUnavailable(err) || time.Now().After(deadline) {
-			t.Fatalf("exec in %s after the restart: %v", id, err)
-		}
-		time.Sleep(100 * time.Millisecond) // polling until the agent is back
-	}
 }
 
 // mustSh runs cmd and fails unless it exits 0; it returns stdout.

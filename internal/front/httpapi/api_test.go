@@ -49,27 +49,6 @@ func run(t *testing.T, c *sdk.Client, id string, req sdk.ExecRequest) result {
 	return result{out.String(), errb.String(), st, err}
 }
 
-// awaitAttached waits, as a client told to retry does, until sandbox id of
-// a restarted daemon answers an exec. Its reattach may not have settled
-// yet: on a loaded host `runsc state` passes its 10 s bound, the daemon
-// retries in the background, and an exec meanwhile is Unavailable
-// ("retry"), not a lost sandbox. Any other error, or no answer within 2
-// minutes, fails the test.
-func awaitAttached(t *testing.T, c *sdk.Client, id string) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		_, err := c.Exec(t.Context(), id, sdk.ExecRequest{Cmd: []string{"true"}})
-		if err == nil {
-			return
-		}
-		if !sdk.IsUnavailable(err) || time.Now().After(deadline) {
-			t.Fatalf("exec in %s after the restart: %v", id, err)
-		}
-		time.Sleep(100 * time.Millisecond) // polling until the background reattach lands
-	}
-}
-
 func newSandbox(t *testing.T, c *sdk.Client, req sdk.CreateSandboxRequest) sdk.Sandbox {
 	t.Helper()
 	sb, err := c.CreateSandbox(t.Context(), req)

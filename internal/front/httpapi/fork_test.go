@@ -357,7 +357,7 @@ func TestSnapshotCrashPoints(t *testing.T) {
 					t.Fatalf("after restart %s is %s, want running or sleeping", s.ID, s.State)
 				}
 				// Every listed sandbox is whole: it answers (waking if asleep).
-				awaitAttached(t, c, s.ID)
+				testenv.AwaitExec(t, c, s.ID)
 				if r := run(t, c, s.ID, sdk.ExecRequest{Cmd: []string{"cat", "/root/f"}}); r.stdout != "kept\n" {
 					t.Fatalf("sandbox %s after restart: %+v\n%s", s.ID, r, d.Log())
 				}

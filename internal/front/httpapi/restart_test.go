@@ -29,7 +29,7 @@ func TestRestart(t *testing.T) {
 	if err != nil || got.State != "running" {
 		t.Fatalf("after restart: %+v %v, want running", got, err)
 	}
-	awaitAttached(t, c, sb.ID)
+	testenv.AwaitExec(t, c, sb.ID)
 	r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; pgrep -c sleep || ls /proc | grep -c '^[0-9]'"}})
 	if r.err != nil || !strings.HasPrefix(r.stdout, "before\n") {
 		t.Fatalf("exec after restart: %+v, want the file written before", r)
@@ -211,7 +211,7 @@ func TestHotClaimSurvivesKill(t *testing.T) {
 		if err != nil || got.ID != sb.ID {
 			t.Fatalf("%s: %+v %v, want sandbox %s\n%s", when, got, err, sb.ID, d.Log())
 		}
-		awaitAttached(t, c, sb.ID)
+		testenv.AwaitExec(t, c, sb.ID)
 		r := run(t, c, sb.ID, sdk.ExecRequest{Cmd: []string{"sh", "-c", "cat /root/f; hostname; kill -0 $(cat /root/pid) && echo alive"}})
 		if r.err != nil || r.stdout != "before\nclaimed\nalive\n" {
 			t.Fatalf("%s: exec: %+v, want the file, the claim's hostname and the process started before\n%s", when, r, d.Log())
