@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -184,6 +185,57 @@ func TestRemoveImportingHere(t *testing.T) {
 			}
 			if rec, ok, err := a.Lookup(ctx, id); err != nil || ok {
 				t.Fatalf("the child's record after the rm: %+v %v %v, want none", rec, ok, err)
+			}
+		})
+	}
+}
+
+// TestAwaitImportedEtcdGone: a wait on an importing child whose node's
+// etcd stops answering (before the wait, or during it) answers a
+// retryable Unavailable within an etcd call's bound and a watch round,
+// not at the end of the wait (an rm through that node hung for the
+// import's bound and a minute, then said the child was still importing
+// on node "").
+func TestAwaitImportedEtcdGone(t *testing.T) {
+	for _, during := range []bool{false, true} {
+		t.Run(map[bool]string{false: "before", true: "during"}[during], func(t *testing.T) {
+			e, err := StartEmbed(t.Context(), Embed{Name: "test", Dir: filepath.Join(t.TempDir(), "etcd"), Client: freeAddr(t), Peer: freeAddr(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := sync.OnceFunc(e.Close)
+			t.Cleanup(stop)
+			cli, err := Dial(t.Context(), e.Endpoints, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cli.Close() })
+			a := join(t, cli, "a", "")
+			if err := a.PublishImporting(t.Context(), []string{"sbgone"}, api.SnapshotExport{Image: "default", MemoryMiB: 256, CPUs: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if !during {
+				stop()
+			}
+			done := make(chan error, 1)
+			start := time.Now()
+			go func() {
+				_, _, err := a.AwaitImported(t.Context(), "sbgone", 2*time.Minute)
+				done <- err
+			}()
+			if during {
+				stop()
+			}
+			bound := opTimeout + awaitRound + 5*time.Second
+			select {
+			case err := <-done:
+				took := time.Since(start)
+				if !errdefs.IsUnavailable(err) || took > bound {
+					t.Fatalf("a wait with etcd gone: %v after %s, want a retryable Unavailable within %s", err, took.Round(time.Millisecond), bound)
+				}
+				t.Logf("answered %v after %s", err, took.Round(time.Millisecond))
+			case <-time.After(bound):
+				t.Fatalf("a wait with etcd gone did not answer within %s", bound)
 			}
 		})
 	}
