@@ -162,6 +162,11 @@ func (f *forks) reserveImport(ctx context.Context, req importRequest) (reserve f
 // and its record goes).
 var importWait = importTimeout + time.Minute
 
+// awaitRound is how long AwaitImported watches before it reads the
+// record again: a watch on an etcd that went away neither answers nor
+// breaks.
+const awaitRound = 10 * time.Second
+
 // AwaitImported waits until the record of id, a fork's child that a node
 // is importing, is no longer importing: it answers the record then
 // (running on its node), or ok false when the record went (the import
@@ -173,7 +178,12 @@ func (c *Cluster) AwaitImported(ctx context.Context, id string, wait time.Durati
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for ctx.Err() == nil {
-		g, err := c.cli.Get(ctx, sandboxKey(id))
+		// Each read and each watch bounded on its own: an etcd that
+		// stops answering (a partition, its member down) answers a
+		// retryable error within a read's bound, not after the wait.
+		gctx, gcancel := c.opCtx(ctx)
+		g, err := c.cli.Get(gctx, sandboxKey(id))
+		gcancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -190,12 +200,14 @@ func (c *Cluster) AwaitImported(ctx context.Context, id string, wait time.Durati
 			return rec, true, nil
 		}
 		changed := false
-		for resp := range c.cli.Watch(clientv3.WithRequireLeader(ctx), sandboxKey(id), clientv3.WithRev(g.Header.Revision+1)) {
+		wctx, wcancel := context.WithTimeout(ctx, awaitRound)
+		for resp := range c.cli.Watch(clientv3.WithRequireLeader(wctx), sandboxKey(id), clientv3.WithRev(g.Header.Revision+1)) {
 			if resp.Err() != nil || len(resp.Events) > 0 {
 				changed = len(resp.Events) > 0
 				break
 			}
 		}
+		wcancel()
 		if !changed {
 			// The watch broke (no leader for a moment): read again, not
 			// at once.

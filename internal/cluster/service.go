@@ -561,8 +561,17 @@ func (s *Service) Get(ctx context.Context, ref string) (api.Sandbox, error) {
 // remove waits for it (at most importWait), changing nothing meanwhile,
 // so that a node killed during the wait leaves nothing half done (the
 // child is made and stays, or its import fails and its record goes); a
-// child whose import failed is not there, as asked (nil).
+// child whose import failed is not there, as asked (nil). So is one this
+// node imports: its local record (creating while it is restored) is the
+// fork's until the import settles, and a remove that took it then would
+// drop the child's importing record and remove a sandbox the fork still
+// makes (and then names, and writes the record of).
 func (s *Service) Remove(ctx context.Context, ref string) error {
+	if s.forks.importing.has(ref) {
+		if _, made, err := s.c.AwaitImported(ctx, ref, importWait); err != nil || !made {
+			return err
+		}
+	}
 	svc, err := s.route(ctx, ref)
 	if errdefs.IsUnavailable(err) {
 		if rec, ok, lerr := s.c.Lookup(ctx, ref); lerr == nil && ok && rec.State == StateImporting {

@@ -164,22 +164,30 @@ func (l *Local) RootNamed(ctx context.Context, id string) (bool, error) {
 	if err := validRoot(id); err != nil {
 		return false, err
 	}
-	ents, err := l.readDir(filepath.Join(l.rootDir(id), "refs"))
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	for _, e := range ents {
+	refs := filepath.Join(l.rootDir(id), "refs")
+	named, skipped, first := false, 0, ""
+	err := l.listDir(refs, func(e fs.DirEntry) bool {
 		if !strings.HasPrefix(e.Name(), "sha256-") {
-			continue
+			return false
 		}
 		if !e.Type().IsRegular() {
 			// Not a ref RefRoot wrote: it keeps nothing.
-			l.logger().Warn("snapshot store: skipped an entry of the object store's directory that is not a regular file", "path", filepath.Join(l.rootDir(id), "refs", e.Name()), "type", e.Type().String())
-			continue
+			if skipped++; first == "" {
+				first = e.Name() + " (" + e.Type().String() + ")"
+			}
+			return false
 		}
-		return true, nil
+		named = true
+		return true
+	})
+	if skipped > 0 {
+		// Once a listing: whoever planted them chooses how many.
+		l.logger().Warn("snapshot store: skipped entries of the object store's directory that are not regular files", "dir", refs, "count", skipped, "first", first)
 	}
-	return false, err
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return named, err
 }
 
 func (l *Local) aside(id, tag string) string { return filepath.Join(l.rootDir(id), "aside-"+tag) }

@@ -368,14 +368,29 @@ func (l *Local) createObject(dir, prefix string) (*os.File, error) {
 	}
 }
 
-// readDir lists the directory p (opened by openDir). A missing one is
-// fs.ErrNotExist.
-func (l *Local) readDir(p string) ([]fs.DirEntry, error) {
+// listDir calls each on the entries of the directory p (opened by
+// openDir), read a batch at a time, until each says stop: a directory
+// with many entries planted is neither read whole into memory nor past
+// the entry sought. A missing one is fs.ErrNotExist.
+func (l *Local) listDir(p string, each func(fs.DirEntry) (stop bool)) error {
 	fd, err := l.openDir(p, unix.O_RDONLY)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
-	return f.ReadDir(-1)
+	for {
+		ents, err := f.ReadDir(256)
+		for _, e := range ents {
+			if each(e) {
+				return nil
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }

@@ -397,3 +397,42 @@ func localWritesNoSymlinkDir(t *testing.T) {
 		t.Fatalf("a deleted root's directory: %v, want gone", err)
 	}
 }
+
+// TestLocalRootNamedHugeRefs: a root's refs directory with many entries
+// planted that are not refs (symlinks named as refs) is answered without
+// a log line per entry: the skipped ones are logged once, with their
+// count; a real ref after them still names the root.
+func TestLocalRootNamedHugeRefs(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "store")
+	s, err := snapstore.NewLocal(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	s.SetLog(slog.New(slog.NewTextHandler(&logs, nil)))
+	sum := sha256.Sum256([]byte("a root"))
+	id := "sha256:" + hex.EncodeToString(sum[:])
+	refs := filepath.Join(root, "roots", "sha256-"+hex.EncodeToString(sum[:]), "refs")
+	if err := os.MkdirAll(refs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const planted = 5000
+	for i := range planted {
+		if err := os.Symlink("/etc/passwd", filepath.Join(refs, fmt.Sprintf("sha256-%064x", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	named, err := s.RootNamed(t.Context(), id)
+	if err != nil || named {
+		t.Fatalf("RootNamed with %d planted symlinks: %v %v, want not named", planted, named, err)
+	}
+	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), fmt.Sprint(planted)) {
+		t.Fatalf("RootNamed with %d planted symlinks logged %d lines (want 1, with the count): %.300s", planted, n, logs.String())
+	}
+	if err := os.WriteFile(filepath.Join(refs, "sha256-"+strings.Repeat("f", 64)), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if named, err := s.RootNamed(t.Context(), id); err != nil || !named {
+		t.Fatalf("RootNamed with a ref among %d planted symlinks: %v %v, want named", planted, named, err)
+	}
+}
