@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -101,10 +102,19 @@ func (c *Cluster) markLost(ctx context.Context) (int, error) {
 		t, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision),
 			clientv3.Compare(clientv3.CreateRevision(nodeKey(rec.Node)), "=", 0)).
 			Then(clientv3.OpPut(string(kv.Key), string(b))).Commit()
+		applied := err == nil && t.Succeeded
 		if err != nil {
-			return n, unavailable("mark "+rec.ID+" lost", err)
+			// A transaction can be applied though its answer was
+			// lost (a timeout, a member gone mid-call): the record
+			// then holds these very bytes (its time is to the
+			// nanosecond), and the event is this node's to send, as
+			// no later pass marks a lost record again.
+			if !c.appliedLost(ctx, string(kv.Key), b) {
+				return n, unavailable("mark "+rec.ID+" lost", err)
+			}
+			applied = true
 		}
-		if t.Succeeded {
+		if applied {
 			n++
 			c.cfg.Log.Warn("cluster: sandbox lost with its node", "sandbox", rec.ID, "node", rec.Node, "epoch", rec.Epoch)
 			if c.cfg.Events != nil {
@@ -115,6 +125,15 @@ func (c *Cluster) markLost(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// appliedLost reports whether key holds want, re-read after a mark whose
+// answer did not come.
+func (c *Cluster) appliedLost(ctx context.Context, key string, want []byte) bool {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	r, err := c.cli.Get(rctx, key)
+	return err == nil && len(r.Kvs) == 1 && bytes.Equal(r.Kvs[0].Value, want)
 }
 
 // lostError is the answer to a call on a lost sandbox.

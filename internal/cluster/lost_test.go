@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,5 +102,85 @@ func TestLostEvents(t *testing.T) {
 	}
 	if _, ok, _ := b.Lookup(ctx, "sbimp"); ok {
 		t.Fatal("the importing record of gone node a is still there")
+	}
+}
+
+// lossyKV applies every transaction but answers the first one that puts
+// a sandbox's record with an error, as a call whose answer was lost (a
+// timeout, a member gone mid-call) does.
+type lossyKV struct {
+	clientv3.KV
+	armed atomic.Bool
+}
+
+func (k *lossyKV) Txn(ctx context.Context) clientv3.Txn { return &lossyTxn{Txn: k.KV.Txn(ctx), kv: k} }
+
+type lossyTxn struct {
+	clientv3.Txn
+	kv  *lossyKV
+	put bool
+}
+
+func (t *lossyTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+func (t *lossyTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn = t.Txn.Else(ops...)
+	return t
+}
+func (t *lossyTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	for _, op := range ops {
+		if op.IsPut() && strings.HasPrefix(string(op.KeyBytes()), sandboxesPrefix()) {
+			t.put = true
+		}
+	}
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+
+func (t *lossyTxn) Commit() (*clientv3.TxnResponse, error) {
+	r, err := t.Txn.Commit()
+	if err == nil && t.put && t.kv.armed.CompareAndSwap(true, false) {
+		return nil, context.DeadlineExceeded
+	}
+	return r, err
+}
+
+// TestLostEventAnswerLost: a mark whose transaction etcd applied but whose
+// answer was lost still says its `lost` event (no later pass marks a lost
+// record again, so it was that mark's or nobody's), and the pass goes on.
+func TestLostEventAnswerLost(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := t.Context()
+	a := join(t, cli, "a", "")
+	if err := a.PublishImage(ctx, api.Sandbox{ID: "sbrun", State: "running", Image: "default"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	bcli, err := Dial(ctx, cli.Endpoints(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bcli.Close() })
+	lossy := &lossyKV{KV: bcli.KV}
+	bcli.KV = lossy
+	b, bbus := joinBus(t, bcli, "b")
+	a.abandon()
+	waitGone(t, b, "a")
+
+	lossy.armed.Store(true)
+	if _, err := b.MarkLost(ctx); err != nil {
+		t.Fatalf("mark lost, its answer lost: %v", err)
+	}
+	if lossy.armed.Load() {
+		t.Fatal("the mark's answer was not lost: the test did not test it")
+	}
+	rec, ok, err := b.Lookup(ctx, "sbrun")
+	if err != nil || !ok || rec.State != StateLost {
+		t.Fatalf("record after the mark: %+v %v %v, want lost", rec, ok, err)
+	}
+	evs, err := bbus.Since(0, events.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].Type != events.Lost || evs[0].Sandbox != "sbrun" {
+		t.Fatalf("events on b's bus: %+v, want one lost event of sbrun", evs)
 	}
 }
