@@ -386,9 +386,9 @@ func TestNetClusterBench(t *testing.T) {
 		t.Errorf("the cross-node wake row lacks its figures")
 	}
 	// Each latency row's p50 is at most its p95, and both are positive.
-	rows := regexp.MustCompile(`(?m)^(direct|proxied) \(through [^)]*\)\s+([0-9.]+)\s+([0-9.]+)$`).FindAllStringSubmatch(string(out), -1)
-	if len(rows) != 2 {
-		t.Fatalf("want the direct and proxied rows with p50 and p95, got %q", rows)
+	rows := regexp.MustCompile("(?m)^(`true` direct \\(through [^)]*\\), [0-9]+ rounds|`true` proxied \\(through [^)]*\\)|no spawn direct, [0-9]+ rounds|no spawn proxied)\\s+([0-9.]+)\\s+([0-9.]+)$").FindAllStringSubmatch(string(out), -1)
+	if len(rows) != 4 {
+		t.Fatalf("want the direct and proxied rows of `true` and of an exec without a spawn, with p50 and p95, got %q", rows)
 	}
 	for _, r := range rows {
 		p50, _ := strconv.ParseFloat(r[2], 64)
