@@ -295,7 +295,7 @@ func (b *clusterBench) execHop(ctx context.Context) error {
 		return err
 	}
 	nsRounds := 5 * b.cfg.Samples
-	nsDirect, nsProxied, err := series(noSuchCommand, 127, nsRounds)
+	nsDirect, nsProxied, err := series(benchkit.NoSuchCommand, 127, nsRounds)
 	if err != nil {
 		return err
 	}
@@ -317,10 +317,6 @@ func (b *clusterBench) execHop(ctx context.Context) error {
 	}
 	return tw.Flush()
 }
-
-// noSuchCommand is a command no image has: the agent answers 127 after
-// its PATH search, with no process started.
-const noSuchCommand = "clade-bench-no-such-command"
 
 // project writes what the figures mean for N nodes on machines of their
 // own: this bench's nodes share one host, so they show costs, not scale.

@@ -140,10 +140,10 @@ func (r *runner) phaseExec(ctx context.Context, ph *Phase) {
 	c, id := r.clade.c, sandboxes[0]
 	series, errs := r.measure(ctx, "exec, no spawn", []string{"exec, no spawn"}, [2]sampleFunc{func(ctx context.Context) ([]time.Duration, error) {
 		start := time.Now()
-		st, err := c.Exec(ctx, id, sdk.ExecRequest{Cmd: []string{noSuchCommand}})
+		st, err := c.Exec(ctx, id, sdk.ExecRequest{Cmd: []string{NoSuchCommand}})
 		d := time.Since(start)
 		if err == nil && st.Code != 127 {
-			err = fmt.Errorf("exec %s in %s: exit %d, want 127 (not found)", noSuchCommand, id, st.Code)
+			err = fmt.Errorf("exec %s in %s: exit %d, want 127 (not found)", NoSuchCommand, id, st.Code)
 		}
 		return []time.Duration{d}, err
 	}})
@@ -151,9 +151,10 @@ func (r *runner) phaseExec(ctx context.Context, ph *Phase) {
 	ph.record(errs)
 }
 
-// noSuchCommand is a command no image has: the agent answers 127 after
-// its PATH search, with no process started.
-const noSuchCommand = "clade-bench-no-such-command"
+// NoSuchCommand is a command no image has: the agent answers 127 after
+// its PATH search, with no process started (an exec's round trip
+// without a spawn's milliseconds).
+const NoSuchCommand = "clade-bench-no-such-command"
 
 // phaseSnapshot: a checkpoint of an idle sandbox that keeps running.
 func (r *runner) phaseSnapshot(ctx context.Context, ph *Phase) {

@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/clade-sandbox/clade/internal/benchkit"
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -210,7 +211,7 @@ func TestNetClusterCosts(t *testing.T) {
 	// holder's agent, at ~1 ms with little spread: the hop's figure.
 	noSpawn := func(cl *sdk.Client) time.Duration {
 		start := time.Now()
-		st, err := cl.Exec(t.Context(), sb.ID, sdk.ExecRequest{Cmd: []string{"clade-test-no-such-command"}})
+		st, err := cl.Exec(t.Context(), sb.ID, sdk.ExecRequest{Cmd: []string{benchkit.NoSuchCommand}})
 		if err != nil || st.Code != 127 {
 			t.Fatalf("exec of a missing command: %+v %v, want exit 127", st, err)
 		}

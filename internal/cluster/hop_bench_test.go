@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/benchkit"
 	"github.com/clade-sandbox/clade/internal/testenv"
 	"github.com/clade-sandbox/clade/sdk"
 )
@@ -37,7 +38,7 @@ func BenchmarkExecHop(b *testing.B) {
 		via  *testenv.NetNode
 		cmd  string
 		want int
-	}{{"direct", n1, "true", 0}, {"proxied", n2, "true", 0}, {"direct-nospawn", n1, "clade-test-no-such-command", 127}, {"proxied-nospawn", n2, "clade-test-no-such-command", 127}} {
+	}{{"direct", n1, "true", 0}, {"proxied", n2, "true", 0}, {"direct-nospawn", n1, benchkit.NoSuchCommand, 127}, {"proxied-nospawn", n2, benchkit.NoSuchCommand, 127}} {
 		b.Run(bc.name, func(b *testing.B) {
 			for range 5 { // warm the connections and the route
 				exec(b, bc.via.Client, bc.cmd, bc.want)
