@@ -56,26 +56,12 @@ func (l *Local) openObject(p string) (*os.File, error) {
 	if err != nil || !filepath.IsLocal(rel) {
 		return nil, fmt.Errorf("object store %s: %s is not under it", l.root, p)
 	}
-	var root int
-	if err := ignoringEINTR(func() (err error) {
-		root, err = unix.Open(l.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		return err
-	}); err != nil {
-		return nil, &fs.PathError{Op: "open", Path: l.root, Err: err}
+	root, err := l.openDir(l.root, unix.O_PATH)
+	if err != nil {
+		return nil, err
 	}
 	defer unix.Close(root)
-	const flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
-	var fd int
-	err = ignoringEINTR(func() (err error) {
-		fd, err = openat2(root, rel, &unix.OpenHow{Flags: flags,
-			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS})
-		return err
-	})
-	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
-		// No openat2 (an old kernel, or a seccomp filter that refuses it):
-		// each name of the path opened in turn, none followed if a symlink.
-		fd, err = openatNoFollow(root, rel, flags)
-	}
+	fd, err := openBeneath(root, rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC)
 	switch {
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
 		return nil, l.notRegular(p, "a symlink or under one")
@@ -103,6 +89,24 @@ func (l *Local) openObject(p string) (*os.File, error) {
 // openat2 is unix.Openat2 (a test stands in a kernel without it).
 var openat2 = unix.Openat2
 
+// openBeneath opens rel (a local path) beneath directory fd root with
+// flags, following no symlink on the way: openat2 with
+// RESOLVE_NO_SYMLINKS and RESOLVE_BENEATH, or, where the kernel or a
+// seccomp filter refuses openat2 (ENOSYS, EPERM), each name in turn
+// (openatNoFollow).
+func openBeneath(root int, rel string, flags int) (int, error) {
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = openat2(root, rel, &unix.OpenHow{Flags: uint64(flags),
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS})
+		return err
+	})
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+		fd, err = openatNoFollow(root, rel, flags)
+	}
+	return fd, err
+}
+
 // openatNoFollow opens rel (a local path) beneath directory fd root with
 // flags, as openat2's RESOLVE_NO_SYMLINKS would: each directory of the
 // path is opened with O_NOFOLLOW in turn (a symlink among them is ELOOP,
@@ -125,13 +129,10 @@ func openatNoFollow(root int, rel string, flags int) (int, error) {
 			next, err = unix.Openat(dir, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			return err
 		})
-		if errors.Is(err, unix.ENOTDIR) {
-			// A symlink (O_PATH|O_NOFOLLOW opens the link itself, which is
-			// no directory) or a file: refused as under a symlink when it is one.
-			var st unix.Stat_t
-			if unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
-				return -1, unix.ELOOP
-			}
+		if errors.Is(err, unix.ENOTDIR) && isSymlink(dir, name) {
+			// O_PATH|O_NOFOLLOW opens the link itself, which is no
+			// directory: refused as under a symlink.
+			return -1, unix.ELOOP
 		}
 		if err != nil {
 			return -1, err
@@ -248,14 +249,7 @@ func (l *Local) openDir(p string, flags int) (int, error) {
 		return -1, err
 	}
 	defer unix.Close(root)
-	err = ignoringEINTR(func() (err error) {
-		fd, err = openat2(root, rel, &unix.OpenHow{Flags: uint64(flags),
-			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS})
-		return err
-	})
-	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
-		fd, err = openatNoFollow(root, rel, flags)
-	}
+	fd, err = openBeneath(root, rel, flags)
 	if errors.Is(err, unix.ENOTDIR) && isSymlink(root, rel) {
 		err = unix.ELOOP // O_NOFOLLOW|O_DIRECTORY on a symlink (the fallback's last name)
 	}
@@ -269,8 +263,8 @@ func (l *Local) openDir(p string, flags int) (int, error) {
 }
 
 // isSymlink reports whether rel under dir is a symlink (itself, not
-// followed; its directories followed, as this is only the fallback's
-// word for an error already had).
+// followed; its directories followed, as this only names an error
+// already had).
 func isSymlink(dir int, rel string) bool {
 	var st unix.Stat_t
 	return unix.Fstatat(dir, rel, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK
