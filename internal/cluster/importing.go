@@ -162,6 +162,37 @@ func (f *forks) reserveImport(ctx context.Context, req importRequest) (reserve f
 // and its record goes).
 var importWait = importTimeout + time.Minute
 
+// watchChange watches key for a change after revision rev, for at most
+// bound: whether one came (false also when the watch broke, e.g. no
+// leader for a moment).
+func (c *Cluster) watchChange(ctx context.Context, key string, rev int64, bound time.Duration) bool {
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	for resp := range c.cli.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithRev(rev+1)) {
+		if resp.Err() != nil || len(resp.Events) > 0 {
+			return len(resp.Events) > 0
+		}
+	}
+	return false
+}
+
+// awaitSleepImage waits, at most bound, until sandbox id's record names
+// its sleep image's copy in the object store (its node writes it again as
+// soon as the copy is sealed), or changes otherwise.
+func (c *Cluster) awaitSleepImage(ctx context.Context, id string, bound time.Duration) {
+	gctx, cancel := c.opCtx(ctx)
+	g, err := c.cli.Get(gctx, sandboxKey(id))
+	cancel()
+	if err != nil {
+		return
+	}
+	var rec Record
+	if len(g.Kvs) == 0 || json.Unmarshal(g.Kvs[0].Value, &rec) != nil || rec.SleepImage != "" {
+		return
+	}
+	c.watchChange(ctx, sandboxKey(id), g.Header.Revision, bound)
+}
+
 // awaitRound is how long AwaitImported watches before it reads the
 // record again: a watch on an etcd that went away neither answers nor
 // breaks.
@@ -199,16 +230,7 @@ func (c *Cluster) AwaitImported(ctx context.Context, id string, wait time.Durati
 		if rec.State != StateImporting {
 			return rec, true, nil
 		}
-		changed := false
-		wctx, wcancel := context.WithTimeout(ctx, awaitRound)
-		for resp := range c.cli.Watch(clientv3.WithRequireLeader(wctx), sandboxKey(id), clientv3.WithRev(g.Header.Revision+1)) {
-			if resp.Err() != nil || len(resp.Events) > 0 {
-				changed = len(resp.Events) > 0
-				break
-			}
-		}
-		wcancel()
-		if !changed {
+		if !c.watchChange(ctx, sandboxKey(id), g.Header.Revision, awaitRound) {
 			// The watch broke (no leader for a moment): read again, not
 			// at once.
 			select {

@@ -240,3 +240,49 @@ func TestAwaitImportedEtcdGone(t *testing.T) {
 		})
 	}
 }
+
+// TestAwaitSleepImage: a wake on another node that finds a sleeping
+// record without its image's copy waits for the record to name it (its
+// node writes it again as soon as the copy is sealed): it goes on at that
+// write, not after its bound, and at once for a record that names one.
+func TestAwaitSleepImage(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := t.Context()
+	a := join(t, cli, "a", "")
+	defer a.Close()
+	b := join(t, cli, "b", "")
+	defer b.Close()
+	sb := api.Sandbox{ID: "sbs1", State: "sleeping", Image: "default"}
+	if err := a.PublishImage(ctx, sb, ""); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.awaitSleepImage(ctx, "sbs1", time.Hour)
+	}()
+	select {
+	case <-done:
+		t.Fatal("the wait ended while the record named no image")
+	case <-time.After(200 * time.Millisecond): // a wait that did not end yet
+	}
+	if err := a.PublishImage(ctx, sb, "sha256:"+strings.Repeat("ab", 32)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the wait did not end at the write that named the image (its bound is an hour)")
+	}
+	// Named already: no wait at all, whatever the bound.
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		b.awaitSleepImage(ctx, "sbs1", time.Hour)
+	}()
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a wait on a record that names its image did not end")
+	}
+}

@@ -37,6 +37,10 @@ type Service struct {
 
 	moves *moves // moves of sleeping sandboxes (move.go)
 	forks *forks // forks across nodes and the internal routes (fork.go)
+
+	// copied is signalled (CopyMade) when a copy in the object store is
+	// sealed: Sync then writes the records waiting for it at once.
+	copied chan struct{}
 }
 
 var (
@@ -46,10 +50,21 @@ var (
 
 // NewService wraps local, the node's own service, for the cluster c.
 func NewService(c *Cluster, local service.Service) *Service {
-	s := &Service{Service: local, c: c, remotes: map[string]*remote.Service{}, routes: map[string]route{}}
+	s := &Service{Service: local, c: c, remotes: map[string]*remote.Service{}, routes: map[string]route{}, copied: make(chan struct{}, 1)}
 	s.moves = &moves{c: c, local: local, pending: &s.pending, svc: s}
 	s.forks = &forks{c: c, local: local, pending: &s.pending, svc: s}
 	return s
+}
+
+// CopyMade tells the service that a copy of this node's in the object
+// store was sealed: a sleeping sandbox's record that waits for its image's
+// copy is written again at once (Sync), so that another node may wake it
+// now rather than after the next second's pass. It never blocks.
+func (s *Service) CopyMade() {
+	select {
+	case s.copied <- struct{}{}:
+	default: // one already pending covers this one
+	}
 }
 
 // Nodes reads the cluster's live nodes.
@@ -113,6 +128,8 @@ func (s *Service) Sync(ctx context.Context) error {
 				s.c.cfg.Log.Debug("cluster: mark lost sandboxes", "err", err)
 			}
 			s.moves.republishCopied(ctx)
+		case <-s.copied:
+			s.moves.republishCopied(ctx)
 		case <-s.c.rejoined:
 			// Back after its lease lapsed: what the cluster took from
 			// it meanwhile is stopped and cleaned now.
@@ -147,7 +164,14 @@ func (s *Service) Sync(ctx context.Context) error {
 func (s *Service) publishID(ctx context.Context, id string) error {
 	sb, err := s.Service.Get(ctx, id)
 	if errdefs.IsNotFound(err) {
-		return s.c.Unpublish(ctx, id, false)
+		err := s.c.Unpublish(ctx, id, false)
+		if errors.Is(err, errNotHolder) {
+			// This node's copy went because the cluster gave the
+			// sandbox to another node (fenced, or a move): the record
+			// is that node's, nothing of this node's to drop.
+			return nil
+		}
+		return err
 	}
 	if err != nil {
 		return err

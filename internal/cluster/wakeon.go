@@ -78,12 +78,12 @@ func (s *Service) WakeOn(ctx context.Context, ref, node string) (api.Sandbox, er
 				rec.ID, rec.State, rec.Node, rec.ID)
 		case !movable(rec):
 			// Its node may have sealed the copy an instant ago: it
-			// writes the record again within about a second.
+			// writes the record again at once (a second's pass at most
+			// when that write failed).
 			if got, err := s.Get(ctx, rec.ID); err == nil && got.SleepImage != "" && try < wakeOnTries {
-				select {
-				case <-ctx.Done():
-					return api.Sandbox{}, ctx.Err()
-				case <-time.After(500 * time.Millisecond): // polling the record its node writes again
+				s.c.awaitSleepImage(ctx, rec.ID, 1500*time.Millisecond)
+				if err := ctx.Err(); err != nil {
+					return api.Sandbox{}, err
 				}
 				continue
 			}

@@ -56,6 +56,9 @@ type Copies struct {
 	sums RootSums
 	// testHook, when set (tests), is called at the sweep's steps.
 	testHook atomic.Pointer[func(step string)]
+	// onCopied, when set (OnCopied), is called after each copy's record
+	// is written.
+	onCopied atomic.Pointer[func(name string)]
 }
 
 type putJob struct {
@@ -120,6 +123,16 @@ func (c *Copies) recordPath(name string) (string, error) {
 	return filepath.Join(c.dir, name[:len(name)-len(filepath.Base(name))-1]+"_"+filepath.Base(name)+".json"), nil
 }
 
+// OnCopied sets f to be called, on the copy's goroutine, each time a copy
+// is sealed (its record written: Digest names it from then on). The
+// cluster writes a sleeping sandbox's record again at once then, so that
+// other nodes may wake it without waiting for a periodic pass.
+func (c *Copies) OnCopied(f func(name string)) {
+	if c != nil {
+		c.onCopied.Store(&f)
+	}
+}
+
 // Put starts copying the sealed image in dir into the store as name,
 // replacing an earlier copy being made of that name. It returns at once;
 // Wait waits for it.
@@ -176,6 +189,9 @@ func (c *Copies) put(ctx context.Context, name, dir string) error {
 		return errors.Join(err, os.Remove(tmp))
 	}
 	c.log.Info("snapshot store: image copied", "image", name, "digest", short(in.Digest), "size_mib", in.Size>>20, "took", time.Since(t0).Round(time.Millisecond))
+	if f := c.onCopied.Load(); f != nil {
+		(*f)(name)
+	}
 	return nil
 }
 

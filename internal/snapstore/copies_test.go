@@ -2,6 +2,7 @@ package snapstore_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -29,6 +30,16 @@ func TestCopies(t *testing.T) {
 	if _, err := c.Digest("sleep/sb1"); !errdefs.Is(err, errdefs.NotFound) {
 		t.Fatalf("Digest before a copy = %v, want NotFound", err)
 	}
+	// OnCopied is told of the copy once its record names it (the
+	// cluster writes a sleeping sandbox's record again then).
+	told := make(chan string, 4)
+	c.OnCopied(func(name string) {
+		d, err := c.Digest(name)
+		if err != nil || d != want {
+			name += fmt.Sprintf(" before its record (%s, %v)", d, err)
+		}
+		told <- name
+	})
 	c.Put("sleep/sb1", img)
 	if err := c.Wait(t.Context(), "sleep/sb1"); err != nil {
 		t.Fatal(err)
@@ -36,6 +47,15 @@ func TestCopies(t *testing.T) {
 	if d, err := c.Digest("sleep/sb1"); err != nil || d != want {
 		t.Fatalf("Digest = %s, %v; want %s", d, err, want)
 	}
+	select {
+	case got := <-told:
+		if got != "sleep/sb1" {
+			t.Fatalf("OnCopied told %q, want sleep/sb1", got)
+		}
+	default:
+		t.Fatal("OnCopied was not told of the copy by the time Wait returned")
+	}
+	c.OnCopied(func(string) {})
 	// Present locally: nothing fetched.
 	if got, err := c.Restore(t.Context(), "sleep/sb1", img); got || err != nil {
 		t.Fatalf("Restore of a present dir = %v, %v", got, err)

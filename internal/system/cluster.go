@@ -98,6 +98,9 @@ func joinCluster(ctx context.Context, o Options, local service.Service, mgr *san
 	// the directory, where a wake checks a root from the store against it.
 	o.Sandbox.Copies.SetRootSums(c)
 	svc := cluster.NewService(c, local)
+	// A sleeping sandbox's record names its image as soon as the copy is
+	// sealed: another node may wake it from then on.
+	o.Sandbox.Copies.OnCopied(func(string) { svc.CopyMade() })
 	svc.SetPorter(porter{sandbox.NewPorter(mgr)})
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
