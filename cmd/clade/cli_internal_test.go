@@ -186,6 +186,8 @@ func TestBadDaemonNumbersAreUsageErrors(t *testing.T) {
 		{"--max-cpus", "0.5"}, // below the 1 CPU a sandbox that asks for none gets
 		{"--qemu-tcg-cache", "0"},
 		{"--qemu-tcg-cache", "4096"},
+		{"--code-answer-timeout", "0"}, // no bound: refused, not taken for the default
+		{"--code-answer-timeout", "-1s"},
 		{"--log-level", "loud"},
 	} {
 		if code := run(append(slices.Clone(safe), args...)); code != 2 {

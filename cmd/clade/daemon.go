@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/clade-sandbox/clade/internal/cluster"
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/engine/qemu"
 	"github.com/clade-sandbox/clade/internal/image"
 	"github.com/clade-sandbox/clade/internal/ingress"
@@ -56,6 +57,7 @@ func newDaemonCmd() *cobra.Command {
 	fs.IntVar(&o.IngressLimits.MaxClientConnsPerIP, "ingress-max-client-conns-per-ip", ingress.DefaultMaxClientConnsPerIP(), "most client connections the ingress holds open from one address (an IPv6 one by its /64); one more is closed as it is accepted; 0 turns the cap off")
 	fs.StringVar(&o.E2B, "e2b", "", "serve the E2B API (REST and envd) on TCP ADDR (e.g. 127.0.0.1:3000) for the unmodified E2B SDKs: E2B_API_URL=E2B_SANDBOX_URL=http://ADDR, E2B_API_KEY=the --token-file token (see docs/e2b.md)")
 	fs.StringVar(&o.E2BBaseImage, "e2b-base-image", image.E2BBase, "the image E2B's `base` template (the SDKs' default) runs on: e2b-base is built once from Debian's packages\n(python, pip, node, npm, git, curl, wget, sudo, ps, a user `user`); `default` is clade's lean image")
+	fs.DurationVar(&o.Code.AnswerWait, "code-answer-timeout", codeint.DefaultAnswerWait, "how long a sandbox's code interpreter server may take to begin its answer to a request (a run's answer begins before its code runs; a kernel's start takes up to 2 minutes under load); past it the request gets a 503, and a run with a timeout ends at most this long past it (see docs/codeint.md)")
 	fs.StringVar(&o.Engine, "engine", "gvisor", "engine that runs sandboxes: "+strings.Join(system.Engines(), ", "))
 	fs.StringVar(&o.Runsc, "runsc", "", "runsc binary (default: next to clade, then $PATH)")
 	fs.StringVar(&o.AgentPath, "agent", "", "clade-agent binary (default: next to clade)")
@@ -113,6 +115,9 @@ func newDaemonCmd() *cobra.Command {
 		}
 		if err := ingressLimits(&o.IngressLimits); err != nil {
 			return usagef(cmd, "%v", err)
+		}
+		if o.Code.AnswerWait <= 0 {
+			return usagef(cmd, "--code-answer-timeout must be positive (default %s)", codeint.DefaultAnswerWait)
 		}
 		if (o.IngressTLSCert == "") != (o.IngressTLSKey == "") {
 			return usagef(cmd, "--ingress-tls-cert and --ingress-tls-key go together: give both, or neither for a certificate of the daemon's own CA")

@@ -22,16 +22,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// start starts a daemon and a code interpreter sandbox of the test's own.
-// The tests that call it run in parallel (t.Parallel: two at a time, go
-// test's -parallel on two cores): one's waits (the wedged server's
-// codeint.AnswerWait, 150 s; run timeouts) overlap another's work. The
+// start starts a daemon (with extraArgs) and a code interpreter sandbox
+// of the test's own. The tests that call it run in parallel (t.Parallel:
+// two at a time, go test's -parallel on two cores): one's waits (the
+// wedged server's answer wait; run timeouts) overlap another's work. The
 // hot-pool tests stay sequential: they start Python kernels, all CPU, and
 // beside another test's a first run passed run's 2 minutes under load.
-func start(t *testing.T) (*testenv.Daemon, string) {
+func start(t *testing.T, extraArgs ...string) (*testenv.Daemon, string) {
 	t.Helper()
 	testenv.BuiltinImage(t, codeint.Image)
-	d := testenv.StartDaemon(t)
+	d := testenv.StartDaemon(t, extraArgs...)
 	sb, err := d.Client.CreateSandbox(context.Background(), sdk.CreateSandboxRequest{Image: codeint.Image, MemoryMiB: 1024})
 	if err != nil {
 		t.Fatal(err)

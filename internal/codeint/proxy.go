@@ -62,23 +62,36 @@ func StartCommand() string { return startScript }
 type Proxy struct {
 	svc service.Service
 	tr  *http.Transport
-	mu  sync.Mutex
+	// answerWait is Config.AnswerWait; errNoAnswer says it.
+	answerWait  time.Duration
+	errNoAnswer error
+	mu          sync.Mutex
 	// started holds, per sandbox, the life (service.Traffic.Ready) in
 	// which its server was seen answering.
 	started map[string]any // guarded by mu
 }
 
-// AnswerWait bounds how long the server may take to begin its answer to
-// any request: the longest a server of clade's takes is a kernel's start
-// (at most 120 s) after an interrupt's grace (5 s).
-const AnswerWait = 150 * time.Second
+// DefaultAnswerWait is Config.AnswerWait's default: the longest a server
+// of clade's takes to begin an answer is a kernel's start (at most 120 s)
+// after an interrupt's grace (5 s).
+const DefaultAnswerWait = 150 * time.Second
+
+// Config configures a Proxy.
+type Config struct {
+	// AnswerWait bounds how long the server may take to begin its answer
+	// to any request (0: DefaultAnswerWait; the daemon's
+	// --code-answer-timeout). Shorter than a kernel's start under the
+	// host's load, it fails requests a clade server would have answered.
+	AnswerWait time.Duration
+}
 
 // RunBound is how long past its timeout a run may take in all: the server
 // ends a run at its timeout, kills a kernel that is not back within 5 s of
-// the interrupt and starts a new one (at most 120 s) before it answers.
-// Past it, the daemon stops waiting for a server that does not end its
-// runs (wedged, or replaced by the sandbox's user).
-func RunBound(timeout time.Duration) time.Duration { return timeout + AnswerWait }
+// the interrupt and starts a new one (at most 120 s) before it answers,
+// all within the answer wait. Past it, the daemon stops waiting for a
+// server that does not end its runs (wedged, or replaced by the sandbox's
+// user).
+func (p *Proxy) RunBound(timeout time.Duration) time.Duration { return timeout + p.answerWait }
 
 // probeDial bounds the first dial to a sandbox not known to run a server.
 const probeDial = time.Second
@@ -89,8 +102,13 @@ const maxStarted = 4096
 type probeKey struct{}
 
 // NewProxy returns a proxy over svc.
-func NewProxy(svc service.Service) *Proxy {
-	p := &Proxy{svc: svc, started: map[string]any{}}
+func NewProxy(svc service.Service, cfg Config) *Proxy {
+	if cfg.AnswerWait <= 0 {
+		cfg.AnswerWait = DefaultAnswerWait
+	}
+	p := &Proxy{svc: svc, answerWait: cfg.AnswerWait, started: map[string]any{}}
+	// A server that took a request and did not begin its answer in time.
+	p.errNoAnswer = errdefs.New(errdefs.Unavailable, "the code interpreter took the request but did not answer within %s", cfg.AnswerWait)
 	p.tr = &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			id, _, _ := strings.Cut(addr, ":")
@@ -111,7 +129,8 @@ func NewProxy(svc service.Service) *Proxy {
 		DisableCompression: true,
 		// What answers on the port is the sandbox's, and may be anything
 		// (a wedged server, one its user replaced): at most this much of
-		// an answer's headers (and they must come within AnswerWait, send).
+		// an answer's headers (and they must come within the answer wait,
+		// send).
 		MaxResponseHeaderBytes: 64 << 10,
 	}
 	return p
@@ -166,7 +185,7 @@ func (p *Proxy) Do(ctx context.Context, id, method, path string, body []byte) (*
 		sctx = context.WithValue(ctx, probeKey{}, true)
 	}
 	resp, err := p.send(sctx, id, method, path, body)
-	if err != nil && ctx.Err() == nil && noServer(err) && !errors.Is(err, errNoAnswer) {
+	if err != nil && ctx.Err() == nil && noServer(err) && !errors.Is(err, p.errNoAnswer) {
 		// No server (never started, a restarted sandbox, one that
 		// died): start it and try once more. Only requests that reached
 		// no server are retried.
@@ -212,19 +231,19 @@ func (p *Proxy) send(ctx context.Context, id, method, path string, body []byte) 
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	// The answer must begin within AnswerWait (the server sends a run's
-	// headers before its code runs); what follows is the run's, as long
-	// as it takes, until the caller closes the body.
+	// The answer must begin within the answer wait (the server sends a
+	// run's headers before its code runs); what follows is the run's, as
+	// long as it takes, until the caller closes the body.
 	hctx, cancel := context.WithCancelCause(ctx)
-	timer := time.AfterFunc(AnswerWait, func() { cancel(errNoAnswer) })
+	timer := time.AfterFunc(p.answerWait, func() { cancel(p.errNoAnswer) })
 	resp, err := p.tr.RoundTrip(req.WithContext(hctx))
 	if !timer.Stop() && err == nil {
 		resp.Body.Close()
-		err = errNoAnswer
+		err = p.errNoAnswer
 	}
 	if err != nil {
-		if context.Cause(hctx) == errNoAnswer {
-			err = errNoAnswer
+		if context.Cause(hctx) == p.errNoAnswer {
+			err = p.errNoAnswer
 		}
 		cancel(nil)
 		return nil, err
@@ -232,10 +251,6 @@ func (p *Proxy) send(ctx context.Context, id, method, path string, body []byte) 
 	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
 	return resp, nil
 }
-
-// errNoAnswer is a server that took a request and did not begin its
-// answer within AnswerWait.
-var errNoAnswer = errdefs.New(errdefs.Unavailable, "the code interpreter took the request but did not answer within %s", AnswerWait)
 
 // cancelBody ends its request's context when closed.
 type cancelBody struct {

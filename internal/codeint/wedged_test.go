@@ -8,21 +8,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/sdk"
 )
 
 // TestInterpreterWedgedServer: a server that takes requests and never
 // answers (wedged, or the sandbox's user's) holds no API request past its
-// bound: a run past its timeout and codeint.AnswerWait, another request
-// past AnswerWait.
-//
-// The setup and the requests come before t.Parallel: they run in go
-// test's sequential phase (after the hot-pool tests), before any parallel
-// test, so that the requests' 150 s wait overlaps the other tests' work;
-// begun in a parallel slot, at the end as often as not, it was the
-// package's last 150 s, one test idle.
+// bound: a run past its timeout and the daemon's answer wait, another
+// request past the answer wait. The daemon's wait is its
+// --code-answer-timeout, 20 s here: with the default (150 s) the test held
+// a parallel slot for two and a half minutes, waiting.
 func TestInterpreterWedgedServer(t *testing.T) {
-	d, id := start(t)
+	t.Parallel() // beside another test of start(t): see there
+	const wait = 20 * time.Second
+	d, id := start(t, "--code-answer-timeout", wait.String())
 	c := d.Client
 	run(t, c, id, sdk.RunCodeRequest{Code: "1"})
 	out, code := execOut(t, c, id, `kill -9 $(cat /run/clade-codeint/server.pid); setsid nohup python3 -c '
@@ -40,7 +39,7 @@ while ! awk '$2 ~ /:C34F$/ && $4 == "0A" {f=1} END {exit !f}' /proc/net/tcp /pro
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// The caller waits well past the bound (150 s).
+			// The caller waits well past the bound.
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			t0 := time.Now()
@@ -48,6 +47,12 @@ while ! awk '$2 ~ /:C34F$/ && $4 == "0A" {f=1} END {exit !f}' /proc/net/tcp /pro
 			took := time.Since(t0)
 			if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "did not answer") && !strings.Contains(err.Error(), "not answering") {
 				t.Errorf("%s on a wedged server: %v after %s", name, err, took)
+				return
+			}
+			// The daemon's wait, not the default one: none ends before
+			// it, and each well before the default's 150 s.
+			if took < wait || took >= codeint.DefaultAnswerWait {
+				t.Errorf("%s on a wedged server: %v after %s, not within [%s, %s)", name, err, took, wait, codeint.DefaultAnswerWait)
 				return
 			}
 			t.Logf("%s on a wedged server: %v after %s", name, err, took)
@@ -68,7 +73,6 @@ while ! awk '$2 ~ /:C34F$/ && $4 == "0A" {f=1} END {exit !f}' /proc/net/tcp /pro
 		_, err := c.CodeContexts(ctx, id)
 		return err
 	})
-	t.Parallel() // the requests wait on; the other tests run meanwhile
 	wg.Wait()
 }
 

@@ -23,10 +23,13 @@ import (
 // snapshot forks. Against a local directory, and against a real S3 server
 // (weed) with the objects encrypted (--encrypt-at-rest).
 func TestDaemonObjectStore(t *testing.T) {
+	t.Parallel() // a daemon and a weed of their own: their waits overlap another test's
 	t.Run("local", func(t *testing.T) {
+		t.Parallel() // a daemon of its own
 		objectStoreRoundTrip(t, []string{"--object-store", filepath.Join(testenv.TempDir(t), "store")})
 	})
 	t.Run("s3-encrypted", func(t *testing.T) {
+		t.Parallel() // a daemon and a weed of its own
 		w := weedtest.Start(t)
 		cfg := w.Config("clade-daemon")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

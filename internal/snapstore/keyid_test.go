@@ -19,6 +19,7 @@ import (
 // not hold the key, and a fetch under another key says that the image may
 // have been sealed under another host key and what to do.
 func TestS3KeyID(t *testing.T) {
+	t.Parallel() // a weed of its own: its start (~13 s) overlaps another test's
 	srv := weedtest.Start(t)
 	key, other := make([]byte, 32), make([]byte, 32)
 	_, _ = rand.Read(key)

@@ -31,6 +31,7 @@ import (
 // it reads back whole, and goes only when the last image naming it goes.
 // In S3, and in a directory store the same way.
 func TestCopiesRoots(t *testing.T) {
+	t.Parallel() // a weed of its own: its start (~13 s) overlaps another test's
 	srv := weedtest.Start(t)
 	raw := rawClient(t, srv)
 	for _, kind := range []string{"s3", "s3-encrypted", "dir"} {
@@ -307,6 +308,7 @@ func rootStore(t *testing.T, srv *weedtest.Server, raw *minio.Client, kind strin
 // anew, and the root stays. Nothing is left aside; with no image naming
 // it, the root goes. In S3 and in a directory store.
 func TestRootSweepRace(t *testing.T) {
+	t.Parallel() // a weed of its own: its start (~13 s) overlaps another test's
 	srv := weedtest.Start(t)
 	raw := rawClient(t, srv)
 	for _, kind := range []string{"s3", "dir"} {

@@ -78,6 +78,7 @@ func damageObject(t *testing.T, c *minio.Client, bucket, key string, how storete
 }
 
 func TestS3(t *testing.T) {
+	t.Parallel() // a weed of its own: its start (~13 s) overlaps another test's
 	srv := weedtest.Start(t)
 	raw := rawClient(t, srv)
 	for _, enc := range []bool{false, true} {
@@ -101,6 +102,7 @@ func TestS3(t *testing.T) {
 // and another key cannot open it; without one, the same scan finds the
 // marker (so the scan would see it).
 func TestS3Encryption(t *testing.T) {
+	t.Parallel() // a weed of its own: its start (~13 s) overlaps another test's
 	srv := weedtest.Start(t)
 	raw := rawClient(t, srv)
 	marker := []byte("clade-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36))

@@ -66,6 +66,9 @@ type Options struct {
 	// E2B, when set, serves the E2B API (REST and envd) on this TCP
 	// address; it requires Token, which clients send as E2B_API_KEY.
 	E2B string
+	// Code configures the proxy to sandboxes' code interpreters (its
+	// answer wait).
+	Code codeint.Config
 	// E2BBaseImage is the image E2B's `base` template runs on (see
 	// e2b.Config.BaseImage); a built-in one is built at start after the
 	// default image when the E2B front is on.
@@ -305,7 +308,7 @@ func Run(ctx context.Context, o Options) error {
 		internal = csvc.Internal()
 		across = cluster.NewAcross(csvc)
 	}
-	code := codeint.NewProxy(svc)
+	code := codeint.NewProxy(svc, o.Code)
 	defer code.Close()
 	apiCfg := httpapi.Config{Version: o.Version, Log: log, TmpDir: tmp, Code: code, Internal: internal, Cluster: across}
 	if o.Cluster.Etcd != "" {

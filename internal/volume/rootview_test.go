@@ -164,6 +164,9 @@ func TestVolumeViewDaemonKill(t *testing.T) {
 	if m := mountsOf(d.DataDir, "/gvisor/sandboxes/"); len(m) > 0 {
 		t.Fatalf("views still mounted after the restart: %v", m)
 	}
+	// As a client is told to: the restarted daemon answers Unavailable
+	// ("retry") until the sandbox's agent has dialled back in.
+	testenv.AwaitExec(t, c, running.ID)
 	if got := mustSh(t, c, running.ID, "cat "+paths[1]+"/f"); got != "kept\n" {
 		t.Fatalf("the running sandbox after two restarts reads %q", got)
 	}

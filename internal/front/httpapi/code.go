@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/clade-sandbox/clade/api"
-	"github.com/clade-sandbox/clade/internal/codeint"
 	"github.com/clade-sandbox/clade/internal/errdefs"
 )
 
@@ -42,20 +41,17 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	if req.Language != "" {
 		body["language"] = req.Language
 	}
-	if req.TimeoutMS > 0 {
+	if req.TimeoutMS > 0 && s.cfg.Code != nil {
 		body["timeout"] = float64(req.TimeoutMS) / 1000
 		// The server ends the run at its timeout; the daemon does not
 		// wait without end for one that does not (wedged, or not clade's).
-		bound := codeint.RunBound(time.Duration(req.TimeoutMS) * time.Millisecond)
-		ctx, cancel := context.WithTimeoutCause(r.Context(), bound, errRunBound)
+		bound := s.cfg.Code.RunBound(time.Duration(req.TimeoutMS) * time.Millisecond)
+		ctx, cancel := context.WithTimeoutCause(r.Context(), bound, s.errRunBound)
 		defer cancel()
 		r = r.WithContext(ctx)
 	}
 	return s.codeCall(w, r, http.MethodPost, "/execute", body)
 }
-
-// errRunBound ends a run the interpreter server did not end in time.
-var errRunBound = errdefs.New(errdefs.Unavailable, "the code interpreter did not end the run within its timeout and %s: its server is not answering", codeint.AnswerWait)
 
 func (s *Server) codeContexts(w http.ResponseWriter, r *http.Request) error {
 	return s.codeCall(w, r, http.MethodGet, "/contexts", nil)
@@ -101,7 +97,7 @@ func (s *Server) codeCall(w http.ResponseWriter, r *http.Request, method, path s
 	}
 	resp, err := s.cfg.Code.Do(r.Context(), rec.ID, method, path, b)
 	if err != nil {
-		if c := context.Cause(r.Context()); c == errRunBound {
+		if c := context.Cause(r.Context()); c == s.errRunBound {
 			return c
 		}
 		return err
@@ -145,8 +141,8 @@ func (s *Server) codeCall(w http.ResponseWriter, r *http.Request, method, path s
 		if rerr != nil {
 			// A run cut at its bound ends with an error saying so (when
 			// the answer stopped between two events).
-			if context.Cause(r.Context()) == errRunBound && atLine {
-				ev, _ := json.Marshal(api.CodeEvent{Type: "error", Name: "TimeoutError", Value: errRunBound.Error()})
+			if context.Cause(r.Context()) == s.errRunBound && atLine {
+				ev, _ := json.Marshal(api.CodeEvent{Type: "error", Name: "TimeoutError", Value: s.errRunBound.Error()})
 				_, _ = w.Write(append(ev, '\n'))
 				_, _ = w.Write([]byte(`{"type":"end_of_execution"}` + "\n"))
 				_ = fl.Flush()

@@ -53,6 +53,9 @@ type Config struct {
 // CodeProxy sends a request to the code interpreter server of a sandbox.
 type CodeProxy interface {
 	Do(ctx context.Context, id, method, path string, body []byte) (*http.Response, error)
+	// RunBound is how long a run with this timeout may take in all before
+	// the daemon stops waiting for its server.
+	RunBound(timeout time.Duration) time.Duration
 }
 
 // Server is the HTTP API.
@@ -63,6 +66,9 @@ type Server struct {
 	mux     *http.ServeMux
 	metrics *metrics
 	tmpDir  string
+	// errRunBound ends a run the interpreter server did not end in time
+	// (nil without a code proxy).
+	errRunBound error
 	// Routes lists "METHOD /path" of every API route, for the spec test.
 	Routes []string
 }
@@ -73,6 +79,9 @@ func New(cfg Config, svc service.Service, reg *prometheus.Registry) *Server {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, svc: svc, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(reg), tmpDir: cfg.TmpDir}
+	if cfg.Code != nil {
+		s.errRunBound = errdefs.New(errdefs.Unavailable, "the code interpreter did not end the run within its timeout and %s: its server is not answering", cfg.Code.RunBound(0))
+	}
 	s.route("GET /v1/health", "health", s.health)
 	s.route("POST /v1/sandboxes", "sandbox_create", s.createSandbox)
 	s.route("GET /v1/sandboxes", "sandbox_list", s.listSandboxes)

@@ -93,13 +93,11 @@ func StartAt(t testing.TB, ip string) *Server {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
+		// Killed, not stopped: its data goes with the test's dir, and
+		// weed's own stop (SIGTERM) takes 20-30 s here, which every test
+		// sat out (it was cut at 10 s).
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
 		logf.Close()
 	})
 	fail := func(format string, args ...any) {
