@@ -265,15 +265,30 @@ func (mv *moves) republishCopied(ctx context.Context) {
 		ids = append(ids, id)
 	}
 	mv.await.mu.Unlock()
+	m := mv.mover()
+	// The sandbox and its image as they are after the record's read
+	// (PublishCopied): a wake between this pass's reads and its write
+	// must not be overwritten with the image it woke from.
+	view := func(ctx context.Context, id string) (api.Sandbox, string, error) {
+		sb, err := mv.local.Get(ctx, id)
+		if err != nil || sb.State != "sleeping" {
+			return sb, "", nil
+		}
+		d, err := m.SleepImage(ctx, id)
+		if errdefs.IsNotFound(err) {
+			err = nil
+		}
+		return sb, d, err
+	}
 	for _, id := range ids {
 		sb, err := mv.local.Get(ctx, id)
-		done := err != nil || sb.State != "sleeping"
+		done := err != nil || sb.State != "sleeping" || m == nil
 		if !done {
-			m := mv.mover()
 			d, derr := m.SleepImage(ctx, id)
 			done = derr == nil || !errdefs.IsNotFound(derr)
 			if d != "" {
-				if err := mv.svc.publish(ctx, sb); err != nil {
+				err := mv.c.PublishCopied(ctx, id, func(ctx context.Context) (api.Sandbox, string, error) { return view(ctx, id) })
+				if err != nil {
 					mv.c.cfg.Log.Warn("cluster: write a sleeping sandbox's record with its image", "sandbox", id, "err", err)
 					done = false
 				}
