@@ -170,6 +170,39 @@ func (c *Cluster) unclaim(ctx context.Context, rec Record, claimRev int64) error
 	return nil
 }
 
+// holdWake clears the image of sleeping sandbox id's record, this
+// node's, before the node wakes it: a wake --node elsewhere reassigns
+// only a record that names its image. It reports false when the record
+// names another node at an epoch this node did not write (given away
+// since the call was routed): this node must not wake its copy.
+func (c *Cluster) holdWake(ctx context.Context, id string) (bool, error) {
+	for try := 0; ; try++ {
+		rec, rev, claimed, ok, err := c.lookupRev(ctx, id)
+		if err != nil || !ok {
+			return true, err
+		}
+		if rec.Node != c.cfg.Node {
+			return rec.Epoch <= 1 || rec.Epoch <= c.epoch(id), nil
+		}
+		if claimed || rec.State != "sleeping" || rec.SleepImage == "" {
+			return true, nil
+		}
+		rec.SleepImage, rec.SleepKey, rec.UpdatedAt = "", "", time.Now().UTC()
+		b, err := json.Marshal(rec)
+		if err != nil {
+			return true, err
+		}
+		sk := sandboxKey(id)
+		r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sk), "=", rev)).Then(clientv3.OpPut(sk, string(b))).Commit()
+		if err != nil {
+			return true, unavailable("hold the record of "+id, err)
+		}
+		if r.Succeeded || try == 4 {
+			return true, nil
+		}
+	}
+}
+
 // dropClaim removes a settled move's claim.
 func (c *Cluster) dropClaim(ctx context.Context, id string) {
 	ctx, cancel := c.opCtx(context.WithoutCancel(ctx))
@@ -193,6 +226,7 @@ type moves struct {
 	placeMu sync.Mutex
 	await   awaiting     // sleeping sandboxes whose copy is not sealed yet
 	moving  sync.Map     // ids this process is adopting
+	waking  sync.Map     // ids this node wakes now: their records name no image (holdWake)
 	n       atomic.Int64 // sandboxes adopted
 }
 
@@ -219,6 +253,9 @@ func (mv *moves) sleepImage(ctx context.Context, sb api.Sandbox) string {
 	m := mv.mover()
 	if m == nil || sb.State != "sleeping" {
 		return ""
+	}
+	if _, ok := mv.waking.Load(sb.ID); ok {
+		return "" // the wake writes the record next
 	}
 	d, err := m.SleepImage(ctx, sb.ID)
 	if err != nil {
@@ -274,11 +311,7 @@ func (mv *moves) republishCopied(ctx context.Context) {
 		if err != nil || sb.State != "sleeping" {
 			return sb, "", nil
 		}
-		d, err := m.SleepImage(ctx, id)
-		if errdefs.IsNotFound(err) {
-			err = nil
-		}
-		return sb, d, err
+		return sb, mv.sleepImage(ctx, sb), nil
 	}
 	for _, id := range ids {
 		sb, err := mv.local.Get(ctx, id)

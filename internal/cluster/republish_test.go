@@ -25,6 +25,9 @@ type flipper struct {
 	// returned the image.
 	at    int
 	event func()
+	// onWake, when set, runs at the start of Wake; wakeErr fails it.
+	onWake  func()
+	wakeErr error
 }
 
 func (f *flipper) Running(string) bool { return false }
@@ -138,5 +141,100 @@ func TestRepublishCopiedRace(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+func (f *flipper) Wake(ctx context.Context, id string) (api.Sandbox, error) {
+	f.mu.Lock()
+	on := f.onWake
+	f.mu.Unlock()
+	if on != nil {
+		on()
+	}
+	if f.wakeErr != nil {
+		return api.Sandbox{}, f.wakeErr
+	}
+	f.set("running", "")
+	return f.Get(ctx, id)
+}
+
+// TestWakeHoldsRecord: while a node wakes one of its sleeping sandboxes,
+// the record names no image (no other node may take it: a wake --node
+// there would reassign it and wake its image while this node runs it,
+// and this node, fenced, would then remove the running sandbox after
+// answering its wake), whatever this node writes meanwhile (its pass
+// for a copy just sealed, an event's write); the wake's write ends it
+// running, and a failed wake gives the record its image back.
+func TestWakeHoldsRecord(t *testing.T) {
+	cli := startEtcd(t)
+	a := join(t, cli, "a", "")
+	defer a.Close()
+	b := join(t, cli, "b", "")
+	defer b.Close()
+	const d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	ctx := t.Context()
+	l := &flipper{state: "sleeping", image: d1}
+	sa := NewService(a, l)
+	asleep := api.Sandbox{ID: "sbr", State: "sleeping", Image: "default", MemoryMiB: 256}
+	if err := sa.publish(ctx, asleep); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, _ := b.Lookup(ctx, "sbr"); !movable(rec) {
+		t.Fatalf("before the wake: %+v, want movable", rec)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	l.onWake = func() {
+		close(entered)
+		<-release
+	}
+	woke := make(chan error, 1)
+	go func() {
+		_, err := sa.Wake(ctx, "sbr")
+		woke <- err
+	}()
+	select {
+	case <-entered:
+	case err := <-woke:
+		t.Fatalf("the wake returned before the node woke it: %v", err)
+	}
+	check := func(when string) {
+		rec, ok, err := b.Lookup(ctx, "sbr")
+		if err != nil || !ok {
+			t.Fatalf("%s: %+v %v %v", when, rec, ok, err)
+		}
+		if movable(rec) {
+			close(release)
+			t.Fatalf("%s: the record is %s naming %.15s on %s: another node may take it while %s wakes it", when, rec.State, rec.SleepImage, rec.Node, rec.Node)
+		}
+	}
+	check("during the wake")
+	// The node's own writes meanwhile (an event's, or the pass for a
+	// copy sealed now) keep it so.
+	if err := sa.publish(ctx, asleep); err != nil {
+		t.Fatal(err)
+	}
+	sa.moves.awaitCopy("sbr")
+	sa.moves.republishCopied(ctx)
+	check("after the node's writes during the wake")
+	close(release)
+	if err := <-woke; err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, _ := b.Lookup(ctx, "sbr"); rec.State != "running" || rec.SleepImage != "" {
+		t.Fatalf("after the wake: %+v, want running", rec)
+	}
+	// Asleep again (image D2); a wake that fails leaves it asleep here,
+	// its record naming D2 again.
+	const d2 = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	l.set("sleeping", d2)
+	if err := sa.publish(ctx, asleep); err != nil {
+		t.Fatal(err)
+	}
+	l.onWake, l.wakeErr = nil, errdefs.New(errdefs.ResourceExhausted, "no room")
+	if _, err := sa.Wake(ctx, "sbr"); !errdefs.Is(err, errdefs.ResourceExhausted) {
+		t.Fatalf("the failed wake: %v", err)
+	}
+	if rec, _, _ := b.Lookup(ctx, "sbr"); !movable(rec) || rec.SleepImage != d2 || rec.Node != "a" {
+		t.Fatalf("after a failed wake: %+v, want asleep on a naming %.15s", rec, d2)
 	}
 }
