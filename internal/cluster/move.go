@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"strings"
 	"sync"
@@ -224,10 +225,14 @@ type moves struct {
 	// placeMu makes a move's pick and its count in pending one step:
 	// the drain's moves run together.
 	placeMu sync.Mutex
-	await   awaiting     // sleeping sandboxes whose copy is not sealed yet
-	moving  sync.Map     // ids this process is adopting
-	waking  sync.Map     // ids this node wakes now: their records name no image (holdWake)
-	n       atomic.Int64 // sandboxes adopted
+	await   awaiting // sleeping sandboxes whose copy is not sealed yet
+	moving  sync.Map // ids this process is adopting
+	waking  sync.Map // ids this node wakes now: their records name no image (holdWake)
+	// imgMu makes reading a sandbox's image and writing the record that
+	// names it one step against holdWake (by id, striped): a write whose
+	// image was read before its wake began lands before the hold.
+	imgMu [32]sync.Mutex
+	n     atomic.Int64 // sandboxes adopted
 }
 
 // moveOps is what a move calls back into the node's Service for: a
@@ -277,6 +282,15 @@ type awaiting struct {
 	ids map[string]time.Time // guarded by mu: since when
 }
 
+// lockImage locks imgMu's stripe of sandbox id.
+func (mv *moves) lockImage(id string) func() {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	mu := &mv.imgMu[h.Sum32()%uint32(len(mv.imgMu))]
+	mu.Lock()
+	return mu.Unlock
+}
+
 func (mv *moves) awaitCopy(id string) {
 	mv.await.mu.Lock()
 	defer mv.await.mu.Unlock()
@@ -320,7 +334,9 @@ func (mv *moves) republishCopied(ctx context.Context) {
 			d, derr := m.SleepImage(ctx, id)
 			done = derr == nil || !errdefs.IsNotFound(derr)
 			if d != "" {
+				unlock := mv.lockImage(id)
 				err := mv.c.PublishCopied(ctx, id, func(ctx context.Context) (api.Sandbox, string, error) { return view(ctx, id) })
+				unlock()
 				if err != nil {
 					mv.c.cfg.Log.Warn("cluster: write a sleeping sandbox's record with its image", "sandbox", id, "err", err)
 					done = false

@@ -103,13 +103,18 @@ func TestRepublishCopiedRace(t *testing.T) {
 				l.mu.Lock()
 				l.reads, l.at = 0, at
 				l.mu.Unlock()
+				wrote := make(chan struct{})
 				l.event = func() {
 					// The wake: its copy dropped, its record written
-					// running by the wake's call (service.wake).
+					// running by the wake's call (service.wake), on
+					// the call's goroutine: it may wait for the pass.
 					l.set("running", "")
-					if err := s.publish(ctx, api.Sandbox{ID: "sbr", State: "running", Image: "default", MemoryMiB: 256}); err != nil {
-						t.Error(err)
-					}
+					go func() {
+						defer close(wrote)
+						if err := s.publish(ctx, api.Sandbox{ID: "sbr", State: "running", Image: "default", MemoryMiB: 256}); err != nil {
+							t.Error(err)
+						}
+					}()
 					if tc.sleepAgain {
 						// Asleep again, its new copy being made; the
 						// slept event's write comes after this pass
@@ -121,6 +126,9 @@ func TestRepublishCopiedRace(t *testing.T) {
 				l.mu.Lock()
 				reads := l.reads
 				l.mu.Unlock()
+				if reads >= at {
+					<-wrote
+				}
 				rec, ok, err := a.Lookup(ctx, "sbr")
 				if err != nil || !ok {
 					t.Fatalf("lookup: %+v %v %v", rec, ok, err)

@@ -196,6 +196,8 @@ var transitional = map[string]bool{"creating": true, "suspending": true, "waking
 // (fenced) makes the node stop and remove the sandbox: it must not run
 // what the cluster says is lost or elsewhere.
 func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
+	unlock := s.moves.lockImage(sb.ID)
+	defer unlock()
 	err := s.c.PublishImage(ctx, sb, s.moves.sleepImage(ctx, sb))
 	if !errors.Is(err, errFenced) {
 		return err
@@ -733,11 +735,16 @@ func (s *Service) holdWake(ctx context.Context, ref string) (string, service.Ser
 	if err != nil || sb.State != "sleeping" {
 		return "", s.Service, nil
 	}
-	s.moves.waking.Store(sb.ID, true)
 	// Bounded: etcd out of reach must not hold a local wake long.
 	hctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	// Under the image lock: a write of the record whose image was read
+	// before the mark lands first (and is cleared), any later one reads
+	// none.
+	unlock := s.moves.lockImage(sb.ID)
+	s.moves.waking.Store(sb.ID, true)
 	mine, err := s.c.holdWake(hctx, sb.ID)
+	unlock()
 	if err != nil {
 		s.c.cfg.Log.Warn("cluster: keep a waking sandbox's record from other nodes", "sandbox", sb.ID, "err", err)
 	}
