@@ -117,7 +117,39 @@ func (c *Cluster) PublishImage(ctx context.Context, sb api.Sandbox, img string) 
 	ctx, cancel := c.opCtx(ctx)
 	defer cancel()
 	for try := 0; ; try++ {
-		err := c.publish(ctx, sb, img)
+		err := c.publish(ctx, sb, img, 0)
+		if !errors.Is(err, errRace) || try == 4 {
+			return err
+		}
+	}
+}
+
+// PublishCopied writes sleeping sandbox id's record again to name its
+// sleep image's copy (view reads the node's sandbox and that copy's
+// digest), only over the record this node wrote of it asleep without
+// one: a record the sandbox left meanwhile (woken, its wake's write, or
+// given to another node) stays as it is. view is read after the record
+// and the write compares the record's revision, so a wake (or a wake and
+// a sleep again) after view's read, whose own write comes first, is never
+// overwritten with the image it woke from. Nothing to write is nil.
+func (c *Cluster) PublishCopied(ctx context.Context, id string, view func(context.Context) (api.Sandbox, string, error)) error {
+	ctx, cancel := c.opCtx(ctx)
+	defer cancel()
+	for try := 0; ; try++ {
+		g, err := c.cli.Get(ctx, sandboxKey(id))
+		if err != nil {
+			return unavailable("read the record of "+id, err)
+		}
+		var old Record
+		if len(g.Kvs) == 0 || json.Unmarshal(g.Kvs[0].Value, &old) != nil ||
+			old.Node != c.cfg.Node || old.State != "sleeping" || old.SleepImage != "" {
+			return nil
+		}
+		sb, img, err := view(ctx)
+		if err != nil || sb.State != "sleeping" || img == "" {
+			return err
+		}
+		err = c.publish(ctx, sb, img, g.Kvs[0].ModRevision)
 		if !errors.Is(err, errRace) || try == 4 {
 			return err
 		}
@@ -126,7 +158,9 @@ func (c *Cluster) PublishImage(ctx context.Context, sb api.Sandbox, img string) 
 
 var errRace = errors.New("the record changed under the write")
 
-func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string) error {
+// publish writes sb's record naming img; at, when not 0, is the
+// revision the record must still be at (errRace otherwise).
+func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string, at int64) error {
 	sk := sandboxKey(sb.ID)
 	ops := []clientv3.Op{clientv3.OpGet(sk)}
 	if sb.Name != "" {
@@ -143,6 +177,9 @@ func (c *Cluster) publish(ctx context.Context, sb api.Sandbox, img string) error
 	var conds []clientv3.Cmp
 	var then []clientv3.Op
 	var old Record
+	if kvs := cur.Responses[0].GetResponseRange().Kvs; at != 0 && (len(kvs) == 0 || kvs[0].ModRevision != at) {
+		return errRace
+	}
 	if kvs := cur.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if err := json.Unmarshal(kvs[0].Value, &old); err == nil && old.Node != c.cfg.Node {
 			if old.Epoch > 1 && old.Epoch > c.epoch(sb.ID) {

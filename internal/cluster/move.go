@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"strings"
 	"sync"
@@ -170,6 +171,39 @@ func (c *Cluster) unclaim(ctx context.Context, rec Record, claimRev int64) error
 	return nil
 }
 
+// holdWake clears the image of sleeping sandbox id's record, this
+// node's, before the node wakes it: a wake --node elsewhere reassigns
+// only a record that names its image. It reports false when the record
+// names another node at an epoch this node did not write (given away
+// since the call was routed): this node must not wake its copy.
+func (c *Cluster) holdWake(ctx context.Context, id string) (bool, error) {
+	for try := 0; ; try++ {
+		rec, rev, claimed, ok, err := c.lookupRev(ctx, id)
+		if err != nil || !ok {
+			return true, err
+		}
+		if rec.Node != c.cfg.Node {
+			return rec.Epoch <= 1 || rec.Epoch <= c.epoch(id), nil
+		}
+		if claimed || rec.State != "sleeping" || rec.SleepImage == "" {
+			return true, nil
+		}
+		rec.SleepImage, rec.SleepKey, rec.UpdatedAt = "", "", time.Now().UTC()
+		b, err := json.Marshal(rec)
+		if err != nil {
+			return true, err
+		}
+		sk := sandboxKey(id)
+		r, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sk), "=", rev)).Then(clientv3.OpPut(sk, string(b))).Commit()
+		if err != nil {
+			return true, unavailable("hold the record of "+id, err)
+		}
+		if r.Succeeded || try == 4 {
+			return true, nil
+		}
+	}
+}
+
 // dropClaim removes a settled move's claim.
 func (c *Cluster) dropClaim(ctx context.Context, id string) {
 	ctx, cancel := c.opCtx(context.WithoutCancel(ctx))
@@ -191,9 +225,14 @@ type moves struct {
 	// placeMu makes a move's pick and its count in pending one step:
 	// the drain's moves run together.
 	placeMu sync.Mutex
-	await   awaiting     // sleeping sandboxes whose copy is not sealed yet
-	moving  sync.Map     // ids this process is adopting
-	n       atomic.Int64 // sandboxes adopted
+	await   awaiting // sleeping sandboxes whose copy is not sealed yet
+	moving  sync.Map // ids this process is adopting
+	waking  sync.Map // ids this node wakes now: their records name no image (holdWake)
+	// imgMu makes reading a sandbox's image and writing the record that
+	// names it one step against holdWake (by id, striped): a write whose
+	// image was read before its wake began lands before the hold.
+	imgMu [32]sync.Mutex
+	n     atomic.Int64 // sandboxes adopted
 }
 
 // moveOps is what a move calls back into the node's Service for: a
@@ -220,6 +259,9 @@ func (mv *moves) sleepImage(ctx context.Context, sb api.Sandbox) string {
 	if m == nil || sb.State != "sleeping" {
 		return ""
 	}
+	if _, ok := mv.waking.Load(sb.ID); ok {
+		return "" // the wake writes the record next
+	}
 	d, err := m.SleepImage(ctx, sb.ID)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
@@ -238,6 +280,15 @@ const copyWait = 10 * time.Minute
 type awaiting struct {
 	mu  sync.Mutex
 	ids map[string]time.Time // guarded by mu: since when
+}
+
+// lockImage locks imgMu's stripe of sandbox id.
+func (mv *moves) lockImage(id string) func() {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	mu := &mv.imgMu[h.Sum32()%uint32(len(mv.imgMu))]
+	mu.Lock()
+	return mu.Unlock
 }
 
 func (mv *moves) awaitCopy(id string) {
@@ -265,15 +316,28 @@ func (mv *moves) republishCopied(ctx context.Context) {
 		ids = append(ids, id)
 	}
 	mv.await.mu.Unlock()
+	m := mv.mover()
+	// The sandbox and its image as they are after the record's read
+	// (PublishCopied): a wake between this pass's reads and its write
+	// must not be overwritten with the image it woke from.
+	view := func(ctx context.Context, id string) (api.Sandbox, string, error) {
+		sb, err := mv.local.Get(ctx, id)
+		if err != nil || sb.State != "sleeping" {
+			return sb, "", nil
+		}
+		return sb, mv.sleepImage(ctx, sb), nil
+	}
 	for _, id := range ids {
 		sb, err := mv.local.Get(ctx, id)
-		done := err != nil || sb.State != "sleeping"
+		done := err != nil || sb.State != "sleeping" || m == nil
 		if !done {
-			m := mv.mover()
 			d, derr := m.SleepImage(ctx, id)
 			done = derr == nil || !errdefs.IsNotFound(derr)
 			if d != "" {
-				if err := mv.svc.publish(ctx, sb); err != nil {
+				unlock := mv.lockImage(id)
+				err := mv.c.PublishCopied(ctx, id, func(ctx context.Context) (api.Sandbox, string, error) { return view(ctx, id) })
+				unlock()
+				if err != nil {
 					mv.c.cfg.Log.Warn("cluster: write a sleeping sandbox's record with its image", "sandbox", id, "err", err)
 					done = false
 				}

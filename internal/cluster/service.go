@@ -196,6 +196,8 @@ var transitional = map[string]bool{"creating": true, "suspending": true, "waking
 // (fenced) makes the node stop and remove the sandbox: it must not run
 // what the cluster says is lost or elsewhere.
 func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
+	unlock := s.moves.lockImage(sb.ID)
+	defer unlock()
 	err := s.c.PublishImage(ctx, sb, s.moves.sleepImage(ctx, sb))
 	if !errors.Is(err, errFenced) {
 		return err
@@ -678,7 +680,26 @@ func (s *Service) wake(ctx context.Context, ref string, elsewhere bool) (api.San
 	if err != nil {
 		return api.Sandbox{}, err
 	}
+	held := ""
+	if svc == s.Service {
+		if held, svc, err = s.holdWake(ctx, ref); err != nil {
+			return api.Sandbox{}, err
+		}
+	}
 	sb, err := svc.Wake(ctx, ref)
+	if held != "" {
+		s.moves.waking.Delete(held)
+		if err != nil {
+			// Still asleep here: its record names its image again.
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			if got, gerr := s.Service.Get(pctx, held); gerr == nil {
+				if perr := s.publish(pctx, got); perr != nil {
+					s.c.cfg.Log.Warn("cluster: write the record of a sandbox whose wake failed", "sandbox", held, "err", perr)
+				}
+			}
+			cancel()
+		}
+	}
 	if err != nil && elsewhere && svc != s.Service {
 		if other, ok := s.moves.wakeElsewhere(ctx, ref, err); ok {
 			return other.Wake(ctx, ref)
@@ -700,6 +721,40 @@ func (s *Service) wake(ctx context.Context, ref string, elsewhere bool) (api.San
 		}
 	}
 	return sb, err
+}
+
+// holdWake, before this node wakes its sandbox ref, makes the record
+// name no image until the wake's write (moves.waking; Cluster.holdWake):
+// no other node may take the sandbox (a wake --node there) and wake its
+// image while this node runs it. It returns the id held ("" for none:
+// not asleep here, or etcd out of reach, when the node serves its own),
+// and the service to wake it through: another node's when the record was
+// given away after the call was routed (this node's copy is then gone).
+func (s *Service) holdWake(ctx context.Context, ref string) (string, service.Service, error) {
+	sb, err := s.Service.Get(ctx, ref)
+	if err != nil || sb.State != "sleeping" {
+		return "", s.Service, nil
+	}
+	// Bounded: etcd out of reach must not hold a local wake long.
+	hctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	// Under the image lock: a write of the record whose image was read
+	// before the mark lands first (and is cleared), any later one reads
+	// none.
+	unlock := s.moves.lockImage(sb.ID)
+	s.moves.waking.Store(sb.ID, true)
+	mine, err := s.c.holdWake(hctx, sb.ID)
+	unlock()
+	if err != nil {
+		s.c.cfg.Log.Warn("cluster: keep a waking sandbox's record from other nodes", "sandbox", sb.ID, "err", err)
+	}
+	if mine {
+		return sb.ID, s.Service, nil
+	}
+	s.moves.waking.Delete(sb.ID)
+	s.moves.movedAway(ctx, sb.ID)
+	svc, err := s.route(ctx, ref)
+	return "", svc, err
 }
 
 func (s *Service) SetTimeout(ctx context.Context, ref string, req api.TimeoutRequest) (api.Sandbox, error) {

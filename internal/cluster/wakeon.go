@@ -93,7 +93,11 @@ func (s *Service) WakeOn(ctx context.Context, ref, node string) (api.Sandbox, er
 		if err != nil {
 			return api.Sandbox{}, err
 		}
-		if !found || claimed || cur.Node != rec.Node || cur.State != rec.State {
+		// Movable still: a record that names no image now (its node
+		// wakes it: holdWake; or woke and slept it again, the new copy
+		// not sealed) given to node would name a sandbox that node
+		// cannot adopt, and its node, fenced, would remove it.
+		if !found || claimed || cur.Node != rec.Node || cur.State != rec.State || !movable(cur) {
 			if try >= wakeOnTries {
 				return api.Sandbox{}, errdefs.New(errdefs.Unavailable, "sandbox %s keeps changing under the wake: try again", rec.ID)
 			}

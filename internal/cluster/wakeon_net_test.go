@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -198,9 +199,27 @@ func TestNetClusterWakeOnRace(t *testing.T) {
 				res[i].sb, res[i].err = nd.Client.WakeOn(t.Context(), sb.ID, nd.Name)
 			})
 		}
+		// From round 1, a plain wake on its node races them: the node
+		// must not wake it while another node takes its image (the
+		// record names no image while it wakes), nor answer a wake that
+		// the cluster then undoes.
+		var plain result
+		if round > 0 {
+			wg.Go(func() {
+				<-start
+				plain.sb, plain.err = holder.Client.Wake(t.Context(), sb.ID)
+			})
+		}
 		close(start)
 		wg.Wait()
 		var winner *testenv.NetNode
+		if round > 0 && plain.err == nil {
+			if !slices.ContainsFunc(res, func(r result) bool { return r.err == nil }) {
+				winner = byName[plain.sb.Node]
+			}
+		} else if round > 0 && !sdk.IsConflict(plain.err) && !sdk.IsUnavailable(plain.err) {
+			t.Fatalf("round %d: the plain wake on %s: %v", round, holder.Name, plain.err)
+		}
 		for i, r := range res {
 			switch {
 			case r.err == nil && r.sb.Node != to[i].Name:
@@ -214,7 +233,10 @@ func TestNetClusterWakeOnRace(t *testing.T) {
 			}
 		}
 		if winner == nil {
-			t.Fatalf("round %d: neither wake --node woke it: %v; %v", round, res[0].err, res[1].err)
+			t.Fatalf("round %d: no wake woke it: %v; %v; plain %v", round, res[0].err, res[1].err, plain.err)
+		}
+		if round > 0 && plain.err == nil && plain.sb.Node != winner.Name {
+			t.Fatalf("round %d: the plain wake answered it running on %s, a wake --node on %s", round, plain.sb.Node, winner.Name)
 		}
 		for _, nd := range c.Nodes {
 			got, err := nd.Client.GetSandbox(t.Context(), sb.ID)
