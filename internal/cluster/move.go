@@ -317,16 +317,6 @@ func (mv *moves) republishCopied(ctx context.Context) {
 	}
 	mv.await.mu.Unlock()
 	m := mv.mover()
-	// The sandbox and its image as they are after the record's read
-	// (PublishCopied): a wake between this pass's reads and its write
-	// must not be overwritten with the image it woke from.
-	view := func(ctx context.Context, id string) (api.Sandbox, string, error) {
-		sb, err := mv.local.Get(ctx, id)
-		if err != nil || sb.State != "sleeping" {
-			return sb, "", nil
-		}
-		return sb, mv.sleepImage(ctx, sb), nil
-	}
 	for _, id := range ids {
 		sb, err := mv.local.Get(ctx, id)
 		done := err != nil || sb.State != "sleeping" || m == nil
@@ -335,7 +325,17 @@ func (mv *moves) republishCopied(ctx context.Context) {
 			done = derr == nil || !errdefs.IsNotFound(derr)
 			if d != "" {
 				unlock := mv.lockImage(id)
-				err := mv.c.PublishCopied(ctx, id, func(ctx context.Context) (api.Sandbox, string, error) { return view(ctx, id) })
+				// The sandbox and its image as they are after the
+				// record's read: a wake between this pass's reads and
+				// its write must not be overwritten with the image it
+				// woke from.
+				err := mv.c.PublishCopied(ctx, id, func(ctx context.Context) (api.Sandbox, string, error) {
+					sb, err := mv.local.Get(ctx, id)
+					if err != nil || sb.State != "sleeping" {
+						return sb, "", nil
+					}
+					return sb, mv.sleepImage(ctx, sb), nil
+				})
 				unlock()
 				if err != nil {
 					mv.c.cfg.Log.Warn("cluster: write a sleeping sandbox's record with its image", "sandbox", id, "err", err)

@@ -196,15 +196,13 @@ var transitional = map[string]bool{"creating": true, "suspending": true, "waking
 // (fenced) makes the node stop and remove the sandbox: it must not run
 // what the cluster says is lost or elsewhere.
 func (s *Service) publish(ctx context.Context, sb api.Sandbox) error {
-	unlock := s.moves.lockImage(sb.ID)
-	defer unlock()
-	err := s.c.PublishImage(ctx, sb, s.moves.sleepImage(ctx, sb))
+	err := s.publishImage(ctx, sb)
 	if !errors.Is(err, errFenced) {
 		return err
 	}
 	if rec, ok, lerr := s.c.Lookup(ctx, sb.ID); lerr == nil && ok && rec.ID == sb.ID && rec.State != StateLost && givenBack(ctx, s.moves, rec) {
 		// Given away and back, its image the one here: this node's.
-		return s.c.PublishImage(ctx, sb, s.moves.sleepImage(ctx, sb))
+		return s.publishImage(ctx, sb)
 	}
 	s.c.cfg.Log.Warn("cluster: fenced: stopping and removing a sandbox the cluster no longer gives this node", "sandbox", sb.ID, "err", err)
 	// Its copy in the snapshot store stays: a node it moved to uses it.
@@ -721,6 +719,15 @@ func (s *Service) wake(ctx context.Context, ref string, elsewhere bool) (api.San
 		}
 	}
 	return sb, err
+}
+
+// publishImage writes sb's record naming its sleep image, read and written
+// under the image lock (moves.lockImage): one step against a wake's hold.
+// The lock is not held across a fenced sandbox's removal.
+func (s *Service) publishImage(ctx context.Context, sb api.Sandbox) error {
+	unlock := s.moves.lockImage(sb.ID)
+	defer unlock()
+	return s.c.PublishImage(ctx, sb, s.moves.sleepImage(ctx, sb))
 }
 
 // holdWake, before this node wakes its sandbox ref, makes the record
